@@ -1,0 +1,38 @@
+"""Fully sharded data parallelism with FSDP2 (`fully_shard`): ZeRO-2 and ZeRO-3.
+
+    ptprof run fsdp --gpus 2     # ZeRO-3: parameters, gradients and optimizer state sharded
+    ptprof run zero2 --gpus 2    # ZeRO-2: reshard_after_forward=False
+
+Every parameter is a DTensor sharded on dim 0 over the data-parallel mesh. Before a unit runs,
+FSDP all-gathers its parameters; after backward it reduce-scatters the gradients, so each rank
+keeps and steps only its shard. `fsdp` frees the gathered parameters after each unit's forward and
+gathers them again for backward; `zero2` keeps them from forward until backward (no second
+all-gather, full parameters held through the step, as ZeRO-2).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from runners import harness
+
+
+def apply_fsdp(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))
+    reshard = ctx.opts.paradigm == "fsdp"
+    # One unit per block, plus the embeddings and the output layers as units of their own, so the
+    # root owns no parameters: otherwise FSDP never reshards the root after forward and `fsdp`
+    # would hold the embeddings and head unsharded through the step.
+    fully_shard([model.tok_emb, model.pos_emb], mesh=mesh, reshard_after_forward=reshard)
+    for block in model.blocks.values():
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard([model.norm, model.head], mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    optimizer = harness.make_optimizer(model.parameters(), ctx.opts)
+    return harness.Parallel(model, optimizer, mesh={"dp": ctx.world_size}, dp_rank=ctx.rank, dp_size=ctx.world_size)
+
+
+if __name__ == "__main__":
+    harness.main(apply_fsdp)

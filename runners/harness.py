@@ -1,0 +1,417 @@
+"""What every runner shares: process group, seeding, synthetic data, the profiled training loop,
+phase annotations, memory accounting, and the run manifest.
+
+A runner module supplies one function, `apply_<x>(model, ctx) -> Parallel`, and ends with
+`harness.main(apply_<x>)`. Everything a rank writes goes to `<out>/.<run-id>.tmp/`; the launcher
+(`runners.cli`) publishes that folder under its final name only when every rank succeeded. See
+docs/run-layout.md for the files and their fields.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.profiler import ProfilerActivity, record_function
+
+from runners.model import GPT, GPTConfig, count_params, lm_loss
+from runners.options import RunOptions, options_from_namespace, worker_parser
+
+RUN_SCHEMA = "ptprof.run/1"
+
+# Phase annotations the profiler relies on (docs/run-layout.md). Defined once, here.
+PHASE_FORWARD = "ptprof/forward"
+PHASE_BACKWARD = "ptprof/backward"
+PHASE_OPTIMIZER = "ptprof/optimizer"
+PHASES = {"forward": PHASE_FORWARD, "backward": PHASE_BACKWARD, "optimizer": PHASE_OPTIMIZER}
+
+# Test hook: PTPROF_FAULT="raise@1:2" makes rank 1 raise at step 2 ("hang@R:S" sleeps forever,
+# "exit@R:S" exits with status 3). Lets the tests prove failure handling without flaky timing.
+FAULT_ENV = "PTPROF_FAULT"
+
+
+def tmp_run_dir(opts: RunOptions) -> Path:
+    """Where the ranks write; renamed to <out>/<run-id> by the launcher on success."""
+    return Path(opts.out) / f".{opts.run_id}.tmp"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a rank knows about the job it is part of."""
+
+    opts: RunOptions
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str  # "gloo" or "nccl"
+
+
+@dataclass
+class Parallel:
+    """What a runner's apply function returns: the parallelized model and how to train it."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    mesh: dict[str, int]  # parallel degrees by dimension name, e.g. {"dp": 4}
+    dp_rank: int  # which slice of the global batch this rank trains on
+    dp_size: int  # how many slices the global batch is cut into
+    # One training step without the optimizer: forward + backward, annotated, returning this rank's
+    # loss (None where the rank computes none, e.g. early pipeline stages).
+    train_step: Callable[["Parallel", torch.Tensor, torch.Tensor, "MemoryProbe"], torch.Tensor | None] | None = None
+    reports_loss: bool = True  # does this rank's loss count toward the global loss?
+    extra: dict = field(default_factory=dict)  # paradigm-specific run.json blocks (e.g. "pipeline")
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up
+
+
+def init_distributed(opts: RunOptions) -> Context:
+    """Join the process group torchrun prepared (env://), one thread per rank, device chosen once."""
+    _die_with_parent()
+    torch.set_num_threads(1)  # N ranks share the node's cores; one intra-op thread each
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    timeout = dt.timedelta(seconds=opts.timeout_s)
+    kwargs = {"device_id": device} if use_cuda else {}
+    dist.init_process_group(backend, timeout=timeout, **kwargs)
+    return Context(opts, rank, world, local_rank, device, backend)
+
+
+def _die_with_parent() -> None:
+    # If the launcher itself is killed (SIGKILL cannot be handled), take the rank down too rather
+    # than leave an orphan spinning in a collective. Linux only; elsewhere torchrun's own
+    # shutdown is all we have.
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def model_config(opts: RunOptions, **overrides) -> GPTConfig:
+    return GPTConfig.from_preset(opts.model, seq_len=opts.sequence_length, **overrides)
+
+
+def build_model(opts: RunOptions, **overrides) -> GPT:
+    """The full model, identically initialised on every rank (same seed), on the CPU."""
+    torch.manual_seed(opts.seed)
+    return GPT(model_config(opts, **overrides))
+
+
+def optimizer_kwargs(opts: RunOptions) -> dict:
+    # foreach=False: the plain per-parameter loop is what the single-process reference uses too,
+    # so losses agree to rounding; fused kernels are not the point of a reference runner.
+    return {"lr": opts.lr, "weight_decay": 0.0, "foreach": False}
+
+
+def make_optimizer(params, opts: RunOptions) -> torch.optim.Optimizer:
+    """AdamW, the optimizer of every runner (ZeRO-1 wraps the same class and arguments)."""
+    return torch.optim.AdamW(params, **optimizer_kwargs(opts))
+
+
+def synthetic_batch(step: int, *, seed: int, batch_size: int, seq_len: int, vocab_size: int):
+    """The global batch of `step`: (inputs, targets), each [batch_size, seq_len] int64.
+
+    Each row is an arithmetic progression mod vocab_size with a random start and stride, so the
+    next token is predictable from context and the loss falls. Generated on the CPU from
+    (seed, step) alone, so every rank and the single-process reference see the same batch.
+    """
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    start = torch.randint(0, vocab_size, (batch_size, 1), generator=g)
+    stride = torch.randint(1, 8, (batch_size, 1), generator=g)
+    tokens = (start + stride * torch.arange(seq_len + 1)) % vocab_size
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def local_batch(step: int, ctx: Context, par: Parallel):
+    """This rank's rows of the global batch, on its device."""
+    opts = ctx.opts
+    cfg_vocab = opts.preset[0]
+    inputs, targets = synthetic_batch(
+        step, seed=opts.seed, batch_size=opts.global_batch_size, seq_len=opts.sequence_length, vocab_size=cfg_vocab
+    )
+    rows = opts.global_batch_size // par.dp_size
+    sl = slice(par.dp_rank * rows, (par.dp_rank + 1) * rows)
+    return inputs[sl].to(ctx.device), targets[sl].to(ctx.device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory accounting
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of distinct storages behind `tensors` (DTensors counted by their local shard).
+
+    Deduplicating by storage counts a flat buffer once however many views share it (DDP's
+    gradient buckets, FSDP2's all-gather output).
+    """
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t
+        storage = local.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _optimizer_state_tensors(optimizer: torch.optim.Optimizer):
+    # ZeroRedundancyOptimizer keeps this rank's shard of the state in its wrapped local optimizer.
+    local = getattr(optimizer, "optim", optimizer)
+    for state in local.state.values():
+        for value in state.values():
+            if torch.is_tensor(value):
+                yield value
+
+
+class MemoryProbe:
+    """Persistent memory actually held on this rank, sampled once (first step) at three points."""
+
+    def __init__(self) -> None:
+        self.sampling = True
+        self.numbers: dict[str, int | None] = {
+            "params_bytes": None,
+            "params_at_rest_bytes": None,
+            "grads_bytes": None,
+            "optimizer_bytes": None,
+            "max_memory_allocated_bytes": None,
+        }
+
+    def after_forward(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        # The module's registered parameters now are whatever FSDP left unsharded after forward;
+        # the optimizer's are the shards. Both are held, so both count.
+        if self.sampling:
+            tensors = list(model.parameters()) + _optimizer_params(optimizer)
+            self.numbers["params_bytes"] = _storage_bytes(tensors)
+
+    def after_backward(self, model: nn.Module) -> None:
+        if self.sampling:
+            self.numbers["grads_bytes"] = _storage_bytes(p.grad for p in model.parameters())
+
+    def after_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if self.sampling:
+            self.numbers["params_at_rest_bytes"] = _storage_bytes(model.parameters())
+            self.numbers["optimizer_bytes"] = _storage_bytes(_optimizer_state_tensors(optimizer))
+            self.sampling = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+def data_parallel_step(par: Parallel, inputs, targets, probe: MemoryProbe) -> torch.Tensor:
+    """Forward + loss, then backward, each under its phase annotation."""
+    with record_function(PHASE_FORWARD):
+        loss = lm_loss(par.model(inputs), targets)
+    probe.after_forward(par.model, par.optimizer)
+    with record_function(PHASE_BACKWARD):
+        loss.backward()
+    probe.after_backward(par.model)
+    return loss
+
+
+def _maybe_inject_fault(rank: int, step: int) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    kind, _, where = spec.partition("@")
+    fault_rank, _, fault_step = where.partition(":")
+    if int(fault_rank) != rank or int(fault_step) != step:
+        return
+    if kind == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step} ({FAULT_ENV}={spec})")
+    if kind == "hang":
+        while True:
+            time.sleep(1)
+    if kind == "exit":
+        os._exit(3)
+
+
+def train(ctx: Context, par: Parallel) -> dict:
+    """Run every step under torch.profiler; return this rank's results for run.json."""
+    opts, out_dir = ctx.opts, tmp_run_dir(ctx.opts)
+    step_fn = par.train_step or data_parallel_step
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
+    trace_path = out_dir / f"rank{ctx.rank}.json.gz"
+    profiler = torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=opts.wait, warmup=opts.warmup, active=opts.active, repeat=1),
+        on_trace_ready=lambda prof: prof.export_chrome_trace(str(trace_path)),
+        record_shapes=True,  # gloo records no collective args: sizes come from the ops' Input Dims
+        profile_memory=opts.profile_memory,
+        with_stack=opts.with_stack,
+    )
+    progress_rank = _first_loss_rank(par)
+    probe = MemoryProbe()
+    losses: list[float | None] = []
+    step_times: list[float] = []
+    with profiler:
+        for step in range(opts.steps):
+            inputs, targets = local_batch(step, ctx, par)
+            _synchronize(ctx)
+            t0 = time.perf_counter()
+            _maybe_inject_fault(ctx.rank, step)
+            loss = step_fn(par, inputs, targets, probe)
+            with record_function(PHASE_OPTIMIZER):
+                par.optimizer.step()
+                par.optimizer.zero_grad(set_to_none=True)
+            _synchronize(ctx)
+            step_times.append(time.perf_counter() - t0)
+            probe.after_step(par.model, par.optimizer)
+            profiler.step()
+            losses.append(None if loss is None else float(loss.detach()))
+            if ctx.rank == progress_rank:
+                profiled = step >= opts.steps - opts.active
+                print(
+                    f"step {step + 1}/{opts.steps}  loss {losses[-1]:.4f} (rank {ctx.rank})  "
+                    f"{step_times[-1] * 1e3:8.1f} ms{'  [profiled]' if profiled else ''}",
+                    flush=True,
+                )
+    if ctx.device.type == "cuda":
+        probe.numbers["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(ctx.device)
+    return {
+        "rank": ctx.rank,
+        "host": socket.gethostname(),
+        "trace": trace_path.name,
+        "losses": losses if par.reports_loss else [None] * len(losses),
+        "loss_tokens": (opts.global_batch_size // par.dp_size) * opts.sequence_length if par.reports_loss else 0,
+        "step_time_s": step_times,
+        "memory": probe.numbers,
+    }
+
+
+def _first_loss_rank(par: Parallel) -> int:
+    flags: list = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, par.reports_loss)
+    return flags.index(True) if True in flags else 0
+
+
+def _synchronize(ctx: Context) -> None:
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest
+
+
+def global_losses(ranks: list[dict]) -> list[float | None]:
+    """Token-weighted mean of the reporting ranks' losses: the loss a single process would see."""
+    reporting = [r for r in ranks if r["loss_tokens"]]
+    n_steps = len(ranks[0]["losses"])
+    total = sum(r["loss_tokens"] for r in reporting)
+    if not total:
+        return [None] * n_steps
+    return [sum(r["losses"][i] * r["loss_tokens"] for r in reporting) / total for i in range(n_steps)]
+
+
+def write_manifest(ctx: Context, par: Parallel, n_params: int, ranks: list[dict]) -> Path:
+    """Write run.json (atomically) into the run's temporary folder. Rank 0 only."""
+    opts = ctx.opts
+    cfg = model_config(opts)
+    try:
+        from importlib.metadata import version
+
+        ptprof_version = version("ptprof")
+    except Exception:  # not installed (running from a checkout): still record something honest
+        ptprof_version = "unknown"
+    manifest = {
+        "schema": RUN_SCHEMA,
+        "run_id": opts.run_id,
+        "paradigm": opts.paradigm,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "options": dataclasses.asdict(opts),
+        "world_size": ctx.world_size,
+        "nnodes": opts.nnodes,
+        "mesh": par.mesh,
+        "backend": ctx.backend,
+        "device": ctx.device.type,
+        "device_name": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else platform.processor() or "cpu",
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "ptprof": ptprof_version},
+        "hosts": sorted({r["host"] for r in ranks}),
+        "model": {
+            "preset": opts.model,
+            "n_params": n_params,
+            "vocab_size": cfg.vocab_size,
+            "d_model": cfg.d_model,
+            "n_layers": cfg.n_layers,
+            "n_heads": cfg.n_heads,
+            "seq_len": cfg.seq_len,
+        },
+        "global_batch_size": opts.global_batch_size,
+        "tokens_per_step": opts.global_batch_size * opts.sequence_length,
+        "profiler": {
+            "wait": opts.wait,
+            "warmup": opts.warmup,
+            "active": opts.active,
+            "profiled_steps": list(range(opts.steps - opts.active, opts.steps)),
+            "profile_memory": opts.profile_memory,
+            "with_stack": opts.with_stack,
+            "record_shapes": True,
+        },
+        "phases": PHASES,
+        "losses": global_losses(ranks),
+        "ranks": ranks,
+        "pipeline": None,
+    }
+    manifest.update(par.extra)
+    path = tmp_run_dir(opts) / "run.json"
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(manifest, indent=2))
+    os.replace(partial, path)
+    return path
+
+
+def run_worker(opts: RunOptions, apply_fn: Callable[[nn.Module, Context], Parallel]) -> None:
+    ctx = init_distributed(opts)
+    try:
+        model = build_model(opts)
+        n_params = count_params(model)
+        par = apply_fn(model.to(ctx.device), ctx)
+        results = train(ctx, par)
+        # Gathered after profiling ended, so this collective is not in the traces.
+        ranks: list = [None] * ctx.world_size
+        dist.all_gather_object(ranks, results)
+        if ctx.rank == 0:
+            write_manifest(ctx, par, n_params, ranks)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(apply_fn: Callable[[nn.Module, Context], Parallel]) -> None:
+    """Entry point of a runner module on each rank: parse the flags `ptprof run` passed, train."""
+
+    @record  # lets torchrun report this rank's exception (message + traceback) to the launcher
+    def _main() -> None:
+        opts = options_from_namespace(worker_parser().parse_args())
+        run_worker(opts, apply_fn)
+
+    _main()

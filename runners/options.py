@@ -1,0 +1,188 @@
+"""Run options: one frozen dataclass, one argparse definition shared by `ptprof run` and the workers.
+
+The CLI validates the options, writes nothing itself, and hands the same flags to every rank
+(`python -m runners.<paradigm> --steps ...`), so a worker started by hand with torchrun parses
+exactly what `ptprof run` would have passed. This module must not import torch: `ptprof --help`
+and argument errors should answer instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+# Model presets: name -> (vocab_size, d_model, n_layers, n_heads, seq_len, global_batch_size).
+# `tiny` is for tests and CPU ranks; the larger ones are sized for real GPUs.
+MODEL_PRESETS: dict[str, tuple[int, int, int, int, int, int]] = {
+    "tiny": (256, 64, 2, 4, 32, 8),
+    "small": (4096, 256, 4, 8, 128, 16),
+    "medium": (32768, 768, 12, 12, 1024, 32),  # GPT-2 small-like
+    "large": (32768, 1536, 24, 16, 2048, 32),
+}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything a run depends on; stored verbatim in run.json["options"]."""
+
+    paradigm: str  # runner name, e.g. "ddp", "fsdp" (see runners.paradigms.PARADIGMS)
+    gpus: int  # ranks per node: one GPU each under NCCL, one CPU process each under gloo
+    nnodes: int = 1  # nodes taking part (torchrun --nnodes)
+    steps: int = 5  # training steps, all of them run; the profiler records the last `active`
+    model: str = "tiny"  # size preset, a key of MODEL_PRESETS
+    batch_size: int | None = None  # global batch in sequences (all ranks together); None = preset's
+    seq_len: int | None = None  # tokens per sequence; None = preset's
+    seed: int = 0  # seeds model init and the synthetic data, identical on every rank
+    lr: float = 1e-3  # AdamW learning rate
+    warmup: int = 1  # profiler warmup steps (traced but discarded), just before the active ones
+    active: int = 3  # profiled steps at the end of the run, exported to the traces
+    profile_memory: bool = False  # record [memory] events (allocations after profiling starts)
+    with_stack: bool = False  # record Python stacks on operators (larger traces)
+    device: str = "auto"  # "auto": cuda+NCCL when a GPU is visible, else cpu+gloo
+    timeout_s: float = 300.0  # collective / rendezvous timeout: a hung rank fails the run after this
+    out: str = "traces"  # runs are written to <out>/<run-id>/
+    name: str | None = None  # run id; default <paradigm>-<world>r-<timestamp>
+    run_id: str = ""  # filled in by the launcher; the workers write into <out>/.<run_id>.tmp/
+
+    @property
+    def preset(self) -> tuple[int, int, int, int, int, int]:
+        return MODEL_PRESETS[self.model]
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size if self.batch_size is not None else self.preset[5]
+
+    @property
+    def sequence_length(self) -> int:
+        return self.seq_len if self.seq_len is not None else self.preset[4]
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus * self.nnodes
+
+    @property
+    def wait(self) -> int:
+        """Profiler `wait` steps: everything before warmup + active."""
+        return self.steps - self.warmup - self.active
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `ptprof run` that reach the workers (launcher-only flags are added by the CLI)."""
+    g = parser.add_argument_group("training")
+    g.add_argument("--steps", type=_positive_int, default=5, help="training steps (default 5)")
+    g.add_argument(
+        "--model",
+        choices=sorted(MODEL_PRESETS),
+        default="tiny",
+        help="model size preset: tiny (tests, CPU), small (CPU demos), medium/large (GPUs); default tiny",
+    )
+    g.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=None,
+        help="global batch in sequences, split across data-parallel ranks (default: the preset's)",
+    )
+    g.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (default: the preset's)")
+    g.add_argument("--seed", type=int, default=0, help="seed for model init and synthetic data (default 0)")
+    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+
+    p = parser.add_argument_group("profiler")
+    p.add_argument(
+        "--warmup",
+        type=_non_negative_int,
+        default=1,
+        help="profiler warmup steps, traced then discarded (default 1)",
+    )
+    p.add_argument(
+        "--active",
+        type=_positive_int,
+        default=3,
+        help="profiled steps at the end of the run, exported to the traces (default 3)",
+    )
+    p.add_argument("--profile-memory", action="store_true", help="record allocator [memory] events")
+    p.add_argument("--with-stack", action="store_true", help="record Python stacks (bigger traces)")
+
+    r = parser.add_argument_group("run")
+    r.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="auto (default): one GPU per rank with NCCL when GPUs are visible, else gloo ranks on CPU",
+    )
+    r.add_argument(
+        "--timeout",
+        dest="timeout_s",
+        type=float,
+        default=300.0,
+        help="seconds a rank may wait in a collective before the run is failed (default 300)",
+    )
+    r.add_argument("--out", default="traces", help="folder that receives <run-id>/ (default traces/)")
+    r.add_argument("--name", default=None, help="run id (default <paradigm>-<N>r-<timestamp>)")
+
+
+def options_from_namespace(ns: argparse.Namespace, **extra) -> RunOptions:
+    """Build RunOptions from parsed flags, ignoring launcher-only ones."""
+    fields = {f.name for f in dataclasses.fields(RunOptions)}
+    values = {k: v for k, v in vars(ns).items() if k in fields}
+    values.update(extra)
+    return RunOptions(**values)
+
+
+def options_to_argv(opts: RunOptions) -> list[str]:
+    """The worker command line that reproduces `opts` (inverse of the worker's parser)."""
+    argv = ["--paradigm", opts.paradigm, "--gpus", str(opts.gpus), "--nnodes", str(opts.nnodes)]
+    argv += ["--run-id", opts.run_id]
+    for f in dataclasses.fields(RunOptions):
+        if f.name in ("paradigm", "gpus", "nnodes", "run_id"):
+            continue
+        value = getattr(opts, f.name)
+        flag = "--timeout" if f.name == "timeout_s" else "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                argv.append(flag)
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    """Parser used inside each rank (`python -m runners.<paradigm> ...`)."""
+    parser = argparse.ArgumentParser(description="ptprof worker (normally started by `ptprof run`)")
+    parser.add_argument("--paradigm", required=True)
+    parser.add_argument("--gpus", type=_positive_int, required=True)
+    parser.add_argument("--nnodes", type=_positive_int, default=1)
+    parser.add_argument("--run-id", required=True)
+    add_run_arguments(parser)
+    return parser
+
+
+def validate(opts: RunOptions, data_parallel: int) -> str | None:
+    """Return a one-line problem with these options, or None. Checked before any process starts."""
+    if opts.warmup + opts.active > opts.steps:
+        return (
+            f"--warmup {opts.warmup} + --active {opts.active} exceeds --steps {opts.steps}; "
+            f"use --steps {opts.warmup + opts.active} or more"
+        )
+    if opts.global_batch_size % data_parallel:
+        return (
+            f"--batch-size {opts.global_batch_size} is not divisible by the {data_parallel} "
+            f"data-parallel ranks; use a multiple of {data_parallel}"
+        )
+    if opts.timeout_s <= 0:
+        return f"--timeout must be positive, got {opts.timeout_s}"
+    return None
