@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv, validate
-from runners.paradigms import PARADIGMS, data_parallel_degree
+from runners.paradigms import PARADIGMS
 
 EXIT_USAGE = 2  # bad arguments or an impossible request: nothing was started
 EXIT_FAILED = 1  # the run started and a rank failed
@@ -94,7 +94,8 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str]:
     if "/" in name or name.startswith("."):
         raise UsageError(f"--name {name!r} must be a plain folder name (no '/', not starting with '.')")
     opts = options_from_namespace(ns, device=device, run_id=name)
-    problem = validate(opts, data_parallel_degree(opts.paradigm, opts.world_size))
+    paradigm = PARADIGMS[opts.paradigm]
+    problem = validate(opts, paradigm.data_parallel(opts)) or paradigm.check(opts)
     if problem:
         raise UsageError(problem)
     if (Path(opts.out) / name).exists():
@@ -184,7 +185,7 @@ def _launch(argv: list[str]) -> str | None:
 
     # torchrun's agent logs every rendezvous step at WARNING/INFO; the failure report below says
     # what matters.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     config, cmd, cmd_args = config_from_args(parse_args(argv))
     try:
         elastic_launch(config, cmd)(*cmd_args)
@@ -204,49 +205,51 @@ _PEER_SYMPTOMS = (
     "broken pipe",
     "timed out",
     "timeout",
-    "socket",
-    "ecconnreset",
-    "recv",
     "nccl communicator was aborted",
     "distnetworkerror",
 )
 
 
+def _last_line(message, limit: int = 240) -> str:
+    if isinstance(message, dict):  # torchrun's error file nests {"message": ..., "extraInfo": ...}
+        message = message.get("message", message)
+    lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
+    line = lines[-1] if lines else "no message"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def describe_failures(failures: dict[int, tuple[int, object]], world_size: int) -> str:
-    """One line naming the failing rank(s) and why, from torchrun's per-rank failures.
+    """One line naming the failing rank(s) and why, from torchrun's per-rank (exitcode, message).
 
-    A rank killed by a signal or raising its own error is the cause; ranks that only lost a peer
-    (connection closed, collective timed out) are symptoms. If only symptoms are left, the cause
-    is a rank that never failed: it hung, and the launcher stopped it.
+    Three kinds of failed rank: a *cause* raised its own error or died of a signal other than
+    SIGTERM; a *symptom* raised because a peer went away or a collective timed out; a *stopped*
+    rank was terminated by the launcher (SIGTERM) without an error of its own. When only symptoms
+    and stopped (or absent) ranks remain, the stopped ones are the culprits: they hung.
     """
-
-    def text(message) -> str:
-        if isinstance(message, dict):
-            message = message.get("message", message)
-        lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
-        return lines[-1] if lines else "no message"
-
-    def is_symptom(exitcode: int, message) -> bool:
-        return exitcode > 0 and any(s in str(message).lower() for s in _PEER_SYMPTOMS)
-
-    causes = {r: f for r, f in failures.items() if not is_symptom(*f)}
-    parts = []
-    for rank in sorted(causes):
-        exitcode, message = causes[rank]
-        why = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit {exitcode}"
-        parts.append(f"rank {rank} failed ({why}): {text(message)}")
-    if not causes:
-        silent = sorted(set(range(world_size)) - set(failures))
-        waiting = ", ".join(str(r) for r in sorted(failures))
-        first = text(failures[min(failures)][1])
-        if silent:
-            who = ", ".join(str(r) for r in silent)
-            parts.append(
-                f"rank {who} stopped responding (hung or too slow); rank {waiting} gave up waiting for it: {first}"
-            )
+    causes, symptoms, stopped = [], [], []
+    for rank in sorted(failures):
+        exitcode, message = failures[rank]
+        text = str(message).lower()
+        if any(s in text for s in _PEER_SYMPTOMS):
+            symptoms.append(rank)
+        elif exitcode == -15 and "sigterm" in text:
+            stopped.append(rank)
         else:
-            parts.append(f"rank {waiting} failed waiting on each other: {first}")
-    return "; ".join(parts)
+            causes.append(rank)
+    if causes:
+        parts = []
+        for rank in causes:
+            exitcode, message = failures[rank]
+            how = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit {exitcode}"
+            parts.append(f"rank {rank} failed ({how}): {_last_line(message)}")
+        return "; ".join(parts)
+    culprits = stopped + sorted(set(range(world_size)) - set(failures))
+    waiting = ", ".join(map(str, symptoms))
+    first = _last_line(failures[symptoms[0]][1]) if symptoms else "no message"
+    if culprits:
+        who = ", ".join(map(str, sorted(culprits)))
+        return f"rank {who} stopped responding (hung or too slow); rank {waiting} gave up waiting: {first}"
+    return f"rank {waiting} failed in a collective: {first}"
 
 
 def _discard_failed(out: Path, tmp: Path, run_id: str) -> Path:

@@ -43,6 +43,19 @@ class RunOptions:
     timeout_s: float = 300.0  # collective / rendezvous timeout: a hung rank fails the run after this
     out: str = "traces"  # runs are written to <out>/<run-id>/
     name: str | None = None  # run id; default <paradigm>-<world>r-<timestamp>
+    # Pipeline (runners/pipeline.py, and the pp part of hybrid)
+    microbatches: int | None = None  # microbatches per step; None = the runner's default
+    stages_per_rank: int | None = None  # virtual stages per rank (interleaved / V schedules)
+    schedule: str = "1f1b"  # pipeline schedule of `hybrid`
+    # Tensor / sequence / expert parallel (runners/tp_sp.py, runners/expert_parallel.py)
+    sp: bool = False  # sequence parallelism on the LayerNorm/dropout regions (with tp)
+    experts: int = 4  # experts per MoE layer (ep)
+    top_k: int = 2  # experts per token (ep)
+    capacity_factor: float = 1.25  # expert capacity = factor * tokens * top_k / experts (ep)
+    # Hybrid degrees (runners/hybrid.py); dp * pp * tp must equal the world size
+    dp: int | None = None
+    pp: int | None = None
+    tp: int | None = None
     run_id: str = ""  # filled in by the launcher; the workers write into <out>/.<run_id>.tmp/
 
     @property
@@ -116,6 +129,24 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--profile-memory", action="store_true", help="record allocator [memory] events")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (bigger traces)")
+
+    pp = parser.add_argument_group("pipeline (gpipe, 1f1b, interleaved-1f1b, zero-bubble, zbv, dualpipev, hybrid)")
+    pp.add_argument("--microbatches", type=_positive_int, default=None, help="microbatches per step")
+    pp.add_argument(
+        "--stages-per-rank", type=_positive_int, default=None, help="virtual stages per rank (interleaved/V schedules)"
+    )
+    pp.add_argument("--schedule", default="1f1b", help="pipeline schedule used by hybrid (default 1f1b)")
+
+    tp = parser.add_argument_group("tensor / sequence / expert parallel (tp, ep, hybrid)")
+    tp.add_argument("--sp", action="store_true", help="tp: also shard LayerNorm regions on the sequence dim")
+    tp.add_argument("--experts", type=_positive_int, default=4, help="ep: experts per MoE layer (default 4)")
+    tp.add_argument("--top-k", type=_positive_int, default=2, help="ep: experts per token (default 2)")
+    tp.add_argument(
+        "--capacity-factor", type=float, default=1.25, help="ep: capacity = factor * tokens * top_k / experts"
+    )
+    tp.add_argument("--dp", type=_positive_int, default=None, help="hybrid: data-parallel degree")
+    tp.add_argument("--pp", type=_positive_int, default=None, help="hybrid: pipeline-parallel degree")
+    tp.add_argument("--tp", type=_positive_int, default=None, help="hybrid: tensor-parallel degree")
 
     r = parser.add_argument_group("run")
     r.add_argument(

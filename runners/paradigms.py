@@ -8,12 +8,23 @@ paradigms (ddp/zero1, zero2/fsdp) branch on `--paradigm`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+from runners.options import RunOptions
+
+
+def _all_ranks(opts: RunOptions) -> int:
+    return opts.world_size
 
 
 @dataclass(frozen=True)
 class Paradigm:
     module: str  # worker module run on every rank
     summary: str  # one line for `ptprof run --help`
+    # How many ranks split the global batch (all of them for the data-parallel family).
+    data_parallel: Callable[[RunOptions], int] = _all_ranks
+    # Paradigm-specific checks run before any process starts: a one-line problem, or None.
+    check: Callable[[RunOptions], str | None] = lambda opts: None
 
 
 PARADIGMS: dict[str, Paradigm] = {
@@ -26,7 +37,3 @@ PARADIGMS: dict[str, Paradigm] = {
     "fsdp": Paradigm("runners.fsdp", "FSDP2 fully_shard: parameters, gradients, optimizer sharded (ZeRO-3)"),
 }
 
-
-def data_parallel_degree(paradigm: str, world_size: int) -> int:
-    """How many ranks split the global batch (all of them for the data-parallel family)."""
-    return world_size

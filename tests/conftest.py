@@ -1,4 +1,8 @@
-"""Shared test helpers: running `ptprof` as a user would, in a subprocess."""
+"""Shared test helpers: running `ptprof` as a user would, and runs made once per session.
+
+`runs(paradigm, ranks)` returns the folder of a real `ptprof run` at that many gloo ranks (3 steps,
+warmup 1, active 2), made on first use and shared by every test package (runners and profiler).
+"""
 
 from __future__ import annotations
 
@@ -27,6 +31,25 @@ def ptprof(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path 
     )
 
 
+STEPS = 3  # enough for loss parity to mean something; warmup 1 + active 2
+
+
 @pytest.fixture(scope="session")
-def ptprof_run():
-    return ptprof
+def runs(tmp_path_factory):
+    """(paradigm, ranks) -> run folder, made on first use."""
+    out = tmp_path_factory.mktemp("runs")
+    made: dict[tuple[str, int], Path] = {}
+
+    def get(paradigm: str, ranks: int) -> Path:
+        key = (paradigm, ranks)
+        if key not in made:
+            name = f"{paradigm}-{ranks}"
+            res = ptprof(
+                "run", paradigm, "--gpus", str(ranks), "--steps", str(STEPS), "--warmup", "1", "--active", "2",
+                "--out", str(out), "--name", name, "--timeout", "120",
+            )
+            assert res.returncode == 0, f"ptprof run {paradigm} failed:\n{res.stdout}\n{res.stderr}"
+            made[key] = out / name
+        return made[key]
+
+    return get

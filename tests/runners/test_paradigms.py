@@ -1,7 +1,7 @@
 """Every data-parallel runner at 2 (and 4) gloo ranks: loss parity with a single process, the
 ZeRO memory table, and traces that contain the phases and the collectives.
 
-One `ptprof run` per (paradigm, ranks), shared by the tests through a session-scoped cache.
+One `ptprof run` per (paradigm, ranks), shared through the session fixture `runs` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -12,34 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ptprof
+from tests.conftest import STEPS
 from tests.runners.reference import param_bytes, single_process_losses
 
 pytestmark = pytest.mark.multirank
 
 PARADIGMS = ["ddp", "zero1", "zero2", "fsdp"]
-STEPS = 3
-
-
-@pytest.fixture(scope="session")
-def runs(tmp_path_factory):
-    """(paradigm, ranks) -> run folder, made on first use."""
-    out = tmp_path_factory.mktemp("runs")
-    made: dict[tuple[str, int], Path] = {}
-
-    def get(paradigm: str, ranks: int) -> Path:
-        key = (paradigm, ranks)
-        if key not in made:
-            name = f"{paradigm}-{ranks}"
-            res = ptprof(
-                "run", paradigm, "--gpus", str(ranks), "--steps", str(STEPS), "--warmup", "1", "--active", "2",
-                "--out", str(out), "--name", name, "--timeout", "120",
-            )
-            assert res.returncode == 0, f"ptprof run {paradigm} failed:\n{res.stdout}\n{res.stderr}"
-            made[key] = out / name
-        return made[key]
-
-    return get
 
 
 @pytest.fixture(scope="session")

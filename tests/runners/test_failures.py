@@ -1,0 +1,85 @@
+"""A failing rank stops the whole run: non-zero exit naming the rank, no orphans, no run folder.
+
+Faults are injected through the harness's PTPROF_FAULT hook (raise, hang) or by killing a rank's
+process from outside, as the OOM killer or a crashed node would.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, ptprof
+
+pytestmark = pytest.mark.multirank
+
+
+def run_processes(run_id: str) -> list[psutil.Process]:
+    """Live processes started for this run (the launcher exports PTPROF_RUN_ID to every rank)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("PTPROF_RUN_ID") == run_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def assert_nothing_left(out: Path, run_id: str) -> None:
+    assert not (out / run_id).exists(), "a failed run must not leave a run folder"
+    assert not (out / f".{run_id}.tmp").exists(), "the temporary folder must be cleaned up"
+    assert (out / ".failed" / run_id).is_dir(), "the rank logs of a failed run are kept"
+    assert not list((out / ".failed" / run_id).rglob("*.json.gz")), "partial traces are deleted"
+    assert not run_processes(run_id), "orphan rank processes left behind"
+
+
+def test_raising_rank_is_named(tmp_path):
+    res = ptprof(
+        "run", "ddp", "--gpus", "2", "--steps", "3", "--warmup", "1", "--active", "2",
+        "--out", str(tmp_path), "--name", "boom", env={"PTPROF_FAULT": "raise@1:1"},
+    )
+    assert res.returncode == 1
+    assert "rank 1 failed" in res.stderr and "injected fault" in res.stderr
+    assert "rank 0 failed" not in res.stderr  # rank 0 only lost its peer: a symptom, not a cause
+    assert_nothing_left(tmp_path, "boom")
+
+
+def test_hung_rank_times_out_and_is_named(tmp_path):
+    t0 = time.monotonic()
+    res = ptprof(
+        "run", "ddp", "--gpus", "2", "--steps", "3", "--warmup", "1", "--active", "2", "--timeout", "5",
+        "--out", str(tmp_path), "--name", "hang", env={"PTPROF_FAULT": "hang@1:1"}, timeout=120,
+    )
+    assert res.returncode == 1
+    assert "rank 1 stopped responding" in res.stderr
+    assert "rank 0 gave up waiting" in res.stderr
+    assert time.monotonic() - t0 < 90  # bounded by --timeout, not by the test's own limit
+    assert_nothing_left(tmp_path, "hang")
+
+
+def test_killed_rank_stops_the_run(tmp_path):
+    run_id = "killed"
+    cmd = [sys.executable, "-m", "runners.cli", "run", "ddp", "--gpus", "2", "--steps", "500", "--warmup", "1",
+           "--active", "2", "--out", str(tmp_path), "--name", run_id]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Wait until training runs (rank 0 printed a step), then SIGKILL rank 1.
+        for line in proc.stdout:
+            if line.startswith("step 2/"):
+                break
+        victims = [p for p in run_processes(run_id) if p.environ().get("RANK") == "1"]
+        assert len(victims) == 1
+        victims[0].kill()
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "rank 1 failed (killed by signal 9)" in stderr
+    assert_nothing_left(tmp_path, run_id)
