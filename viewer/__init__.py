@@ -1,0 +1,1 @@
+"""ptprof.viewer: the Dash app (`ptprof view`) over a folder of runs."""
