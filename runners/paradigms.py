@@ -27,6 +27,17 @@ class Paradigm:
     check: Callable[[RunOptions], str | None] = lambda opts: None
 
 
+def _check_tp(opts: RunOptions) -> str | None:
+    vocab, d_model, _layers, n_heads, _seq, _batch = opts.preset
+    t = opts.world_size
+    for what, size in (("attention heads", n_heads), ("d_model", d_model), ("vocab_size", vocab)):
+        if size % t:
+            return f"tp over {t} ranks needs {what} ({size}, model {opts.model!r}) divisible by {t}"
+    if opts.sp and opts.sequence_length % t:
+        return f"--sp over {t} ranks needs --seq-len ({opts.sequence_length}) divisible by {t}"
+    return None
+
+
 PARADIGMS: dict[str, Paradigm] = {
     "ddp": Paradigm("runners.ddp", "DistributedDataParallel: replicated model, gradients all-reduced"),
     "zero1": Paradigm("runners.ddp", "DDP + ZeroRedundancyOptimizer: optimizer state sharded (ZeRO-1)"),
@@ -35,5 +46,11 @@ PARADIGMS: dict[str, Paradigm] = {
         "FSDP2 fully_shard, reshard_after_forward=False: gradients + optimizer sharded (ZeRO-2)",
     ),
     "fsdp": Paradigm("runners.fsdp", "FSDP2 fully_shard: parameters, gradients, optimizer sharded (ZeRO-3)"),
+    "tp": Paradigm(
+        "runners.tp_sp",
+        "tensor parallel (Megatron: column/row-parallel attention and MLP); --sp adds sequence parallel",
+        data_parallel=lambda opts: 1,
+        check=_check_tp,
+    ),
 }
 

@@ -36,19 +36,19 @@ STEPS = 3  # enough for loss parity to mean something; warmup 1 + active 2
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory):
-    """(paradigm, ranks) -> run folder, made on first use."""
+    """(paradigm, ranks, *extra flags) -> run folder, made on first use."""
     out = tmp_path_factory.mktemp("runs")
-    made: dict[tuple[str, int], Path] = {}
+    made: dict[tuple, Path] = {}
 
-    def get(paradigm: str, ranks: int) -> Path:
-        key = (paradigm, ranks)
+    def get(paradigm: str, ranks: int, *extra: str) -> Path:
+        key = (paradigm, ranks, *extra)
         if key not in made:
-            name = f"{paradigm}-{ranks}"
+            name = "-".join([paradigm, str(ranks), *(e.strip("-") for e in extra)])
             res = ptprof(
                 "run", paradigm, "--gpus", str(ranks), "--steps", str(STEPS), "--warmup", "1", "--active", "2",
-                "--out", str(out), "--name", name, "--timeout", "120",
+                "--out", str(out), "--name", name, "--timeout", "120", *extra,
             )
-            assert res.returncode == 0, f"ptprof run {paradigm} failed:\n{res.stdout}\n{res.stderr}"
+            assert res.returncode == 0, f"ptprof run {paradigm} {extra} failed:\n{res.stdout}\n{res.stderr}"
             made[key] = out / name
         return made[key]
 

@@ -1,0 +1,83 @@
+"""Megatron-style tensor parallelism, optionally with sequence parallelism, via `parallelize_module`.
+
+    ptprof run tp --gpus 2          # heads and MLP hidden split across 2 ranks
+    ptprof run tp --gpus 2 --sp     # + LayerNorm regions sharded on the sequence dimension
+
+Every rank sees the whole global batch (there is no data parallelism here). In each block,
+Q/K/V are column-parallel (each rank owns n_heads/T heads) and the output projection is
+row-parallel, so attention needs one all-reduce in forward; the MLP likewise (up column-parallel,
+down row-parallel). The LM head is vocabulary-parallel, its logits all-gathered for the loss.
+
+With --sp the residual stream between those regions is sharded on the sequence dimension: the
+all-reduce after each row-parallel layer becomes a reduce-scatter (to sequence shards) and the
+input of each column-parallel region an all-gather, so LayerNorm runs on 1/T of the tokens and
+activations there take 1/T of the memory, for the same bytes on the wire.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from runners import harness
+
+
+def block_plan(sp: bool) -> dict:
+    """The plan of one transformer block, by submodule name."""
+    if not sp:
+        return {
+            "attn.wq": ColwiseParallel(),
+            "attn.wk": ColwiseParallel(),
+            "attn.wv": ColwiseParallel(),
+            "attn.wo": RowwiseParallel(),
+            "ffn.up": ColwiseParallel(),
+            "ffn.down": RowwiseParallel(),
+        }
+    return {
+        "ln1": SequenceParallel(),
+        # Gather the sequence shards before attention, which needs every position.
+        "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "attn.wq": ColwiseParallel(),
+        "attn.wk": ColwiseParallel(),
+        "attn.wv": ColwiseParallel(),
+        "attn.wo": RowwiseParallel(output_layouts=Shard(1)),  # reduce-scatter back to sequence shards
+        "ln2": SequenceParallel(),
+        "ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "ffn.up": ColwiseParallel(),
+        "ffn.down": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def apply_tp(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
+    sp = ctx.opts.sp
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("tp",))
+    for block in model.blocks.values():
+        parallelize_module(block, mesh, block_plan(sp))
+    top_plan = {
+        # Vocabulary-parallel head: each rank computes its slice of the logits, gathered for the loss.
+        "head": ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate()),
+    }
+    if sp:
+        # Embeddings stay replicated (small, and pos_emb is added to tok_emb's output): the first
+        # block takes this rank's sequence slice of them, a local slice with no traffic.
+        first = next(iter(model.blocks))
+        top_plan[f"blocks.{first}"] = PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+        )
+        top_plan["norm"] = SequenceParallel()
+    parallelize_module(model, mesh, top_plan)
+    optimizer = harness.make_optimizer(model.parameters(), ctx.opts)
+    # Every rank computes the same loss on the whole batch: each reports it (the mean is the same).
+    return harness.Parallel(model, optimizer, mesh={"tp": ctx.world_size}, dp_rank=0, dp_size=1)
+
+
+if __name__ == "__main__":
+    harness.main(apply_tp)
