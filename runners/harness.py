@@ -76,6 +76,9 @@ class Parallel:
     train_step: Callable[["Parallel", torch.Tensor, torch.Tensor, "MemoryProbe"], torch.Tensor | None] | None = None
     reports_loss: bool = True  # does this rank's loss count toward the global loss?
     extra: dict = field(default_factory=dict)  # paradigm-specific run.json blocks (e.g. "pipeline")
+    # Called on every rank after the profiled steps, before run.json: the place for collectives
+    # that summarize the run (they stay out of the traces).
+    after_training: Callable[[], None] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,13 +392,20 @@ def write_manifest(ctx: Context, par: Parallel, n_params: int, ranks: list[dict]
     return path
 
 
-def run_worker(opts: RunOptions, apply_fn: Callable[[nn.Module, Context], Parallel]) -> None:
+def moe_overrides(opts: RunOptions) -> dict:
+    """GPTConfig fields of the MoE variant, from the run options."""
+    return {"n_experts": opts.experts, "top_k": opts.top_k, "capacity_factor": opts.capacity_factor}
+
+
+def run_worker(opts: RunOptions, apply_fn: Callable[[nn.Module, Context], Parallel], *, moe: bool = False) -> None:
     ctx = init_distributed(opts)
     try:
-        model = build_model(opts)
+        model = build_model(opts, **(moe_overrides(opts) if moe else {}))
         n_params = count_params(model)
         par = apply_fn(model.to(ctx.device), ctx)
         results = train(ctx, par)
+        if par.after_training:
+            par.after_training()
         # Gathered after profiling ended, so this collective is not in the traces.
         ranks: list = [None] * ctx.world_size
         dist.all_gather_object(ranks, results)
@@ -406,12 +416,22 @@ def run_worker(opts: RunOptions, apply_fn: Callable[[nn.Module, Context], Parall
         dist.destroy_process_group()
 
 
-def main(apply_fn: Callable[[nn.Module, Context], Parallel]) -> None:
-    """Entry point of a runner module on each rank: parse the flags `ptprof run` passed, train."""
+def main(apply_fn: Callable[[nn.Module, Context], Parallel], *, moe: bool = False) -> None:
+    """Entry point of a runner module on each rank: parse the flags `ptprof run` passed, train.
+
+    moe=True builds the MoE variant of the model (experts, top-k, capacity from the options).
+    """
 
     @record  # lets torchrun report this rank's exception (message + traceback) to the launcher
     def _main() -> None:
         opts = options_from_namespace(worker_parser().parse_args())
-        run_worker(opts, apply_fn)
+        run_worker(opts, apply_fn, moe=moe)
 
     _main()
+    # Everything is written and every rank passed the final barrier. Leave without interpreter
+    # finalization: on gloo, destroying the process group's C++ threads during finalization
+    # occasionally aborts ("terminate called without an active exception", seen at 4 CPU ranks),
+    # which would fail a run whose results are complete.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

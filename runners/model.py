@@ -84,14 +84,19 @@ class MoE(nn.Module):
         self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
         self.experts = nn.ModuleList(MLP(cfg.d_model, cfg.mlp_ratio * cfg.d_model) for _ in range(cfg.n_experts))
         self.aux_loss = torch.zeros(())  # load-balancing loss of the last forward
-        self.tokens_per_expert = torch.zeros(cfg.n_experts, dtype=torch.long)  # routed, before drops
-        self.dropped_tokens = 0  # (token, expert) assignments dropped by capacity in the last forward
+        self.tokens_per_expert = torch.zeros(cfg.n_experts, dtype=torch.long)  # kept (token, expert) pairs
+        self.dropped_tokens = 0  # (token, expert) pairs dropped by capacity in the last forward
 
     def capacity(self, n_tokens: int) -> int:
         return max(1, int(self.capacity_factor * n_tokens * self.top_k / self.n_experts))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns (expert index [N, k], gate weight [N, k], keep mask [N, k]) for flat tokens x [N, d]."""
+        """Returns (expert index [N, k], gate weight [N, k], keep mask [N, k]) for flat tokens x [N, d].
+
+        Capacity applies to the tokens given (a GShard group: the whole batch in one process, a
+        rank's tokens under expert parallelism). Also records the load statistics behind the
+        auxiliary loss and the routing counts of this forward.
+        """
         probs = F.softmax(self.router(x), dim=-1)
         gate, expert = probs.topk(self.top_k, dim=-1)
         gate = gate / gate.sum(-1, keepdim=True)
@@ -100,12 +105,18 @@ class MoE(nn.Module):
         onehot = F.one_hot(expert.t().reshape(-1), self.n_experts)  # [k*N, E], choice-major
         position = (onehot.cumsum(0) - 1).gather(1, expert.t().reshape(-1, 1)).view(self.top_k, -1).t()
         keep = position < self.capacity(x.shape[0])
-        # Switch/GShard auxiliary loss: E * sum_e (fraction of tokens whose first choice is e) * (mean prob of e).
-        first_choice = F.one_hot(expert[:, 0], self.n_experts).float().mean(0)
-        self.aux_loss = self.n_experts * (first_choice * probs.mean(0)).sum()
-        self.tokens_per_expert = onehot.sum(0).detach()
+        # Load statistics: first-choice counts (no gradient) and summed router probabilities.
+        self.first_choice_counts = F.one_hot(expert[:, 0], self.n_experts).sum(0).detach()
+        self.prob_sums = probs.sum(0)
+        self.routed_tokens = x.shape[0]
+        self.aux_loss = self.load_balancing_loss(self.first_choice_counts, self.prob_sums, x.shape[0])
+        self.tokens_per_expert = (onehot * keep.t().reshape(-1, 1)).sum(0).detach()  # kept pairs
         self.dropped_tokens = int((~keep).sum())
         return expert, gate, keep
+
+    def load_balancing_loss(self, first_choice_counts, prob_sums, n_tokens: int) -> torch.Tensor:
+        """Switch/GShard auxiliary loss: E * sum_e (fraction of first choices to e) * (mean prob of e)."""
+        return self.n_experts * ((first_choice_counts.float() / n_tokens) * (prob_sums / n_tokens)).sum()
 
     def dispatch_and_combine(self, x, expert, gate, keep) -> torch.Tensor:
         out = torch.zeros_like(x)

@@ -38,6 +38,16 @@ def _check_tp(opts: RunOptions) -> str | None:
     return None
 
 
+def _check_ep(opts: RunOptions) -> str | None:
+    if opts.experts % opts.world_size:
+        return f"--experts {opts.experts} must be divisible by the {opts.world_size} ranks (experts per rank)"
+    if opts.top_k > opts.experts:
+        return f"--top-k {opts.top_k} exceeds --experts {opts.experts}"
+    if opts.capacity_factor <= 0:
+        return f"--capacity-factor must be positive, got {opts.capacity_factor}"
+    return None
+
+
 PARADIGMS: dict[str, Paradigm] = {
     "ddp": Paradigm("runners.ddp", "DistributedDataParallel: replicated model, gradients all-reduced"),
     "zero1": Paradigm("runners.ddp", "DDP + ZeroRedundancyOptimizer: optimizer state sharded (ZeRO-1)"),
@@ -51,6 +61,11 @@ PARADIGMS: dict[str, Paradigm] = {
         "tensor parallel (Megatron: column/row-parallel attention and MLP); --sp adds sequence parallel",
         data_parallel=lambda opts: 1,
         check=_check_tp,
+    ),
+    "ep": Paradigm(
+        "runners.expert_parallel",
+        "expert parallel MoE: experts spread over ranks, tokens moved by all-to-all, rest data-parallel",
+        check=_check_ep,
     ),
 }
 

@@ -14,16 +14,21 @@ from runners.model import GPT, GPTConfig, lm_loss
 from runners.options import MODEL_PRESETS
 
 
-def single_process_losses(*, model: str = "tiny", steps: int = 3, seed: int = 0, lr: float = 1e-3) -> list[float]:
+def single_process_losses(
+    *, model: str = "tiny", steps: int = 3, seed: int = 0, lr: float = 1e-3, moe: dict | None = None,
+    aux_loss_weight: float = 0.0,
+) -> list[float]:
+    """LM losses per step. `moe` (n_experts, top_k, capacity_factor) builds the MoE variant, whose
+    objective adds `aux_loss_weight` x the load-balancing loss (the returned loss is the LM part)."""
     vocab, d_model, n_layers, n_heads, seq_len, batch = MODEL_PRESETS[model]
     torch.manual_seed(seed)
-    net = GPT(GPTConfig(vocab, d_model, n_layers, n_heads, seq_len))
+    net = GPT(GPTConfig(vocab, d_model, n_layers, n_heads, seq_len, **(moe or {})))
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     for step in range(steps):
         inputs, targets = synthetic_batch(step, seed=seed, batch_size=batch, seq_len=seq_len, vocab_size=vocab)
         loss = lm_loss(net(inputs), targets)
-        loss.backward()
+        (loss + aux_loss_weight * net.aux_loss()).backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
