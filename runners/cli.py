@@ -45,7 +45,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_run_parser(sub) -> None:
-    names = "\n".join(f"  {name:<8} {p.summary}" for name, p in PARADIGMS.items())
+    width = max(map(len, PARADIGMS))
+    names = "\n".join(f"  {name:<{width}} {p.summary}" for name, p in PARADIGMS.items())
     run = sub.add_parser(
         "run",
         help="train one paradigm on N ranks under torch.profiler, writing traces/<run-id>/",
@@ -89,6 +90,8 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str]:
         raise UsageError(f"--node-rank {ns.node_rank} must be in [0, --nnodes {ns.nnodes})")
     if ns.nnodes > 1 and not ns.rdzv_endpoint:
         raise UsageError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT reachable from every node")
+    if ns.nnodes > 1 and not ns.name:
+        raise UsageError("--nnodes > 1 needs --name RUN_ID, the same on every node, so all nodes write one run")
     device = _pick_device(ns.device, ns.gpus)
     name = ns.name or f"{ns.paradigm}-{ns.gpus * ns.nnodes}r-{dt.datetime.now():%Y%m%d-%H%M%S}"
     if "/" in name or name.startswith("."):
@@ -122,15 +125,16 @@ def _torchrun_argv(ns: argparse.Namespace, opts: RunOptions, log_dir: Path) -> l
     """The torch.distributed.run command line for this run (what `torchrun` would be given)."""
     argv = ["--nnodes", str(opts.nnodes), "--nproc-per-node", str(opts.gpus), "--max-restarts", "0"]
     if ns.rdzv_endpoint:
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", ns.rdzv_endpoint, "--rdzv-id", ns.rdzv_id or opts.run_id]
-        argv += ["--node-rank", str(ns.node_rank)]
+        # Static rendezvous: --node-rank fixes which node hosts which ranks (global rank 0 on node
+        # 0, the node that publishes the run); c10d would assign them by arrival order.
+        argv += ["--rdzv-backend", "static", "--rdzv-endpoint", ns.rdzv_endpoint, "--node-rank", str(ns.node_rank)]
+        argv += ["--rdzv-id", ns.rdzv_id or opts.run_id]
     else:
         # What torchrun's --standalone does: a private c10d store on a free local port.
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", opts.run_id]
-    # Rank 0's stdout (the live progress lines) goes to this terminal; every other stream to
-    # <run>/logs/, where the failure report points.
-    redirects = ",".join(f"{r}:{2 if r == 0 else 3}" for r in range(opts.gpus))
-    argv += ["--log-dir", str(log_dir), "--redirects", redirects, "--monitor-interval", "0.2"]
+    # stdout (only the progress rank prints there: rank 0, or the last pipeline stage, which holds
+    # the loss) goes to this terminal; every rank's stderr to <run>/logs/, where failure reports point.
+    argv += ["--log-dir", str(log_dir), "--redirects", "2", "--monitor-interval", "0.2"]
     argv += ["-m", PARADIGMS[opts.paradigm].module, *options_to_argv(opts)]
     return argv
 
@@ -145,16 +149,22 @@ def cmd_run(ns: argparse.Namespace) -> int:
         print(f"No GPU in use: running {world} gloo ranks on CPU (timings are indicative only).", flush=True)
     else:
         print(f"Running {world} NCCL ranks, one GPU each.", flush=True)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    if ns.node_rank == 0:  # node 0 owns the run folder; other nodes only write into it
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    else:
+        tmp.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores; also silences torchrun's note
     os.environ["PTPROF_RUN_ID"] = opts.run_id  # lets tests (and users) find this run's processes
     started = time.time()
     failure = _launch(_torchrun_argv(ns, opts, tmp / "logs"))
     if failure:
-        kept = _discard_failed(out, tmp, opts.run_id)
         print(f"ptprof run: {failure}", file=sys.stderr)
+        if ns.node_rank != 0:
+            print("ptprof run: no run was written; node 0 keeps the rank logs", file=sys.stderr)
+            return EXIT_FAILED
+        kept = _discard_failed(out, tmp, opts.run_id)
         print(f"ptprof run: no run was written; rank logs kept in {kept}", file=sys.stderr)
         return EXIT_FAILED
     if ns.node_rank != 0:

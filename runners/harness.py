@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -39,6 +40,11 @@ PHASE_FORWARD = "ptprof/forward"
 PHASE_BACKWARD = "ptprof/backward"
 PHASE_OPTIMIZER = "ptprof/optimizer"
 PHASES = {"forward": PHASE_FORWARD, "backward": PHASE_BACKWARD, "optimizer": PHASE_OPTIMIZER}
+# Pipeline runs (runners/pipeline.py) annotate each stage's compute per microbatch instead of
+# forward/backward: kind F (forward), B (full backward), I (input-grad backward), W (weight-grad
+# backward) or L (the loss, on the last stage), e.g. "ptprof/pp/F s1 mb3". Compute only: the
+# schedule's sends and receive waits fall outside these spans.
+PP_ACTION = "ptprof/pp/{kind} s{stage} mb{microbatch}"
 
 # Test hook: PTPROF_FAULT="raise@1:2" makes rank 1 raise at step 2 ("hang@R:S" sleeps forever,
 # "exit@R:S" exits with status 3). Lets the tests prove failure handling without flaky timing.
@@ -398,22 +404,35 @@ def moe_overrides(opts: RunOptions) -> dict:
 
 
 def run_worker(opts: RunOptions, apply_fn: Callable[[nn.Module, Context], Parallel], *, moe: bool = False) -> None:
+    """Train one rank and leave the process; never returns.
+
+    Nothing is torn down: once every rank has passed the final barrier the process exits at once.
+    Tearing down on gloo is unsafe: freeing DDP's reducer (or the process group) while gloo's
+    worker thread still drops its last work object deadlocks on the GIL (seen with py-spy: main
+    thread joining the gloo thread inside ~ProcessGroupGloo, that thread waiting for the GIL in
+    ~AsyncAllgatherWork), and destroying it during interpreter finalization sometimes aborts
+    ("terminate called without an active exception"). Either would fail a finished run.
+    """
     ctx = init_distributed(opts)
-    try:
-        model = build_model(opts, **(moe_overrides(opts) if moe else {}))
-        n_params = count_params(model)
-        par = apply_fn(model.to(ctx.device), ctx)
-        results = train(ctx, par)
-        if par.after_training:
-            par.after_training()
-        # Gathered after profiling ended, so this collective is not in the traces.
-        ranks: list = [None] * ctx.world_size
-        dist.all_gather_object(ranks, results)
-        if ctx.rank == 0:
-            write_manifest(ctx, par, n_params, ranks)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    model = build_model(opts, **(moe_overrides(opts) if moe else {}))
+    n_params = count_params(model)
+    par = apply_fn(model.to(ctx.device), ctx)
+    results = train(ctx, par)
+    if par.after_training:
+        par.after_training()
+    # Gathered after profiling ended, so this collective is not in the traces.
+    ranks: list = [None] * ctx.world_size
+    dist.all_gather_object(ranks, results)
+    if ctx.rank == 0:
+        write_manifest(ctx, par, n_params, ranks)
+    dist.barrier()
+    _exit_now(0)
+
+
+def _exit_now(status: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def main(apply_fn: Callable[[nn.Module, Context], Parallel], *, moe: bool = False) -> None:
@@ -422,16 +441,13 @@ def main(apply_fn: Callable[[nn.Module, Context], Parallel], *, moe: bool = Fals
     moe=True builds the MoE variant of the model (experts, top-k, capacity from the options).
     """
 
-    @record  # lets torchrun report this rank's exception (message + traceback) to the launcher
+    @record  # writes this rank's exception to torchrun's error file, for the launcher's report
     def _main() -> None:
         opts = options_from_namespace(worker_parser().parse_args())
         run_worker(opts, apply_fn, moe=moe)
 
-    _main()
-    # Everything is written and every rank passed the final barrier. Leave without interpreter
-    # finalization: on gloo, destroying the process group's C++ threads during finalization
-    # occasionally aborts ("terminate called without an active exception", seen at 4 CPU ranks),
-    # which would fail a run whose results are complete.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    try:
+        _main()
+    except BaseException:  # noqa: BLE001 - reported, then the same no-teardown exit as success
+        traceback.print_exc()  # to this rank's stderr log
+        _exit_now(1)

@@ -83,3 +83,40 @@ def test_killed_rank_stops_the_run(tmp_path):
     assert proc.returncode == 1
     assert "rank 1 failed (killed by signal 9)" in stderr
     assert_nothing_left(tmp_path, run_id)
+
+
+def test_two_nodes_on_one_machine_make_one_run(tmp_path):
+    """--nnodes/--node-rank/--rdzv-endpoint: two launchers (nodes) sharing --out publish one run."""
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = ["run", "ddp", "--gpus", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--name", "two-nodes", "--out", str(tmp_path), "--steps", "3", "--warmup", "1", "--active", "2"]
+    node1 = subprocess.Popen([sys.executable, "-m", "runners.cli", *common, "--node-rank", "1"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        node0 = ptprof(*common, "--node-rank", "0", timeout=180)
+        out1, err1 = node1.communicate(timeout=60)
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+    assert node0.returncode == 0, node0.stderr
+    assert node1.returncode == 0, err1
+    assert "node 0 publishes the run" in out1
+    run = tmp_path / "two-nodes"
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["world_size"] == 2 and manifest["nnodes"] == 2
+    assert sorted(p.name for p in run.glob("rank*.json.gz")) == ["rank0.json.gz", "rank1.json.gz"]
+    from tests.runners.reference import single_process_losses
+
+    for got, want in zip(manifest["losses"], single_process_losses(steps=3), strict=True):
+        assert abs(got - want) / want < 1e-4
+
+
+def test_multi_node_needs_a_shared_name(tmp_path):
+    res = ptprof("run", "ddp", "--gpus", "1", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29500",
+                 "--out", str(tmp_path))
+    assert res.returncode == 2 and "needs --name" in res.stderr
