@@ -16,6 +16,7 @@ from dataclasses import dataclass
 # `tiny` is for tests and CPU ranks; the larger ones are sized for real GPUs.
 MODEL_PRESETS: dict[str, tuple[int, int, int, int, int, int]] = {
     "tiny": (256, 64, 2, 4, 32, 8),
+    "tiny8": (256, 64, 8, 4, 32, 8),  # tiny with 8 layers: enough stages for pipelines at 4 ranks x 2
     "small": (4096, 256, 4, 8, 128, 16),
     "medium": (32768, 768, 12, 12, 1024, 32),  # GPT-2 small-like
     "large": (32768, 1536, 24, 16, 2048, 32),
@@ -44,8 +45,8 @@ class RunOptions:
     out: str = "traces"  # runs are written to <out>/<run-id>/
     name: str | None = None  # run id; default <paradigm>-<world>r-<timestamp>
     # Pipeline (runners/pipeline.py, and the pp part of hybrid)
-    microbatches: int | None = None  # microbatches per step; None = the runner's default
-    stages_per_rank: int | None = None  # virtual stages per rank (interleaved / V schedules)
+    microbatches: int | None = None  # microbatches per step; None = the runner's (pipeline: 2 x ranks)
+    stages_per_rank: int | None = None  # stages per rank (interleaved / V schedules); None = schedule's
     schedule: str = "1f1b"  # pipeline schedule of `hybrid`
     # Tensor / sequence / expert parallel (runners/tp_sp.py, runners/expert_parallel.py)
     sp: bool = False  # sequence parallelism on the LayerNorm/dropout regions (with tp)
@@ -102,7 +103,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         choices=sorted(MODEL_PRESETS),
         default="tiny",
-        help="model size preset: tiny (tests, CPU), small (CPU demos), medium/large (GPUs); default tiny",
+        help="model size preset: tiny (tests, CPU), tiny8 (tiny with 8 layers, for pipeline stages), "
+        "small (CPU demos), medium/large (GPUs); default tiny",
     )
     g.add_argument(
         "--batch-size",

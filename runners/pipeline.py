@@ -1,0 +1,224 @@
+"""Pipeline parallelism with torch.distributed.pipelining: GPipe, 1F1B, interleaved 1F1B, zero
+bubble (ZB-H1), ZB-V and DualPipeV, with every microbatch's compute annotated.
+
+    ptprof run gpipe --gpus 2 --microbatches 4
+    ptprof run 1f1b --gpus 4 --model tiny8 --microbatches 8
+    ptprof run interleaved-1f1b --gpus 2 --model tiny8 --stages-per-rank 2 --microbatches 4
+    ptprof run zero-bubble --gpus 2 --microbatches 4        # one stage per rank: ZB-H1
+    ptprof run zbv --gpus 2 --model tiny8 --microbatches 4  # two V-shaped stages per rank
+    ptprof run dualpipev --gpus 2 --model tiny8 --microbatches 4
+
+The model is cut into S = P x V stages of contiguous blocks: embeddings on the first, final norm,
+head and loss on the last. Looped schedules put stage s on rank s % P; the V-shaped ones (zbv,
+dualpipev) go down the ranks and back up, so rank 0 holds the first and the last stage. There is
+no data parallelism: the schedule cuts the global batch into M equal microbatches, the last stage
+computes each one's mean loss and torch divides the accumulated gradients by M, so gradients and
+the step's loss (the mean of the microbatch losses) are those of a single process.
+
+torch's own spans (`PP:1F0` in the multi-stage schedules, `Forward 3` in GPipe, none in 1F1B)
+include waiting for receives, so we wrap the stage's compute calls in `harness.PP_ACTION` spans:
+forward, full backward (B) or input-grad backward (I) where the schedule splits backward, weight
+backward (W), and the loss (L). The schedule posts sends and waits for receives outside those
+calls, so these spans are compute only. run.json["pipeline"] records the stage placement and the
+schedule's ideal action order per rank (docs/run-layout.md, "Pipeline").
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed.pipelining as pipelining
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+from torch.profiler import record_function
+
+from runners import harness
+from runners.model import GPT, lm_loss
+from runners.paradigms import PIPELINE_SCHEDULES, pipeline_shape
+
+
+def stage_layers(n_layers: int, n_stages: int) -> list[range]:
+    """Contiguous block indices of each stage, as even as possible (earlier stages get the extra)."""
+    base, extra = divmod(n_layers, n_stages)
+    bounds = [0]
+    for s in range(n_stages):
+        bounds.append(bounds[-1] + base + (s < extra))
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def stage_to_rank(placement: str, ranks: int, n_stages: int) -> list[int]:
+    """Rank of each stage: looped (0, 1, .., P-1, 0, 1, ..) or V-shaped (0, .., P-1, P-1, .., 0)."""
+    if placement == "loop":
+        return [s % ranks for s in range(n_stages)]
+    return [s % ranks if (s // ranks) % 2 == 0 else ranks - 1 - s % ranks for s in range(n_stages)]
+
+
+def build_stage_module(model: GPT, layers: range, *, first: bool, last: bool) -> GPT:
+    """A copy of the full model that keeps only this stage's blocks, embeddings and head.
+
+    Copying the (identically seeded) full model keeps every kept weight equal to the single-process
+    model's; the blocks stay keyed by their global layer index.
+    """
+    stage = copy.deepcopy(model)
+    for name in list(stage.blocks):
+        if int(name) not in layers:
+            del stage.blocks[name]
+    if not first:
+        stage.tok_emb = stage.pos_emb = None
+    if not last:
+        stage.norm = stage.head = None
+    return stage
+
+
+class AnnotatedStage(PipelineStage):
+    """A PipelineStage whose compute calls run under `harness.PP_ACTION` spans.
+
+    The schedules receive before and send after these calls (schedules.py: `get_fwd_recv_ops` and
+    its wait precede `forward_one_chunk`), so the spans hold compute only.
+    """
+
+    pending_loss: int | None = None  # microbatch whose loss the schedule computes next (last stage)
+
+    def _span(self, kind: str, microbatch: int) -> record_function:
+        return record_function(harness.PP_ACTION.format(kind=kind, stage=self.stage_index, microbatch=microbatch))
+
+    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+        with self._span("F", fwd_chunk_id):
+            output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        if self.is_last:
+            self.pending_loss = fwd_chunk_id  # the schedule computes its loss right after
+        return output
+
+    def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
+        # full_backward=False: the schedule split backward; this is the input-gradient half.
+        with self._span("B" if full_backward else "I", bwd_chunk_id):
+            return super().backward_one_chunk(
+                bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward
+            )
+
+    def backward_weight_one_chunk(self, bwd_chunk_id, last_backward=False):
+        with self._span("W", bwd_chunk_id):
+            return super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
+
+
+def annotated_loss(stage: AnnotatedStage | None):
+    """The schedule's loss function: mean cross-entropy of one microbatch, in an L span."""
+    if stage is None:  # no last stage here: the schedule only needs to know that there is a loss
+        return lm_loss
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        microbatch, stage.pending_loss = stage.pending_loss, None
+        if microbatch is None:  # shape inference on the first step: not an action of the schedule
+            return lm_loss(logits, targets)
+        with stage._span("L", microbatch):
+            return lm_loss(logits, targets)
+
+    return loss_fn
+
+
+def textbook_order(name: str, ranks: int, microbatches: int) -> list[list[tuple[str, int, int]]]:
+    """GPipe's and 1F1B's action order on each rank (stage = rank), from their definitions.
+
+    GPipe: every forward, then every backward. 1F1B: rank r runs P-1-r warmup forwards, then
+    alternates one forward and one backward, then drains the remaining backwards. (torch 2.13's
+    `pipeline_order` table for Schedule1F1B starts the last rank's forwards at microbatch 1; its
+    runtime is right, so we write the order down ourselves.)
+    """
+    orders = []
+    for r in range(ranks):
+        f = [("F", r, i) for i in range(microbatches)]
+        b = [("B", r, i) for i in range(microbatches)]
+        if name == "gpipe":
+            orders.append(f + b)
+            continue
+        warmup = min(ranks - 1 - r, microbatches)
+        steady = [action for i in range(microbatches - warmup) for action in (f[warmup + i], b[i])]
+        orders.append(f[:warmup] + steady + b[microbatches - warmup :])
+    return orders
+
+
+def torch_order(schedule: PipelineScheduleMulti, ranks: int) -> list[list[tuple[str, int, int]]]:
+    """The compute actions of torch's `pipeline_order` per rank: idle slots dropped, DualPipeV's
+    overlapped forward+backward pairs expanded in the order the runtime runs them."""
+    orders = []
+    for r in range(ranks):
+        leaves = [leaf for a in schedule.pipeline_order[r] if a is not None for leaf in (a.sub_actions or (a,))]
+        orders.append([(a.computation_type.value, a.stage_index, a.microbatch_index) for a in leaves])
+    return orders
+
+
+def apply_pipeline(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
+    opts, name = ctx.opts, ctx.opts.paradigm
+    schedule_spec = PIPELINE_SCHEDULES[name]
+    p = ctx.world_size
+    m, v = pipeline_shape(opts)
+    n_stages = p * v
+    placement = stage_to_rank(schedule_spec.placement, p, n_stages)
+    layers = stage_layers(model.cfg.n_layers, n_stages)
+
+    stages = [
+        AnnotatedStage(
+            build_stage_module(model, layers[s], first=s == 0, last=s == n_stages - 1),
+            stage_index=s,
+            num_stages=n_stages,
+            device=ctx.device,
+        )
+        for s in range(n_stages)
+        if placement[s] == ctx.rank
+    ]
+    last = next((st for st in stages if st.is_last), None)
+    holds_first = any(st.is_first for st in stages)
+    schedule_cls = getattr(pipelining, schedule_spec.torch_class)
+    multi = issubclass(schedule_cls, PipelineScheduleMulti)  # GPipe and 1F1B take one stage
+    schedule = schedule_cls(stages if multi else stages[0], m, loss_fn=annotated_loss(last))
+    if multi and schedule.stage_index_to_group_rank != dict(enumerate(placement)):
+        raise RuntimeError(f"{name}: torch places stages {schedule.stage_index_to_group_rank}, we built {placement}")
+
+    stage_modules = nn.ModuleList(st.submod for st in stages)
+    optimizer = harness.make_optimizer(stage_modules.parameters(), opts)
+
+    def train_step(par: harness.Parallel, inputs, targets, probe: harness.MemoryProbe):
+        # The first stage takes the inputs, the last the targets; the schedule splits both into M.
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if holds_first else ()
+        kwargs = {"target": targets, "losses": losses} if last is not None else {}
+        schedule.step(*args, return_outputs=False, **kwargs)
+        # Parameters are never gathered or freed here, so "after forward" is any time in the step.
+        probe.after_forward(par.model, par.optimizer)
+        probe.after_backward(par.model)
+        return torch.stack([loss.detach() for loss in losses]).mean() if last is not None else None
+
+    textbook = name in ("gpipe", "1f1b")
+    pipeline = {
+        "schedule": name,
+        "torch_schedule": schedule_spec.torch_class,
+        "ranks": p,
+        "microbatches": m,
+        "microbatch_size": opts.global_batch_size // m,
+        "stages_per_rank": v,
+        "num_stages": n_stages,
+        "stage_to_rank": placement,
+        "stage_layers": [[r.start, r.stop] for r in layers],
+        "loss_stage": n_stages - 1,
+        "span_format": harness.PP_ACTION,
+        "order_source": "textbook" if textbook else "torch pipeline_order",
+        "ideal_order": textbook_order(name, p, m) if textbook else torch_order(schedule, p),
+    }
+    return harness.Parallel(
+        stage_modules,
+        optimizer,
+        mesh={"pp": p},
+        dp_rank=0,
+        dp_size=1,
+        train_step=train_step,
+        reports_loss=last is not None,
+        # Pipeline runs have no per-step forward/backward phases: their compute is in the
+        # per-microbatch spans, so run.json lists only the phase they do annotate.
+        extra={"pipeline": pipeline, "phases": {"optimizer": harness.PHASE_OPTIMIZER}},
+    )
+
+
+if __name__ == "__main__":
+    harness.main(apply_pipeline)
