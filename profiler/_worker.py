@@ -1,0 +1,32 @@
+"""Worker process of `load_traces`: parse the files named on the command line into `out_dir`.
+
+    python -m profiler._worker OUT_DIR FILE...
+
+Prints one JSON line per file as it finishes: {"path", "parquet", "meta"} or {"path", "error"}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from profiler.errors import TraceError
+from profiler.load import _load_one
+
+
+def main(argv: list[str]) -> None:
+    out_dir, files = Path(argv[0]), argv[1:]
+    for f in files:
+        try:
+            _, meta, parquet = _load_one(Path(f), out_dir)
+            msg = {"path": f, "parquet": parquet, "meta": meta}
+        except TraceError as e:
+            msg = {"path": f, "error": e.problem}
+        except MemoryError:
+            msg = {"path": f, "error": "out of memory while parsing"}
+        print(json.dumps(msg), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,155 @@
+"""Temporal breakdown: where each rank's time went, HTA's definition, plus exposed communication.
+
+GPU ranks (HolisticTraceAnalysis's `get_temporal_breakdown`): the window runs from the first to the
+last end of the GPU activity launched during the profiled steps (include_last_profiler_step=True),
+all streams together. `compute_us` is the union of compute kernels, `non_compute_us` the rest of the
+busy time (communication, memory copies/sets, unclassified kernels, minus what compute covers), and
+`idle_us` the window with no GPU activity at all.
+
+CPU ranks (gloo): the window is the ProfilerStep span. Compute is operator time on the process's
+own threads (main and autograd) outside the collective enqueues (`c10d::<op>`); communication is
+the `gloo:<op>` spans, which gloo records on its worker threads for collectives and on the main
+thread for point-to-point send/recv (pipelines); a worker thread's operators are part of its
+collective, not compute. Idle is time with neither, which on the main thread includes the blocking
+waits for collectives (gloo records those only as gaps).
+
+Both: `comm_us` is the union of communication, `overlap_us` its part under compute,
+`exposed_comm_us` its part with no compute under it, `overlap_pct` = overlap / comm * 100.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from profiler.intervals import clip, sweep
+from profiler.steps import KEYS, PROFILER_STEP_RE, assign_steps, profiler_steps
+
+GPU_LABELS = ["compute", "comm", "memory", "other"]
+CPU_LABELS = ["op", "enqueue", "comm", "window"]
+THREAD = [*KEYS, "pid", "tid"]
+
+
+def temporal_breakdown(events: pl.DataFrame, *, per_step: bool = False, steps: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per rank (per step with per_step=True): window_us split into compute / non-compute /
+    idle, and comm_us, overlap_us, exposed_comm_us, overlap_pct, memory_us.
+
+    `device` says which accounting a rank got: "gpu" where it has GPU activity, else "cpu".
+    """
+    steps = profiler_steps(events) if steps is None else steps
+    gpu_ranks = events.filter(pl.col("device") == "gpu").select(KEYS).unique()
+    gpu = _gpu_breakdown(events.join(gpu_ranks, on=KEYS, how="semi"), steps, per_step)
+    cpu = _cpu_breakdown(events.join(gpu_ranks, on=KEYS, how="anti"), steps, per_step)
+    by = [*KEYS, "step"] if per_step else KEYS
+    flags = steps.group_by(by).agg(pl.col("has_profiler_steps").all())
+    return (
+        pl.concat([gpu, cpu], how="diagonal_relaxed")
+        .join(flags, on=by, how="left")
+        .with_columns(
+            exposed_comm_us=pl.col("comm_us") - pl.col("overlap_us"),
+            overlap_pct=pl.when(pl.col("comm_us") > 0).then(100 * pl.col("overlap_us") / pl.col("comm_us")),
+        )
+        .select(*by, "device", "window_us", "compute_us", "non_compute_us", "idle_us", "comm_us", "overlap_us",
+                "exposed_comm_us", "overlap_pct", "memory_us", "has_profiler_steps")
+        .sort(by)
+    )
+
+
+def _totals(segments: pl.DataFrame, by: list[str], *, compute: pl.Expr, comm: pl.Expr, busy: pl.Expr, memory: pl.Expr) -> pl.DataFrame:
+    d = pl.col("dur_us")
+    return segments.group_by(by).agg(
+        window_us=d.sum(),
+        busy_us=d.filter(busy).sum(),
+        compute_us=d.filter(compute).sum(),
+        comm_us=d.filter(comm).sum(),
+        overlap_us=d.filter(comm & compute).sum(),
+        memory_us=d.filter(memory).sum(),
+    ).with_columns(
+        non_compute_us=pl.col("busy_us") - pl.col("compute_us"),
+        idle_us=pl.col("window_us") - pl.col("busy_us"),
+    )
+
+
+def _gpu_breakdown(events: pl.DataFrame, steps: pl.DataFrame, per_step: bool) -> pl.DataFrame:
+    if events.is_empty():
+        return pl.DataFrame()
+    by = [*KEYS, "step"] if per_step else KEYS
+    kernels = (
+        assign_steps(events, steps)
+        .filter((pl.col("device") == "gpu") & pl.col("kind").is_in(GPU_LABELS) & pl.col("step").is_not_null())
+        .select(*by, label=pl.col("kind").cast(pl.String), start_us="ts_us", end_us="end_us")
+    )
+    segments = sweep(kernels, by, GPU_LABELS)
+    c = pl.col
+    return _totals(
+        segments, by,
+        compute=c("compute"), comm=c("comm"), busy=c("compute") | c("comm") | c("memory") | c("other"), memory=c("memory"),
+    ).with_columns(device=pl.lit("gpu"))
+
+
+def _cpu_breakdown(events: pl.DataFrame, steps: pl.DataFrame, per_step: bool) -> pl.DataFrame:
+    if events.is_empty():
+        return pl.DataFrame()
+    by = [*KEYS, "step"] if per_step else KEYS
+    windows = steps.join(events.select(KEYS).unique(), on=KEYS, how="semi")
+    if not per_step:
+        windows = windows.group_by(KEYS).agg(start_us=pl.col("start_us").min(), end_us=pl.col("end_us").max())
+    windows = windows.rename({"start_us": "window_start_us", "end_us": "window_end_us"})
+    # gloo's worker threads run collectives only; any operator they record is part of the
+    # collective, not the model's compute. Point-to-point ops (pipeline send/recv) put their gloo
+    # spans on the main thread instead, whose operators stay compute.
+    ops = events.filter(pl.col("ph") == "X").join(_gloo_worker_threads(events), on=THREAD, how="anti")
+    labelled = pl.concat([
+        ops.filter(pl.col("kind") == "op").select(*KEYS, label=pl.lit("op"), start_us="ts_us", end_us="end_us"),
+        ops.filter(pl.col("kind") == "enqueue").select(*KEYS, label=pl.lit("enqueue"), start_us="ts_us", end_us="end_us"),
+        events.filter(pl.col("kind") == "comm").select(*KEYS, label=pl.lit("comm"), start_us="ts_us", end_us="end_us"),
+    ])
+    clipped = clip(labelled, windows, KEYS) if not per_step else _clip_per_step(labelled, windows)
+    whole = windows.select(*by, label=pl.lit("window"), start_us="window_start_us", end_us="window_end_us")
+    segments = sweep(pl.concat([clipped.select(whole.columns), whole]), by, CPU_LABELS)
+    c = pl.col
+    compute = c("op") & ~c("enqueue")
+    return _totals(
+        segments, by, compute=compute, comm=c("comm"), busy=compute | c("comm"), memory=pl.lit(False),
+    ).with_columns(device=pl.lit("cpu"))
+
+
+def _gloo_worker_threads(events: pl.DataFrame) -> pl.DataFrame:
+    """(run, rank, pid, tid) of threads carrying gloo spans other than the training loop's.
+
+    The training loop's thread is the one with ProfilerStep spans; in a rank without them, the
+    thread with the most operator time.
+    """
+    is_step = pl.col("name").cast(pl.String).str.contains(PROFILER_STEP_RE)
+    spans = events.filter((pl.col("device") == "cpu") & (pl.col("ph") == "X"))
+    stepped = spans.filter((pl.col("kind") == "annotation") & is_step).select(THREAD).unique()
+    busiest = (
+        spans.filter(pl.col("kind") == "op")
+        .group_by(THREAD).agg(op_us=pl.col("dur_us").sum())
+        .join(stepped.select(KEYS).unique(), on=KEYS, how="anti")
+        .sort("op_us", descending=True)
+        .group_by(KEYS).first()
+        .select(THREAD)
+    )
+    main = pl.concat([stepped, busiest])
+    return spans.filter(pl.col("kind") == "comm").select(THREAD).unique().join(main, on=THREAD, how="anti")
+
+
+def _clip_per_step(labelled: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """Cut intervals to the step windows they touch: the step of their start and of their end.
+
+    (An interval spanning three or more steps loses the middle ones; with torch.profiler's
+    schedule no operator or collective outlives a whole step.)
+    """
+    table = windows.sort("window_start_us")
+    rows = labelled.with_row_index("_iv")
+    touched = pl.concat([
+        rows.sort(t).join_asof(table, left_on=t, right_on="window_start_us", by=KEYS, strategy="backward", check_sortedness=False)
+        for t in ("start_us", "end_us")
+    ]).filter(pl.col("step").is_not_null()).unique(["_iv", "step"])
+    return (
+        touched.with_columns(
+            start_us=pl.max_horizontal("start_us", "window_start_us"), end_us=pl.min_horizontal("end_us", "window_end_us")
+        )
+        .filter(pl.col("end_us") > pl.col("start_us"))
+        .drop("_iv", "window_start_us", "window_end_us")
+    )

@@ -1,0 +1,60 @@
+"""What each event is: the `device` and `kind` columns of the event frame (docs/profiler.md).
+
+GPU activity follows HolisticTraceAnalysis's kernel rules so our temporal breakdown agrees with its
+numbers: a kernel whose name starts with `nccl` and contains `Kernel` is communication (RCCL keeps
+NCCL's kernel names), `Memcpy*` / `Memset*` / `dma*` activity is memory, any other kernel is
+compute except the few HTA leaves unclassified (`...Memcpy...` inside a name, `...Sync...`), which
+are `other` and count as non-compute.
+
+CPU events: gloo runs each collective on its own worker threads as a `gloo:<op>` span (`comm`);
+the main thread records the enqueue as `c10d::<op>_` (NCCL jobs record `nccl:<op>` annotations and
+`record_param_comms` ops), which is `enqueue`, not compute.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+# Kineto `cat` values of device activity; old traces (torch < 1.10) capitalise them.
+GPU_CATS = ["kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "memcpy", "memset"]
+RUNTIME_CATS = ["cuda_runtime", "cuda_driver", "runtime", "driver"]
+
+NCCL_KERNEL_RE = r"^nccl.*Kernel"
+MEMORY_KERNEL_RE = r"^(Memcpy|Memset|dma)"
+NOT_COMPUTE_RE = r"^nccl.*Kernel|Memcpy|^Memset|Sync"  # HTA's "neither compute nor memory"
+GLOO_SPAN_PREFIX = "gloo:"
+ENQUEUE_RE = r"^(c10d::|nccl:|record_param_comms$)"
+MEMORY_EVENT = "[memory]"
+
+KINDS = ["compute", "comm", "memory", "other", "annotation", "op", "runtime", "enqueue", "memory_event", "instant"]
+
+
+def classify(events: pl.DataFrame) -> pl.DataFrame:
+    """Add `device` ("gpu" / "cpu") and `kind` (one of KINDS) to a raw event frame."""
+    cat = pl.col("cat").cast(pl.String).str.to_lowercase()
+    name = pl.col("name").cast(pl.String)
+    is_gpu = cat.is_in(GPU_CATS)
+    gpu_kind = (
+        pl.when(cat == "gpu_user_annotation").then(pl.lit("annotation"))
+        .when(name.str.contains(NCCL_KERNEL_RE)).then(pl.lit("comm"))
+        .when(cat.is_in(["gpu_memcpy", "gpu_memset", "memcpy", "memset"]) | name.str.contains(MEMORY_KERNEL_RE))
+        .then(pl.lit("memory"))
+        .when(name.str.contains(NOT_COMPUTE_RE)).then(pl.lit("other"))
+        .otherwise(pl.lit("compute"))
+    )
+    cpu_kind = (
+        pl.when(name == MEMORY_EVENT).then(pl.lit("memory_event"))
+        # gloo records these on its worker threads only. Not keyed on thread names: Kineto may
+        # capture a worker's name before gloo renames it ("python" instead of "pt_gloo_runloop").
+        .when(name.str.starts_with(GLOO_SPAN_PREFIX)).then(pl.lit("comm"))
+        .when(name.str.contains(ENQUEUE_RE)).then(pl.lit("enqueue"))
+        .when(cat.is_in(RUNTIME_CATS)).then(pl.lit("runtime"))
+        .when(pl.col("ph") == "i").then(pl.lit("instant"))
+        .when(cat == "user_annotation").then(pl.lit("annotation"))
+        .otherwise(pl.lit("op"))
+    )
+    return events.with_columns(
+        device=pl.when(is_gpu).then(pl.lit("gpu")).otherwise(pl.lit("cpu")).cast(pl.Categorical),
+        kind=pl.when(is_gpu).then(gpu_kind).otherwise(cpu_kind).cast(pl.Categorical),
+    )
+

@@ -1,0 +1,130 @@
+"""`ptprof analyze PATH... [--json FILE] [--rank R] [--step S] [--hta]`: tables and a JSON report.
+
+    python -m profiler analyze traces/ddp-2r-20261122-210000 --json report.json
+
+Bad input (empty, truncated or non-Kineto files, folders without traces, duplicate ranks, a rank
+that cannot be told, GPU analyses on CPU-only traces) ends with one line per problem and exit
+status 2, never a traceback. Where some ranks load and others do not, the report covers the good
+ones and names the bad ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from profiler.errors import TraceError
+
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ptprof analyze",
+        description="Analyze PyTorch profiler (Kineto) traces of a distributed job: step times, temporal breakdown, "
+                    "comm/compute overlap, collectives and stragglers, pipeline bubbles, memory, top operators.",
+        epilog="PATH is a trace file (.json or .json.gz), a folder of per-rank traces (ours: rank<R>.json.gz + "
+               "run.json; torch's tensorboard_trace_handler: *.pt.trace.json[.gz]; torchtitan: rank<R>_trace.json.gz), "
+               "or a folder of such run folders. Two or more runs are shown side by side. "
+               "Parsed traces are cached under $PTPROF_CACHE_DIR (default ~/.cache/ptprof).",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="trace files or run folders")
+    p.add_argument("--json", metavar="FILE", help="write the JSON report (schema ptprof.report/1, docs/report.md) here")
+    p.add_argument("--rank", type=int, metavar="R", help="analyze only rank R")
+    p.add_argument("--step", type=int, metavar="S", help="analyze only ProfilerStep#S")
+    p.add_argument("--hta", action="store_true",
+                   help="also run HolisticTraceAnalysis (GPU traces) and show its breakdown and overlap beside ours")
+    p.add_argument("--gpu", action="store_true", help="require GPU activity in every trace (fail clearly if there is none)")
+    p.add_argument("--trace-rank", type=int, metavar="R",
+                   help="rank of a trace that names none (no distributedInfo, no rank in its file name)")
+    p.add_argument("--rank-from-filename", action="store_true",
+                   help="take ranks from file names (rank<R>...) even where distributedInfo has one")
+    p.add_argument("--top", type=int, default=15, metavar="N", help="rows of the top operator/kernel tables (default 15)")
+    p.add_argument("--no-cache", action="store_true", help="parse every trace again, ignoring the parquet cache")
+    p.add_argument("--quiet", action="store_true", help="no tables on stdout (with --json)")
+    return p
+
+
+def analyze_main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except TraceError as e:
+        print(f"ptprof analyze: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ValueError as e:  # --rank / --step not in the traces
+        print(f"ptprof analyze: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _run(args: argparse.Namespace) -> int:
+    from profiler.load import load_traces
+    from profiler.report import analyze, build_report, format_tables
+
+    traces = load_traces(args.paths, default_rank=args.trace_rank, rank_from_filename_first=args.rank_from_filename,
+                         cache=not args.no_cache)
+    if args.gpu or args.hta:
+        no_gpu = traces.ranks.filter(~pl.col("has_gpu"))
+        if no_gpu.height:
+            files = ", ".join(no_gpu["file"])
+            raise TraceError(None, f"no GPU events in {files}: GPU analyses (--gpu/--hta) need kernels recorded with "
+                                   "ProfilerActivity.CUDA")
+    analysis = analyze(traces, rank=args.rank, step=args.step, top_n=args.top)
+    report = build_report(analysis)
+    if args.hta:
+        report["hta"] = _hta_section(traces, analysis)
+    if not args.quiet:
+        print(format_tables(analysis))
+        if args.hta:
+            _print_hta(report["hta"])
+    for problem in traces.problems:
+        print(f"ptprof analyze: skipped {problem}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        if not args.quiet:
+            print(f"\nreport: {args.json}")
+    return EXIT_BAD_INPUT if traces.problems else 0
+
+
+def _hta_section(traces, analysis) -> list[dict]:
+    from profiler.hta import compare_with_hta, hta_breakdown
+
+    out = []
+    for run in traces.ranks["run"].cast(pl.String).unique(maintain_order=True):
+        rows = traces.ranks.filter(pl.col("run") == run)
+        files = dict(zip(rows["rank"].to_list(), rows["file"].to_list()))
+        try:
+            hta = hta_breakdown(files)
+        except TraceError as e:
+            out.append({"run": run, "error": str(e)})
+            continue
+        ours = analysis.breakdown.filter(pl.col("run") == run)
+        out.append({"run": run, "ranks": compare_with_hta(ours, hta).to_dicts()})
+    return out
+
+
+def _print_hta(section: list[dict]) -> None:
+    for entry in section:
+        print(f"\n== HTA beside ours: {entry['run']}")
+        if "error" in entry:
+            print(f"HTA could not analyze this run: {entry['error']}")
+            continue
+        with pl.Config(tbl_cols=20, tbl_width_chars=200, float_precision=2, tbl_hide_dataframe_shape=True,
+                       tbl_hide_column_data_types=True):
+            print(pl.DataFrame(entry["ranks"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m profiler analyze ...` (the only subcommand)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m profiler analyze PATH... [options]   (see: python -m profiler analyze --help)")
+        return 0 if argv else EXIT_BAD_INPUT
+    if argv[0] != "analyze":
+        print(f"python -m profiler: unknown command {argv[0]!r}; the command is 'analyze'", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return analyze_main(argv[1:])

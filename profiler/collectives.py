@@ -1,0 +1,248 @@
+"""Collectives: one row per collective a rank ran, their statistics, and cross-rank skew.
+
+GPU (NCCL/RCCL): each communication kernel is one collective. Sizes, dtype and group come from the
+kernel's args where the trace has them (torch >= 2.2 records `Collective name`, `In msg nelems`,
+...); otherwise the kind and dtype are read from the kernel name and the sizes are unknown (null).
+
+CPU (gloo): gloo records no collective args. Each collective is a `gloo:<op>` span on a gloo worker
+thread plus the main thread's `c10d::<op>_` enqueue; within a process the k-th enqueue of an op
+pairs with the k-th gloo span of the op gloo runs for it (gloo queues work first in, first out).
+Sizes come from the enqueue's `Input Dims` / `Input type`, else from the gloo span's own. gloo runs
+reduce-scatter as an all-reduce of the whole input, so such rows have `algo` "all_reduce" and their
+bus bandwidth uses the all-reduce factor (`note` says so).
+
+Bandwidths follow nccl-tests: `size_bytes` is its "size" (the all-reduce buffer, the all-gather
+output, the reduce-scatter input), algbw = size / time, busbw = algbw * factor(kind, group size).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from profiler.steps import KEYS, assign_steps
+
+# Kernel-name and arg spellings -> our collective kinds.
+KIND_ALIASES = {
+    "allreduce": "all_reduce", "all_reduce": "all_reduce",
+    "allgather": "all_gather", "all_gather": "all_gather", "allgather_base": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather", "allgather_coalesced": "all_gather",
+    "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter", "reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoall_base": "all_to_all", "all_to_allv": "all_to_all",
+    "sendrecv": "send_recv", "send": "send", "recv": "recv", "barrier": "barrier",
+}
+# What gloo actually runs for each kind (the name of its gloo:<op> span).
+GLOO_ALGO = {"reduce_scatter": "all_reduce"}
+# c10d enqueue ops whose first argument is both input and output; the rest are (output, input, ...).
+IN_PLACE_OPS = {"all_reduce", "broadcast", "reduce", "barrier"}
+# nccl-tests bus-bandwidth factor by kind, n = group size.
+BUSBW_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+}
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "f32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "f16": 2,
+    "bfloat16": 2, "bf16": 2, "long": 8, "long int": 8, "int64": 8, "int64_t": 8, "uint64_t": 8,
+    "int": 4, "int32": 4, "int32_t": 4, "uint32_t": 4, "short": 2, "int16": 2,
+    "char": 1, "signed char": 1, "unsigned char": 1, "byte": 1, "int8": 1, "uint8": 1, "int8_t": 1, "uint8_t": 1,
+    "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+POINT_TO_POINT = ["send", "recv", "send_recv"]
+NCCL_KERNEL_KIND_RE = r"^nccl(?:Dev)?Kernel_([A-Za-z]+)"
+NCCL_KERNEL_DTYPE_RE = r"_([a-z0-9]+_?t?)\("
+GLOO_NOTE = "gloo runs reduce_scatter as an all_reduce of the whole input; busbw uses the all-reduce factor"
+
+COLUMNS = ["run", "rank", "step", "seq", "collective", "algo", "group", "group_size", "dtype", "in_bytes", "out_bytes",
+           "size_bytes", "start_us", "end_us", "dur_us", "source", "note"]
+
+
+def _kind(name: pl.Expr) -> pl.Expr:
+    return name.str.to_lowercase().str.strip_chars("_").replace_strict(KIND_ALIASES, default=None)
+
+
+def _dtype_bytes(dtype: pl.Expr) -> pl.Expr:
+    return dtype.str.to_lowercase().str.replace("^c10::", "").replace_strict(DTYPE_BYTES, default=None, return_dtype=pl.Int64)
+
+
+def collectives(events: pl.DataFrame, ranks: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per collective per rank (COLUMNS), both GPU kernels and gloo spans.
+
+    ranks: the `Traces.ranks` frame, for world sizes and process groups where the events carry none.
+    `seq` numbers the collectives of one (run, rank, group, algo) in time order, so the k-th of a
+    group on every rank is the same collective.
+    """
+    with_steps = assign_steps(events)
+    frames = [f for f in (_gpu(with_steps), _gloo(with_steps, ranks)) if f.height]
+    if not frames:
+        return _empty()
+    out = pl.concat([f.select(COLUMNS[:3] + COLUMNS[4:]) for f in frames], how="vertical_relaxed")
+    return (
+        out.sort(*KEYS, "start_us")
+        .with_columns(seq=pl.int_range(pl.len()).over(*KEYS, "group", "algo"))
+        .select(COLUMNS)
+    )
+
+
+def _empty() -> pl.DataFrame:
+    schema = {c: pl.Float64 for c in COLUMNS} | {
+        "run": pl.Categorical, "rank": pl.Int32, "step": pl.Int64, "seq": pl.Int64, "collective": pl.String, "algo": pl.String,
+        "group": pl.String, "group_size": pl.Int64, "dtype": pl.String, "in_bytes": pl.Int64, "out_bytes": pl.Int64,
+        "size_bytes": pl.Int64, "source": pl.String, "note": pl.String,
+    }
+    return pl.DataFrame(schema=schema)
+
+
+def _size_bytes(kind: pl.Expr, in_b: pl.Expr, out_b: pl.Expr) -> pl.Expr:
+    # nccl-tests "size": the larger buffer for gathers/scatters, the buffer itself otherwise.
+    return pl.when(kind.is_in(["all_gather", "gather"])).then(out_b).otherwise(in_b)
+
+
+def _gpu(events: pl.DataFrame) -> pl.DataFrame:
+    k = events.filter((pl.col("device") == "gpu") & (pl.col("kind") == "comm"))
+    if k.is_empty():
+        return k
+    name = pl.col("name").cast(pl.String)
+    kind = pl.coalesce(_kind(pl.col("collective").cast(pl.String)), _kind(name.str.extract(NCCL_KERNEL_KIND_RE, 1)))
+    dtype = pl.coalesce(pl.col("dtype").cast(pl.String), name.str.extract(NCCL_KERNEL_DTYPE_RE, 1))
+    size = _dtype_bytes(dtype)
+    return k.with_columns(collective=kind, dtype=dtype).select(
+        *KEYS, "step", "collective",
+        algo=pl.col("collective"),
+        group=pl.coalesce(pl.col("group_ranks").cast(pl.String), pl.col("group_name").cast(pl.String)),
+        group_size=pl.col("group_size").cast(pl.Int64),
+        dtype=pl.col("dtype"),
+        in_bytes=pl.col("in_nelems") * size,
+        out_bytes=pl.col("out_nelems") * size,
+        start_us="ts_us", end_us="end_us", dur_us="dur_us",
+        source=pl.lit("nccl"), note=pl.lit(None, pl.String),
+    ).with_columns(size_bytes=_size_bytes(pl.col("collective"), pl.col("in_bytes"), pl.col("out_bytes")))
+
+
+def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
+    spans = events.filter((pl.col("device") == "cpu") & (pl.col("kind") == "comm"))
+    if spans.is_empty():
+        return spans
+    name = pl.col("name").cast(pl.String)
+    # Pairing key: process, the op gloo ran, the elements it ran on, and the k-th such; the element
+    # count keeps one lost span (the profiler drops some at its warmup edge) from shifting the rest.
+    spans = (
+        spans.drop("collective")
+        .with_columns(algo=_kind(name.str.replace("^gloo:", "")), n_key=pl.col("arg_nelems").list.get(0, null_on_oob=True).fill_null(-1))
+        .sort("ts_us")
+        .with_columns(k=pl.int_range(pl.len()).over(*KEYS, "pid", "algo", "n_key"))
+    )
+    enq = (
+        events.filter((pl.col("kind") == "enqueue") & name.str.starts_with("c10d::"))
+        .with_columns(collective=_kind(name.str.replace("^c10d::", "").str.strip_suffix("_")))
+        .filter(pl.col("collective").is_not_null())
+        .with_columns(algo=pl.col("collective").replace(GLOO_ALGO))
+        .with_columns(
+            in_place=pl.col("collective").is_in(list(IN_PLACE_OPS)),
+            arg0=pl.col("arg_nelems").list.get(0, null_on_oob=True),
+            arg1=pl.col("arg_nelems").list.get(1, null_on_oob=True),
+            enq_dtype=pl.col("arg_types").list.eval(pl.element().filter(~pl.element().is_in(["", "Scalar", "TensorList"]))).list.first(),
+        )
+        .with_columns(n_key=pl.when(pl.col("in_place")).then(pl.col("arg0")).otherwise(pl.col("arg1")).fill_null(-1))
+        .sort("ts_us")
+        .with_columns(k=pl.int_range(pl.len()).over(*KEYS, "pid", "algo", "n_key"))
+        .select(*KEYS, "pid", "algo", "n_key", "k", "collective", "in_place", "arg0", "arg1", "enq_dtype")
+    )
+    groups = _single_groups(ranks)
+    paired = spans.join(enq, on=[*KEYS, "pid", "algo", "n_key", "k"], how="left").join(groups, on=KEYS, how="left")
+    own = pl.col("arg_nelems").list.get(0, null_on_oob=True)  # what the gloo span itself processed
+    dtype = pl.coalesce(
+        pl.col("arg_types").list.first().replace({"TensorList": None, "": None}), pl.col("enq_dtype")
+    )
+    kind = pl.coalesce("collective", "algo")
+    in_n = pl.when(pl.col("in_place")).then(pl.col("arg0")).otherwise(pl.col("arg1"))
+    out_n = pl.col("arg0")
+    n = pl.col("g_size")
+    own_out = pl.when(pl.col("algo") == "all_gather").then(own * n).otherwise(own)
+    size = _dtype_bytes(dtype)
+    return paired.select(
+        *KEYS, "step",
+        collective=kind,
+        algo="algo",
+        group="g_ranks",
+        group_size="g_size",
+        dtype=dtype,
+        in_bytes=pl.coalesce(in_n, own) * size,
+        out_bytes=pl.coalesce(out_n, own_out) * size,
+        start_us="ts_us", end_us="end_us", dur_us="dur_us",
+        source=pl.lit("gloo"),
+        note=pl.when((kind == "reduce_scatter") & (pl.col("algo") == "all_reduce")).then(pl.lit(GLOO_NOTE)),
+    ).with_columns(size_bytes=_size_bytes(pl.col("collective"), pl.col("in_bytes"), pl.col("out_bytes")))
+
+
+def _single_groups(ranks: pl.DataFrame | None) -> pl.DataFrame:
+    """(run, rank) -> g_ranks, g_size where the trace's distributedInfo lists exactly one process
+    group (gloo spans cannot say which group they ran in when there are several)."""
+    schema = {"run": pl.Categorical, "rank": pl.Int32, "g_ranks": pl.String, "g_size": pl.Int64}
+    if ranks is None or "pg_config" not in ranks.columns:
+        return pl.DataFrame(schema=schema)
+    import json
+
+    rows = []
+    for run, rank, cfg, world in ranks.select("run", "rank", "pg_config", "world_size").iter_rows():
+        pgs = json.loads(cfg) if cfg else []
+        if len(pgs) == 1:
+            rows.append((run, rank, str(pgs[0].get("ranks")), pgs[0].get("pg_size")))
+        elif not pgs and world:
+            rows.append((run, rank, None, world))
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def collective_stats(colls: pl.DataFrame) -> pl.DataFrame:
+    """Per (run, rank, collective, algo, group, dtype, size_bytes): count, total/mean time, bytes,
+    algbw_gbps and busbw_gbps (GB/s = 1e9 bytes/s) over the summed time."""
+    by = [*KEYS, "collective", "algo", "group", "group_size", "dtype", "size_bytes"]
+    stats = colls.group_by(by).agg(
+        count=pl.len(),
+        total_us=pl.col("dur_us").sum(),
+        mean_us=pl.col("dur_us").mean(),
+        total_bytes=pl.when(pl.col("size_bytes").is_not_null().any()).then(pl.col("size_bytes").sum()),
+        note=pl.col("note").drop_nulls().first(),
+    ).with_columns(algbw_gbps=pl.col("total_bytes") / pl.col("total_us") / 1e3)
+    n = pl.col("group_size").cast(pl.Float64)
+    factor = pl.lit(1.0)
+    for kind, f in BUSBW_FACTOR.items():
+        factor = pl.when(pl.col("algo") == kind).then(f(n)).otherwise(factor)
+    return stats.with_columns(busbw_gbps=pl.col("algbw_gbps") * factor).sort(*KEYS, "total_us", descending=[False, False, True])
+
+
+def collective_skew(colls: pl.DataFrame) -> pl.DataFrame:
+    """Per collective instance seen on 2+ ranks: spread of start times across ranks and the last rank.
+
+    Instances are matched by (run, group, algo, seq): the k-th collective of a group is the same
+    one on every rank that ran it. Point-to-point send/recv (pipelines) are left out: the k-th
+    send of two ranks are different transfers. Clocks of ranks on different hosts are only
+    NTP-aligned.
+    """
+    by = ["run", "group", "algo", "seq"]
+    return (
+        colls.filter(~pl.col("algo").is_in(POINT_TO_POINT))
+        .group_by(by)
+        .agg(
+            n_ranks=pl.len(),
+            collective=pl.col("collective").first(),
+            first_start_us=pl.col("start_us").min(),
+            spread_us=pl.col("start_us").max() - pl.col("start_us").min(),
+            last_rank=pl.col("rank").sort_by("start_us").last(),
+        )
+        .filter(pl.col("n_ranks") > 1)
+        .sort("run", "first_start_us")
+    )
+
+
+def stragglers(skew: pl.DataFrame) -> pl.DataFrame:
+    """Per (run, group): how often each rank was the last to start a collective, most often first."""
+    return (
+        skew.group_by("run", "group", "last_rank")
+        .agg(times_last=pl.len(), mean_spread_us=pl.col("spread_us").mean())
+        .with_columns(share_pct=100 * pl.col("times_last") / pl.col("times_last").sum().over("run", "group"))
+        .rename({"last_rank": "rank"})
+        .sort("run", "group", "times_last", descending=[False, False, True])
+    )

@@ -1,0 +1,70 @@
+"""Interval arithmetic over frames: union and a labelled sweep line, as expressions.
+
+Every time-accounting analysis reduces to "how long was set A busy while set B was (not)":
+`sweep` turns labelled intervals into constant-state segments, after which any such question is a
+filtered sum of segment lengths.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+
+def union(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Merge overlapping [start_us, end_us) intervals within each `by` group.
+
+    An interval opens a new merged block when it starts after every earlier end (sorted by start,
+    cumulative max of the previous ends), HTA's algorithm.
+    """
+    return (
+        intervals.sort([*by, "start_us"])
+        .with_columns(
+            block=(pl.col("start_us") > pl.col("end_us").shift(1).cum_max().over(by)).fill_null(True).cast(pl.Int32).cum_sum().over(by)
+        )
+        .group_by([*by, "block"], maintain_order=True)
+        .agg(pl.col("start_us").min(), pl.col("end_us").max())
+        .drop("block")
+    )
+
+
+def sweep(intervals: pl.DataFrame, by: list[str], labels: list[str]) -> pl.DataFrame:
+    """Constant-state segments of labelled intervals.
+
+    intervals: columns by..., label (one of `labels`), start_us, end_us; may overlap freely.
+    Returns by..., start_us, end_us, dur_us and one boolean column per label: whether any interval
+    of that label covers the segment. Segments cover [first start, last end] of each group.
+    """
+    bounds = pl.concat([
+        intervals.select(*by, "label", t=pl.col("start_us"), delta=pl.lit(1, pl.Int32)),
+        intervals.select(*by, "label", t=pl.col("end_us"), delta=pl.lit(-1, pl.Int32)),
+    ]).with_columns(pl.col("label").cast(pl.String))
+    bounds = bounds.sort([*by, "t"]).with_columns(
+        [pl.when(pl.col("label") == lab).then(pl.col("delta")).otherwise(0).cum_sum().over(by).alias(f"_n_{lab}") for lab in labels]
+    )
+    # Several bounds at one instant: the last one's running counts hold until the next instant.
+    return (
+        bounds.group_by([*by, "t"], maintain_order=True)
+        .agg(pl.col(f"_n_{lab}").last() for lab in labels)
+        .with_columns(end_us=pl.col("t").shift(-1).over(by))
+        .filter(pl.col("end_us").is_not_null())
+        .select(
+            *by,
+            start_us=pl.col("t"),
+            end_us=pl.col("end_us"),
+            dur_us=pl.col("end_us") - pl.col("t"),
+            **{lab: pl.col(f"_n_{lab}") > 0 for lab in labels},
+        )
+    )
+
+
+def clip(intervals: pl.DataFrame, windows: pl.DataFrame, on: list[str]) -> pl.DataFrame:
+    """Intervals cut to their window (window_start_us, window_end_us joined on `on`), empty ones dropped."""
+    return (
+        intervals.join(windows.select(*on, "window_start_us", "window_end_us"), on=on, how="inner")
+        .with_columns(
+            start_us=pl.max_horizontal("start_us", "window_start_us"),
+            end_us=pl.min_horizontal("end_us", "window_end_us"),
+        )
+        .filter(pl.col("end_us") > pl.col("start_us"))
+        .drop("window_start_us", "window_end_us")
+    )

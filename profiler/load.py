@@ -1,0 +1,603 @@
+"""Kineto Chrome traces -> one normalized polars event frame (schema in docs/profiler.md).
+
+Every format quirk is handled here and nowhere else: gzip or plain JSON, the JSON-array form of a
+Chrome trace, Kineto's string pseudo-processes (`"Spans"`, `"Traces"`), `ph` kinds (complete
+`X`, instant `i`/`I`, metadata `M` for thread names, flows `s`/`f`/`t` dropped because kernels
+and runtime calls already carry `correlation`), missing `dur`/`args`, integer or fractional
+microsecond timestamps, the rank (from `distributedInfo`, else the file name), and our `run.json`.
+
+    traces = load_traces("traces/ddp-2r-20261122-210000")
+    traces.events  # one row per event, all ranks, all runs
+
+A file is parsed once; the result is cached as parquet keyed by (path, size, mtime), so the
+second load of an unchanged trace only reads the parquet. Uncached files are parsed in parallel
+worker processes, each holding one file at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+import orjson
+import polars as pl
+
+from profiler.classify import classify
+from profiler.errors import TraceError
+
+LOADER_VERSION = 4  # bump when the frame's schema or parsing changes: invalidates every cache entry
+CACHE_ENV = "PTPROF_CACHE_DIR"
+RUN_MANIFEST = "run.json"
+TRACE_SUFFIXES = (".json", ".json.gz")
+# rank3.json.gz (ours), rank3_trace.json.gz (torchtitan), rank-3 / rank_3 (others)
+RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+# The event frame. Order here is the column order of `Traces.events`.
+SCHEMA: dict[str, pl.DataType] = {
+    "run": pl.Categorical(),
+    "rank": pl.Int32(),
+    "pid": pl.Int64(),
+    "tid": pl.Int64(),
+    "thread": pl.Categorical(),
+    "stream": pl.Int64(),
+    "ph": pl.Categorical(),
+    "cat": pl.Categorical(),
+    "name": pl.Categorical(),
+    "device": pl.Categorical(),
+    "kind": pl.Categorical(),
+    "ts_us": pl.Float64(),
+    "dur_us": pl.Float64(),
+    "end_us": pl.Float64(),
+    "correlation": pl.Int64(),
+    "external_id": pl.Int64(),
+    "collective": pl.Categorical(),
+    "in_nelems": pl.Int64(),
+    "out_nelems": pl.Int64(),
+    "dtype": pl.Categorical(),
+    "group_name": pl.Categorical(),
+    "group_desc": pl.Categorical(),
+    "group_ranks": pl.Categorical(),
+    "group_size": pl.Int32(),
+    "arg_nelems": pl.List(pl.Int64()),
+    "arg_types": pl.List(pl.String()),
+    "copy_bytes": pl.Int64(),
+    "mem_bytes": pl.Int64(),
+    "mem_total_allocated_bytes": pl.Int64(),
+    "mem_total_reserved_bytes": pl.Int64(),
+    "mem_addr": pl.Int64(),
+    "mem_device_type": pl.Int32(),
+    "mem_device_id": pl.Int32(),
+}
+_PARSED_COLUMNS = [c for c in SCHEMA if c not in ("run", "rank", "thread", "device", "kind", "end_us")]
+# Kineto `[memory]` device types (c10::DeviceType): 0 CPU, 1 CUDA; ROCm builds report CUDA too.
+MEMORY_DEVICE_TYPES = {0: "cpu", 1: "cuda"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Traces:
+    """What `load_traces` returns.
+
+    events: the event frame (SCHEMA), every loaded rank of every run.
+    ranks: one row per loaded trace file: run, rank, file, backend, world_size, has_gpu,
+        device_name, pg_config (JSON text of distributedInfo's process groups), n_events.
+    runs: run id -> the parsed run.json of that run, or None where the run has none.
+    problems: files that could not be used (one TraceError each); the rest loaded.
+    """
+
+    events: pl.DataFrame
+    ranks: pl.DataFrame
+    runs: dict[str, dict | None]
+    problems: list[TraceError]
+
+    def run_ids(self) -> list[str]:
+        return list(self.runs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the files
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    run: str
+    path: Path
+    run_dir: Path | None  # the folder whose run.json (if any) describes this file
+
+
+def _is_trace_file(p: Path) -> bool:
+    return p.is_file() and not p.name.startswith(".") and p.name != RUN_MANIFEST and p.name.endswith(TRACE_SUFFIXES)
+
+
+def _trace_files_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if _is_trace_file(p))
+
+
+def _run_name(folder: Path) -> str:
+    manifest = folder / RUN_MANIFEST
+    if manifest.is_file():
+        try:
+            run_id = json.loads(manifest.read_text()).get("run_id")
+            if isinstance(run_id, str) and run_id:
+                return run_id
+        except (OSError, ValueError):
+            pass  # an unreadable manifest is reported by _read_manifest
+    return folder.resolve().name
+
+
+def find_sources(paths: list[str | Path]) -> list[_Source]:
+    """Expand files and folders into trace files grouped by run.
+
+    A file belongs to the run of its folder; a folder holding traces is one run; a folder holding
+    only sub-folders of traces (our `traces/` output folder) is one run per sub-folder.
+    """
+    sources: list[_Source] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise TraceError(p, "no such file or folder")
+        if p.is_file():
+            sources.append(_Source(_run_name(p.parent), p, p.parent))
+            continue
+        files = _trace_files_in(p)
+        if files:
+            sources += [_Source(_run_name(p), f, p) for f in files]
+            continue
+        subdirs = sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith("."))
+        nested = [(d, _trace_files_in(d)) for d in subdirs]
+        nested = [(d, fs) for d, fs in nested if fs]
+        if not nested:
+            raise TraceError(p, "no trace files here (expected *.json or *.json.gz, or run folders holding them)")
+        for d, fs in nested:
+            sources += [_Source(_run_name(d), f, d) for f in fs]
+    return sources
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing one file
+
+
+def _read_json(path: Path):
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    if not raw:
+        raise TraceError(path, "empty file")
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as e:
+            raise TraceError(path, f"truncated or corrupt gzip ({e})") from None
+        if not raw:
+            raise TraceError(path, "empty file (inside the gzip)")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        hint = " (truncated?)" if e.pos >= len(raw) - 2 else ""
+        raise TraceError(path, f"not valid JSON{hint}: {e}") from None
+
+
+def _events_and_header(doc, path: Path) -> tuple[list, dict]:
+    # Chrome traces are either {"traceEvents": [...], ...} or a bare array of events.
+    if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+        events = doc.pop("traceEvents")
+        return events, doc
+    if isinstance(doc, list) and (not doc or isinstance(doc[0], dict) and "ph" in doc[0]):
+        return doc, {}
+    what = f"a JSON {type(doc).__name__}"
+    if isinstance(doc, dict):
+        what += " without a traceEvents list (keys: " + ", ".join(list(doc)[:6]) + ")"
+    raise TraceError(path, f"not a Kineto/Chrome trace: {what}")
+
+
+_NOT_TENSOR_TYPES = {"", "Scalar", "ScalarList", "GenericList", "None", None}
+
+
+def _nelems(dims, typ) -> int | None:
+    """Elements of one operator argument from its `Input Dims` / `Input type` entries."""
+    if not isinstance(dims, list):
+        return None
+    if typ == "TensorList" or (dims and isinstance(dims[0], list)):
+        return sum(math.prod(d) for d in dims if isinstance(d, list))
+    if typ in _NOT_TENSOR_TYPES:
+        return None
+    return math.prod(dims)  # a 0-dim tensor ([]) has one element
+
+
+def _as_int(v) -> int | None:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, float) and v == v:
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v, 0)
+        except ValueError:
+            return None
+    return None
+
+
+_COMM_NAME_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
+
+
+def parse_trace_file(path: str | Path) -> tuple[pl.DataFrame, dict]:
+    """Parse one trace file into (event frame without run/rank, header).
+
+    header: distributedInfo, deviceProperties names, counts of what was dropped. Raises TraceError.
+    """
+    path = Path(path)
+    doc = _read_json(path)
+    events, header = _events_and_header(doc, path)
+    del doc
+
+    cols: dict[str, list] = {c: [] for c in _PARSED_COLUMNS}
+    thread_names: dict[tuple[int, int], str] = {}
+    dropped = {"flow": 0, "string_pid": 0, "no_ts": 0, "other_ph": 0}
+    a = {c: cols[c].append for c in _PARSED_COLUMNS}
+    ap_pid, ap_tid, ap_ph, ap_cat, ap_name = a["pid"], a["tid"], a["ph"], a["cat"], a["name"]
+    ap_ts, ap_dur, ap_stream, ap_corr, ap_ext = a["ts_us"], a["dur_us"], a["stream"], a["correlation"], a["external_id"]
+    arg_cols = ["collective", "in_nelems", "out_nelems", "dtype", "group_name", "group_desc", "group_ranks",
+                "group_size", "arg_nelems", "arg_types", "copy_bytes", "mem_bytes", "mem_total_allocated_bytes",
+                "mem_total_reserved_bytes", "mem_addr", "mem_device_type", "mem_device_id"]
+    arg_appends = [a[c] for c in arg_cols]
+    nulls = [None] * len(arg_cols)
+
+    for e in events:
+        ph = e.get("ph")
+        if ph == "X" or ph == "i" or ph == "I":
+            pass
+        elif ph == "M":
+            if e.get("name") == "thread_name":
+                name = (e.get("args") or {}).get("name")
+                if isinstance(name, str):
+                    thread_names[(_as_int(e.get("pid")), _as_int(e.get("tid")))] = name
+            continue
+        elif ph in ("s", "f", "t"):
+            dropped["flow"] += 1
+            continue
+        else:
+            dropped["other_ph"] += 1
+            continue
+        pid, tid = e.get("pid"), e.get("tid")
+        if isinstance(pid, str) or isinstance(tid, str):
+            # Kineto's own pseudo-processes ("Spans", "Traces") and their string threads: markers
+            # of the profiler itself, not work. A numeric string pid is still a pid.
+            pid, tid = _as_int(pid), _as_int(tid)
+            if pid is None or tid is None:
+                dropped["string_pid"] += 1
+                continue
+        ts = e.get("ts")
+        if ts is None:
+            dropped["no_ts"] += 1
+            continue
+        ap_pid(pid)
+        ap_tid(tid)
+        ap_ph("i" if ph == "I" else ph)
+        ap_cat(e.get("cat"))
+        name = e.get("name")
+        ap_name(name)
+        ap_ts(float(ts))
+        dur = e.get("dur")
+        ap_dur(float(dur) if dur is not None else 0.0)
+        args = e.get("args")
+        if not args:
+            ap_stream(None)
+            ap_corr(None)
+            ap_ext(None)
+            for f in arg_appends:
+                f(None)
+            continue
+        stream = args.get("stream")
+        ap_stream(stream if isinstance(stream, int) else None)
+        ap_corr(args.get("correlation"))
+        ap_ext(_as_int(args.get("External id")))
+        is_comm = isinstance(name, str) and name.startswith(_COMM_NAME_PREFIXES) or "Collective name" in args
+        if not is_comm and "Bytes" not in args and "bytes" not in args:
+            for f in arg_appends:
+                f(None)
+            continue
+        dims, types = args.get("Input Dims"), args.get("Input type")
+        arg_nelems = arg_types = None
+        if is_comm and isinstance(dims, list) and isinstance(types, list):
+            arg_nelems = [_nelems(d, t) for d, t in zip(dims, types)]
+            arg_types = [t if isinstance(t, str) else None for t in types]
+        ranks = args.get("Process Group Ranks")
+        values = [
+            args.get("Collective name"),
+            _as_int(args.get("In msg nelems")),
+            _as_int(args.get("Out msg nelems")),
+            args.get("dtype"),
+            _str_or_none(args.get("Process Group Name")),
+            _str_or_none(args.get("Process Group Description")),
+            ranks if isinstance(ranks, str) or ranks is None else str(ranks),
+            _as_int(args.get("Group size")),
+            arg_nelems,
+            arg_types,
+            _as_int(args.get("bytes")),
+            _as_int(args.get("Bytes")),
+            _as_int(args.get("Total Allocated")),
+            _as_int(args.get("Total Reserved")),
+            _as_int(args.get("Addr")),
+            _as_int(args.get("Device Type")),
+            _as_int(args.get("Device Id")),
+        ]
+        for f, v in zip(arg_appends, values):
+            f(v)
+    del events
+
+    frame = pl.DataFrame(cols, schema={c: SCHEMA[c] for c in _PARSED_COLUMNS}, strict=False)
+    del cols
+    threads = pl.DataFrame(
+        {"pid": [k[0] for k in thread_names], "tid": [k[1] for k in thread_names], "thread": list(thread_names.values())},
+        schema={"pid": pl.Int64, "tid": pl.Int64, "thread": pl.String},
+    )
+    frame = frame.join(threads, on=["pid", "tid"], how="left").with_columns(
+        pl.col("thread").cast(pl.Categorical),
+        end_us=pl.col("ts_us") + pl.col("dur_us"),
+    )
+    frame = classify(frame)
+    # GPU activity's stream is its tid when args carry none (ROCm, annotations).
+    frame = frame.with_columns(
+        stream=pl.when(pl.col("device") == "gpu").then(pl.coalesce("stream", "tid")).otherwise(pl.col("stream"))
+    )
+    info = header.get("distributedInfo")
+    devices = header.get("deviceProperties")
+    meta = {
+        "distributed_info": info if isinstance(info, dict) else None,
+        "device_name": ", ".join(sorted({d.get("name", "?") for d in devices if isinstance(d, dict)})) if isinstance(devices, list) else None,
+        "dropped": dropped,
+    }
+    return frame.select([c for c in SCHEMA if c in frame.columns]), meta
+
+
+def _str_or_none(v) -> str | None:
+    return None if v is None else str(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache
+
+
+def cache_dir() -> Path:
+    """Where parsed traces are cached: $PTPROF_CACHE_DIR, else ~/.cache/ptprof (else a temp dir)."""
+    env = os.environ.get(CACHE_ENV)
+    base = Path(env) if env else Path.home() / ".cache" / "ptprof"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        if os.access(base, os.W_OK):
+            return base
+    except OSError:
+        pass
+    fallback = Path(tempfile.gettempdir()) / "ptprof-cache"
+    fallback.mkdir(parents=True, exist_ok=True)
+    return fallback
+
+
+def _cache_key(path: Path) -> str:
+    st = path.stat()
+    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{LOADER_VERSION}"
+    return hashlib.sha1(ident.encode()).hexdigest()[:20]
+
+
+def _load_one(path: Path, cache: Path | None) -> tuple[pl.DataFrame | None, dict, str | None]:
+    """(frame, meta, cached parquet path) for one file; frame is None when it went to the cache."""
+    if cache is not None:
+        key = _cache_key(path)
+        pq, mj = cache / f"{key}.parquet", cache / f"{key}.json"
+        if pq.is_file() and mj.is_file():
+            return None, json.loads(mj.read_text()), str(pq)
+    frame, meta = parse_trace_file(path)
+    if cache is None:
+        return frame, meta, None
+    tmp = pq.with_suffix(f".{os.getpid()}.tmp")
+    frame.write_parquet(tmp, compression="lz4", statistics=False)
+    os.replace(tmp, pq)
+    mj.write_text(json.dumps(meta))
+    return None, meta, str(pq)
+
+
+def _load_one_safe(path: Path, cache: Path | None):
+    # Runs in worker processes: errors travel back as values so one bad file never kills a load.
+    try:
+        return _load_one(path, cache)
+    except TraceError as e:
+        return e
+    except MemoryError:
+        return TraceError(path, "out of memory while parsing")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranks and runs
+
+
+def rank_from_filename(path: Path) -> int | None:
+    """The rank written in a trace's file name (`rank3.json.gz`, `rank3_trace.json.gz`), if any."""
+    m = RANK_IN_NAME_RE.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _resolve_rank(path: Path, meta: dict, *, prefer_filename: bool, default_rank: int | None) -> int:
+    info = meta.get("distributed_info") or {}
+    from_info = _as_int(info.get("rank"))
+    from_name = rank_from_filename(path)
+    for r in ((from_name, from_info) if prefer_filename else (from_info, from_name)):
+        if r is not None:
+            return r
+    if default_rank is not None:
+        return default_rank
+    raise TraceError(
+        path,
+        "no rank: the trace has no distributedInfo and its file name has none (rank<R>...); "
+        "rename it (e.g. rank0.json.gz) or pass --trace-rank R",
+    )
+
+
+def _read_manifest(run_dir: Path | None) -> dict | None:
+    if run_dir is None or not (run_dir / RUN_MANIFEST).is_file():
+        return None
+    try:
+        manifest = json.loads((run_dir / RUN_MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise TraceError(run_dir / RUN_MANIFEST, f"unreadable run manifest: {e}") from None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def load_traces(
+    paths: str | Path | list[str | Path],
+    *,
+    rank_from_filename_first: bool = False,
+    default_rank: int | None = None,
+    cache: bool = True,
+    workers: int | None = None,
+    progress: bool | None = None,
+) -> Traces:
+    """Load trace files / run folders into one event frame, every rank of every run.
+
+    rank_from_filename_first: take the rank from the file name even where distributedInfo has one.
+    default_rank: the rank of a trace that names none (only sensible for a single file).
+    Raises TraceError when nothing usable is left; otherwise bad files are listed in `problems`.
+    """
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if not paths:
+        raise TraceError(None, "no trace paths given")
+    sources = find_sources(paths)
+    cache_path = cache_dir() if cache else None
+    results = _load_all([s.path for s in sources], cache_path, workers=workers, progress=progress)
+
+    problems: list[TraceError] = []
+    frames: list[pl.DataFrame] = []
+    rows: list[dict] = []
+    seen: dict[tuple[str, int], Path] = {}
+    runs: dict[str, dict | None] = {}
+    for src, res in zip(sources, results):
+        if isinstance(res, TraceError):
+            problems.append(res)
+            continue
+        frame, meta, parquet = res
+        try:
+            if src.run not in runs:
+                runs[src.run] = _read_manifest(src.run_dir)
+            rank = _resolve_rank(src.path, meta, prefer_filename=rank_from_filename_first, default_rank=default_rank)
+        except TraceError as e:
+            problems.append(e)
+            continue
+        if (src.run, rank) in seen:
+            problems.append(TraceError(src.path, f"duplicate rank {rank} in run {src.run!r} (also {seen[(src.run, rank)]}); "
+                                                 "pass the files of one run only, or --rank-from-filename"))
+            continue
+        seen[(src.run, rank)] = src.path
+        if frame is None:
+            frame = pl.read_parquet(parquet)
+        frame = frame.with_columns(run=pl.lit(src.run), rank=pl.lit(rank, dtype=pl.Int32))
+        info = meta.get("distributed_info") or {}
+        rows.append({
+            "run": src.run, "rank": rank, "file": str(src.path), "backend": info.get("backend"),
+            "world_size": _as_int(info.get("world_size")), "has_gpu": bool((frame["device"] == "gpu").any()),
+            "device_name": meta.get("device_name"), "pg_config": json.dumps(info.get("pg_config")) if info.get("pg_config") else None,
+            "n_events": frame.height,
+        })
+        frames.append(frame)
+    if not frames:
+        if len(problems) == 1:
+            raise problems[0]
+        raise TraceError(None, "no usable traces:\n  " + "\n  ".join(str(p) for p in problems))
+    events = pl.concat([f.select(_cast_all()) for f in frames], how="vertical")
+    ranks = pl.DataFrame(rows).with_columns(pl.col("run").cast(pl.Categorical)).sort("run", "rank")
+    runs = {r: m for r, m in runs.items() if r in set(ranks["run"].cast(pl.String))}
+    return Traces(events=events, ranks=ranks, runs=runs, problems=problems)
+
+
+def _cast_all() -> list[pl.Expr]:
+    return [pl.col(c).cast(t) for c, t in SCHEMA.items()]
+
+
+def _load_all(paths: list[Path], cache: Path | None, *, workers: int | None, progress: bool | None):
+    """Parse every file, several at once in worker processes; results in input order.
+
+    Workers are plain `python -m profiler._worker` processes (not multiprocessing), so callers
+    need no `if __name__ == "__main__"` guard; they hand frames back through parquet files.
+    """
+    n_workers = max(1, min(len(paths), workers or os.cpu_count() or 1))
+    pending = [p for p in paths if cache is None or not _cached(p, cache)]
+    show = progress if progress is not None else (len(paths) > 1 and sys.stderr.isatty())
+    bar = _progress_bar(len(paths), show)
+    results: dict[Path, object] = {}
+    if len(pending) <= 1 or n_workers == 1:
+        for p in paths:
+            results[p] = _load_one_safe(p, cache)
+            bar.update(1)
+    else:
+        for p in paths:
+            if p not in pending:
+                results[p] = _load_one_safe(p, cache)
+                bar.update(1)
+        with tempfile.TemporaryDirectory(prefix="ptprof-load-") as handoff:
+            out_dir = cache if cache is not None else Path(handoff)
+            for p, res in _run_workers(pending, out_dir, min(n_workers, len(pending))):
+                if not isinstance(res, TraceError) and cache is None:
+                    frame = pl.read_parquet(res[2])
+                    res = (frame, res[1], None)
+                results[p] = res
+                bar.update(1)
+    bar.close()
+    return [results[p] for p in paths]
+
+
+def _run_workers(paths: list[Path], out_dir: Path, n: int):
+    """Yield (path, result) as `n` worker processes finish files (results as from _load_one_safe)."""
+    import queue
+    import subprocess
+    import threading
+
+    done: queue.Queue = queue.Queue()
+    chunks = [paths[i::n] for i in range(n)]
+
+    def run(chunk: list[Path]) -> None:
+        cmd = [sys.executable, "-m", "profiler._worker", str(out_dir), *map(str, chunk)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        reported = set()
+        for line in proc.stdout:
+            msg = json.loads(line)
+            p = Path(msg["path"])
+            reported.add(p)
+            if "error" in msg:
+                done.put((p, TraceError(p, msg["error"])))
+            else:
+                done.put((p, (None, msg["meta"], msg["parquet"])))
+        err = proc.stderr.read()
+        proc.wait()
+        for p in chunk:
+            if p not in reported:  # the worker died (killed for memory?) before finishing this file
+                tail = err.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+                done.put((p, TraceError(p, f"parser process failed: {tail[0]}")))
+
+    threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in chunks]
+    for t in threads:
+        t.start()
+    for _ in paths:
+        yield done.get()
+    for t in threads:
+        t.join()
+
+
+def _cached(path: Path, cache: Path) -> bool:
+    try:
+        key = _cache_key(path)
+    except OSError:
+        return False
+    return (cache / f"{key}.parquet").is_file() and (cache / f"{key}.json").is_file()
+
+
+def _progress_bar(total: int, show: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="loading traces", unit="file", disable=not show, file=sys.stderr)

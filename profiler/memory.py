@@ -1,0 +1,74 @@
+"""Memory: allocated bytes over time from `[memory]` events, peaks, and run.json's persistent sizes.
+
+Kineto writes one `[memory]` instant event per allocation (positive `Bytes`) and free (negative),
+with the device's running `Total Allocated` after it, when the profiler ran with
+`profile_memory=True`. CPU events see only allocations made after profiling started, so a CPU
+"allocated" curve starts near zero, not at the process's true footprint; CUDA's counter is the
+caching allocator's own and includes everything allocated before.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from profiler.steps import KEYS, assign_steps
+
+PERSISTENT_FIELDS = ["params_bytes", "params_at_rest_bytes", "grads_bytes", "optimizer_bytes", "max_memory_allocated_bytes"]
+
+
+def memory_timeline(events: pl.DataFrame) -> pl.DataFrame:
+    """Per (run, rank, mem_device): ts_us, delta_bytes, allocated_bytes, reserved_bytes, step.
+
+    mem_device is "cpu" or "cuda:<id>" (ROCm reports as CUDA).
+    """
+    mem = events.filter(pl.col("kind") == "memory_event")
+    device = (
+        pl.when(pl.col("mem_device_type") == 0).then(pl.lit("cpu"))
+        .when(pl.col("mem_device_type") == 1).then(pl.lit("cuda:") + pl.col("mem_device_id").cast(pl.String))
+        .otherwise(pl.lit("device") + pl.col("mem_device_type").cast(pl.String))
+    )
+    if mem.is_empty():
+        return pl.DataFrame(schema={"run": pl.Categorical, "rank": pl.Int32, "mem_device": pl.String, "ts_us": pl.Float64,
+                                    "delta_bytes": pl.Int64, "allocated_bytes": pl.Int64, "reserved_bytes": pl.Int64, "step": pl.Int64})
+    with_step = assign_steps(events).filter(pl.col("kind") == "memory_event")
+    return with_step.select(
+        *KEYS,
+        mem_device=device,
+        ts_us="ts_us",
+        delta_bytes="mem_bytes",
+        allocated_bytes="mem_total_allocated_bytes",
+        reserved_bytes="mem_total_reserved_bytes",
+        step="step",
+    ).sort(*KEYS, "mem_device", "ts_us")
+
+
+def memory_peaks(timeline: pl.DataFrame) -> pl.DataFrame:
+    """Per (run, rank, mem_device): peak allocated bytes, when (ts_us and step), and the reserved peak."""
+    return (
+        timeline.group_by(*KEYS, "mem_device")
+        .agg(
+            peak_allocated_bytes=pl.col("allocated_bytes").max(),
+            peak_ts_us=pl.col("ts_us").sort_by("allocated_bytes").last(),
+            peak_step=pl.col("step").sort_by("allocated_bytes").last(),
+            peak_reserved_bytes=pl.col("reserved_bytes").max(),
+            n_events=pl.len(),
+        )
+        .sort(*KEYS, "mem_device")
+    )
+
+
+def persistent_memory(runs: dict[str, dict | None]) -> pl.DataFrame:
+    """Per (run, rank): the persistent sizes run.json measured (docs/run-layout.md); runs without
+    a manifest, or ranks without a `memory` block, are left out."""
+    rows = []
+    for run, manifest in runs.items():
+        for r in (manifest or {}).get("ranks") or []:
+            mem = r.get("memory") if isinstance(r, dict) else None
+            if isinstance(mem, dict) and isinstance(r.get("rank"), int):
+                rows.append({"run": run, "rank": r["rank"], **{f: _int_or_none(mem.get(f)) for f in PERSISTENT_FIELDS}})
+    schema = {"run": pl.Categorical, "rank": pl.Int32, **{f: pl.Int64 for f in PERSISTENT_FIELDS}}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _int_or_none(v) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

@@ -1,0 +1,304 @@
+"""Pipeline parallelism: the per-rank grid of microbatch actions, measured bubbles, the textbook
+bubble and the bubble of the schedule's ideal order replayed with the measured durations.
+
+Input: the pipeline runners' compute spans `ptprof/pp/{kind} s{stage} mb{microbatch}`
+(docs/run-layout.md, "Pipeline runs"; run.json's `pipeline.span_format`): kind F forward, B full
+backward, I input-gradient backward, W weight-gradient backward, L the loss (last stage, right
+after its F). The spans hold compute only; sends and receive waits fall between them.
+
+Per (run, step), with p pipeline ranks, m microbatches and v stages per rank:
+
+- window_us: from the first action start on any rank to the last action end on any rank (the
+  pipeline's makespan; the optimizer and other step overhead are outside it). Ranks on different
+  hosts are compared on their own clocks, so across hosts this is only as good as clock sync.
+- bubble_pct (measured, per rank) = 100 * (1 - busy_us / window_us), busy_us being the union of
+  the rank's action spans (L included).
+- theory_pct, the textbook bubble fraction of the step time (uniform stages, no communication):
+  GPipe and 1F1B (p-1)/(m+p-1) (Huang et al. 2019; Narayanan et al. 2021), interleaved 1F1B
+  (p-1)/(v*m+p-1) (Narayanan et al. 2021: the bubble shrinks by v), ZB-H1 (zero-bubble, v = 1)
+  (p-1)(F+I-W) / (m(F+I+W) + (p-1)(F+I-W)) with the step's mean F, I, W durations (Qi et al.
+  2023). Null for ZB-V and DualPipeV, which have no such closed form.
+- ideal_pct: the bubble of run.json's `ideal_order` (else the order the rank actually ran)
+  replayed by `simulate_order` with this step's measured durations and only the pipeline's own
+  dependencies: what the schedule would give with free communication and no launch gaps.
+"""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+
+from profiler.intervals import union
+from profiler.steps import KEYS, assign_steps, profiler_steps
+
+PP_SPAN_FORMAT = "ptprof/pp/{kind} s{stage} mb{microbatch}"  # runners/harness.py PP_ACTION
+ACTION_KINDS = ["F", "B", "I", "W", "L"]
+_FIELD_RE = {"kind": r"(?P<action>[FBIWL])", "stage": r"(?P<stage>\d+)", "microbatch": r"(?P<microbatch>\d+)"}
+
+ACTION_COLUMNS = {
+    "run": pl.Categorical, "rank": pl.Int32, "step": pl.Int64, "action": pl.String, "stage": pl.Int64,
+    "microbatch": pl.Int64, "slot": pl.Int64, "start_us": pl.Float64, "end_us": pl.Float64, "dur_us": pl.Float64,
+}
+SUMMARY_COLUMNS = {
+    "run": pl.Categorical, "rank": pl.Int32, "step": pl.Int64, "schedule": pl.String, "pp_ranks": pl.Int64,
+    "microbatches": pl.Int64, "stages_per_rank": pl.Int64, "n_actions": pl.Int64, "window_us": pl.Float64,
+    "busy_us": pl.Float64, "bubble_us": pl.Float64, "bubble_pct": pl.Float64, "theory_pct": pl.Float64,
+    "ideal_pct": pl.Float64, "order_source": pl.String, "order_matches": pl.Boolean,
+}
+
+
+def span_pattern(span_format: str = PP_SPAN_FORMAT) -> str:
+    """Regex (groups action, stage, microbatch) matching the span names of a run.json span_format."""
+    parts = re.split(r"\{(\w+)\}", span_format)
+    if set(parts[1::2]) != set(_FIELD_RE):
+        raise ValueError(f"pipeline span format {span_format!r} must name {{kind}}, {{stage}} and {{microbatch}}")
+    # Escaped by hand: polars' (Rust) regex rejects Python's escapes of spaces and slashes.
+    literal = [re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", p) for p in parts[::2]]
+    return "^" + "".join(lit + (_FIELD_RE[f] if f else "") for lit, f in zip(literal, [*parts[1::2], ""])) + "$"
+
+
+def pipeline_actions(events: pl.DataFrame, *, steps: pl.DataFrame | None = None, runs: dict[str, dict | None] | None = None,
+                     span_format: str = PP_SPAN_FORMAT) -> pl.DataFrame:
+    """The grid: one row per action span (ACTION_COLUMNS), in time order per rank.
+
+    `slot` numbers a rank's F/B/I/W actions within a step in the order they ran (what run.json's
+    ideal_order lists); L has none. `step` is null for actions outside every profiled step. Span
+    names follow `span_format`, or each run's run.json `pipeline.span_format` where `runs` has one.
+    """
+    formats = _span_formats(events, runs or {})
+    if len(formats) == 1:  # the usual case: no need to split the frame by run
+        return _actions(events, steps, next(iter(formats)))
+    frames = [_actions(events.filter(pl.col("run").cast(pl.String).is_in(ids)), steps, fmt) for fmt, ids in formats.items()]
+    frames = [f for f in frames if f.height]
+    return pl.concat(frames) if frames else pl.DataFrame(schema=ACTION_COLUMNS)
+
+
+def _actions(events: pl.DataFrame, steps: pl.DataFrame | None, span_format: str) -> pl.DataFrame:
+    pattern = span_pattern(span_format)
+    names = events.get_column("name").unique().cast(pl.String)
+    matched = names.filter(names.str.contains(pattern)).to_list()  # the few distinct names, not every event
+    spans = events.filter(pl.col("name").is_in(matched) & (pl.col("device") == "cpu") & (pl.col("ph") == "X"))
+    if spans.is_empty():
+        return pl.DataFrame(schema=ACTION_COLUMNS)
+    steps = profiler_steps(events) if steps is None else steps
+    parsed = pl.col("name").cast(pl.String).str.extract_groups(pattern)
+    by = [*KEYS, "step"]
+    return (
+        assign_steps(spans, steps)
+        .select(
+            *by,
+            action=parsed.struct.field("action"),
+            stage=parsed.struct.field("stage").cast(pl.Int64),
+            microbatch=parsed.struct.field("microbatch").cast(pl.Int64),
+            start_us="ts_us", end_us="end_us", dur_us="dur_us",
+        )
+        .sort(*by, "start_us")
+        .with_columns(slot=pl.when(pl.col("action") != "L").then((pl.col("action") != "L").cum_sum().over(by) - 1))
+        .select(list(ACTION_COLUMNS))
+        .cast(ACTION_COLUMNS)
+    )
+
+
+def ideal_orders(runs: dict[str, dict | None]) -> pl.DataFrame:
+    """run.json's `pipeline.ideal_order` as a frame: run, rank, slot, action, stage, microbatch."""
+    rows = [
+        {"run": run, "rank": rank, "slot": slot, "action": str(a[0]), "stage": int(a[1]), "microbatch": int(a[2])}
+        for run, manifest in runs.items()
+        for rank, order in enumerate(_ideal_order(manifest) or [])
+        for slot, a in enumerate(order)
+    ]
+    schema = {"run": pl.Categorical, "rank": pl.Int32, "slot": pl.Int64, "action": pl.String, "stage": pl.Int64, "microbatch": pl.Int64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def pipeline_grid(actions: pl.DataFrame) -> pl.DataFrame:
+    """Per (run, rank, step) the order the rank ran its actions in, as text: `F0 F1 B0 ...`
+    (kind + microbatch, plus `@s<stage>` on ranks holding several stages; L left out)."""
+    several = pl.col("stage").n_unique().over(KEYS) > 1
+    token = pl.when(several).then(pl.format("{}{}@s{}", "action", "microbatch", "stage")).otherwise(pl.format("{}{}", "action", "microbatch"))
+    return (
+        actions.filter(pl.col("slot").is_not_null() & pl.col("step").is_not_null())
+        .with_columns(token=token)
+        .group_by(*KEYS, "step")
+        .agg(n_actions=pl.len(), order=pl.col("token").sort_by("slot").str.join(" "))
+        .sort(*KEYS, "step")
+    )
+
+
+def theory_bubble_pct(pp_ranks: int, microbatches: int, stages_per_rank: int = 1) -> float:
+    """Textbook bubble of GPipe / 1F1B (v = 1) and interleaved 1F1B: 100 * (p-1) / (v*m + p-1)."""
+    p, m, v = pp_ranks, microbatches, max(1, stages_per_rank)
+    return 100.0 * (p - 1) / (v * m + p - 1)
+
+
+def zero_bubble_h1_pct(pp_ranks: int, microbatches: int, f_us: float, i_us: float, w_us: float) -> float:
+    """ZB-H1's bubble in % of the step: bubble (p-1)(F+I-W) beside m(F+I+W) of compute (Qi et al. 2023)."""
+    bubble = (pp_ranks - 1) * max(0.0, f_us + i_us - w_us)
+    total = microbatches * (f_us + i_us + w_us) + bubble
+    return 100.0 * bubble / total if total > 0 else 0.0
+
+
+def schedule_theory_pct(schedule: str | None, pp_ranks: int, microbatches: int, stages_per_rank: int,
+                        mean_us: dict[str, float]) -> float | None:
+    """The textbook bubble of a named schedule (module docstring), or None where there is none."""
+    if schedule in ("gpipe", "1f1b", "interleaved-1f1b"):
+        return theory_bubble_pct(pp_ranks, microbatches, stages_per_rank if schedule == "interleaved-1f1b" else 1)
+    if schedule == "zero-bubble" and stages_per_rank == 1 and all(k in mean_us for k in "FIW"):
+        return zero_bubble_h1_pct(pp_ranks, microbatches, mean_us["F"], mean_us["I"], mean_us["W"])
+    return None
+
+
+def simulate_order(order: list[list[tuple[str, int, int]]], dur_us: dict[tuple[str, int, int], float], *,
+                   last_stage: int) -> tuple[list[float], float] | None:
+    """Replay per-rank action lists; returns (busy µs per rank, makespan µs), None if they deadlock.
+
+    order[r]: rank r's actions (kind, stage, microbatch) in the order it runs them. Each rank runs
+    its list in order; an action starts when the rank is free and its inputs exist: F(s, i) after
+    F(s-1, i); B or I (s, i) after F(s, i) and, below the last stage, after the B or I of (s+1, i);
+    W(s, i) after I(s, i). Communication takes no time. dur_us must hold every action (fold the
+    loss into the last stage's F). A discrete-event replay over the schedule's few hundred actions,
+    not over trace events.
+    """
+    planned = {a for acts in order for a in acts}
+
+    def grad(s: int, i: int) -> tuple[str, int, int]:
+        return ("I", s, i) if ("I", s, i) in planned else ("B", s, i)
+
+    def deps(kind: str, s: int, i: int) -> list[tuple[str, int, int]]:
+        if kind == "F":
+            return [("F", s - 1, i)] if s > 0 else []
+        if kind in ("B", "I"):
+            return [("F", s, i)] + ([grad(s + 1, i)] if s < last_stage else [])
+        return [("I", s, i)]  # W
+
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * len(order)
+    busy = [0.0] * len(order)
+    pos = [0] * len(order)
+    progressed = True
+    while progressed:
+        progressed = False
+        for r, acts in enumerate(order):
+            while pos[r] < len(acts):
+                action = acts[pos[r]]
+                needs = deps(*action)
+                if any(d not in done for d in needs):
+                    break
+                start = max([free[r], *(done[d] for d in needs)])
+                free[r] = done[action] = start + dur_us[action]
+                busy[r] += dur_us[action]
+                pos[r] += 1
+                progressed = True
+    if any(p < len(acts) for p, acts in zip(pos, order)):
+        return None
+    return busy, max(free, default=0.0)
+
+
+def pipeline_summary(actions: pl.DataFrame, runs: dict[str, dict | None]) -> pl.DataFrame | None:
+    """Per (run, rank, step) of `pipeline_actions`: SUMMARY_COLUMNS (module docstring); None
+    when there are no actions in any step.
+
+    `order_matches`: the rank ran its F/B/I/W actions in exactly run.json's ideal order.
+    """
+    actions = actions.filter(pl.col("step").is_not_null())
+    if actions.is_empty():
+        return None
+    by = [*KEYS, "step"]
+    span = actions.group_by("run", "step").agg(window_start_us=pl.col("start_us").min(), window_end_us=pl.col("end_us").max())
+    busy = union(actions.select(*by, "start_us", "end_us"), by).group_by(by).agg(busy_us=(pl.col("end_us") - pl.col("start_us")).sum())
+    grid = pipeline_grid(actions)
+    measured = (
+        busy.join(span, on=["run", "step"])
+        .join(grid.drop("order"), on=by, how="left")
+        .with_columns(window_us=pl.col("window_end_us") - pl.col("window_start_us"))
+        .with_columns(bubble_us=pl.col("window_us") - pl.col("busy_us"))
+        .with_columns(bubble_pct=100 * pl.col("bubble_us") / pl.col("window_us"))
+    )
+    model = pl.DataFrame([row for run in measured["run"].cast(pl.String).unique().sort()
+                          for row in _modelled(actions.filter(pl.col("run") == run), run, runs.get(run) or {})],
+                         schema={c: SUMMARY_COLUMNS[c] for c in ("run", "rank", "step", "schedule", "pp_ranks", "microbatches",
+                                                                 "stages_per_rank", "theory_pct", "ideal_pct", "order_source",
+                                                                 "order_matches")})
+    return (
+        measured.join(model, on=by, how="left")
+        .select(list(SUMMARY_COLUMNS))
+        .cast(SUMMARY_COLUMNS)
+        .sort(by)
+    )
+
+
+def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
+    """Rows of (run, rank, step) -> shape, theory_pct, ideal_pct, order facts for one run."""
+    cfg = manifest.get("pipeline") or {}
+    ranks = sorted(actions["rank"].unique().to_list())
+    p = _positive_int(cfg.get("ranks")) or len(ranks)
+    stages = actions["stage"].n_unique()
+    v = _positive_int(cfg.get("stages_per_rank")) or max(1, stages // max(1, p))
+    m = _positive_int(cfg.get("microbatches")) or actions["microbatch"].n_unique()
+    last_stage = cfg.get("loss_stage") if isinstance(cfg.get("loss_stage"), int) else actions["stage"].max()
+    ideal = _ideal_order(manifest)
+    rows = []
+    for step in actions["step"].unique().sort().to_list():
+        acts = actions.filter(pl.col("step") == step)
+        ran = {r: [(a, s, i) for a, s, i in acts.filter((pl.col("rank") == r) & pl.col("slot").is_not_null())
+                   .sort("slot").select("action", "stage", "microbatch").iter_rows()] for r in ranks}
+        if ideal is not None and len(ideal) == p:
+            plan, source = ideal, "run.json"
+        else:
+            plan, source = [ran.get(r, []) for r in range(max(ranks) + 1)], "measured"
+        sim = simulate_order(plan, _durations(acts, plan, last_stage), last_stage=last_stage) if plan else None
+        means = dict(acts.filter(pl.col("action") != "L").group_by("action").agg(pl.col("dur_us").mean()).iter_rows())
+        theory = schedule_theory_pct(cfg.get("schedule"), p, m, v, means)
+        for r in ranks:
+            ideal_pct = None
+            if sim is not None and r < len(sim[0]) and sim[1] > 0:
+                ideal_pct = 100.0 * (1 - sim[0][r] / sim[1])
+            rows.append({"run": run, "rank": r, "step": step, "schedule": cfg.get("schedule"), "pp_ranks": p, "microbatches": m,
+                         "stages_per_rank": v, "theory_pct": theory, "ideal_pct": ideal_pct, "order_source": source,
+                         "order_matches": (ran[r] == plan[r]) if ideal is not None and r < len(plan) else None})
+    return rows
+
+
+def _durations(acts: pl.DataFrame, plan: list[list[tuple[str, int, int]]], last_stage: int) -> dict[tuple[str, int, int], float]:
+    """(kind, stage, microbatch) -> measured µs for every planned action, the loss folded into the
+    last stage's F; an action missing from the trace takes the mean of its (kind, stage), else of
+    its kind, else 0."""
+    measured = {(a, s, i): d for a, s, i, d in acts.select("action", "stage", "microbatch", "dur_us").iter_rows()}
+    for (a, s, i), d in list(measured.items()):
+        if a == "L" and ("F", last_stage, i) in measured:
+            measured[("F", last_stage, i)] += d
+    by_stage = dict(((a, s), d) for a, s, d in acts.group_by("action", "stage").agg(pl.col("dur_us").mean()).iter_rows())
+    by_kind = dict(acts.group_by("action").agg(pl.col("dur_us").mean()).iter_rows())
+    return {
+        x: measured.get(x, by_stage.get((x[0], x[1]), by_kind.get(x[0], 0.0)))
+        for order in plan for x in order
+    }
+
+
+def _ideal_order(manifest: dict | None) -> list[list[tuple[str, int, int]]] | None:
+    order = ((manifest or {}).get("pipeline") or {}).get("ideal_order")
+    try:
+        return [[(str(a), int(s), int(i)) for a, s, i in rank] for rank in order]
+    except (TypeError, ValueError):
+        return None  # absent, or a shape we do not know: no ideal rather than a wrong one
+
+
+def _span_formats(events: pl.DataFrame, runs: dict[str, dict | None]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for run in events.get_column("run").unique().cast(pl.String).to_list():
+        fmt = (((runs.get(run) or {}).get("pipeline") or {}).get("span_format"))
+        out.setdefault(fmt if isinstance(fmt, str) and _valid_format(fmt) else PP_SPAN_FORMAT, []).append(run)
+    return out
+
+
+def _valid_format(fmt: str) -> bool:
+    try:
+        span_pattern(fmt)
+    except ValueError:
+        return False
+    return True
+
+
+def _positive_int(v) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None

@@ -1,0 +1,216 @@
+"""All analyses of a set of traces, as frames (`analyze`), as the JSON report (`build_report`,
+schema in docs/report.md) and as text tables (`format_tables`). No I/O here: the CLI writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import polars as pl
+
+from profiler.breakdown import temporal_breakdown
+from profiler.collectives import collective_skew, collective_stats, collectives, stragglers
+from profiler.load import Traces
+from profiler.memory import memory_peaks, memory_timeline, persistent_memory
+from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
+from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
+from profiler.top_ops import top_kernels, top_operators
+
+REPORT_SCHEMA = "ptprof.report/1"
+RANK_METRICS = ["window_us", "compute_us", "non_compute_us", "idle_us", "comm_us", "overlap_us", "exposed_comm_us", "overlap_pct"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    """Every analysis of one load, as tidy frames with run and rank columns."""
+
+    ranks: pl.DataFrame  # Traces.ranks
+    runs: dict[str, dict | None]
+    steps: pl.DataFrame
+    step_stats: pl.DataFrame
+    breakdown: pl.DataFrame  # per rank (over the selected steps)
+    breakdown_steps: pl.DataFrame  # per rank and step
+    collectives: pl.DataFrame
+    collective_stats: pl.DataFrame
+    skew: pl.DataFrame
+    stragglers: pl.DataFrame
+    memory_peaks: pl.DataFrame
+    persistent_memory: pl.DataFrame
+    pipeline: pl.DataFrame | None  # per rank and step; None without pipeline action spans
+    pipeline_grid: pl.DataFrame | None  # per rank and step: the order its actions ran in
+    top_operators: pl.DataFrame
+    top_kernels: pl.DataFrame
+    warnings: list[str]
+    problems: list[str]
+
+
+def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
+    """Run every analysis; `rank` / `step` restrict them to one rank / one ProfilerStep."""
+    events = traces.events
+    ranks = traces.ranks
+    if rank is not None:
+        events = events.filter(pl.col("rank") == rank)
+        ranks = ranks.filter(pl.col("rank") == rank)
+        if events.is_empty():
+            raise ValueError(f"rank {rank} is not in the traces (have: {sorted(set(traces.ranks['rank']))})")
+    steps = profiler_steps(events)
+    if step is not None:
+        if step not in set(steps["step"]):
+            raise ValueError(f"step {step} is not in the traces (have: {sorted(set(steps['step']))})")
+        steps = steps.filter(pl.col("step") == step)
+        events = assign_steps(events, steps).filter(pl.col("step").is_not_null() | (pl.col("kind") == "memory_event")).drop("step")
+    per_step = temporal_breakdown(events, per_step=True, steps=steps)
+    whole = temporal_breakdown(events, steps=steps)
+    colls = collectives(events, ranks)
+    actions = pipeline_actions(events, steps=steps, runs=traces.runs)
+    pipeline = pipeline_summary(actions, traces.runs)
+    skew = collective_skew(colls)
+    warnings = [
+        f"run {run} rank {r}: no ProfilerStep spans; the whole trace is one window (step {NO_STEP})"
+        for run, r in steps.filter(~pl.col("has_profiler_steps")).select("run", "rank").iter_rows()
+    ]
+    for run, r, has_gpu, backend in ranks.select("run", "rank", "has_gpu", "backend").iter_rows():
+        if backend == "nccl" and not has_gpu:
+            warnings.append(f"run {run} rank {r}: an NCCL job's trace with no GPU activity; "
+                            "breakdown and collectives use CPU events only")
+    if colls.filter(pl.col("note").is_not_null()).height:
+        warnings.append(colls.filter(pl.col("note").is_not_null())["note"][0])
+    return Analysis(
+        ranks=ranks,
+        runs=traces.runs,
+        steps=steps,
+        step_stats=step_time_stats(steps),
+        breakdown=whole,
+        breakdown_steps=per_step,
+        collectives=colls,
+        collective_stats=collective_stats(colls),
+        skew=skew,
+        stragglers=stragglers(skew),
+        memory_peaks=memory_peaks(memory_timeline(events)),
+        persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
+        pipeline=pipeline,
+        pipeline_grid=pipeline_grid(actions) if pipeline is not None else None,
+        top_operators=top_operators(events, n=top_n),
+        top_kernels=top_kernels(events, n=top_n),
+        warnings=warnings,
+        problems=[str(p) for p in traces.problems],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+
+def _records(frame: pl.DataFrame | None, drop: tuple[str, ...] = ()) -> list[dict]:
+    if frame is None:
+        return []
+    frame = frame.drop([c for c in drop if c in frame.columns])
+    frame = frame.with_columns(pl.col(pl.Categorical).cast(pl.String))
+    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dicts()]
+
+
+def _clean(v):
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    return v
+
+
+def build_report(a: Analysis) -> dict:
+    """The JSON report (docs/report.md), schema "ptprof.report/1"."""
+    runs = []
+    for run in a.ranks["run"].cast(pl.String).unique(maintain_order=True):
+        sel = pl.col("run") == run
+        manifest = a.runs.get(run) or {}
+        per_rank = a.breakdown.filter(sel).join(a.step_stats.filter(sel).drop("has_profiler_steps"), on=["run", "rank"], how="left")
+        per_rank = per_rank.join(
+            a.memory_peaks.filter(sel).group_by("run", "rank").agg(peak_allocated_bytes=pl.col("peak_allocated_bytes").max()),
+            on=["run", "rank"], how="left",
+        )
+        runs.append({
+            "run": run,
+            "paradigm": manifest.get("paradigm"),
+            "world_size": manifest.get("world_size") or _first(a.ranks.filter(sel)["world_size"]),
+            "backend": manifest.get("backend") or _first(a.ranks.filter(sel)["backend"]),
+            "files": _records(a.ranks.filter(sel).select("rank", "file", "device_name", "has_gpu", "n_events")),
+            "ranks": _records(per_rank, drop=("run",)),
+            "steps": _records(a.breakdown_steps.filter(sel), drop=("run",)),
+            "collectives": _records(a.collective_stats.filter(sel), drop=("run",)),
+            "stragglers": _records(a.stragglers.filter(sel), drop=("run",)),
+            "pipeline": _records(a.pipeline.filter(sel), drop=("run",)) if a.pipeline is not None and a.pipeline.filter(sel).height else None,
+            "pipeline_grid": _records(a.pipeline_grid.filter(sel), drop=("run",)) if a.pipeline_grid is not None and a.pipeline_grid.filter(sel).height else None,
+            "memory": {
+                "peaks": _records(a.memory_peaks.filter(sel), drop=("run",)),
+                "persistent": _records(a.persistent_memory.filter(sel), drop=("run",)),
+            },
+            "top_operators": _records(a.top_operators.filter(sel), drop=("run",)),
+            "top_kernels": _records(a.top_kernels.filter(sel), drop=("run",)),
+        })
+    report = {"schema": REPORT_SCHEMA, "runs": runs, "warnings": a.warnings, "problems": a.problems}
+    if len(runs) > 1:
+        report["comparison"] = _records(compare_runs(a))
+    return report
+
+
+def _first(series: pl.Series):
+    return series[0] if series.len() else None
+
+
+def compare_runs(a: Analysis) -> pl.DataFrame:
+    """Side by side: per metric (mean over ranks), one column per run, and each run's change from
+    the first run (`<run>_diff_pct`)."""
+    b = a.breakdown.group_by("run").agg(pl.col(RANK_METRICS).mean())
+    s = a.step_stats.group_by("run").agg(step_mean_us=pl.col("mean_us").mean())
+    c = a.collective_stats.group_by("run").agg(collective_us=pl.col("total_us").sum())
+    m = a.memory_peaks.group_by("run").agg(peak_allocated_bytes=pl.col("peak_allocated_bytes").max().cast(pl.Float64))
+    wide = b.join(s, on="run", how="left").join(c, on="run", how="left").join(m, on="run", how="left")
+    order = a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
+    metrics = [c for c in wide.columns if c != "run"]
+    long = wide.with_columns(pl.col("run").cast(pl.String)).unpivot(index="run", on=metrics, variable_name="metric")
+    table = long.pivot(on="run", index="metric", values="value").select("metric", *order)
+    base = order[0]
+    return table.with_columns(
+        [(100 * (pl.col(r) - pl.col(base)) / pl.col(base).abs()).alias(f"{r}_diff_pct") for r in order[1:]]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+
+
+def format_tables(a: Analysis) -> str:
+    """Readable tables, one per analysis."""
+    sections: list[tuple[str, pl.DataFrame | None]] = [
+        ("Traces", a.ranks.drop("pg_config")),
+        ("Step times (µs)", a.step_stats),
+        ("Temporal breakdown per rank (µs; HTA's definition)", a.breakdown.drop("has_profiler_steps")),
+        ("Temporal breakdown per step (µs)", a.breakdown_steps.drop("has_profiler_steps")),
+        ("Collectives (nccl-tests bandwidths, GB/s)", a.collective_stats.drop("note")),
+        ("Stragglers (who starts collectives last)", a.stragglers),
+        ("Pipeline bubbles per rank and step (measured, theory, ideal order replayed; %)", a.pipeline),
+        ("Pipeline grid: actions in the order each rank ran them", a.pipeline_grid),
+        ("Memory peaks ([memory] events)", a.memory_peaks),
+        ("Persistent memory (run.json)", a.persistent_memory),
+        ("Top CPU operators by self time (µs)", a.top_operators),
+        ("Top GPU kernels by total time (µs)", a.top_kernels),
+    ]
+    if a.ranks["run"].n_unique() > 1:
+        sections.append(("Runs side by side (mean over ranks; diff vs the first run)", compare_runs(a)))
+    out = []
+    with pl.Config(tbl_rows=60, tbl_cols=20, tbl_width_chars=200, fmt_str_lengths=200, float_precision=1,
+                   tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True, thousands_separator=True):
+        for title, frame in sections:
+            if frame is None or frame.is_empty():
+                continue
+            out.append(f"\n== {title}\n{_shorten(frame)}")
+    for w in a.warnings:
+        out.append(f"warning: {w}")
+    for p in a.problems:
+        out.append(f"skipped: {p}")
+    return "\n".join(out)
+
+
+def _shorten(frame: pl.DataFrame) -> pl.DataFrame:
+    # Kernel and operator names run to hundreds of characters; the table shows their head. A
+    # pipeline grid's action order is shown whole.
+    return frame.with_columns(pl.col(pl.String, pl.Categorical).exclude("order").cast(pl.String).str.slice(0, 60))

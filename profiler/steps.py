@@ -1,0 +1,98 @@
+"""Training steps: the `ProfilerStep#<k>` windows of each rank, and which step each event is in.
+
+torch.profiler marks every scheduled step with a `ProfilerStep#<k>` span on the main thread. A trace
+recorded without a schedule has none: it is then one window, step NO_STEP (-1), spanning the whole
+trace, and analyses say so (`has_profiler_steps` is False).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+NO_STEP = -1  # the step number of a trace's single window when it has no ProfilerStep spans
+PROFILER_STEP_RE = r"^ProfilerStep\s*#\s*(\d+)$"
+KEYS = ["run", "rank"]
+
+
+def profiler_steps(events: pl.DataFrame) -> pl.DataFrame:
+    """One row per (run, rank, step): start_us, end_us, dur_us and has_profiler_steps.
+
+    Ranks without ProfilerStep spans get a single NO_STEP window over all their events.
+    """
+    marked = (
+        events.lazy()
+        .filter((pl.col("device") == "cpu") & (pl.col("ph") == "X"))
+        .with_columns(step=pl.col("name").cast(pl.String).str.extract(PROFILER_STEP_RE, 1).cast(pl.Int64))
+        .filter(pl.col("step").is_not_null())
+        .group_by(*KEYS, "step")
+        .agg(start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max())
+        .collect()
+    )
+    extent = (
+        events.lazy()
+        .filter(pl.col("kind").cast(pl.String) != "memory_event")
+        .group_by(KEYS)
+        .agg(start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max())
+        .join(marked.lazy().select(KEYS).unique(), on=KEYS, how="anti")
+        .with_columns(step=pl.lit(NO_STEP, pl.Int64))
+        .collect()
+    )
+    return (
+        pl.concat([
+            marked.with_columns(has_profiler_steps=pl.lit(True)),
+            extent.select(marked.columns).with_columns(has_profiler_steps=pl.lit(False)),
+        ])
+        .with_columns(dur_us=pl.col("end_us") - pl.col("start_us"))
+        .select(*KEYS, "step", "start_us", "end_us", "dur_us", "has_profiler_steps")
+        .sort(*KEYS, "step")
+    )
+
+
+def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.DataFrame:
+    """`events` plus a `step` column (null outside every step).
+
+    CPU events belong to the step whose span holds their start; GPU activity belongs to the step
+    of the runtime call that launched it (linked by `correlation`), since a kernel may run after
+    its step's CPU span has ended. Activity with no launch record falls back to its own start.
+    """
+    steps = profiler_steps(events) if steps is None else steps
+    by_time = _step_at(events.select(*KEYS, "ts_us").with_row_index("_row"), steps)
+    with_step = events.with_row_index("_row").join(by_time, on="_row", how="left")
+    launches = (
+        with_step.filter((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
+        .group_by(*KEYS, "correlation")
+        .agg(launch_step=pl.col("step").first())
+    )
+    return (
+        with_step.join(launches, on=[*KEYS, "correlation"], how="left")
+        .with_columns(
+            step=pl.when((pl.col("device") == "gpu") & pl.col("correlation").is_not_null())
+            .then(pl.col("launch_step"))
+            .otherwise(pl.col("step"))
+        )
+        .drop("_row", "launch_step")
+    )
+
+
+def _step_at(points: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """_row -> step whose [start_us, end_us) holds the point's ts_us (steps do not overlap)."""
+    table = steps.select(*KEYS, "step", "start_us", "end_us").sort("start_us")
+    return (
+        points.sort("ts_us")
+        .join_asof(table, left_on="ts_us", right_on="start_us", by=KEYS, strategy="backward", check_sortedness=False)
+        .select("_row", step=pl.when(pl.col("ts_us") < pl.col("end_us")).then(pl.col("step")))
+    )
+
+
+def step_time_stats(steps: pl.DataFrame) -> pl.DataFrame:
+    """Per rank: number of steps and their mean / median / min / max / std duration (µs)."""
+    d = pl.col("dur_us")
+    return (
+        steps.group_by(KEYS)
+        .agg(
+            n_steps=pl.len(),
+            mean_us=d.mean(), median_us=d.median(), min_us=d.min(), max_us=d.max(), std_us=d.std(),
+            has_profiler_steps=pl.col("has_profiler_steps").all(),
+        )
+        .sort(KEYS)
+    )

@@ -1,0 +1,69 @@
+"""Top CPU operators by self time and top GPU kernels by total time.
+
+Self time of a CPU event is its duration minus that of the events nested directly inside it on
+the same thread. It is found without walking a call tree: on each thread, the running count of
+open events at any instant is the nesting depth, and the time between two consecutive boundaries
+belongs to the most recent event that opened at that depth.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from profiler.steps import KEYS
+
+THREAD = [*KEYS, "pid", "tid"]
+CPU_SPAN_KINDS = ["op", "enqueue", "runtime", "annotation"]
+CPU_OP_KINDS = ["op", "enqueue", "runtime"]
+
+
+def self_times(events: pl.DataFrame) -> pl.DataFrame:
+    """CPU spans with a `self_us` column (run, rank, pid, tid, name, kind, ts_us, dur_us, self_us)."""
+    spans = (
+        events.filter((pl.col("device") == "cpu") & (pl.col("ph") == "X") & pl.col("kind").is_in(CPU_SPAN_KINDS))
+        .select(*THREAD, "name", "kind", "ts_us", "dur_us", "end_us")
+        .with_row_index("_op")
+    )
+    # Opens sort before closes at the same instant only for the same event's zero-length case;
+    # a parent opens before the child that starts with it (longer first).
+    bounds = pl.concat([
+        spans.select(*THREAD, "_op", t=pl.col("ts_us"), delta=pl.lit(1, pl.Int64), order=-pl.col("dur_us")),
+        spans.select(*THREAD, "_op", t=pl.col("end_us"), delta=pl.lit(-1, pl.Int64), order=pl.lit(-1e300)),
+    ]).sort(*THREAD, "t", "order").with_columns(depth=pl.col("delta").cum_sum().over(THREAD))
+    segments = bounds.with_columns(seg_us=(pl.col("t").shift(-1).over(THREAD) - pl.col("t"))).filter(
+        (pl.col("depth") > 0) & (pl.col("seg_us") > 0)
+    )
+    opens = bounds.filter(pl.col("delta") == 1).select(*THREAD, "depth", "t", owner="_op").sort("t")
+    owned = segments.select(*THREAD, "depth", "t", "seg_us").sort("t").join_asof(
+        opens, on="t", by=[*THREAD, "depth"], strategy="backward", check_sortedness=False
+    )
+    self_us = owned.group_by("owner").agg(self_us=pl.col("seg_us").sum()).rename({"owner": "_op"})
+    return spans.join(self_us, on="_op", how="left").with_columns(pl.col("self_us").fill_null(0.0)).drop("_op", "end_us")
+
+
+def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
+    """Per rank, the `n` CPU operators (aten ops, runtime calls, enqueues) with the most self time."""
+    return (
+        self_times(events)
+        .filter(pl.col("kind").is_in(CPU_OP_KINDS))
+        .group_by(*KEYS, "name")
+        .agg(count=pl.len(), self_us=pl.col("self_us").sum(), total_us=pl.col("dur_us").sum())
+        .sort(*KEYS, "self_us", descending=[False, False, True])
+        .group_by(KEYS, maintain_order=True)
+        .head(n)
+        .with_columns(pl.col("name").cast(pl.String))
+    )
+
+
+def top_kernels(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
+    """Per rank, the `n` GPU kernels / copies with the most total time (a kernel's self time is its
+    duration: nothing nests inside a kernel)."""
+    return (
+        events.filter((pl.col("device") == "gpu") & (pl.col("kind") != "annotation"))
+        .group_by(*KEYS, "name", "kind")
+        .agg(count=pl.len(), total_us=pl.col("dur_us").sum(), mean_us=pl.col("dur_us").mean())
+        .sort(*KEYS, "total_us", descending=[False, False, True])
+        .group_by(KEYS, maintain_order=True)
+        .head(n)
+        .with_columns(pl.col("name").cast(pl.String), pl.col("kind").cast(pl.String))
+    )

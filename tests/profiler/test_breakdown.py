@@ -1,0 +1,107 @@
+"""Temporal breakdown and overlap: tiny hand-computed frames, then HTA itself on a real trace."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from profiler import comm_compute_overlap, load_traces, temporal_breakdown
+from tests.profiler.conftest import GPU_NCCL, kernel, launch, make_events, step
+
+
+def test_gpu_breakdown_by_hand():
+    # One step [0, 100). GPU: compute [10, 30) and [25, 40) -> union 30; comm [35, 60) -> 25,
+    # of which [35, 40) under compute; memcpy [70, 80); window = 10..80 = 70.
+    ev = make_events([
+        step(1, 0, 100),
+        launch(1, 1), launch(2, 2), launch(3, 3), launch(4, 4),
+        kernel("gemm", "compute", 10, 20, 1),
+        kernel("gemm2", "compute", 25, 15, 2, stream=8),
+        kernel("ncclKernel_AllReduce", "comm", 35, 25, 3, stream=9),
+        kernel("Memcpy HtoD", "memory", 70, 10, 4),
+    ])
+    row = temporal_breakdown(ev).row(0, named=True)
+    assert row["window_us"] == 70
+    assert row["compute_us"] == 30
+    assert row["non_compute_us"] == 20 + 10  # comm not under compute + memcpy
+    assert row["idle_us"] == 70 - 30 - 30
+    assert (row["comm_us"], row["overlap_us"], row["exposed_comm_us"]) == (25, 5, 20)
+    assert row["overlap_pct"] == pytest.approx(20.0)
+
+
+def test_gpu_kernels_launched_outside_steps_are_left_out():
+    ev = make_events([step(1, 0, 10), launch(1, 1), launch(50, 2),
+                      kernel("a", "compute", 2, 4, 1), kernel("b", "compute", 60, 100, 2)])
+    assert temporal_breakdown(ev)["window_us"].item() == 4
+
+
+def test_cpu_breakdown_by_hand():
+    # Step [0, 100). Main thread ops [0, 40) and [60, 90), the enqueue [20, 25) inside the first:
+    # compute = 40 - 5 + 30 = 65. gloo span on its own thread [22, 70): overlap with compute is
+    # [25, 40) + [60, 70) = 25, comm 48, exposed 23. idle = 100 - (65 + 23) = 12.
+    ev = make_events([
+        step(1, 0, 100),
+        dict(name="aten::mm", kind="op", ts_us=0, dur_us=40),
+        dict(name="c10d::allreduce_", kind="enqueue", ts_us=20, dur_us=5),
+        dict(name="aten::add", kind="op", ts_us=60, dur_us=30),
+        dict(name="gloo:all_reduce", kind="comm", cat="user_annotation", tid=2, ts_us=22, dur_us=48),
+    ])
+    row = temporal_breakdown(ev).row(0, named=True)
+    assert row["device"] == "cpu"
+    assert (row["window_us"], row["compute_us"], row["comm_us"]) == (100, 65, 48)
+    assert (row["overlap_us"], row["exposed_comm_us"], row["non_compute_us"], row["idle_us"]) == (25, 23, 23, 12)
+
+
+def test_cpu_gloo_spans_on_the_main_thread_leave_its_compute():
+    # Pipelines: gloo records send/recv on the main thread (tid 1, the one with ProfilerStep), while
+    # collectives run on worker threads (tid 2) whose operators are part of the collective.
+    # compute = [0, 40) + [50, 80) = 70; comm = [42, 70) + [85, 95) = 38, overlap [50, 70) = 20,
+    # exposed 18; idle = 100 - 70 - 18 = 12.
+    ev = make_events([
+        step(1, 0, 100),
+        dict(name="aten::mm", kind="op", ts_us=0, dur_us=40),
+        dict(name="c10d::send", kind="enqueue", ts_us=40, dur_us=2),
+        dict(name="gloo:send", kind="comm", cat="user_annotation", ts_us=42, dur_us=28),
+        dict(name="aten::mm", kind="op", ts_us=50, dur_us=30),
+        dict(name="gloo:all_reduce", kind="comm", cat="user_annotation", tid=2, ts_us=85, dur_us=10),
+        dict(name="aten::add", kind="op", tid=2, ts_us=86, dur_us=4),
+    ])
+    row = temporal_breakdown(ev).row(0, named=True)
+    assert (row["compute_us"], row["comm_us"], row["overlap_us"], row["exposed_comm_us"]) == (70, 38, 20, 18)
+    assert (row["non_compute_us"], row["idle_us"], row["window_us"]) == (18, 12, 100)
+
+
+def test_per_step_rows_split_at_step_boundaries():
+    ev = make_events([
+        step(1, 0, 50), step(2, 50, 50),
+        dict(name="gloo:all_reduce", kind="comm", tid=2, ts_us=40, dur_us=20),  # straddles the boundary
+        dict(name="aten::mm", kind="op", ts_us=0, dur_us=100),
+    ])
+    per_step = temporal_breakdown(ev, per_step=True).sort("step")
+    assert per_step["comm_us"].to_list() == [10, 10]
+    assert per_step["overlap_us"].to_list() == [10, 10]
+
+
+def test_no_profiler_step_is_one_window():
+    ev = make_events([dict(name="aten::mm", kind="op", ts_us=5, dur_us=10), dict(name="aten::add", kind="op", ts_us=30, dur_us=5)])
+    row = temporal_breakdown(ev).row(0, named=True)
+    assert row["has_profiler_steps"] is False
+    assert (row["window_us"], row["compute_us"], row["idle_us"]) == (30, 15, 15)
+
+
+def test_overlap_is_the_breakdowns_overlap():
+    ev = make_events([step(1, 0, 100), dict(name="aten::mm", kind="op", ts_us=0, dur_us=50),
+                      dict(name="gloo:all_reduce", kind="comm", tid=2, ts_us=25, dur_us=50)])
+    row = comm_compute_overlap(ev).row(0, named=True)
+    assert (row["comm_us"], row["overlap_us"], row["overlap_pct"]) == (50, 25, 50.0)
+
+
+def test_matches_hta_on_gpu_nccl_2_of_128(hta_gpu_nccl):
+    ours = temporal_breakdown(load_traces(GPU_NCCL).events).sort("rank")
+    joined = ours.join(hta_gpu_nccl, on="rank", suffix="_hta")
+    assert joined.height == 2
+    for row in joined.iter_rows(named=True):
+        window = row["window_us_hta"]
+        for c in ("compute_us", "non_compute_us", "idle_us"):
+            assert abs(row[c] - row[f"{c}_hta"]) <= 0.005 * window, (row["rank"], c, row[c], row[f"{c}_hta"])
+        assert abs(row["overlap_pct"] - row["overlap_pct_hta"]) <= 0.5, (row["rank"], row["overlap_pct"], row["overlap_pct_hta"])

@@ -1,0 +1,73 @@
+"""`python -m profiler analyze`: tables, the JSON report, and one clear line (exit 2) per bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO, SHARED_TRACES
+from tests.profiler.conftest import GPU_NCCL
+
+
+def analyze(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "profiler", "analyze", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_help():
+    res = analyze("--help")
+    assert res.returncode == 0 and "--json" in res.stdout and "--hta" in res.stdout
+
+
+def test_json_report_on_gpu_trace(tmp_path):
+    out = tmp_path / "report.json"
+    res = analyze(GPU_NCCL, "--json", out)
+    assert res.returncode == 0, res.stderr
+    assert "Temporal breakdown" in res.stdout
+    report = json.loads(out.read_text())
+    assert report["schema"] == "ptprof.report/1"
+    (run,) = report["runs"]
+    assert [r["rank"] for r in run["ranks"]] == [0, 1]
+    for r in run["ranks"]:
+        for key in ("window_us", "compute_us", "non_compute_us", "idle_us", "comm_us", "overlap_us",
+                    "exposed_comm_us", "overlap_pct"):
+            assert isinstance(r[key], float), key
+    assert isinstance(run["collectives"], list) and run["collectives"]
+    assert run["pipeline"] is None
+    assert "peaks" in run["memory"]
+
+
+def test_two_runs_side_by_side(tmp_path):
+    out = tmp_path / "r.json"
+    res = analyze(GPU_NCCL, SHARED_TRACES / "single" / "nccl_args_rank0_of_2.json.gz", "--json", out, "--quiet")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(out.read_text())
+    assert len(report["runs"]) == 2 and report["comparison"]
+
+
+def test_bad_inputs_exit_2_without_traceback(tmp_path):
+    empty = tmp_path / "rank0.json"
+    empty.write_text("")
+    nothing = tmp_path / "nothing"
+    nothing.mkdir()
+    cases = [
+        (empty, "empty file"),
+        (nothing, "no trace files"),
+        (SHARED_TRACES / "single" / "no_distributed_info.json.gz", "--trace-rank"),
+        (SHARED_TRACES / "single" / "export_memory_timeline.raw.gz", "not a Kineto"),
+    ]
+    for path, fragment in cases:
+        res = analyze(path)
+        assert res.returncode == 2, (path, res.stdout, res.stderr)
+        assert fragment in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_gpu_analyses_on_a_cpu_trace_fail_clearly():
+    res = analyze(SHARED_TRACES / "single" / "cpu_gloo_rank34_of_300.json.gz", "--gpu")
+    assert res.returncode == 2 and "no GPU events" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_hta_beside_ours():
+    res = analyze(GPU_NCCL, "--hta", "--quiet", "--json", "/dev/null")
+    assert res.returncode == 0, res.stderr

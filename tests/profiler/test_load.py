@@ -1,0 +1,162 @@
+"""The loader on every real trace we have, on bad input, and its cache."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+
+import orjson
+import polars as pl
+import pytest
+
+from profiler import SCHEMA, TraceError, load_traces
+from profiler.load import cache_dir, parse_trace_file
+from tests.conftest import SHARED_TRACES
+from tests.profiler.conftest import GPU_NCCL
+
+SINGLE = SHARED_TRACES / "single"
+# file -> (rank, has_gpu) for those that load; a message fragment for those that must not.
+LOADS = {
+    "a100_cudagraphs_rank0_of_16.json.gz": (0, True),
+    "a100_rank3_of_8.json.gz": (3, True),
+    "cpu_gloo_rank34_of_300.json.gz": (34, False),
+    "nccl_args_rank0_of_2.json.gz": (0, True),
+    "v100_nccl_memory_rank1.json.gz": (1, True),
+    "v100_rank1_of_2.json.gz": (1, True),
+}
+FAILS = {
+    "no_distributed_info.json.gz": "--trace-rank",
+    "mi250_rocm_single.json.gz": "--trace-rank",
+    "export_memory_timeline.raw.gz": "not a Kineto/Chrome trace",
+}
+
+
+def test_every_shared_trace_is_listed():
+    assert {p.name for p in SINGLE.iterdir()} == set(LOADS) | set(FAILS)
+
+
+@pytest.mark.parametrize("name", sorted(LOADS))
+def test_shared_trace_loads(name):
+    traces = load_traces(SINGLE / name)
+    rank, has_gpu = LOADS[name]
+    assert traces.ranks["rank"].to_list() == [rank]
+    assert traces.ranks["has_gpu"].to_list() == [has_gpu]
+    assert traces.events.schema == pl.Schema(SCHEMA)
+    assert traces.events.height > 0
+    assert traces.events.filter(pl.col("dur_us") < 0).is_empty()
+
+
+@pytest.mark.parametrize("name", sorted(FAILS))
+def test_shared_trace_fails_clearly(name):
+    with pytest.raises(TraceError) as err:
+        load_traces(SINGLE / name)
+    assert name in str(err.value) and FAILS[name] in str(err.value)
+
+
+def test_missing_rank_can_be_supplied():
+    traces = load_traces(SINGLE / "mi250_rocm_single.json.gz", default_rank=5)
+    assert traces.ranks["rank"].to_list() == [5]
+    kinds = set(traces.events.filter(pl.col("device") == "gpu")["kind"].cast(pl.String))
+    assert {"compute", "memory"} <= kinds  # ROCm kernels classified like CUDA ones
+
+
+def test_normalized_columns_on_a_gpu_trace():
+    ev = load_traces(GPU_NCCL).events
+    assert ev["run"].unique().to_list() == ["gpu_nccl_2_of_128"]
+    assert sorted(ev["rank"].unique()) == [0, 1]
+    gpu = ev.filter(pl.col("device") == "gpu")
+    assert gpu["stream"].null_count() == 0 and gpu["correlation"].null_count() == 0
+    assert (ev["end_us"] == ev["ts_us"] + ev["dur_us"]).all()
+    # Kineto's "Spans"/"Traces" pseudo-processes (string pids) are not events
+    assert ev["pid"].null_count() == 0
+
+
+def test_nccl_args_are_flattened():
+    ev = load_traces(SINGLE / "nccl_args_rank0_of_2.json.gz").events
+    k = ev.filter((pl.col("device") == "gpu") & (pl.col("kind") == "comm"))
+    assert k["collective"].cast(pl.String).unique().sort().to_list() == ["allreduce", "broadcast"]
+    assert k["in_nelems"].null_count() == 0 and set(k["group_ranks"].cast(pl.String)) == {"[0, 1]"}
+
+
+def test_memory_events_are_flattened():
+    ev = load_traces(SINGLE / "v100_nccl_memory_rank1.json.gz").events
+    mem = ev.filter(pl.col("kind") == "memory_event")
+    assert mem.height == 28010
+    assert mem["mem_bytes"].null_count() == 0 and mem["mem_total_allocated_bytes"].null_count() == 0
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"", "empty file"),
+    (gzip.compress(b'{"traceEvents": [{"ph": "X"}]}')[:-10], "truncated or corrupt gzip"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1', "not valid JSON"),
+    (b'{"hello": 1}', "not a Kineto/Chrome trace"),
+    (b"[1, 2, 3]", "not a Kineto/Chrome trace"),
+])
+def test_bad_files(tmp_path, content, fragment):
+    f = _write(tmp_path / "rank0.json", content)
+    with pytest.raises(TraceError) as err:
+        load_traces(f)
+    assert str(f) in str(err.value) and fragment in str(err.value)
+
+
+def test_folder_without_traces(tmp_path):
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(TraceError, match="no trace files"):
+        load_traces(tmp_path)
+
+
+def test_duplicate_ranks_are_named(tmp_path):
+    for name in ("a.json.gz", "b.json.gz"):
+        shutil.copy(GPU_NCCL / "rank0.json.gz", tmp_path / name)
+    traces = load_traces(tmp_path)
+    assert traces.ranks.height == 1
+    assert len(traces.problems) == 1 and "duplicate rank 0" in str(traces.problems[0])
+
+
+def test_partial_load_names_the_bad_rank(tmp_path):
+    shutil.copy(GPU_NCCL / "rank0.json.gz", tmp_path / "rank0.json.gz")
+    _write(tmp_path / "rank1.json.gz", b"")
+    traces = load_traces(tmp_path)
+    assert traces.ranks["rank"].to_list() == [0]
+    assert "rank1.json.gz: empty file" in str(traces.problems[0])
+
+
+def test_rank_from_filename_and_chrome_array_form(tmp_path):
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5},
+              {"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 12, "s": "t"},
+              {"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 10, "cat": "fwdbwd", "name": "fwdbwd"},
+              {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler", "ts": 0, "dur": 9}]
+    f = _write(tmp_path / "rank7_trace.json", orjson.dumps(events))
+    traces = load_traces(f)
+    assert traces.ranks["rank"].to_list() == [7]
+    assert traces.events["name"].cast(pl.String).to_list() == ["aten::mm", "mark"]
+    assert traces.events.filter(pl.col("name") == "mark")["dur_us"].item() == 0.0
+
+
+def test_second_load_reads_the_cache():
+    f = GPU_NCCL / "rank1.json.gz"
+    first = load_traces(f)
+    assert any(cache_dir().glob("*.parquet"))
+    second = load_traces(f)
+    assert second.events.equals(first.events)
+
+
+def test_several_files_in_parallel_match_one_by_one():
+    both = load_traces(GPU_NCCL, cache=False, workers=2, progress=False)
+    one = pl.concat([load_traces(GPU_NCCL / f"rank{r}.json.gz", cache=False).events for r in (0, 1)])
+    assert both.events.sort("rank", "ts_us", "name").equals(one.sort("rank", "ts_us", "name"))
+
+
+def test_parse_keeps_thread_names():
+    frame, meta = parse_trace_file(SINGLE / "cpu_gloo_rank34_of_300.json.gz")
+    assert meta["distributed_info"]["rank"] == 34
+    assert frame["thread"].cast(pl.String).str.contains("pt_main_thread").all()
+    assert set(frame.filter(pl.col("kind") == "comm")["name"].cast(pl.String)) == {"gloo:all_reduce"}

@@ -1,0 +1,51 @@
+"""Steps: ProfilerStep windows, which step an event is in, and step time statistics."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from profiler import NO_STEP, assign_steps, profiler_steps, step_time_stats
+from tests.profiler.conftest import kernel, launch, make_events, step
+
+
+def test_profiler_step_windows_per_rank():
+    ev = pl.concat([
+        make_events([step(3, 0, 40), step(4, 40, 60), dict(name="aten::mm", kind="op", ts_us=5, dur_us=10)], rank=0),
+        make_events([step(3, 2, 50)], rank=1),
+    ])
+    s = profiler_steps(ev)
+    assert s.select("rank", "step", "start_us", "end_us", "dur_us").rows() == [
+        (0, 3, 0.0, 40.0, 40.0), (0, 4, 40.0, 100.0, 60.0), (1, 3, 2.0, 52.0, 50.0)]
+    assert s["has_profiler_steps"].all()
+
+
+def test_no_profiler_steps_is_one_window_without_memory_events():
+    ev = make_events([
+        dict(name="aten::mm", kind="op", ts_us=10, dur_us=5),
+        dict(name="aten::add", kind="op", ts_us=30, dur_us=10),
+        dict(name="[memory]", kind="memory_event", ph="i", ts_us=90, dur_us=0),  # not activity
+    ])
+    s = profiler_steps(ev)
+    assert s.select("step", "start_us", "end_us", "has_profiler_steps").rows() == [(NO_STEP, 10.0, 40.0, False)]
+
+
+def test_cpu_events_by_start_gpu_activity_by_its_launch():
+    ev = make_events([
+        step(1, 0, 50), step(2, 50, 50),
+        dict(name="aten::mm", kind="op", ts_us=45, dur_us=20),  # starts in step 1, ends in step 2
+        launch(48, 7),
+        kernel("gemm", "compute", 60, 10, 7),  # runs during step 2, launched in step 1
+        kernel("orphan", "compute", 70, 5, 99),  # no launch record: by its own start
+        dict(name="aten::add", kind="op", ts_us=150, dur_us=1),  # after every step
+    ])
+    got = dict(assign_steps(ev).select(pl.col("name").cast(pl.String), "step").iter_rows())
+    assert got == {"ProfilerStep#1": 1, "ProfilerStep#2": 2, "aten::mm": 1, "cudaLaunchKernel": 1, "gemm": 1,
+                   "orphan": 2, "aten::add": None}
+
+
+def test_step_time_stats():
+    ev = make_events([step(1, 0, 10), step(2, 10, 20), step(3, 30, 60)])
+    row = step_time_stats(profiler_steps(ev)).row(0, named=True)
+    assert (row["n_steps"], row["mean_us"], row["median_us"], row["min_us"], row["max_us"]) == (3, 30, 20, 10, 60)
+    assert row["std_us"] == pytest.approx(26.457513, rel=1e-6)  # sample std of 10, 20, 60

@@ -1,0 +1,50 @@
+"""Top operators by self time (nesting without a call tree) and top kernels by total time."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from profiler import self_times, top_kernels, top_operators
+from tests.profiler.conftest import kernel, make_events, step
+
+
+def op(name: str, ts: float, dur: float, **kw) -> dict:
+    return dict(name=name, kind="op", ts_us=ts, dur_us=dur, **kw)
+
+
+# thread 1: linear [0,100) > mm [10,30) > copy [12,20); add [50,60) inside linear; mm [100,110) after
+# it (sharing the instant 100). thread 2: mm [0,40), overlapping thread 1 in time only.
+EVENTS = make_events([
+    step(1, 0, 200),
+    op("aten::linear", 0, 100), op("aten::mm", 10, 20), op("aten::copy_", 12, 8), op("aten::add", 50, 10),
+    op("aten::mm", 100, 10),
+    op("aten::mm", 0, 40, tid=2),
+    kernel("gemm", "compute", 5, 30, 1), kernel("gemm", "compute", 50, 10, 2), kernel("ncclKernel_AllReduce", "comm", 40, 25, 3),
+    dict(name="gpu annotation", kind="annotation", device="gpu", cat="gpu_user_annotation", ts_us=0, dur_us=500),
+])
+
+
+def test_self_time_subtracts_direct_children_only():
+    st = self_times(EVENTS).filter(pl.col("kind") == "op").sort("tid", "ts_us")
+    got = [(r["tid"], r["name"], r["ts_us"], r["self_us"]) for r in st.iter_rows(named=True)]
+    assert got == [
+        (1, "aten::linear", 0.0, 100 - 20 - 10),
+        (1, "aten::mm", 10.0, 20 - 8),
+        (1, "aten::copy_", 12.0, 8),
+        (1, "aten::add", 50.0, 10),
+        (1, "aten::mm", 100.0, 10),
+        (2, "aten::mm", 0.0, 40),
+    ]
+    # the step annotation is a span too: everything outside its operators is its own
+    assert self_times(EVENTS).filter(pl.col("kind") == "annotation")["self_us"].to_list() == [200 - 100 - 10]
+
+
+def test_top_operators_sum_per_name_and_keep_n():
+    top = top_operators(EVENTS, n=2)
+    assert top.select("name", "count", "self_us", "total_us").rows() == [("aten::mm", 3, 12 + 10 + 40, 70), ("aten::linear", 1, 70, 100)]
+
+
+def test_top_kernels_by_total_time_without_annotations():
+    top = top_kernels(EVENTS)
+    assert top.select("name", "kind", "count", "total_us", "mean_us").rows() == [
+        ("gemm", "compute", 2, 40.0, 20.0), ("ncclKernel_AllReduce", "comm", 1, 25.0, 25.0)]
