@@ -1,0 +1,128 @@
+"""One real-browser smoke test: `python -m viewer view` on the samples, driven by headless Chromium.
+
+Ticks two runs on the Runs page, follows Compare, and checks that the timeline, breakdown and
+memory graphs were drawn with data. Then zooms the timeline and checks the server re-binned it.
+Saves test-artifacts/viewer-compare.png (and -zoomed.png). Needs Debian's
+`chromium` and `chromium-driver` (installed by .ci/run); skipped where they are absent, except on
+CI (CI set in the environment), where a missing browser is a failure rather than a silent skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import REPO
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+ARTIFACTS = REPO / "test-artifacts"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER) and not os.environ.get("CI"), reason="needs chromium and chromedriver (apt-get install chromium chromium-driver)"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def server(traces_root, tmp_path):
+    """(url, log file) of `python -m viewer view` on the samples."""
+    port = _free_port()
+    log = tmp_path / "viewer.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "viewer", "view", "--traces", str(traces_root), "--port", str(port)],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(url, timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"viewer exited: {log.read_text()}")
+                time.sleep(0.1)
+        yield url, log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture()
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1500,2400"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    yield driver
+    driver.quit()
+
+
+def _bars(driver, graph_id: str) -> int:
+    """Drawn bar/line paths with a non-empty shape inside one dcc.Graph."""
+    return driver.execute_script(
+        "const g = document.getElementById(arguments[0]); if (!g) return 0;"
+        "return [...g.querySelectorAll('g.trace path')].filter(p => (p.getAttribute('d') || '').length > 5).length;",
+        graph_id,
+    )
+
+
+def test_compare_two_runs_in_a_browser(server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from viewer import ids
+
+    url, log = server
+    wait = WebDriverWait(browser, 40)
+    browser.get(url + "/")
+    for run in ("sample-ddp-2r", "sample-fsdp-2r"):
+        row = wait.until(EC.presence_of_element_located((By.XPATH, f"//tr[td[@data-dash-column='run'][.//*[text()='{run}'] or text()='{run}']]")))
+        row.find_element(By.CSS_SELECTOR, "input[type=checkbox]").click()
+    link = wait.until(lambda d: d.find_element(By.ID, ids.RUNS_COMPARE_LINK) if "disabled" not in
+                      d.find_element(By.ID, ids.RUNS_COMPARE_LINK).get_attribute("class") else None)
+    link.click()
+    wait.until(EC.url_contains("/compare?runs="))
+    for graph in (ids.COMPARE_TIMELINE, ids.COMPARE_BREAKDOWN, ids.COMPARE_MEMORY):
+        wait.until(lambda d, g=graph: _bars(d, g) > 0, message=f"{graph} drew nothing")
+    assert _bars(browser, ids.COMPARE_TIMELINE) > 20  # lanes of both runs, not one stray bar
+    titles = browser.execute_script(
+        f"return [...document.querySelectorAll('#{ids.COMPARE_TIMELINE} .gtitle, #{ids.COMPARE_TIMELINE} .annotation-text')].map(e => e.textContent)")
+    assert {"sample-ddp-2r", "sample-fsdp-2r"} <= set(titles)
+    assert not browser.find_elements(By.CSS_SELECTOR, ".error")
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "viewer-compare.png"))
+
+    # Zoom to 1 ms: the server re-bins that range and, with few events in it, sends them by name.
+    browser.execute_script(
+        "const gd = document.querySelector(arguments[0]); Plotly.relayout(gd, {'xaxis.range[0]': 2, 'xaxis.range[1]': 3});",
+        f"#{ids.COMPARE_TIMELINE} .js-plotly-plot",
+    )
+    hover = (f"const gd = document.querySelector('#{ids.COMPARE_TIMELINE} .js-plotly-plot');"
+             "return gd.data.flatMap(t => t.hovertext || []).filter(h => h.startsWith('aten::')).length;")
+    wait.until(lambda d: d.execute_script(hover) > 0, message="zooming in did not bring operator names")
+    x_range = browser.execute_script(f"return document.querySelector('#{ids.COMPARE_TIMELINE} .js-plotly-plot').layout.xaxis.range")
+    assert [round(v, 3) for v in x_range] == [2, 3]
+    time.sleep(1)
+    calls = log.read_text().count("_dash-update-component")
+    time.sleep(2)
+    assert log.read_text().count("_dash-update-component") == calls, "the timeline keeps re-rendering itself"
+    browser.save_screenshot(str(ARTIFACTS / "viewer-compare-zoomed.png"))

@@ -1,0 +1,207 @@
+"""The data module and the pages' callbacks as plain functions: path safety, uploads, bad runs,
+the cache, and what each callback returns for the sample runs."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+
+import pytest
+
+from tests.viewer.conftest import BROKEN
+from viewer import data
+from viewer.__main__ import main, parse_args
+from viewer.data import PathRefused, RunStore, resolve_under
+
+TRAVERSALS = ["../", "..", "../../etc/passwd", "sample-ddp-2r/../../", "/etc/passwd", "/", "~/.ssh", "a/../../b", "\x00", ""]
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths
+
+
+@pytest.mark.parametrize("path", TRAVERSALS)
+def test_paths_outside_the_root_are_refused(traces_root, path):
+    if path == "~/.ssh":  # not expanded: a folder literally named "~" under the root, which does not exist
+        assert resolve_under(traces_root, path).is_relative_to(traces_root)
+        return
+    with pytest.raises(PathRefused):
+        resolve_under(traces_root, path)
+
+
+def test_paths_inside_the_root_are_accepted(traces_root):
+    assert resolve_under(traces_root, "sample-ddp-2r") == traces_root / "sample-ddp-2r"
+    assert resolve_under(traces_root, str(traces_root / "sample-ddp-2r")) == traces_root / "sample-ddp-2r"
+    assert resolve_under(traces_root, "sample-ddp-2r/../sample-fsdp-2r") == traces_root / "sample-fsdp-2r"
+
+
+def test_symlinks_out_of_the_root_are_refused(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "secret").mkdir()
+    (root / "link").symlink_to(tmp_path / "secret")
+    with pytest.raises(PathRefused, match="outside"):
+        resolve_under(root, "link")
+
+
+@pytest.mark.parametrize("path", ["../", "/etc", "sample-ddp-2r/../..", "/"])
+def test_callbacks_refuse_traversal(store, pages, path):
+    assert "Refused" in str(pages.open.open_folder(store, path))
+    (run,) = store.get_many([path])
+    assert not run.ok and ("outside" in run.error or "empty" in run.error)
+    assert "error" in str(pages.compare.status_children(store, [path]))
+
+
+def test_traversal_refused_over_http(app, traces_root):
+    """The open-path callback, called the way the browser calls it."""
+    from viewer import ids
+
+    client = app.server.test_client()
+    client.get("/")  # first request: dash registers the callbacks
+    body = {
+        "output": f"{ids.OPEN_RESULT}.children@" + "a" * 32,  # allow_duplicate outputs carry a hash suffix
+        "outputs": {"id": ids.OPEN_RESULT, "property": "children@" + "a" * 32},
+        "inputs": [{"id": ids.OPEN_BUTTON, "property": "n_clicks", "value": 1},
+                   {"id": ids.OPEN_PATH, "property": "value", "value": "../../../etc"}],
+        "changedPropIds": [f"{ids.OPEN_BUTTON}.n_clicks"], "state": [],
+    }
+    deps = client.get("/_dash-dependencies").get_json()
+    (dep,) = [d for d in deps if d["output"].startswith(f"{ids.OPEN_RESULT}.children@")]
+    body["output"] = dep["output"]
+    body["outputs"]["property"] = dep["output"].split(".", 1)[1]
+    res = client.post("/_dash-update-component", json=body)
+    assert res.status_code == 200
+    assert "Refused" in res.get_data(as_text=True) and "outside the traces root" in res.get_data(as_text=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs, bad data, cache
+
+
+def test_runs_table_lists_every_run_and_shows_errors_in_place(store, pages):
+    rows = {r["run"]: r for r in pages.runs.runs_table_rows(store)}
+    assert set(rows) == {"sample-ddp-2r", "sample-fsdp-2r", "sample-1f1b-2r", "sample-zbv-2r", "foreign-trace", BROKEN}
+    assert rows[BROKEN]["status"] != "ok" and "gzip" in rows[BROKEN]["status"]
+    assert rows["foreign-trace"]["status"] == "ok" and rows["foreign-trace"]["paradigm"] == "(foreign traces)"
+    ddp = rows["sample-ddp-2r"]
+    assert (ddp["paradigm"], ddp["ranks"], ddp["mesh"], ddp["steps"], ddp["status"]) == ("ddp", 2, "dp=2", 2, "ok")
+    assert ddp["step_ms"] > 0 and 0 <= ddp["exposed_comm_pct"] <= 100 and ddp["peak_mib"] > 0
+    assert rows["sample-1f1b-2r"]["mesh"] == "pp=2"
+    json.dumps(list(rows.values()))
+
+
+def test_a_broken_run_does_not_stop_the_others(store, pages):
+    figs = pages.compare.timeline_figure(store, [BROKEN, "sample-ddp-2r"])
+    assert figs.data and {t.xaxis for t in figs.data} == {"x"}  # the good run drawn
+    status = str(pages.compare.status_children(store, [BROKEN, "sample-ddp-2r"]))
+    assert "gzip" in status and "ddp, 2 ranks" in status
+
+
+def test_runs_are_cached_until_their_files_change(tmp_path, traces_root):
+    import shutil
+
+    shutil.copytree(traces_root / "sample-ddp-2r", tmp_path / "run")
+    store = RunStore(tmp_path)
+    first = store.get("run")
+    assert store.get("run") is first
+    trace = tmp_path / "run" / "rank1.json.gz"
+    os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 10**9))
+    assert store.get("run") is not first and store.get("run").ok
+
+
+# ---------------------------------------------------------------------------------------------
+# Uploads
+
+
+def _data_url(blob: bytes) -> str:
+    return "data:application/gzip;base64," + base64.b64encode(blob).decode()
+
+
+def test_upload_makes_a_run(tmp_path, traces_root, pages):
+    store = RunStore(tmp_path)
+    blob = (traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes()
+    out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank0.json.gz"]))
+    assert "1 rank(s) loaded" in out
+    (run_id,) = store.run_ids()
+    assert run_id.startswith(data.UPLOAD_PREFIX) and store.get(run_id).ok
+
+
+@pytest.mark.parametrize("name", ["../rank0.json.gz", "/tmp/rank0.json", "rank0.txt", ".hidden.json", "a/b.json", "..json.gz"])
+def test_upload_names_are_checked(tmp_path, pages, name):
+    store = RunStore(tmp_path)
+    out = str(pages.open.open_upload(store, [_data_url(b"{}")], [name]))
+    assert "Upload refused" in out and not list(tmp_path.iterdir())
+
+
+def test_upload_limits(tmp_path, pages, monkeypatch):
+    store = RunStore(tmp_path)
+    monkeypatch.setattr(data, "MAX_UPLOAD_BYTES", 1000)
+    assert "over the" in str(pages.open.open_upload(store, [_data_url(b"x" * 1001)], ["rank0.json"]))
+    monkeypatch.setattr(data, "MAX_UPLOAD_BYTES", 10**6)
+    monkeypatch.setattr(data, "MAX_UNPACKED_BYTES", 10**6)
+    bomb = gzip.compress(b"\0" * (5 * 10**6))  # 5 MB of zeros in a few KB
+    assert len(bomb) < 10**5
+    assert "unpacks to more than" in str(pages.open.open_upload(store, [_data_url(bomb)], ["rank0.json.gz"]))
+    assert "malformed" in str(pages.open.open_upload(store, ["data:x;base64,!!!"], ["rank0.json"]))
+    assert "malformed" in str(pages.open.open_upload(store, ["not a data url"], ["rank0.json"]))
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_uploaded_non_trace_shows_its_error(tmp_path, pages):
+    store = RunStore(tmp_path)
+    out = str(pages.open.open_upload(store, [_data_url(b'{"hello": 1}')], ["rank0.json"]))
+    assert "could not load" in out and "not a Kineto/Chrome trace" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Callbacks as functions
+
+
+def test_compare_link(pages):
+    assert pages.runs.compare_link(["a"])[1] == "button disabled"
+    assert pages.runs.compare_link(["a", "b/c"]) == ("/compare?runs=a,b/c", "button", "2 runs: a, b/c")
+    assert "at most 4" in pages.runs.compare_link(list("abcde"))[2]
+
+
+def test_parse_runs_and_visible_range(pages):
+    c = pages.compare
+    assert c.parse_runs(" a, b,a,,c,d,e") == ["a", "b", "c", "d"]
+    assert c.visible_range({"xaxis.range[0]": 1, "xaxis.range[1]": 2.5}) == (1.0, 2.5)
+    assert c.visible_range({"xaxis2.range": [3, 4]}) == (3.0, 4.0)
+    assert c.visible_range({"xaxis.autorange": True}) is None
+    assert c.visible_range({"autosize": True}) is None
+
+
+def test_compare_callbacks_on_the_samples(store, pages):
+    runs = ["sample-ddp-2r", "sample-fsdp-2r", "sample-1f1b-2r", "sample-zbv-2r"]
+    full = pages.compare.timeline_figure(store, runs)
+    assert {t.xaxis for t in full.data} == {"x", "x2", "x3", "x4"}
+    lanes = {y for t in full.data if t.xaxis == "x" for y in t.y}
+    assert lanes == {"r0 main", "r0 comm", "r1 main", "r1 comm"}
+    zoomed = pages.compare.timeline_figure(store, runs, {"xaxis.range[0]": 1.0, "xaxis.range[1]": 1.5})
+    assert list(zoomed.layout.xaxis.range) == [1.0, 1.5]
+    assert all(1.0 - 1e-9 <= b <= 1.5 for t in zoomed.data for b in t.base)
+    assert any("aten::" in h for t in zoomed.data for h in t.hovertext)  # zoomed in: operator names
+
+
+def test_pipeline_frames_carry_the_ideal_order(store):
+    actions, ideal, summary = data.pipeline_frames(store.get_many(["sample-zbv-2r", "sample-ddp-2r"]))
+    # zbv, 2 ranks x 2 stages x 4 microbatches: F, I, W per stage and microbatch = 24 slots per rank.
+    assert ideal.group_by("rank").len().sort("rank")["len"].to_list() == [24, 24]
+    assert set(summary["run"]) == {"sample-zbv-2r"} and summary["theory_pct"][0] > 0
+
+
+def test_cli_args():
+    args = parse_args(["view"])
+    assert (args.traces, args.host, args.port) == ("traces", "127.0.0.1", 8050)
+    assert parse_args(["--port", "9000", "--traces", "x"]).port == 9000
+    assert main(["view", "--traces", "/no/such/folder"]) == 2
+
+
+def test_ptprof_view_hands_over_to_the_viewer():
+    from tests.conftest import ptprof
+
+    res = ptprof("view", "--help", timeout=60)
+    assert res.returncode == 0 and "--traces DIR" in res.stdout and "127.0.0.1" in res.stdout

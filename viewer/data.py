@@ -1,0 +1,382 @@
+"""The viewer's one door to the profiler: find runs under the traces root, load and analyze each
+run once, and turn what users type or upload into paths that cannot leave the root.
+
+Every callback goes through a `RunStore`. A run is a folder under the root holding a run.json or
+trace files (`*.json`, `*.json.gz`); its id is the folder's path relative to the root
+(`sample-ddp-2r`, `team/foreign-run`). Loaded runs are cached in memory, keyed by the folder and
+the size and mtime of every file in it, so a rewritten trace is reloaded and an unchanged one is
+never parsed twice (the profiler's parquet cache also makes a reload after a restart fast).
+
+A run that fails to load is cached too, as a `RunData` whose `error` says why: pages show that
+error in place of the run's figures and everything else keeps working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import re
+import threading
+import zlib
+from pathlib import Path
+
+import polars as pl
+
+from profiler import TraceError, Traces, analyze, load_traces, memory_peaks, memory_timeline, pipeline_actions, theory_bubble_pct
+from profiler.report import Analysis
+
+from viewer import aggregate
+
+log = logging.getLogger(__name__)
+
+RUN_MANIFEST = "run.json"
+TRACE_SUFFIXES = (".json", ".json.gz")
+MAX_UPLOAD_BYTES = 64 * 2**20  # per uploaded file, as sent (compressed if .gz); stated on the Open page
+MAX_UNPACKED_BYTES = 1024 * 2**20  # a .gz upload may expand to this much, no more (gzip bombs)
+SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
+UPLOAD_PREFIX = "upload-"
+
+
+class PathRefused(ValueError):
+    """A path that is not inside the traces root (or not a name we accept); `str()` says which."""
+
+
+def resolve_under(root: Path, path: str | Path) -> Path:
+    """The absolute, symlink-free form of `path` (relative to `root`, or absolute) if it lies
+    inside `root`; PathRefused otherwise. `..` and symlinks are resolved before the check."""
+    text = str(path)
+    if not text.strip() or "\x00" in text:
+        raise PathRefused("empty or invalid path")
+    root = root.resolve()
+    candidate = (root / text).resolve()  # an absolute `text` replaces root here
+    if candidate != root and not candidate.is_relative_to(root):
+        raise PathRefused(f"{text!r} is outside the traces root")
+    return candidate
+
+
+def _is_trace_file(p: Path) -> bool:
+    return p.is_file() and not p.name.startswith(".") and p.name != RUN_MANIFEST and p.name.endswith(TRACE_SUFFIXES)
+
+
+def _is_run_folder(p: Path) -> bool:
+    return p.is_dir() and not p.name.startswith(".") and (
+        (p / RUN_MANIFEST).is_file() or any(_is_trace_file(f) for f in p.iterdir())
+    )
+
+
+@dataclasses.dataclass
+class RunData:
+    """One run as the pages see it: its analyses, or the error that stopped them."""
+
+    run_id: str  # folder relative to the root: the name used in URLs, tables and figures
+    folder: Path
+    manifest: dict | None = None
+    traces: Traces | None = None
+    analysis: Analysis | None = None
+    error: str | None = None
+    _derived: dict = dataclasses.field(default_factory=dict, repr=False)
+    _lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def _once(self, key: str, make):
+        with self._lock:
+            if key not in self._derived:
+                self._derived[key] = make()
+            return self._derived[key]
+
+    @property
+    def events(self) -> pl.DataFrame:
+        # Frames carry the run id as `run` (not run.json's run_id) so runs concat and label cleanly.
+        return self._once("events", lambda: self.traces.events.with_columns(run=pl.lit(self.run_id, pl.Categorical)))
+
+    def relabel(self, frame: pl.DataFrame | None) -> pl.DataFrame | None:
+        if frame is None or "run" not in frame.columns:
+            return frame
+        return frame.with_columns(run=pl.lit(self.run_id))
+
+    def origin_us(self) -> float:
+        """Time zero of this run's figures: the start of its first profiled step (any rank)."""
+        return self._once("origin", lambda: float(self.analysis.steps["start_us"].min()))
+
+    def timeline(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """(intervals, merged) for the timeline (viewer.aggregate), in ms from `origin_us`."""
+        return self._once("timeline", lambda: aggregate.timeline_intervals(self.events, origin_us=self.origin_us()))
+
+    def memory(self) -> pl.DataFrame:
+        return self._once("memory", lambda: memory_timeline(self.events))
+
+    def pipeline_actions(self) -> pl.DataFrame:
+        return self._once("pipeline_actions", lambda: pipeline_actions(self.events))
+
+
+class RunStore:
+    """The runs under one traces root, loaded on demand and cached."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+        self._cache: dict[str, tuple[tuple, RunData]] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    # -- finding runs ---------------------------------------------------------------------------
+
+    def resolve(self, path: str | Path) -> Path:
+        return resolve_under(self.root, path)
+
+    def run_ids(self) -> list[str]:
+        """Run folders directly under the root (and one level below, for grouped runs), sorted."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for d in sorted(self.root.iterdir()):
+            if _is_run_folder(d):
+                found.append(d.name)
+            elif d.is_dir() and not d.name.startswith("."):
+                found += [f"{d.name}/{s.name}" for s in sorted(d.iterdir()) if _is_run_folder(s)]
+        return found
+
+    def run_id_of(self, path: str | Path) -> str:
+        """The run id (relative folder) of a path inside the root; PathRefused if it is no run folder."""
+        folder = self.resolve(path)
+        if folder == self.root or not _is_run_folder(folder):
+            raise PathRefused(f"{str(path)!r} is not a run folder (no run.json or *.json[.gz] traces in it)")
+        return folder.relative_to(self.root).as_posix()
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunData:
+        """The run's data, loading and analyzing it on first use or when its files changed."""
+        folder = self.resolve(run_id)
+        run_id = folder.relative_to(self.root).as_posix()
+        with self._guard:
+            lock = self._locks.setdefault(run_id, threading.Lock())
+        with lock:
+            key = _folder_key(folder)
+            hit = self._cache.get(run_id)
+            if hit is not None and hit[0] == key:
+                return hit[1]
+            data = _load_run(run_id, folder)
+            self._cache[run_id] = (key, data)
+            return data
+
+    def get_many(self, run_ids: list[str]) -> list[RunData]:
+        out = []
+        for r in run_ids:
+            try:
+                out.append(self.get(r))
+            except PathRefused as e:
+                out.append(RunData(run_id=str(r), folder=self.root, error=str(e)))
+        return out
+
+    # -- uploads --------------------------------------------------------------------------------
+
+    def save_upload(self, files: list[tuple[str, bytes]]) -> str:
+        """Write uploaded trace files into a new run folder under the root; returns its run id.
+
+        Names must be plain file names ending in .json or .json.gz (or run.json); sizes are
+        checked against MAX_UPLOAD_BYTES, and a .gz must unpack to at most MAX_UNPACKED_BYTES.
+        """
+        if not files:
+            raise PathRefused("no files")
+        checked = []
+        for name, blob in files:
+            name = str(name)
+            if not SAFE_NAME_RE.match(name) or not (name == RUN_MANIFEST or name.endswith(TRACE_SUFFIXES)):
+                raise PathRefused(f"{name!r}: expected a plain file name ending in .json or .json.gz")
+            if len(blob) > MAX_UPLOAD_BYTES:
+                raise PathRefused(f"{name}: {len(blob) / 2**20:.1f} MiB is over the {MAX_UPLOAD_BYTES // 2**20} MiB limit")
+            if blob[:2] == b"\x1f\x8b":
+                _check_unpacked_size(name, blob)
+            checked.append((name, blob))
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        folder = self.root / f"{UPLOAD_PREFIX}{stamp}"
+        folder.mkdir(parents=True)
+        for name, blob in checked:
+            target = resolve_under(folder, name)  # belt and braces: the name was validated above
+            target.write_bytes(blob)
+        return folder.relative_to(self.root).as_posix()
+
+
+def _check_unpacked_size(name: str, blob: bytes) -> None:
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    total = 0
+    try:
+        chunk = d.decompress(blob, 2**20)
+        while chunk:
+            total += len(chunk)
+            if total > MAX_UNPACKED_BYTES:
+                raise PathRefused(f"{name}: unpacks to more than {MAX_UNPACKED_BYTES // 2**20} MiB")
+            chunk = d.decompress(d.unconsumed_tail, 2**20)
+    except zlib.error as e:
+        raise PathRefused(f"{name}: not a valid gzip file ({e})") from None
+
+
+def _folder_key(folder: Path) -> tuple:
+    try:
+        return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()))
+    except OSError:
+        return ()
+
+
+def _load_run(run_id: str, folder: Path) -> RunData:
+    data = RunData(run_id=run_id, folder=folder, manifest=_read_manifest(folder))
+    try:
+        data.traces = load_traces(folder, progress=False)
+        data.analysis = analyze(data.traces)
+    except Exception as e:  # noqa: BLE001 -- any failure is shown on the run's row / panel, never a crash
+        log.warning("run %s failed to load: %s", run_id, e)
+        data.error = str(e) if isinstance(e, TraceError) else f"{type(e).__name__}: {e}"
+        data.traces = data.analysis = None
+    return data
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    try:
+        m = json.loads((folder / RUN_MANIFEST).read_text())
+        return m if isinstance(m, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# One row of the Runs table
+
+
+RUN_COLUMNS = ["run", "paradigm", "ranks", "mesh", "device", "steps", "step_ms", "exposed_comm_pct", "overlap_pct",
+               "bubble_pct", "peak_mib", "peak_mib_per_rank", "status"]
+
+
+def run_row(data: RunData) -> dict:
+    """The Runs table's row for a run: run.json facts plus means over ranks of the analyses."""
+    m = data.manifest or {}
+    row = {c: None for c in RUN_COLUMNS}
+    mesh = m.get("mesh") if isinstance(m.get("mesh"), dict) else {}
+    row.update(
+        run=data.run_id,
+        paradigm=m.get("paradigm") or "(foreign traces)",
+        ranks=m.get("world_size"),
+        mesh=" x ".join(f"{k}={v}" for k, v in mesh.items()) or None,
+        device=m.get("device_name") or m.get("device"),
+    )
+    if not data.ok:
+        row["status"] = data.error
+        return row
+    a = data.analysis
+    bd = a.breakdown
+    peaks = a.memory_peaks.group_by("rank").agg(pl.col("peak_allocated_bytes").max()).sort("rank")
+    row.update(
+        ranks=row["ranks"] or a.ranks.height,
+        device=row["device"] or ("gpu" if a.ranks["has_gpu"].any() else "cpu"),
+        steps=int(a.step_stats["n_steps"].max()) if a.step_stats.height else None,
+        step_ms=_round(a.step_stats["mean_us"].mean(), 1e-3),
+        exposed_comm_pct=_round((bd["exposed_comm_us"] / bd["window_us"]).mean(), 100) if bd.height else None,
+        overlap_pct=_round(bd["overlap_pct"].mean(), 1) if bd.height else None,
+        bubble_pct=_round(a.pipeline["bubble_pct"].mean(), 1) if a.pipeline is not None else None,
+        peak_mib=_round(peaks["peak_allocated_bytes"].max(), 2**-20) if peaks.height else None,
+        peak_mib_per_rank=" | ".join(f"{v / 2**20:.1f}" for v in peaks["peak_allocated_bytes"]) or None,
+        status="ok" if not a.problems else f"{len(a.problems)} file(s) skipped: " + "; ".join(a.problems),
+    )
+    return row
+
+
+def _round(v, scale: float) -> float | None:
+    return None if v is None else round(float(v) * scale, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Frames for the Compare page: several runs, one tidy frame per figure (viewer.figures)
+
+
+def _ok(runs: list[RunData]) -> list[RunData]:
+    return [d for d in runs if d.ok]
+
+
+def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    frames = [f.with_columns(pl.col("run").cast(pl.String)) for f in frames if f is not None and f.height]
+    return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame(schema={"run": pl.String})
+
+
+def timeline_segments(runs: list[RunData], x_range: tuple[float, float] | None = None) -> pl.DataFrame:
+    """The timeline's segments of every run over one shared x range (ms; None = all of every run)."""
+    parts = [d.timeline() for d in _ok(runs)]
+    if not parts:
+        return pl.DataFrame(schema={"run": pl.String})
+    if x_range is None:
+        spans = [aggregate.extent(iv) for iv, _ in parts if iv.height]
+        x_range = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else (0.0, 1.0)
+    return _concat([aggregate.visible_timeline(iv, merged, x_range) for iv, merged in parts if iv.height])
+
+
+def breakdown_frame(runs: list[RunData]) -> pl.DataFrame:
+    return _concat([d.relabel(d.analysis.breakdown) for d in _ok(runs)])
+
+
+def steps_frame(runs: list[RunData]) -> pl.DataFrame:
+    return _concat([d.relabel(d.analysis.steps) for d in _ok(runs)])
+
+
+def persistent_frame(runs: list[RunData]) -> pl.DataFrame:
+    return _concat([d.relabel(d.analysis.persistent_memory) for d in _ok(runs)])
+
+
+def collectives_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    ok = _ok(runs)
+    return (_concat([d.relabel(d.analysis.collective_stats) for d in ok]), _concat([d.relabel(d.analysis.skew) for d in ok]))
+
+
+def memory_frames(runs: list[RunData], max_points: int = 800) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(curves, peaks): allocated bytes over time per rank (decimated, ms from the run's origin)
+    and the profiler's peaks."""
+    curves, peaks = [], []
+    for d in _ok(runs):
+        tl = d.memory()
+        if tl.is_empty():
+            continue
+        origin = d.origin_us()
+        curve = tl.select("run", "rank", "mem_device", "allocated_bytes", t_ms=(pl.col("ts_us") - origin) / 1e3)
+        curves.append(d.relabel(aggregate.decimate_curve(curve, by=["run", "rank", "mem_device"], x="t_ms", y="allocated_bytes",
+                                                         max_points=max_points)))
+        pk = memory_peaks(tl).with_columns(peak_t_ms=(pl.col("peak_ts_us") - origin) / 1e3)
+        peaks.append(d.relabel(pk))
+    return _concat(curves), _concat(peaks)
+
+
+def pipeline_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(actions, ideal, summary) for the pipeline grid.
+
+    actions: the profiler's pipeline actions of each run's last profiled step, ms from that step's
+    start. ideal: run.json's `pipeline.ideal_order`, one slot per action. summary: per run, the
+    profiler's measured bubble and theory (means over ranks); theory from run.json's shape where
+    nothing was measured.
+    """
+    acts, ideal, summary = [], [], []
+    for d in _ok(runs):
+        a = d.pipeline_actions()
+        if a.height:
+            steps = d.analysis.steps.filter(pl.col("step") == d.analysis.steps["step"].max())
+            t0, t1 = float(steps["start_us"].min()), float(steps["end_us"].max())
+            a = a.filter((pl.col("start_us") >= t0) & (pl.col("start_us") < t1))
+            acts.append(d.relabel(a.select("run", "rank", "action", "microbatch",
+                                           start_ms=(pl.col("start_us") - t0) / 1e3, end_ms=(pl.col("end_us") - t0) / 1e3)))
+        cfg = (d.manifest or {}).get("pipeline") or {}
+        rows = [
+            {"run": d.run_id, "rank": rank, "slot": slot, "action": str(item[0]), "stage": item[1], "microbatch": item[2]}
+            for rank, order in enumerate(cfg.get("ideal_order") or [])
+            for slot, item in enumerate(order)
+            if isinstance(item, (list, tuple)) and len(item) == 3
+        ]
+        if rows:
+            ideal.append(pl.DataFrame(rows))
+        measured = d.analysis.pipeline
+        if measured is not None and measured.height:
+            summary.append(d.relabel(measured).group_by("run").agg(pl.col("bubble_pct", "theory_pct", "ideal_pct").mean()))
+        elif cfg.get("ranks") and cfg.get("microbatches"):
+            summary.append(pl.DataFrame({"run": [d.run_id], "bubble_pct": [None], "ideal_pct": [None], "theory_pct": [
+                theory_bubble_pct(int(cfg["ranks"]), int(cfg["microbatches"]), int(cfg.get("stages_per_rank") or 1))]},
+                schema={"run": pl.String, "bubble_pct": pl.Float64, "ideal_pct": pl.Float64, "theory_pct": pl.Float64}))
+    return _concat(acts), _concat(ideal), _concat(summary)

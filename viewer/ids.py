@@ -1,0 +1,27 @@
+"""Component ids, one constant each, prefixed by page, so callbacks and tests agree on them."""
+
+# shell
+NAV = "nav"
+
+# Runs page
+RUNS_TABLE = "runs-table"
+RUNS_RELOAD = "runs-reload"
+RUNS_COMPARE_LINK = "runs-compare-link"
+RUNS_HINT = "runs-hint"
+
+# Compare page
+COMPARE_RUNS = "compare-runs"  # dcc.Store: the run ids, in the order picked
+COMPARE_STATUS = "compare-status"
+COMPARE_TIMELINE = "compare-timeline"
+COMPARE_BREAKDOWN = "compare-breakdown"
+COMPARE_PIPELINE = "compare-pipeline"
+COMPARE_MEMORY = "compare-memory"
+COMPARE_PERSISTENT = "compare-persistent"
+COMPARE_COLLECTIVES = "compare-collectives"
+COMPARE_STEPS = "compare-steps"
+
+# Open page
+OPEN_PATH = "open-path"
+OPEN_BUTTON = "open-button"
+OPEN_UPLOAD = "open-upload"
+OPEN_RESULT = "open-result"

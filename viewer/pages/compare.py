@@ -1,0 +1,166 @@
+"""Compare: 1-4 runs side by side on one time axis: timeline, breakdown, pipeline, memory,
+collectives and step times. `/compare?runs=a,b` (run ids are folders under the traces root)."""
+
+from __future__ import annotations
+
+import re
+
+import dash
+from dash import Input, Output, callback, ctx, dash_table, dcc, html
+
+from viewer import data, figures, ids
+from viewer.data import RunStore
+from viewer.figures import COLLECTIVE_COLUMNS
+from viewer.pages import current_store
+
+
+MAX_RUNS = 4
+FONT = "system-ui, -apple-system, Segoe UI, sans-serif"
+GRAPH_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
+_RANGE_KEY = re.compile(r"^xaxis\d*\.range(\[[01]\])?$")
+
+
+def parse_runs(runs: str | None) -> list[str]:
+    """Run ids from the `runs` query parameter: comma separated, duplicates dropped, at most MAX_RUNS."""
+    picked = []
+    for r in (runs or "").split(","):
+        r = r.strip()
+        if r and r not in picked:
+            picked.append(r)
+    return picked[:MAX_RUNS]
+
+
+def _card(title: str, hint: str, *children):
+    return html.Div(className="card", children=[html.H3(title), html.P(hint, className="hint"), *children])
+
+
+def _graph(id_: str):
+    return dcc.Loading(dcc.Graph(id=id_, config=GRAPH_CONFIG, figure=figures._empty("loading…")))
+
+
+def layout(runs: str | None = None, **_query):
+    picked = parse_runs(runs)
+    if not picked:
+        return html.Div(className="page", children=[
+            html.H2("Compare"),
+            html.P(["No runs picked. Tick 2 to 4 runs on the ", dcc.Link("Runs", href="/"), " page, or open one from ",
+                    dcc.Link("Open", href="/open"), "."]),
+        ])
+    return html.Div(className="page", children=[
+        dcc.Store(id=ids.COMPARE_RUNS, data=picked),
+        html.H2("Compare: " + " · ".join(picked)),
+        html.Div(id=ids.COMPARE_STATUS),
+        _card("Timeline", "One lane per rank and thread / GPU stream, runs aligned at their first profiled step. Drag to zoom "
+              "(double-click to reset): the server re-bins the visible range, so zooming in reveals single operators.",
+              _graph(ids.COMPARE_TIMELINE)),
+        html.Div(className="row", children=[
+            _card("Where the time went", "Per rank, % of its profiled window: compute, communication hidden under compute, "
+                  "exposed communication, other busy time and idle (the profiler's temporal breakdown).",
+                  _graph(ids.COMPARE_BREAKDOWN)),
+            _card("Step times", "Every profiled step of every rank.", _graph(ids.COMPARE_STEPS)),
+        ]),
+        _card("Pipeline", "Measured forward / backward blocks of one step per rank, labelled by microbatch, next to the "
+              "schedule's ideal order (run.json), with the measured bubble against theory.", _graph(ids.COMPARE_PIPELINE)),
+        html.Div(className="row", children=[
+            _card("Memory over time", "Allocated bytes from [memory] events (runs recorded with --profile-memory); "
+                  "triangles mark each rank's peak.", _graph(ids.COMPARE_MEMORY)),
+            _card("Persistent memory per rank", "Parameters, gradients and optimizer state each rank holds (run.json): "
+                  "the ZeRO table made visible.", _graph(ids.COMPARE_PERSISTENT)),
+        ]),
+        _card("Collectives", "Per run and collective: count and size per rank, time, bus bandwidth (nccl-tests' "
+              "definition) and the spread of start times across ranks (skew).",
+              dcc.Loading(dash_table.DataTable(
+                  id=ids.COMPARE_COLLECTIVES, columns=[{"name": c, "id": c} for c in COLLECTIVE_COLUMNS], data=[],
+                  sort_action="native", style_cell={"fontFamily": FONT, "fontSize": "0.85rem", "padding": "3px 8px"},
+                  style_header={"fontWeight": "600", "backgroundColor": "#f3f4f6"}))),
+    ])
+
+
+# ---------------------------------------------------------------------------------------------
+# What each callback returns, as plain functions of a store and the run ids (tested directly)
+
+
+dash.register_page(__name__, path="/compare", name="Compare", title="ptprof · compare", order=1, layout=layout)
+
+
+def status_children(store: RunStore, run_ids: list[str]):
+    """A line per run: what it is, or the error that stopped it (shown in place of its figures)."""
+    out = []
+    for d in store.get_many(run_ids):
+        if d.ok:
+            row = data.run_row(d)
+            out.append(html.Div(className="hint", children=(
+                f"{d.run_id}: {row['paradigm']}, {row['ranks']} ranks ({row['mesh'] or 'no mesh'}), {row['device']}, "
+                f"mean step {row['step_ms']} ms"
+            )))
+        else:
+            out.append(html.Div(f"{d.run_id}: {d.error}", className="error"))
+    return out
+
+
+def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None = None):
+    x_range = visible_range(relayout)
+    segments = data.timeline_segments(store.get_many(run_ids), x_range)
+    return figures.build_timeline_figure(segments, run_ids, x_range=x_range)
+
+
+def visible_range(relayout: dict | None) -> tuple[float, float] | None:
+    """The x range a zoom asked for (plotly's relayoutData, any of the shared x axes), None to reset."""
+    if not relayout:
+        return None
+    for key, value in relayout.items():
+        if _RANGE_KEY.match(key) and key.endswith(".range") and isinstance(value, (list, tuple)) and len(value) == 2:
+            return float(value[0]), float(value[1])
+        if _RANGE_KEY.match(key) and key.endswith("[0]"):
+            hi = relayout.get(key[:-3] + "[1]")
+            if hi is not None:
+                return float(value), float(hi)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Callbacks: unpack, fetch the analyses (cached per run), build the figure
+
+
+@callback(Output(ids.COMPARE_STATUS, "children"), Input(ids.COMPARE_RUNS, "data"))
+def show_status(run_ids):
+    return status_children(current_store(), run_ids)
+
+
+@callback(Output(ids.COMPARE_TIMELINE, "figure"), Input(ids.COMPARE_RUNS, "data"), Input(ids.COMPARE_TIMELINE, "relayoutData"))
+def show_timeline(run_ids, relayout):
+    if ctx.triggered_id == ids.COMPARE_TIMELINE and not _is_zoom(relayout):
+        raise dash.exceptions.PreventUpdate  # a resize or legend click: nothing to re-bin
+    return timeline_figure(current_store(), run_ids, relayout if ctx.triggered_id == ids.COMPARE_TIMELINE else None)
+
+
+def _is_zoom(relayout: dict | None) -> bool:
+    return bool(relayout) and any(_RANGE_KEY.match(k) or k.endswith(".autorange") for k in relayout)
+
+
+@callback(Output(ids.COMPARE_BREAKDOWN, "figure"), Input(ids.COMPARE_RUNS, "data"))
+def show_breakdown(run_ids):
+    return figures.build_breakdown_figure(data.breakdown_frame(current_store().get_many(run_ids)), run_ids)
+
+
+@callback(Output(ids.COMPARE_STEPS, "figure"), Input(ids.COMPARE_RUNS, "data"))
+def show_steps(run_ids):
+    return figures.build_step_time_figure(data.steps_frame(current_store().get_many(run_ids)), run_ids)
+
+
+@callback(Output(ids.COMPARE_PIPELINE, "figure"), Input(ids.COMPARE_RUNS, "data"))
+def show_pipeline(run_ids):
+    actions, ideal, summary = data.pipeline_frames(current_store().get_many(run_ids))
+    return figures.build_pipeline_figure(actions, ideal, summary, run_ids)
+
+
+@callback(Output(ids.COMPARE_MEMORY, "figure"), Output(ids.COMPARE_PERSISTENT, "figure"), Input(ids.COMPARE_RUNS, "data"))
+def show_memory(run_ids):
+    runs = current_store().get_many(run_ids)
+    curves, peaks = data.memory_frames(runs)
+    return figures.build_memory_figure(curves, peaks, run_ids), figures.build_persistent_figure(data.persistent_frame(runs), run_ids)
+
+
+@callback(Output(ids.COMPARE_COLLECTIVES, "data"), Input(ids.COMPARE_RUNS, "data"))
+def show_collectives(run_ids):
+    return figures.build_collectives_table(*data.collectives_frames(current_store().get_many(run_ids)))

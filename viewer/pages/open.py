@@ -1,0 +1,105 @@
+"""Open: analyze a trace folder on the server's disk (under the traces root) or uploaded files."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import dash
+from dash import Input, Output, State, callback, dcc, html
+
+from viewer import ids
+from viewer.data import MAX_UPLOAD_BYTES, PathRefused, RunStore
+from viewer.pages import compare_href, current_store
+
+
+MAX_UPLOAD_MIB = MAX_UPLOAD_BYTES // 2**20
+
+
+def layout(**_query):
+    root = current_store().root
+    return html.Div(className="page", children=[
+        html.H2("Open traces"),
+        html.Div(className="card", children=[
+            html.H3("A folder on this server"),
+            html.P(className="hint", children=[
+                "A run folder (run.json + rank<R>.json.gz) or any folder of Kineto traces (*.json, *.json.gz), "
+                "inside the traces root ", html.Code(str(root)), ". Relative paths are taken from the root.",
+            ]),
+            dcc.Input(id=ids.OPEN_PATH, type="text", placeholder="e.g. sample-ddp-2r", debounce=True,
+                      style={"width": "420px", "marginRight": "0.6rem"}),
+            html.Button("Open", id=ids.OPEN_BUTTON, className="button"),
+        ]),
+        html.Div(className="card", children=[
+            html.H3("Upload trace files"),
+            html.P(className="hint", children=(
+                f"Drop the trace files of one run (rank<R>.json or .json.gz, optionally its run.json): "
+                f"at most {MAX_UPLOAD_MIB} MiB per file as sent, and a .gz may unpack to at most 1 GiB. "
+                "They are saved as a new run folder under the traces root."
+            )),
+            dcc.Upload(id=ids.OPEN_UPLOAD, multiple=True, max_size=MAX_UPLOAD_BYTES, className="upload",
+                       children=html.Div(["Drag and drop trace files here, or ", html.A("pick files")])),
+        ]),
+        dcc.Loading(html.Div(id=ids.OPEN_RESULT)),
+    ])
+
+
+dash.register_page(__name__, path="/open", name="Open", title="ptprof · open", order=2, layout=layout)
+
+
+def open_folder(store: RunStore, path: str | None):
+    """Children for the result area: a link to the run, its load error, or why the path was refused."""
+    if not path:
+        return html.Div("Type a folder under the traces root.", className="hint")
+    try:
+        run_id = store.run_id_of(path.strip())
+    except PathRefused as e:
+        return html.Div(f"Refused: {e}", className="error")
+    return _result(store, run_id)
+
+
+def open_upload(store: RunStore, contents: list[str] | None, names: list[str] | None):
+    if not contents:
+        raise dash.exceptions.PreventUpdate
+    try:
+        files = [(name, _decode(blob)) for name, blob in zip(names or [], contents)]
+        run_id = store.save_upload(files)
+    except PathRefused as e:
+        return html.Div(f"Upload refused: {e}", className="error")
+    return _result(store, run_id)
+
+
+def _decode(data_url: str) -> bytes:
+    # dcc.Upload sends "data:<mime>;base64,<payload>"; anything else is refused, not guessed at.
+    head, sep, payload = str(data_url).partition(",")
+    if not sep or not head.endswith(";base64"):
+        raise PathRefused("malformed upload")
+    if len(payload) > MAX_UPLOAD_BYTES * 4 // 3 + 4:
+        raise PathRefused(f"a file is over the {MAX_UPLOAD_MIB} MiB limit")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise PathRefused("malformed upload (bad base64)") from None
+
+
+def _result(store: RunStore, run_id: str):
+    data = store.get(run_id)
+    if not data.ok:
+        return html.Div([html.Div(f"{run_id}: could not load its traces", className="error"), html.Pre(data.error, className="error")])
+    n = data.analysis.ranks.height
+    return html.Div(className="card", children=[
+        html.Span(f"{run_id}: {n} rank(s) loaded. ", className="ok"),
+        dcc.Link("Open it in Compare", href=compare_href([run_id]), className="button"),
+    ])
+
+
+@callback(Output(ids.OPEN_RESULT, "children", allow_duplicate=True), Input(ids.OPEN_BUTTON, "n_clicks"), Input(ids.OPEN_PATH, "value"),
+          prevent_initial_call=True)
+def open_path(_clicks, path):
+    return open_folder(current_store(), path)
+
+
+@callback(Output(ids.OPEN_RESULT, "children"), Input(ids.OPEN_UPLOAD, "contents"), State(ids.OPEN_UPLOAD, "filename"),
+          prevent_initial_call=True)
+def upload(contents, names):
+    return open_upload(current_store(), contents, names)
