@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import gzip
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -77,15 +76,14 @@ def textbook_order(schedule: str, rank: int, ranks: int, m: int) -> list[list]:
     return order
 
 
-# 4-rank runs take ~35-50 s each on 2 shared cores: the suite runs gpipe, 1f1b and zbv at 4 ranks
-# (parity and spans); PTPROF_SLOW_TESTS=1 adds parity of the other three at 4 ranks.
-SLOW = pytest.mark.skipif(not os.environ.get("PTPROF_SLOW_TESTS"), reason="4-rank run; set PTPROF_SLOW_TESTS=1")
+# Every schedule at 2 and 4 ranks (the issue asks parity at both). 4-rank runs take ~35-50 s each
+# on 2 shared cores, so span-order checks at 4 ranks stay on the three schedules the issue names.
 P2 = [(s, 2) for s in SCHEDULES]
 P4 = [("gpipe", 4), ("1f1b", 4), ("zbv", 4)]
-P4_SLOW = [pytest.param(s, 4, marks=SLOW) for s in ("interleaved-1f1b", "zero-bubble", "dualpipev")]
+P4_PARITY_ONLY = [("interleaved-1f1b", 4), ("zero-bubble", 4), ("dualpipev", 4)]
 
 
-@pytest.mark.parametrize("schedule, ranks", P2 + P4 + P4_SLOW)
+@pytest.mark.parametrize("schedule, ranks", P2 + P4 + P4_PARITY_ONLY)
 def test_losses_match_single_process(runs, schedule, ranks):
     m = manifest(pipeline_run(runs, schedule, ranks))
     want = single_process_losses(model=MODEL, steps=STEPS)
