@@ -13,23 +13,34 @@ all-gather, full parameters held through the step, as ZeRO-2).
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from runners import harness
+from runners.model import GPT
+
+
+def apply_fsdp_units(model: GPT, mesh: DeviceMesh, *, reshard_after_forward: bool) -> None:
+    """fully_shard `model` over the 1-D data-parallel `mesh`: one unit per block, the embeddings
+    and the output layers (where this model, perhaps a pipeline stage, has them), then the root.
+
+    Giving the embeddings and the output layers units of their own leaves the root no parameters:
+    otherwise FSDP never reshards the root after forward and ZeRO-3 would hold the embeddings and
+    head unsharded through the step. Parameters that are already DTensors (tensor parallel) are
+    sharded again on dim 0 of their local shard, a 2-D (dp, tp) layout.
+    """
+    if model.tok_emb is not None:
+        fully_shard([model.tok_emb, model.pos_emb], mesh=mesh, reshard_after_forward=reshard_after_forward)
+    for block in model.blocks.values():
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    if model.head is not None:
+        fully_shard([model.norm, model.head], mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
 def apply_fsdp(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))
-    reshard = ctx.opts.paradigm == "fsdp"
-    # One unit per block, plus the embeddings and the output layers as units of their own, so the
-    # root owns no parameters: otherwise FSDP never reshards the root after forward and `fsdp`
-    # would hold the embeddings and head unsharded through the step.
-    fully_shard([model.tok_emb, model.pos_emb], mesh=mesh, reshard_after_forward=reshard)
-    for block in model.blocks.values():
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard([model.norm, model.head], mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    apply_fsdp_units(model, mesh, reshard_after_forward=ctx.opts.paradigm == "fsdp")
     optimizer = harness.make_optimizer(model.parameters(), ctx.opts)
     return harness.Parallel(model, optimizer, mesh={"dp": ctx.world_size}, dp_rank=ctx.rank, dp_size=ctx.world_size)
 

@@ -47,16 +47,16 @@ class RunOptions:
     # Pipeline (runners/pipeline.py, and the pp part of hybrid)
     microbatches: int | None = None  # microbatches per step; None = the runner's (pipeline: 2 x ranks)
     stages_per_rank: int | None = None  # stages per rank (interleaved / V schedules); None = schedule's
-    schedule: str = "1f1b"  # pipeline schedule of `hybrid`
+    schedule: str = "1f1b"  # hybrid: the pipeline schedule over the pp ranks (a pipeline paradigm's name)
     # Tensor / sequence / expert parallel (runners/tp_sp.py, runners/expert_parallel.py)
     sp: bool = False  # sequence parallelism on the LayerNorm/dropout regions (with tp)
     experts: int = 4  # experts per MoE layer (ep)
     top_k: int = 2  # experts per token (ep)
     capacity_factor: float = 1.25  # expert capacity = factor * tokens * top_k / experts (ep)
     # Hybrid degrees (runners/hybrid.py); dp * pp * tp must equal the world size
-    dp: int | None = None
-    pp: int | None = None
-    tp: int | None = None
+    dp: int | None = None  # FSDP2 data-parallel degree; None = the ranks left after pp x tp
+    pp: int | None = None  # pipeline degree (stages over `schedule`); None = 1, no pipeline
+    tp: int | None = None  # tensor-parallel degree inside each stage; None = 1, no tensor parallelism
     run_id: str = ""  # filled in by the launcher; the workers write into <out>/.<run_id>.tmp/
 
     @property
@@ -133,22 +133,34 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (bigger traces)")
 
     pp = parser.add_argument_group("pipeline (gpipe, 1f1b, interleaved-1f1b, zero-bubble, zbv, dualpipev, hybrid)")
-    pp.add_argument("--microbatches", type=_positive_int, default=None, help="microbatches per step")
+    pp.add_argument(
+        "--microbatches",
+        type=_positive_int,
+        default=None,
+        help="microbatches per step (hybrid: per dp replica); default 2 x pipeline ranks",
+    )
     pp.add_argument(
         "--stages-per-rank", type=_positive_int, default=None, help="virtual stages per rank (interleaved/V schedules)"
     )
-    pp.add_argument("--schedule", default="1f1b", help="pipeline schedule used by hybrid (default 1f1b)")
+    pp.add_argument(
+        "--schedule",
+        default="1f1b",
+        help="hybrid: pipeline schedule over the pp ranks, one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, "
+        "zbv, dualpipev (default 1f1b)",
+    )
 
     tp = parser.add_argument_group("tensor / sequence / expert parallel (tp, ep, hybrid)")
-    tp.add_argument("--sp", action="store_true", help="tp: also shard LayerNorm regions on the sequence dim")
+    tp.add_argument("--sp", action="store_true", help="tp, hybrid: also shard LayerNorm regions on the sequence dim")
     tp.add_argument("--experts", type=_positive_int, default=4, help="ep: experts per MoE layer (default 4)")
     tp.add_argument("--top-k", type=_positive_int, default=2, help="ep: experts per token (default 2)")
     tp.add_argument(
         "--capacity-factor", type=float, default=1.25, help="ep: capacity = factor * tokens * top_k / experts"
     )
-    tp.add_argument("--dp", type=_positive_int, default=None, help="hybrid: data-parallel degree")
-    tp.add_argument("--pp", type=_positive_int, default=None, help="hybrid: pipeline-parallel degree")
-    tp.add_argument("--tp", type=_positive_int, default=None, help="hybrid: tensor-parallel degree")
+
+    h = parser.add_argument_group("hybrid 3D (dp x pp x tp must equal the ranks; a degree of 1 drops that dimension)")
+    h.add_argument("--dp", type=_positive_int, default=None, help="FSDP2 degree (default: ranks left after pp x tp)")
+    h.add_argument("--pp", type=_positive_int, default=None, help="pipeline degree, stages by --schedule (default 1)")
+    h.add_argument("--tp", type=_positive_int, default=None, help="tensor-parallel degree in each stage (default 1)")
 
     r = parser.add_argument_group("run")
     r.add_argument(

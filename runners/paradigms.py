@@ -28,11 +28,15 @@ class Paradigm:
 
 
 def _check_tp(opts: RunOptions) -> str | None:
+    return _check_tp_degree(opts, opts.world_size, f"tp over {opts.world_size} ranks")
+
+
+def _check_tp_degree(opts: RunOptions, t: int, who: str) -> str | None:
+    # Megatron's plan splits heads, d_model (row-parallel inputs) and the vocabulary (the head) by t.
     vocab, d_model, _layers, n_heads, _seq, _batch = opts.preset
-    t = opts.world_size
     for what, size in (("attention heads", n_heads), ("d_model", d_model), ("vocab_size", vocab)):
         if size % t:
-            return f"tp over {t} ranks needs {what} ({size}, model {opts.model!r}) divisible by {t}"
+            return f"{who} needs {what} ({size}, model {opts.model!r}) divisible by {t}"
     if opts.sp and opts.sequence_length % t:
         return f"--sp over {t} ranks needs --seq-len ({opts.sequence_length}) divisible by {t}"
     return None
@@ -79,21 +83,36 @@ PIPELINE_SCHEDULES: dict[str, PipelineSchedule] = {
 }
 
 
+def hybrid_degrees(opts: RunOptions) -> tuple[int, int, int]:
+    """(dp, pp, tp) of a hybrid run: --pp and --tp default to 1, --dp to the ranks left over."""
+    pp, tp = opts.pp or 1, opts.tp or 1
+    dp = opts.dp if opts.dp is not None else max(1, opts.world_size // (pp * tp))
+    return dp, pp, tp
+
+
+def pipeline_schedule(opts: RunOptions) -> tuple[str, int]:
+    """(schedule name, pipeline ranks P) of a pipeline run, or of the pp dimension of a hybrid run."""
+    if opts.paradigm == "hybrid":
+        return opts.schedule, hybrid_degrees(opts)[1]
+    return opts.paradigm, opts.world_size
+
+
 def pipeline_shape(opts: RunOptions) -> tuple[int, int]:
     """(microbatches, stages per rank) of a pipeline run, the defaults filled in."""
-    schedule = PIPELINE_SCHEDULES[opts.paradigm]
-    microbatches = opts.microbatches if opts.microbatches is not None else 2 * opts.world_size
-    return microbatches, opts.stages_per_rank or schedule.stages_per_rank
+    name, p = pipeline_schedule(opts)
+    microbatches = opts.microbatches if opts.microbatches is not None else 2 * p
+    return microbatches, opts.stages_per_rank or PIPELINE_SCHEDULES[name].stages_per_rank
 
 
-def _check_pipeline(opts: RunOptions) -> str | None:
+def _check_pipeline(opts: RunOptions, *, replicas: int = 1) -> str | None:
     # The schedules' own checks in torch 2.13 (schedules.py), made before any process starts,
-    # plus ours: every stage owns a block, and the batch splits into equal microbatches (so the
-    # mean of the microbatch losses is the global mean loss).
-    name, schedule = opts.paradigm, PIPELINE_SCHEDULES[opts.paradigm]
-    p = opts.world_size
+    # plus ours: every stage owns a block, and each data-parallel replica's rows split into equal
+    # microbatches (so the mean of the microbatch losses is the replica's mean loss).
+    name, p = pipeline_schedule(opts)
+    schedule = PIPELINE_SCHEDULES[name]
     m, v = pipeline_shape(opts)
-    n_layers, batch = opts.preset[2], opts.global_batch_size
+    n_layers, batch = opts.preset[2], opts.global_batch_size // replicas
+    ranks = f"{p} ranks" if opts.paradigm == name else f"pp {p}"
     if p < 2:
         return f"{name} needs at least 2 ranks (pipeline stages on different ranks), got {p}"
     if schedule.fixed_stages and v != schedule.stages_per_rank:
@@ -102,11 +121,14 @@ def _check_pipeline(opts: RunOptions) -> str | None:
     stages = p * v
     if stages > n_layers:
         return (
-            f"{name} over {p} ranks x {v} stage(s) per rank needs {stages} layers, but model {opts.model!r} "
+            f"{name} over {ranks} x {v} stage(s) per rank needs {stages} layers, but model {opts.model!r} "
             f"has {n_layers}; use a deeper --model (tiny8 has 8)"
         )
     if m > batch or batch % m:
-        return f"--batch-size {batch} does not split into {m} equal microbatches; use --microbatches dividing {batch}"
+        rows = f"--batch-size {batch}"
+        if replicas > 1:
+            rows = f"a dp replica's batch of {batch} (--batch-size {opts.global_batch_size} / dp {replicas})"
+        return f"{rows} does not split into {m} equal microbatches; use --microbatches dividing {batch}"
     if name == "1f1b" and m < stages:
         return f"1f1b needs at least as many microbatches as stages ({stages}), got --microbatches {m}"
     if name == "dualpipev" and m < stages:
@@ -115,6 +137,29 @@ def _check_pipeline(opts: RunOptions) -> str | None:
         rounds = max(1, m // p)  # torch runs the microbatches in rounds of about P
         if m % rounds:
             return f"{name} needs --microbatches divisible by its {rounds} rounds (max(1, M // {p} ranks)), got {m}"
+    return None
+
+
+def _check_hybrid(opts: RunOptions) -> str | None:
+    # Degrees first (torchtitan's dp * pp * tp == world_size), each named, then each dimension's
+    # own constraints with its degree in place of the rank count.
+    dp, pp, tp = hybrid_degrees(opts)
+    world = opts.world_size
+    if dp * pp * tp != world:
+        nodes = f" x --nnodes {opts.nnodes}" if opts.nnodes > 1 else ""
+        return f"dp {dp} x pp {pp} x tp {tp} = {dp * pp * tp}, but --gpus {opts.gpus}{nodes} gives {world} ranks"
+    if opts.schedule not in PIPELINE_SCHEDULES:
+        return f"unknown --schedule {opts.schedule!r}; choose one of: {', '.join(PIPELINE_SCHEDULES)}"
+    if opts.sp and tp == 1:
+        return "--sp shards activations over the tensor-parallel ranks: it needs --tp 2 or more"
+    if tp > 1 and (problem := _check_tp_degree(opts, tp, f"tp {tp}")):
+        return problem
+    if opts.global_batch_size % dp:
+        return f"--batch-size {opts.global_batch_size} is not divisible by dp {dp}; use a multiple of {dp}"
+    if pp > 1:
+        return _check_pipeline(opts, replicas=dp)
+    if opts.microbatches is not None or opts.stages_per_rank is not None:
+        return "--microbatches and --stages-per-rank need pipeline stages: use --pp 2 or more"
     return None
 
 
@@ -141,5 +186,11 @@ PARADIGMS: dict[str, Paradigm] = {
         name: Paradigm("runners.pipeline", schedule.summary, data_parallel=lambda opts: 1, check=_check_pipeline)
         for name, schedule in PIPELINE_SCHEDULES.items()
     },
+    "hybrid": Paradigm(
+        "runners.hybrid",
+        "3D: FSDP2 over --dp, pipeline --schedule over --pp, tensor parallel over --tp (product = ranks)",
+        data_parallel=lambda opts: 1,  # the dp degree's batch split is checked after the degrees
+        check=_check_hybrid,
+    ),
 }
 

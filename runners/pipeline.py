@@ -26,6 +26,8 @@ schedule's ideal action order per rank (docs/run-layout.md, "Pipeline").
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed.pipelining as pipelining
@@ -36,7 +38,8 @@ from torch.profiler import record_function
 
 from runners import harness
 from runners.model import GPT, lm_loss
-from runners.paradigms import PIPELINE_SCHEDULES, pipeline_shape
+from runners.options import RunOptions
+from runners.paradigms import PIPELINE_SCHEDULES, pipeline_schedule, pipeline_shape
 
 
 def stage_layers(n_layers: int, n_stages: int) -> list[range]:
@@ -80,6 +83,7 @@ class AnnotatedStage(PipelineStage):
     """
 
     pending_loss: int | None = None  # microbatch whose loss the schedule computes next (last stage)
+    after_forward: Callable[[], None] | None = None  # called after each forward, outside its span
 
     def _span(self, kind: str, microbatch: int) -> record_function:
         return record_function(harness.PP_ACTION.format(kind=kind, stage=self.stage_index, microbatch=microbatch))
@@ -87,6 +91,8 @@ class AnnotatedStage(PipelineStage):
     def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
         with self._span("F", fwd_chunk_id):
             output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        if self.after_forward is not None:
+            self.after_forward()
         if self.is_last:
             self.pending_loss = fwd_chunk_id  # the schedule computes its loss right after
         return output
@@ -149,74 +155,125 @@ def torch_order(schedule: PipelineScheduleMulti, ranks: int) -> list[list[tuple[
     return orders
 
 
-def apply_pipeline(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
-    opts, name = ctx.opts, ctx.opts.paradigm
-    schedule_spec = PIPELINE_SCHEDULES[name]
-    p = ctx.world_size
-    m, v = pipeline_shape(opts)
-    n_stages = p * v
-    placement = stage_to_rank(schedule_spec.placement, p, n_stages)
-    layers = stage_layers(model.cfg.n_layers, n_stages)
+@dataclass(frozen=True)
+class StagePlan:
+    """How a run cuts the model into stages and places them on the P pipeline ranks."""
 
+    schedule: str  # a key of PIPELINE_SCHEDULES
+    ranks: int  # P: pipeline ranks (the world here; the pp degree of a hybrid run)
+    microbatches: int  # M per step
+    stages_per_rank: int  # V
+    stage_to_rank: list[int]  # pipeline rank (0..P-1) of each stage
+    layers: list[range]  # each stage's blocks
+
+    @property
+    def n_stages(self) -> int:
+        return self.ranks * self.stages_per_rank
+
+    def stages_of(self, pp_rank: int) -> list[int]:
+        return [s for s, r in enumerate(self.stage_to_rank) if r == pp_rank]
+
+
+def plan_stages(opts: RunOptions, n_layers: int) -> StagePlan:
+    """The stages of a pipeline run, or of a hybrid run's pp dimension, from its options."""
+    name, p = pipeline_schedule(opts)
+    m, v = pipeline_shape(opts)
+    placement = stage_to_rank(PIPELINE_SCHEDULES[name].placement, p, p * v)
+    return StagePlan(name, p, m, v, placement, stage_layers(n_layers, p * v))
+
+
+def build_schedule(plan: StagePlan, modules: dict[int, nn.Module], device, group=None):
+    """Wrap this rank's stage modules (stage index -> module) in AnnotatedStages and build the
+    schedule over them. `group`: the pipeline ranks' process group (default: the world).
+
+    Returns (schedule, stages). PipelineStage must wrap the finished module: with FSDP it turns the
+    module's gradient sync off for every microbatch's backward and runs the reduce-scatter once,
+    after the last (stage.py, `backward_maybe_with_nosync` and `perform_reduce_grad`).
+    """
     stages = [
-        AnnotatedStage(
-            build_stage_module(model, layers[s], first=s == 0, last=s == n_stages - 1),
-            stage_index=s,
-            num_stages=n_stages,
-            device=ctx.device,
-        )
-        for s in range(n_stages)
-        if placement[s] == ctx.rank
+        AnnotatedStage(module, stage_index=s, num_stages=plan.n_stages, device=device, group=group)
+        for s, module in modules.items()
     ]
     last = next((st for st in stages if st.is_last), None)
-    holds_first = any(st.is_first for st in stages)
-    schedule_cls = getattr(pipelining, schedule_spec.torch_class)
+    schedule_cls = getattr(pipelining, PIPELINE_SCHEDULES[plan.schedule].torch_class)
     multi = issubclass(schedule_cls, PipelineScheduleMulti)  # GPipe and 1F1B take one stage
-    schedule = schedule_cls(stages if multi else stages[0], m, loss_fn=annotated_loss(last))
-    if multi and schedule.stage_index_to_group_rank != dict(enumerate(placement)):
-        raise RuntimeError(f"{name}: torch places stages {schedule.stage_index_to_group_rank}, we built {placement}")
+    schedule = schedule_cls(stages if multi else stages[0], plan.microbatches, loss_fn=annotated_loss(last))
+    if multi and schedule.stage_index_to_group_rank != dict(enumerate(plan.stage_to_rank)):
+        raise RuntimeError(
+            f"{plan.schedule}: torch places stages {schedule.stage_index_to_group_rank}, we built {plan.stage_to_rank}"
+        )
+    return schedule, stages
 
-    stage_modules = nn.ModuleList(st.submod for st in stages)
-    optimizer = harness.make_optimizer(stage_modules.parameters(), opts)
+
+def pipeline_step(schedule, stages: list[AnnotatedStage]):
+    """The harness's train_step for a pipeline: one schedule step, returning the mean microbatch loss
+    on the rank holding the last stage (None elsewhere)."""
+    holds_first = any(st.is_first for st in stages)
+    holds_last = any(st.is_last for st in stages)
 
     def train_step(par: harness.Parallel, inputs, targets, probe: harness.MemoryProbe):
         # The first stage takes the inputs, the last the targets; the schedule splits both into M.
         losses: list[torch.Tensor] = []
         args = (inputs,) if holds_first else ()
-        kwargs = {"target": targets, "losses": losses} if last is not None else {}
+        kwargs = {"target": targets, "losses": losses} if holds_last else {}
+        # Parameters held "after forward": sampled after each forward, so the rank's last forward of
+        # the step counts, when FSDP (hybrid runs) holds every unit of its stages gathered.
+        for stage in stages:
+            stage.after_forward = lambda: probe.after_forward(par.model, par.optimizer)
         schedule.step(*args, return_outputs=False, **kwargs)
-        # Parameters are never gathered or freed here, so "after forward" is any time in the step.
-        probe.after_forward(par.model, par.optimizer)
         probe.after_backward(par.model)
-        return torch.stack([loss.detach() for loss in losses]).mean() if last is not None else None
+        return torch.stack([loss.detach() for loss in losses]).mean() if holds_last else None
 
-    textbook = name in ("gpipe", "1f1b")
-    pipeline = {
-        "schedule": name,
-        "torch_schedule": schedule_spec.torch_class,
-        "ranks": p,
-        "microbatches": m,
-        "microbatch_size": opts.global_batch_size // m,
-        "stages_per_rank": v,
-        "num_stages": n_stages,
-        "stage_to_rank": placement,
-        "stage_layers": [[r.start, r.stop] for r in layers],
-        "loss_stage": n_stages - 1,
+    return train_step
+
+
+def pipeline_manifest(plan: StagePlan, schedule, rows: int) -> dict:
+    """run.json's "pipeline" block (docs/run-layout.md); `rows`: sequences per step through one pipeline."""
+    textbook = plan.schedule in ("gpipe", "1f1b")
+    return {
+        "schedule": plan.schedule,
+        "torch_schedule": PIPELINE_SCHEDULES[plan.schedule].torch_class,
+        "ranks": plan.ranks,
+        "microbatches": plan.microbatches,
+        "microbatch_size": rows // plan.microbatches,
+        "stages_per_rank": plan.stages_per_rank,
+        "num_stages": plan.n_stages,
+        "stage_to_rank": plan.stage_to_rank,
+        "stage_layers": [[r.start, r.stop] for r in plan.layers],
+        "loss_stage": plan.n_stages - 1,
         "span_format": harness.PP_ACTION,
         "order_source": "textbook" if textbook else "torch pipeline_order",
-        "ideal_order": textbook_order(name, p, m) if textbook else torch_order(schedule, p),
+        "ideal_order": (
+            textbook_order(plan.schedule, plan.ranks, plan.microbatches)
+            if textbook
+            else torch_order(schedule, plan.ranks)
+        ),
     }
+
+
+# Pipeline runs have no per-step forward/backward phases: their compute is in the per-microbatch
+# spans, so run.json lists only the phase they do annotate.
+PIPELINE_PHASES = {"optimizer": harness.PHASE_OPTIMIZER}
+
+
+def apply_pipeline(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
+    plan = plan_stages(ctx.opts, model.cfg.n_layers)
+    modules = {
+        s: build_stage_module(model, plan.layers[s], first=s == 0, last=s == plan.n_stages - 1)
+        for s in plan.stages_of(ctx.rank)
+    }
+    schedule, stages = build_schedule(plan, modules, ctx.device)
+    stage_modules = nn.ModuleList(st.submod for st in stages)
+    optimizer = harness.make_optimizer(stage_modules.parameters(), ctx.opts)
     return harness.Parallel(
         stage_modules,
         optimizer,
-        mesh={"pp": p},
+        mesh={"pp": plan.ranks},
         dp_rank=0,
         dp_size=1,
-        train_step=train_step,
-        reports_loss=last is not None,
-        # Pipeline runs have no per-step forward/backward phases: their compute is in the
-        # per-microbatch spans, so run.json lists only the phase they do annotate.
-        extra={"pipeline": pipeline, "phases": {"optimizer": harness.PHASE_OPTIMIZER}},
+        train_step=pipeline_step(schedule, stages),
+        reports_loss=any(st.is_last for st in stages),
+        extra={"pipeline": pipeline_manifest(plan, schedule, ctx.opts.global_batch_size), "phases": PIPELINE_PHASES},
     )
 
 

@@ -17,7 +17,7 @@ activations there take 1/T of the memory, for the same bytes on the wire.
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -28,6 +28,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from runners import harness
+from runners.model import GPT
 
 
 def block_plan(sp: bool) -> dict:
@@ -56,24 +57,36 @@ def block_plan(sp: bool) -> dict:
     }
 
 
-def apply_tp(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
-    sp = ctx.opts.sp
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("tp",))
+def apply_tp_plan(model: GPT, mesh: DeviceMesh, *, sp: bool) -> None:
+    """Shard `model`'s blocks, and its head where it has one, over the 1-D tensor-parallel `mesh`.
+
+    `model` may be a pipeline stage (runners/hybrid.py): embeddings only on the first, norm and head
+    only on the last. Blocks take and return plain tensors, so a stage's input and output are the
+    full activation, or with `sp` this rank's sequence shard of it (what the next stage's first
+    block expects).
+    """
     for block in model.blocks.values():
         parallelize_module(block, mesh, block_plan(sp))
-    top_plan = {
+    top_plan = {}
+    if model.head is not None:
         # Vocabulary-parallel head: each rank computes its slice of the logits, gathered for the loss.
-        "head": ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate()),
-    }
-    if sp:
+        top_plan["head"] = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate())
+    if sp and model.tok_emb is not None:
         # Embeddings stay replicated (small, and pos_emb is added to tok_emb's output): the first
         # block takes this rank's sequence slice of them, a local slice with no traffic.
         first = next(iter(model.blocks))
         top_plan[f"blocks.{first}"] = PrepareModuleInput(
             input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
         )
+    if sp and model.norm is not None:
         top_plan["norm"] = SequenceParallel()
-    parallelize_module(model, mesh, top_plan)
+    if top_plan:
+        parallelize_module(model, mesh, top_plan)
+
+
+def apply_tp(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("tp",))
+    apply_tp_plan(model, mesh, sp=ctx.opts.sp)
     optimizer = harness.make_optimizer(model.parameters(), ctx.opts)
     # Every rank computes the same loss on the whole batch: each reports it (the mean is the same).
     return harness.Parallel(model, optimizer, mesh={"tp": ctx.world_size}, dp_rank=0, dp_size=1)
