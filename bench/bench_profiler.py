@@ -4,11 +4,17 @@
     .venv/bin/python bench/bench_profiler.py --ranks 2 --mb 20   # a quick one
 
 The trace set is built by scaling a real trace (../shared/traces/single/v100_nccl_memory_rank1:
-V100, NCCL, [memory] events): its events are repeated back to back, each copy shifted by the
-trace's span and given fresh correlation ids, until the JSON reaches --mb; each rank gets its own
-copy with its `distributedInfo.rank`. Each tool runs in a fresh process (ptprof with an empty cache,
-so it parses everything) and its peak RSS is the largest sum over its process tree, sampled every
-50 ms (HTA and ptprof both parse ranks in worker processes).
+V100, NCCL, [memory] events, 54 MB of JSON): its events are repeated back to back, each copy
+shifted by the trace's span and given fresh correlation / External ids, the last copy cut in time
+where the JSON reaches --mb; each rank gets the same events under its own `distributedInfo.rank`. Files are written the
+way Kineto writes them (one event per line, `"key": value` spacing, distributedInfo before the
+events): HTA finds a file's rank with the regex `"rank":\s+(\d+)` line by line, so compact JSON
+would make every file rank 0 and HTA would analyze one rank only (the bench checks it saw all).
+
+Each tool runs in a fresh process: ptprof cold (empty parquet cache: parses every file), ptprof
+warm (the cache the cold run left), then HTA (its default parser; its own multiprocessing pool).
+Wall time, CPU time of the process tree (user + sys, so a busy shared machine shows up as wall
+above CPU) and peak RSS: the largest sum over the process tree, sampled every 50 ms.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -23,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-import orjson
+import msgspec
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +40,7 @@ SOURCE = REPO.parent / "shared" / "traces" / "single" / "v100_nccl_memory_rank1.
 PTPROF = """
 import sys
 from profiler import load_traces, analyze
-a = analyze(load_traces(sys.argv[1], cache=False, progress=False))
+a = analyze(load_traces(sys.argv[1], progress=False))
 print(a.breakdown.select("rank", "compute_us", "idle_us", "overlap_pct"))
 """
 HTA = """
@@ -40,9 +48,21 @@ import sys, logging, warnings
 logging.disable(logging.WARNING); warnings.simplefilter("ignore")
 from hta.trace_analysis import TraceAnalysis
 ta = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)
-print(ta.get_temporal_breakdown(visualize=False)[["rank", "compute_time(us)", "idle_time(us)"]])
-print(ta.get_comm_comp_overlap(visualize=False))
+tb = ta.get_temporal_breakdown(visualize=False)
+ov = ta.get_comm_comp_overlap(visualize=False)
+print(tb[["rank", "compute_time(us)", "idle_time(us)"]])
+print(ov)
+print("HTA_RANKS", len(tb))
 """
+
+
+def _kineto_text(header: dict, rank: int, world: int, event_lines: list[str]) -> bytes:
+    """A trace file as Kineto writes it: header fields one per line, then one event per line."""
+    head = {k: v for k, v in header.items() if k not in ("distributedInfo", "traceEvents")}
+    lines = ["{"] + [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    lines.append(f'  "distributedInfo": {json.dumps({"backend": "nccl", "rank": rank, "world_size": world})},')
+    lines.append('  "traceEvents": [')
+    return ("\n".join(lines) + "\n  " + ",\n  ".join(event_lines) + "\n  ]\n}\n").encode()
 
 
 def build_trace_set(out: Path, ranks: int, mb: float) -> Path:
@@ -50,40 +70,48 @@ def build_trace_set(out: Path, ranks: int, mb: float) -> Path:
     if out.is_dir() and len(list(out.glob("rank*.json.gz"))) == ranks:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    doc = orjson.loads(gzip.decompress(SOURCE.read_bytes()))
-    events = doc["traceEvents"]
+    doc = msgspec.json.decode(gzip.decompress(SOURCE.read_bytes()))
+    events = doc.pop("traceEvents")
     is_work = [e.get("ph") != "M" and isinstance(e.get("pid"), int) for e in events]
     work = [e for e, w in zip(events, is_work) if w]
-    meta = [e for e, w in zip(events, is_work) if not w]
+    meta = [json.dumps(e) for e, w in zip(events, is_work) if not w]
+    work.sort(key=lambda e: e.get("ts", 0))
     ts = [e["ts"] for e in work if "ts" in e]
     span = max(ts) - min(ts) + 1000
-    copies = max(1, round(mb * 1e6 / len(orjson.dumps(doc))))
-    corr_step = 10 ** (len(str(max((e.get("args", {}).get("correlation", 0) for e in work), default=0))) + 1)
-    scaled = list(meta)
-    for c in range(copies):
+    ids = [a.get(k, 0) for e in work if isinstance(a := e.get("args"), dict) for k in ("correlation", "External id")]
+    id_step = 10 ** len(str(max([i for i in ids if isinstance(i, int)], default=0)))
+    # Whole copies while they fit, then the first part (in time) of one more, up to --mb.
+    lines = list(meta)
+    size, target, copies = sum(map(len, meta)), mb * 1e6, 0
+    while size < target:
         for e in work:
-            e2 = dict(e, ts=e["ts"] + c * span)
+            e2 = dict(e, ts=e["ts"] + copies * span)
             args = e.get("args")
             if args and ("correlation" in args or "External id" in args):
                 args = dict(args)
                 for key in ("correlation", "External id"):
                     if isinstance(args.get(key), int):
-                        args[key] += c * corr_step
+                        args[key] += copies * id_step
                 e2["args"] = args
-            if "id" in e2 and isinstance(e2["id"], int):
-                e2["id"] += c * corr_step
-            scaled.append(e2)
+            if isinstance(e2.get("id"), int):
+                e2["id"] += copies * id_step
+            lines.append(json.dumps(e2))
+            size += len(lines[-1]) + 4
+            if size >= target:
+                break
+        copies += 1
     for r in range(ranks):
-        body = dict(doc, traceEvents=scaled, distributedInfo={"backend": "nccl", "rank": r, "world_size": ranks})
-        (out / f"rank{r}.json.gz").write_bytes(gzip.compress(orjson.dumps(body), compresslevel=1))
-    print(flush=True)
-    print(f"built {ranks} ranks x {len(orjson.dumps(body)) / 1e6:.0f} MB JSON ({copies} copies of {SOURCE.name}) in {out}")
+        text = _kineto_text(doc, r, ranks, lines)
+        (out / f"rank{r}.json.gz").write_bytes(gzip.compress(text, compresslevel=1))
+    print(f"built {ranks} ranks x {len(text) / 1e6:.0f} MB JSON ({len(lines) - len(meta)} events: {copies} copies, the last cut, "
+          f"of {SOURCE.name}) in {out}", flush=True)
     return out
 
 
-def measure(code: str, folder: Path, cache_dir: str) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS of the process tree in MB, stdout) of `python -c code folder`."""
+def measure(code: str, folder: Path, cache_dir: str) -> tuple[float, float, float, str]:
+    """(wall s, CPU s of the process tree, peak RSS of the tree in MB, stdout) of `python -c code folder`."""
     env = {"PTPROF_CACHE_DIR": cache_dir, "PATH": "/usr/bin:/bin"}
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=REPO, env=env)
@@ -105,11 +133,13 @@ def measure(code: str, folder: Path, cache_dir: str) -> tuple[float, float, str]
     t.start()
     out, err = proc.communicate()
     wall = time.perf_counter() - start
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     stop.set()
     t.join()
     if proc.returncode != 0:
         raise SystemExit(f"failed:\n{err[-3000:]}")
-    return wall, peak / 2**20, out
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    return wall, cpu, peak / 2**20, out
 
 
 def main() -> None:
@@ -117,15 +147,29 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--mb", type=float, default=100, help="uncompressed JSON per rank (MB)")
     p.add_argument("--dir", type=Path, default=None, help="where the scaled trace set lives (default /tmp/ptprof-bench-R-MB)")
+    p.add_argument("--skip-hta", action="store_true", help="time ptprof only")
     args = p.parse_args()
     folder = build_trace_set(args.dir or Path(tempfile.gettempdir()) / f"ptprof-bench-{args.ranks}-{int(args.mb)}", args.ranks, args.mb)
+    raw_mb = sum(len(gzip.decompress(f.read_bytes())) for f in sorted(folder.glob("rank*.json.gz"))[:1]) / 1e6
+    rows = []
     with tempfile.TemporaryDirectory() as cache:
-        ours_s, ours_mb, ours_out = measure(PTPROF, folder, cache)
-    hta_s, hta_mb, hta_out = measure(HTA, folder, "")
-    print(ours_out, hta_out, sep="\n")
-    print(f"ptprof  load + all analyses         {ours_s:7.1f} s   peak RSS {ours_mb:7.0f} MB")
-    print(f"HTA     load + breakdown + overlap  {hta_s:7.1f} s   peak RSS {hta_mb:7.0f} MB")
-    print(f"speed-up {hta_s / ours_s:.1f}x   memory {ours_mb / hta_mb:.2f} of HTA's")
+        cold = measure(PTPROF, folder, cache)
+        warm = measure(PTPROF, folder, cache)
+    print(cold[3])
+    rows += [("ptprof cold (parse, no cache)", cold), ("ptprof warm (parquet cache)", warm)]
+    if not args.skip_hta:
+        hta = measure(HTA, folder, "")
+        print(hta[3])
+        seen = int(hta[3].split("HTA_RANKS")[-1])
+        if seen != args.ranks:
+            raise SystemExit(f"HTA analyzed {seen} of {args.ranks} ranks: the comparison would be unfair")
+        rows.append(("HTA (load + breakdown + overlap)", hta))
+    print(f"{args.ranks} ranks x {raw_mb:.0f} MB JSON, {os.cpu_count()} cores")
+    for label, (wall, cpu, rss, _) in rows:
+        print(f"{label:34s} wall {wall:7.1f} s   cpu {cpu:7.1f} s   peak RSS {rss:7.0f} MB")
+    if not args.skip_hta:
+        for label, (wall, cpu, rss, _) in rows[:2]:
+            print(f"{label:34s} speed-up {hta[0] / wall:5.1f}x wall, {hta[1] / cpu:5.1f}x cpu; memory {rss / hta[2]:.2f} of HTA's")
 
 
 if __name__ == "__main__":

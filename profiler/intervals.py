@@ -38,14 +38,17 @@ def sweep(intervals: pl.DataFrame, by: list[str], labels: list[str]) -> pl.DataF
         intervals.select(*by, "label", t=pl.col("start_us"), delta=pl.lit(1, pl.Int32)),
         intervals.select(*by, "label", t=pl.col("end_us"), delta=pl.lit(-1, pl.Int32)),
     ]).with_columns(pl.col("label").cast(pl.String))
+    # Every group's opens and closes balance, so after sorting by (group, t) a running sum over the
+    # whole frame restarts at zero in each group: no per-group window needed.
     bounds = bounds.sort([*by, "t"]).with_columns(
-        [pl.when(pl.col("label") == lab).then(pl.col("delta")).otherwise(0).cum_sum().over(by).alias(f"_n_{lab}") for lab in labels]
+        [pl.when(pl.col("label") == lab).then(pl.col("delta")).otherwise(0).cum_sum().alias(f"_n_{lab}") for lab in labels]
     )
     # Several bounds at one instant: the last one's running counts hold until the next instant.
+    same_group = pl.all_horizontal([pl.col(c).shift(-1) == pl.col(c) for c in by]) if by else pl.lit(True)
     return (
         bounds.group_by([*by, "t"], maintain_order=True)
         .agg(pl.col(f"_n_{lab}").last() for lab in labels)
-        .with_columns(end_us=pl.col("t").shift(-1).over(by))
+        .with_columns(end_us=pl.when(same_group).then(pl.col("t").shift(-1)))
         .filter(pl.col("end_us").is_not_null())
         .select(
             *by,

@@ -17,6 +17,7 @@ worker processes, each holding one file at a time.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import gzip
 import hashlib
 import json
@@ -26,15 +27,17 @@ import re
 import sys
 import tempfile
 import zlib
+from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
-import orjson
+import msgspec
 import polars as pl
 
 from profiler.classify import classify
 from profiler.errors import TraceError
 
-LOADER_VERSION = 4  # bump when the frame's schema or parsing changes: invalidates every cache entry
+LOADER_VERSION = 5  # bump when the frame's schema or parsing changes: invalidates every cache entry
 CACHE_ENV = "PTPROF_CACHE_DIR"
 RUN_MANIFEST = "run.json"
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -83,20 +86,50 @@ MEMORY_DEVICE_TYPES = {0: "cpu", 1: "cuda"}
 
 
 @dataclasses.dataclass(frozen=True)
+class RankPart:
+    """One loaded trace file: its run and rank, and its events in memory or in the parquet cache."""
+
+    run: str
+    rank: int
+    frame: pl.DataFrame | None  # None: read `parquet` when asked
+    parquet: str | None
+
+    def events(self) -> pl.DataFrame:
+        """This file's rows of the event frame (SCHEMA)."""
+        frame = self.frame if self.frame is not None else pl.read_parquet(self.parquet)
+        return frame.with_columns(run=pl.lit(self.run), rank=pl.lit(self.rank, dtype=pl.Int32)).select(_cast_all())
+
+
+@dataclasses.dataclass(frozen=True)
 class Traces:
     """What `load_traces` returns.
 
-    events: the event frame (SCHEMA), every loaded rank of every run.
+    events: the event frame (SCHEMA), every loaded rank of every run; built on first access
+        from `parts` (so a load that is only analyzed rank by rank never holds it whole).
     ranks: one row per loaded trace file: run, rank, file, backend, world_size, has_gpu,
         device_name, pg_config (JSON text of distributedInfo's process groups), n_events.
     runs: run id -> the parsed run.json of that run, or None where the run has none.
     problems: files that could not be used (one TraceError each); the rest loaded.
+    parts: one RankPart per row of `ranks`, in the same order.
     """
 
-    events: pl.DataFrame
     ranks: pl.DataFrame
     runs: dict[str, dict | None]
     problems: list[TraceError]
+    parts: tuple[RankPart, ...]
+    _memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def events(self) -> pl.DataFrame:
+        if "events" not in self._memo:
+            self._memo["events"] = pl.concat([p.events() for p in self.parts], how="vertical")
+        return self._memo["events"]
+
+    def rank_events(self, rank: int | None = None):
+        """Yield each (run, rank)'s events in turn (only `rank`'s when given), one in memory at a time."""
+        for part in self.parts:
+            if rank is None or part.rank == rank:
+                yield part.events()
 
     def run_ids(self) -> list[str]:
         return list(self.runs)
@@ -165,7 +198,66 @@ def find_sources(paths: list[str | Path]) -> list[_Source]:
 # Parsing one file
 
 
-def _read_json(path: Path):
+class _Args(msgspec.Struct, gc=False):
+    """The `args` an analysis needs; every other key is skipped by the decoder, unparsed.
+
+    Values are typed loosely (`Any`) because traces disagree (ROCm's stream "0x0", string or int
+    process-group names); the frame's dtypes are enforced afterwards, column by column. The
+    operator shapes stay raw JSON until we know the event is a collective (their nesting varies).
+    """
+
+    stream: Any = None
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    dtype: Any = None
+    group_name: Any = msgspec.field(default=None, name="Process Group Name")
+    group_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    group_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    copy_bytes: Any = msgspec.field(default=None, name="bytes")
+    mem_bytes: Any = msgspec.field(default=None, name="Bytes")
+    mem_total_allocated_bytes: Any = msgspec.field(default=None, name="Total Allocated")
+    mem_total_reserved_bytes: Any = msgspec.field(default=None, name="Total Reserved")
+    mem_addr: Any = msgspec.field(default=None, name="Addr")
+    mem_device_type: Any = msgspec.field(default=None, name="Device Type")
+    mem_device_id: Any = msgspec.field(default=None, name="Device Id")
+    name: Any = None  # thread_name metadata
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: _Args | None = None
+
+
+class _Doc(msgspec.Struct, gc=False):
+    # First pass: each event kept as its raw JSON text, decoded in batches (bounded memory).
+    traceEvents: list[msgspec.Raw] | None = None  # noqa: N815 (the trace's own key)
+    distributedInfo: Any = None  # noqa: N815
+    deviceProperties: Any = None  # noqa: N815
+
+
+# args columns copied straight from _Args (the rest need work: see parse_trace_file)
+_ARG_FIELDS = ["correlation", "external_id", "collective", "in_nelems", "out_nelems", "dtype", "group_name", "group_desc",
+               "group_size", "copy_bytes", "mem_bytes", "mem_total_allocated_bytes", "mem_total_reserved_bytes", "mem_addr",
+               "mem_device_type", "mem_device_id"]
+_NO_ARGS = _Args()
+_DOC_DECODER = msgspec.json.Decoder(_Doc | list[msgspec.Raw])
+_EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
+BATCH_EVENTS = 20_000  # events decoded at once: bounds a worker's memory to the bytes plus one batch
+
+
+def _read_bytes(path: Path) -> bytes:
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -179,24 +271,43 @@ def _read_json(path: Path):
             raise TraceError(path, f"truncated or corrupt gzip ({e})") from None
         if not raw:
             raise TraceError(path, "empty file (inside the gzip)")
+    return raw
+
+
+def _decode(raw: bytes, path: Path) -> _Doc:
+    """Chrome traces are either {"traceEvents": [...], ...} or a bare array of events."""
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        hint = " (truncated?)" if e.pos >= len(raw) - 2 else ""
+        doc = _DOC_DECODER.decode(raw)
+    except msgspec.ValidationError as e:
+        raise TraceError(path, f"not a Kineto/Chrome trace: {_what_json(raw)} ({e})") from None
+    except msgspec.DecodeError as e:
+        hint = " (truncated?)" if "truncated" in str(e) else ""
         raise TraceError(path, f"not valid JSON{hint}: {e}") from None
+    if isinstance(doc, list):
+        return _Doc(traceEvents=doc)
+    if doc.traceEvents is None:
+        raise TraceError(path, f"not a Kineto/Chrome trace: {_what_json(raw)}")
+    return doc
 
 
-def _events_and_header(doc, path: Path) -> tuple[list, dict]:
-    # Chrome traces are either {"traceEvents": [...], ...} or a bare array of events.
+def _decode_batch(events: list[msgspec.Raw], first: int, path: Path) -> list[_Event]:
+    try:
+        return _EVENTS_DECODER.decode(b"[" + b",".join(events) + b"]")
+    except msgspec.ValidationError as e:
+        where = re.sub(r"^\$\[(\d+)\]", lambda m: f"$.traceEvents[{first + int(m.group(1))}]", str(e).split(" - at `")[-1].rstrip("`"))
+        raise TraceError(path, f"not a Kineto/Chrome trace: malformed event at `{where}` ({str(e).split(' - at ')[0]})") from None
+
+
+def _what_json(raw: bytes) -> str:
+    # Only on the error path: what the JSON is instead, for the message.
+    doc = msgspec.json.decode(raw)
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
-        events = doc.pop("traceEvents")
-        return events, doc
-    if isinstance(doc, list) and (not doc or isinstance(doc[0], dict) and "ph" in doc[0]):
-        return doc, {}
-    what = f"a JSON {type(doc).__name__}"
+        return "its traceEvents are not all event objects"
     if isinstance(doc, dict):
-        what += " without a traceEvents list (keys: " + ", ".join(list(doc)[:6]) + ")"
-    raise TraceError(path, f"not a Kineto/Chrome trace: {what}")
+        return "a JSON dict without a traceEvents list (keys: " + ", ".join(list(doc)[:6]) + ")"
+    if isinstance(doc, list):
+        return "a JSON list whose items are not event objects"
+    return f"a JSON {type(doc).__name__}"
 
 
 _NOT_TENSOR_TYPES = {"", "Scalar", "ScalarList", "GenericList", "None", None}
@@ -227,140 +338,118 @@ def _as_int(v) -> int | None:
 
 
 _COMM_NAME_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
+_KEPT_PH = {"X": "X", "i": "i", "I": "i"}
+_FLOW_PH = ("s", "f", "t")
 
 
 def parse_trace_file(path: str | Path) -> tuple[pl.DataFrame, dict]:
     """Parse one trace file into (event frame without run/rank, header).
 
     header: distributedInfo, deviceProperties names, counts of what was dropped. Raises TraceError.
+
+    msgspec decodes only the fields the frame needs into slotted structs (no dict per event, the
+    rest of `args` skipped unparsed); columns are then taken attribute by attribute and typed by
+    polars, whose lenient casts handle the quirks (numeric-string pids, ROCm's string streams).
     """
     path = Path(path)
-    doc = _read_json(path)
-    events, header = _events_and_header(doc, path)
-    del doc
-
-    cols: dict[str, list] = {c: [] for c in _PARSED_COLUMNS}
-    thread_names: dict[tuple[int, int], str] = {}
-    dropped = {"flow": 0, "string_pid": 0, "no_ts": 0, "other_ph": 0}
-    a = {c: cols[c].append for c in _PARSED_COLUMNS}
-    ap_pid, ap_tid, ap_ph, ap_cat, ap_name = a["pid"], a["tid"], a["ph"], a["cat"], a["name"]
-    ap_ts, ap_dur, ap_stream, ap_corr, ap_ext = a["ts_us"], a["dur_us"], a["stream"], a["correlation"], a["external_id"]
-    arg_cols = ["collective", "in_nelems", "out_nelems", "dtype", "group_name", "group_desc", "group_ranks",
-                "group_size", "arg_nelems", "arg_types", "copy_bytes", "mem_bytes", "mem_total_allocated_bytes",
-                "mem_total_reserved_bytes", "mem_addr", "mem_device_type", "mem_device_id"]
-    arg_appends = [a[c] for c in arg_cols]
-    nulls = [None] * len(arg_cols)
-
-    for e in events:
-        ph = e.get("ph")
-        if ph == "X" or ph == "i" or ph == "I":
-            pass
-        elif ph == "M":
-            if e.get("name") == "thread_name":
-                name = (e.get("args") or {}).get("name")
-                if isinstance(name, str):
-                    thread_names[(_as_int(e.get("pid")), _as_int(e.get("tid")))] = name
-            continue
-        elif ph in ("s", "f", "t"):
-            dropped["flow"] += 1
-            continue
-        else:
-            dropped["other_ph"] += 1
-            continue
-        pid, tid = e.get("pid"), e.get("tid")
-        if isinstance(pid, str) or isinstance(tid, str):
-            # Kineto's own pseudo-processes ("Spans", "Traces") and their string threads: markers
-            # of the profiler itself, not work. A numeric string pid is still a pid.
-            pid, tid = _as_int(pid), _as_int(tid)
-            if pid is None or tid is None:
-                dropped["string_pid"] += 1
-                continue
-        ts = e.get("ts")
-        if ts is None:
-            dropped["no_ts"] += 1
-            continue
-        ap_pid(pid)
-        ap_tid(tid)
-        ap_ph("i" if ph == "I" else ph)
-        ap_cat(e.get("cat"))
-        name = e.get("name")
-        ap_name(name)
-        ap_ts(float(ts))
-        dur = e.get("dur")
-        ap_dur(float(dur) if dur is not None else 0.0)
-        args = e.get("args")
-        if not args:
-            ap_stream(None)
-            ap_corr(None)
-            ap_ext(None)
-            for f in arg_appends:
-                f(None)
-            continue
-        stream = args.get("stream")
-        ap_stream(stream if isinstance(stream, int) else None)
-        ap_corr(args.get("correlation"))
-        ap_ext(_as_int(args.get("External id")))
-        is_comm = isinstance(name, str) and name.startswith(_COMM_NAME_PREFIXES) or "Collective name" in args
-        if not is_comm and "Bytes" not in args and "bytes" not in args:
-            for f in arg_appends:
-                f(None)
-            continue
-        dims, types = args.get("Input Dims"), args.get("Input type")
-        arg_nelems = arg_types = None
-        if is_comm and isinstance(dims, list) and isinstance(types, list):
-            arg_nelems = [_nelems(d, t) for d, t in zip(dims, types)]
-            arg_types = [t if isinstance(t, str) else None for t in types]
-        ranks = args.get("Process Group Ranks")
-        values = [
-            args.get("Collective name"),
-            _as_int(args.get("In msg nelems")),
-            _as_int(args.get("Out msg nelems")),
-            args.get("dtype"),
-            _str_or_none(args.get("Process Group Name")),
-            _str_or_none(args.get("Process Group Description")),
-            ranks if isinstance(ranks, str) or ranks is None else str(ranks),
-            _as_int(args.get("Group size")),
-            arg_nelems,
-            arg_types,
-            _as_int(args.get("bytes")),
-            _as_int(args.get("Bytes")),
-            _as_int(args.get("Total Allocated")),
-            _as_int(args.get("Total Reserved")),
-            _as_int(args.get("Addr")),
-            _as_int(args.get("Device Type")),
-            _as_int(args.get("Device Id")),
-        ]
-        for f, v in zip(arg_appends, values):
-            f(v)
-    del events
-
-    frame = pl.DataFrame(cols, schema={c: SCHEMA[c] for c in _PARSED_COLUMNS}, strict=False)
-    del cols
+    raw = _read_bytes(path)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # hundreds of thousands of small objects: the cyclic GC would rescan them for nothing
+    try:
+        doc = _decode(raw, path)
+        del raw  # the raw events below still view it; it goes with them
+        info, devices, events = doc.distributedInfo, doc.deviceProperties, doc.traceEvents
+        del doc
+        frames, thread_names, dropped = [], {}, dict.fromkeys(["flow", "string_pid", "no_ts", "other_ph"], 0)
+        for first in range(0, len(events), BATCH_EVENTS):
+            batch = _decode_batch(events[first:first + BATCH_EVENTS], first, path)
+            f, names, counts = _columns(batch)
+            del batch
+            frames.append(f)
+            thread_names.update(names)
+            dropped = {k: dropped[k] + counts[k] for k in dropped}
+        del events  # the file's bytes are freed here, before the frame is finished
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    frame = pl.concat(frames, rechunk=False) if frames else _columns([])[0]
+    del frames
+    # Thread names from metadata, looked up on the two key columns only (a join of the whole
+    # frame would copy every column).
     threads = pl.DataFrame(
         {"pid": [k[0] for k in thread_names], "tid": [k[1] for k in thread_names], "thread": list(thread_names.values())},
         schema={"pid": pl.Int64, "tid": pl.Int64, "thread": pl.String},
     )
-    frame = frame.join(threads, on=["pid", "tid"], how="left").with_columns(
-        pl.col("thread").cast(pl.Categorical),
-        end_us=pl.col("ts_us") + pl.col("dur_us"),
-    )
+    thread = frame.select("pid", "tid").join(threads, on=["pid", "tid"], how="left", maintain_order="left")["thread"]
+    frame = frame.with_columns(thread.cast(pl.Categorical), end_us=pl.col("ts_us") + pl.col("dur_us"))
     frame = classify(frame)
     # GPU activity's stream is its tid when args carry none (ROCm, annotations).
     frame = frame.with_columns(
         stream=pl.when(pl.col("device") == "gpu").then(pl.coalesce("stream", "tid")).otherwise(pl.col("stream"))
     )
-    info = header.get("distributedInfo")
-    devices = header.get("deviceProperties")
     meta = {
         "distributed_info": info if isinstance(info, dict) else None,
         "device_name": ", ".join(sorted({d.get("name", "?") for d in devices if isinstance(d, dict)})) if isinstance(devices, list) else None,
         "dropped": dropped,
+        "n_events": frame.height,
+        "has_gpu": bool((frame["device"] == "gpu").any()),
     }
     return frame.select([c for c in SCHEMA if c in frame.columns]), meta
 
 
-def _str_or_none(v) -> str | None:
-    return None if v is None else str(v)
+def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], str], dict[str, int]]:
+    """The parsed columns of the kept events, thread names from metadata, and what was dropped."""
+    ph_all = [e.ph for e in events]
+    n_flow = sum(ph_all.count(f) for f in _FLOW_PH)
+    thread_names = {
+        (_as_int(e.pid), _as_int(e.tid)): e.args.name
+        for e in events
+        if e.ph == "M" and e.name == "thread_name" and e.args is not None and isinstance(e.args.name, str)
+    }
+    kept = [e for e, ph in zip(events, ph_all) if ph in _KEPT_PH]
+    other_ph = len(events) - len(kept) - n_flow - ph_all.count("M")
+    del ph_all
+    args = [e.args or _NO_ARGS for e in kept]
+
+    def column(rows: list, field: str, dtype: pl.DataType) -> pl.Series:
+        # map + attrgetter: the per-event loop stays in C; polars' lenient cast does the typing
+        return pl.Series(list(map(attrgetter(field), rows)), dtype=pl.String if dtype == pl.Categorical() else dtype, strict=False)
+
+    cols = {
+        "pid": column(kept, "pid", pl.Int64()),
+        "tid": column(kept, "tid", pl.Int64()),
+        "ph": column(kept, "ph", pl.String()).replace_strict(_KEPT_PH),
+        "cat": column(kept, "cat", pl.String()),
+        "name": column(kept, "name", pl.String()),
+        "ts_us": column(kept, "ts", pl.Float64()),
+        "dur_us": column(kept, "dur", pl.Float64()).fill_null(0.0),
+        "stream": column(args, "stream", pl.Int64()),  # ROCm "0x0" -> null
+    }
+    for f in _ARG_FIELDS:
+        cols[f] = column(args, f, SCHEMA[f])
+    # Process-group ranks: a list or its text. Per-argument element counts: collectives only.
+    ranks = [r if r is None or isinstance(r, str) else str(r) for r in (a.group_ranks for a in args)]
+    comm = [i for i, e in enumerate(kept) if isinstance(e.name, str) and e.name.startswith(_COMM_NAME_PREFIXES)]
+    nelems, types = [None] * len(kept), [None] * len(kept)
+    for i in comm:
+        a = args[i]
+        dims = msgspec.json.decode(a.input_dims) if a.input_dims else None
+        typs = msgspec.json.decode(a.input_type) if a.input_type else None
+        if isinstance(dims, list) and isinstance(typs, list):
+            nelems[i] = [_nelems(d, t) for d, t in zip(dims, typs)]
+            types[i] = [t if isinstance(t, str) else None for t in typs]
+    cols["group_ranks"] = pl.Series(ranks, dtype=pl.String)
+    cols["arg_nelems"] = pl.Series(nelems, dtype=pl.List(pl.Int64))
+    cols["arg_types"] = pl.Series(types, dtype=pl.List(pl.String))
+    frame = pl.DataFrame(cols)
+    n = frame.height
+    frame = frame.filter(pl.col("pid").is_not_null() & pl.col("tid").is_not_null())
+    string_pid = n - frame.height
+    n = frame.height
+    frame = frame.filter(pl.col("ts_us").is_not_null())
+    dropped = {"flow": n_flow, "string_pid": string_pid, "no_ts": n - frame.height, "other_ph": other_ph}
+    cast = {c: SCHEMA[c] for c in frame.columns if SCHEMA[c] == pl.Categorical()}
+    return frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()]), thread_names, dropped
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,7 +563,7 @@ def load_traces(
     results = _load_all([s.path for s in sources], cache_path, workers=workers, progress=progress)
 
     problems: list[TraceError] = []
-    frames: list[pl.DataFrame] = []
+    parts: list[RankPart] = []
     rows: list[dict] = []
     seen: dict[tuple[str, int], Path] = {}
     runs: dict[str, dict | None] = {}
@@ -495,25 +584,22 @@ def load_traces(
                                                  "pass the files of one run only, or --rank-from-filename"))
             continue
         seen[(src.run, rank)] = src.path
-        if frame is None:
-            frame = pl.read_parquet(parquet)
-        frame = frame.with_columns(run=pl.lit(src.run), rank=pl.lit(rank, dtype=pl.Int32))
         info = meta.get("distributed_info") or {}
         rows.append({
             "run": src.run, "rank": rank, "file": str(src.path), "backend": info.get("backend"),
-            "world_size": _as_int(info.get("world_size")), "has_gpu": bool((frame["device"] == "gpu").any()),
+            "world_size": _as_int(info.get("world_size")), "has_gpu": meta["has_gpu"],
             "device_name": meta.get("device_name"), "pg_config": json.dumps(info.get("pg_config")) if info.get("pg_config") else None,
-            "n_events": frame.height,
+            "n_events": meta["n_events"],
         })
-        frames.append(frame)
-    if not frames:
+        parts.append(RankPart(src.run, rank, frame, parquet))
+    if not parts:
         if len(problems) == 1:
             raise problems[0]
         raise TraceError(None, "no usable traces:\n  " + "\n  ".join(str(p) for p in problems))
-    events = pl.concat([f.select(_cast_all()) for f in frames], how="vertical")
-    ranks = pl.DataFrame(rows).with_columns(pl.col("run").cast(pl.Categorical)).sort("run", "rank")
+    order = sorted(range(len(rows)), key=lambda i: (rows[i]["run"], rows[i]["rank"]))
+    ranks = pl.DataFrame([rows[i] for i in order]).with_columns(pl.col("run").cast(pl.Categorical))
     runs = {r: m for r, m in runs.items() if r in set(ranks["run"].cast(pl.String))}
-    return Traces(events=events, ranks=ranks, runs=runs, problems=problems)
+    return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order))
 
 
 def _cast_all() -> list[pl.Expr]:
@@ -561,9 +647,13 @@ def _run_workers(paths: list[Path], out_dir: Path, n: int):
     done: queue.Queue = queue.Queue()
     chunks = [paths[i::n] for i in range(n)]
 
+    # polars' allocator (jemalloc) keeps freed pages for a while; a worker going through several
+    # files would then hold the last file's garbage while parsing the next one.
+    env = {**os.environ, "_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"}
+
     def run(chunk: list[Path]) -> None:
         cmd = [sys.executable, "-m", "profiler._worker", str(out_dir), *map(str, chunk)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         reported = set()
         for line in proc.stdout:
             msg = json.loads(line)

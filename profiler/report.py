@@ -46,24 +46,23 @@ class Analysis:
 
 
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
-    """Run every analysis; `rank` / `step` restrict them to one rank / one ProfilerStep."""
-    events = traces.events
+    """Run every analysis; `rank` / `step` restrict them to one rank / one ProfilerStep.
+
+    Every analysis but skew, stragglers and the pipeline summary is per rank, so ranks are
+    analyzed one at a time (`Traces.rank_events`): memory holds one rank's events, not all.
+    """
     ranks = traces.ranks
     if rank is not None:
-        events = events.filter(pl.col("rank") == rank)
         ranks = ranks.filter(pl.col("rank") == rank)
-        if events.is_empty():
+        if ranks.is_empty():
             raise ValueError(f"rank {rank} is not in the traces (have: {sorted(set(traces.ranks['rank']))})")
-    steps = profiler_steps(events)
-    if step is not None:
-        if step not in set(steps["step"]):
-            raise ValueError(f"step {step} is not in the traces (have: {sorted(set(steps['step']))})")
-        steps = steps.filter(pl.col("step") == step)
-        events = assign_steps(events, steps).filter(pl.col("step").is_not_null() | (pl.col("kind") == "memory_event")).drop("step")
-    per_step = temporal_breakdown(events, per_step=True, steps=steps)
-    whole = temporal_breakdown(events, steps=steps)
-    colls = collectives(events, ranks)
-    actions = pipeline_actions(events, steps=steps, runs=traces.runs)
+    per_rank = [_analyze_rank(events, ranks, traces.runs, step=step, top_n=top_n) for events in traces.rank_events(rank)]
+    out = {k: _concat([r[k] for r in per_rank]) for k in per_rank[0]}
+    steps = out["steps"]
+    if step is not None and steps.is_empty():
+        have = sorted(set(pl.concat([r["all_steps"] for r in per_rank])["step"]))
+        raise ValueError(f"step {step} is not in the traces (have: {have})")
+    colls, actions = out["collectives"], out["actions"]
     pipeline = pipeline_summary(actions, traces.runs)
     skew = collective_skew(colls)
     warnings = [
@@ -81,21 +80,49 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         runs=traces.runs,
         steps=steps,
         step_stats=step_time_stats(steps),
-        breakdown=whole,
-        breakdown_steps=per_step,
+        breakdown=out["breakdown"],
+        breakdown_steps=out["breakdown_steps"],
         collectives=colls,
         collective_stats=collective_stats(colls),
         skew=skew,
         stragglers=stragglers(skew),
-        memory_peaks=memory_peaks(memory_timeline(events)),
+        memory_peaks=out["memory_peaks"],
         persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
         pipeline=pipeline,
         pipeline_grid=pipeline_grid(actions) if pipeline is not None else None,
-        top_operators=top_operators(events, n=top_n),
-        top_kernels=top_kernels(events, n=top_n),
+        top_operators=out["top_operators"],
+        top_kernels=out["top_kernels"],
         warnings=warnings,
         problems=[str(p) for p in traces.problems],
     )
+
+
+def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict | None], *, step: int | None,
+                  top_n: int) -> dict[str, pl.DataFrame]:
+    """The per-rank analyses of one (run, rank)'s events."""
+    all_steps = profiler_steps(events)
+    steps = all_steps if step is None else all_steps.filter(pl.col("step") == step)
+    # Which step each event is in, once for every analysis below (they reuse the column).
+    events = assign_steps(events, steps)
+    if step is not None:
+        events = events.filter(pl.col("step").is_not_null() | (pl.col("kind") == "memory_event"))
+    return {
+        "all_steps": all_steps.select("step"),
+        "steps": steps,
+        "breakdown": temporal_breakdown(events, steps=steps),
+        "breakdown_steps": temporal_breakdown(events, per_step=True, steps=steps),
+        "collectives": collectives(events, ranks),
+        "actions": pipeline_actions(events, steps=steps, runs=runs),
+        "memory_peaks": memory_peaks(memory_timeline(events)),
+        "top_operators": top_operators(events, n=top_n),
+        "top_kernels": top_kernels(events, n=top_n),
+    }
+
+
+def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    # Per-rank results: an empty part may lack columns or have null-typed ones.
+    full = [f for f in frames if f.width]
+    return pl.concat(full, how="diagonal_relaxed") if full else frames[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,24 +54,33 @@ def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.
     CPU events belong to the step whose span holds their start; GPU activity belongs to the step
     of the runtime call that launched it (linked by `correlation`), since a kernel may run after
     its step's CPU span has ended. Activity with no launch record falls back to its own start.
+
+    Events that already carry a `step` column (an earlier assign_steps) are returned as they are,
+    so one assignment of a large frame serves every analysis.
     """
+    if "step" in events.columns:
+        return events
     steps = profiler_steps(events) if steps is None else steps
-    by_time = _step_at(events.select(*KEYS, "ts_us").with_row_index("_row"), steps)
-    with_step = events.with_row_index("_row").join(by_time, on="_row", how="left")
+    # Work on a narrow copy (a few columns) and attach the result: joins on the whole frame
+    # would copy every column of every event.
+    narrow = events.select(*KEYS, "ts_us", "device", "kind", "correlation").with_row_index("_row")
+    by_time = _step_at(narrow.select(*KEYS, "ts_us", "_row"), steps).sort("_row")
+    narrow = narrow.with_columns(step=by_time["step"])
     launches = (
-        with_step.filter((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
+        narrow.filter((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
         .group_by(*KEYS, "correlation")
-        .agg(launch_step=pl.col("step").first())
+        .agg(launch_step=pl.col("step").first(), _launched=pl.lit(True))
     )
-    return (
-        with_step.join(launches, on=[*KEYS, "correlation"], how="left")
-        .with_columns(
-            step=pl.when((pl.col("device") == "gpu") & pl.col("correlation").is_not_null())
+    step = (
+        narrow.join(launches, on=[*KEYS, "correlation"], how="left", maintain_order="left")
+        .select(
+            pl.when((pl.col("device") == "gpu") & pl.col("_launched").is_not_null())
             .then(pl.col("launch_step"))
             .otherwise(pl.col("step"))
         )
-        .drop("_row", "launch_step")
+        .to_series()
     )
+    return events.with_columns(step=step)
 
 
 def _step_at(points: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:

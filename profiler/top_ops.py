@@ -24,18 +24,22 @@ def self_times(events: pl.DataFrame) -> pl.DataFrame:
         .select(*THREAD, "name", "kind", "ts_us", "dur_us", "end_us")
         .with_row_index("_op")
     )
-    # Opens sort before closes at the same instant only for the same event's zero-length case;
-    # a parent opens before the child that starts with it (longer first).
+    # One integer per thread keeps the sorts below on three plain columns.
+    threads = spans.select(THREAD).unique().with_row_index("_thr")
+    keyed = spans.join(threads, on=THREAD, maintain_order="left").select("_op", "_thr", "ts_us", "dur_us", "end_us")
+    # Closes sort before opens at the same instant (back-to-back siblings do not nest); a parent
+    # opens before the child that starts with it (longer first). Each thread's opens and closes
+    # balance, so a running sum over the whole sorted frame is each thread's nesting depth.
     bounds = pl.concat([
-        spans.select(*THREAD, "_op", t=pl.col("ts_us"), delta=pl.lit(1, pl.Int64), order=-pl.col("dur_us")),
-        spans.select(*THREAD, "_op", t=pl.col("end_us"), delta=pl.lit(-1, pl.Int64), order=pl.lit(-1e300)),
-    ]).sort(*THREAD, "t", "order").with_columns(depth=pl.col("delta").cum_sum().over(THREAD))
-    segments = bounds.with_columns(seg_us=(pl.col("t").shift(-1).over(THREAD) - pl.col("t"))).filter(
-        (pl.col("depth") > 0) & (pl.col("seg_us") > 0)
-    )
-    opens = bounds.filter(pl.col("delta") == 1).select(*THREAD, "depth", "t", owner="_op").sort("t")
-    owned = segments.select(*THREAD, "depth", "t", "seg_us").sort("t").join_asof(
-        opens, on="t", by=[*THREAD, "depth"], strategy="backward", check_sortedness=False
+        keyed.select("_thr", "_op", t=pl.col("ts_us"), delta=pl.lit(1, pl.Int32), order=-pl.col("dur_us")),
+        keyed.select("_thr", "_op", t=pl.col("end_us"), delta=pl.lit(-1, pl.Int32), order=pl.lit(-float("inf"))),
+    ]).sort("_thr", "t", "order").with_columns(depth=pl.col("delta").cum_sum())
+    segments = bounds.with_columns(
+        seg_us=pl.when(pl.col("_thr").shift(-1) == pl.col("_thr")).then(pl.col("t").shift(-1) - pl.col("t"))
+    ).filter((pl.col("depth") > 0) & (pl.col("seg_us") > 0))
+    opens = bounds.filter(pl.col("delta") == 1).select("_thr", "depth", "t", owner="_op").sort("t")
+    owned = segments.select("_thr", "depth", "t", "seg_us").sort("t").join_asof(
+        opens, on="t", by=["_thr", "depth"], strategy="backward", check_sortedness=False
     )
     self_us = owned.group_by("owner").agg(self_us=pl.col("seg_us").sum()).rename({"owner": "_op"})
     return spans.join(self_us, on="_op", how="left").with_columns(pl.col("self_us").fill_null(0.0)).drop("_op", "end_us")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import shutil
 
-import orjson
+import msgspec
 import polars as pl
 import pytest
 
@@ -134,7 +134,7 @@ def test_rank_from_filename_and_chrome_array_form(tmp_path):
               {"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 12, "s": "t"},
               {"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 10, "cat": "fwdbwd", "name": "fwdbwd"},
               {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler", "ts": 0, "dur": 9}]
-    f = _write(tmp_path / "rank7_trace.json", orjson.dumps(events))
+    f = _write(tmp_path / "rank7_trace.json", msgspec.json.encode(events))
     traces = load_traces(f)
     assert traces.ranks["rank"].to_list() == [7]
     assert traces.events["name"].cast(pl.String).to_list() == ["aten::mm", "mark"]
@@ -160,3 +160,37 @@ def test_parse_keeps_thread_names():
     assert meta["distributed_info"]["rank"] == 34
     assert frame["thread"].cast(pl.String).str.contains("pt_main_thread").all()
     assert set(frame.filter(pl.col("kind") == "comm")["name"].cast(pl.String)) == {"gloo:all_reduce"}
+
+
+def test_loose_field_types_are_normalized(tmp_path):
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": "12", "tid": 3, "ts": 1.5, "dur": 2},  # numeric-string pid
+        {"ph": "X", "cat": "cuda_runtime", "name": "hipLaunchKernel", "pid": 12, "tid": 3, "ts": 2, "dur": 1,
+         "args": {"stream": "0x0", "correlation": 7, "External id": "5"}},  # ROCm's string stream
+        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 3, "dur": 1, "args": {"correlation": 7}},
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 12, "tid": 3, "ts": 4, "dur": 1,
+         "args": {"Input Dims": [[[2, 3], [4]], []], "Input type": ["TensorList", "Scalar"], "Process Group Ranks": [0, 1]}},
+        {"ph": "B", "name": "begin", "pid": 12, "tid": 3, "ts": 5},  # other ph: dropped, counted
+        {"ph": "X", "name": "no time", "pid": 12, "tid": 3},  # no ts: dropped, counted
+        {"ph": "M", "name": "thread_name", "pid": 12, "tid": 3, "args": {"name": "pt_main_thread"}},
+    ]
+    frame, meta = parse_trace_file(_write(tmp_path / "t.json", msgspec.json.encode({"traceEvents": events})))
+    rows = {r["name"]: r for r in frame.with_columns(pl.col(pl.Categorical).cast(pl.String)).iter_rows(named=True)}
+    assert set(rows) == {"aten::mm", "hipLaunchKernel", "gemm", "c10d::allreduce_"}
+    assert (rows["aten::mm"]["pid"], rows["aten::mm"]["ts_us"], rows["aten::mm"]["thread"]) == (12, 1.5, "pt_main_thread")
+    assert (rows["hipLaunchKernel"]["stream"], rows["hipLaunchKernel"]["external_id"]) == (None, 5)
+    assert (rows["gemm"]["device"], rows["gemm"]["stream"], rows["gemm"]["correlation"]) == ("gpu", 7, 7)
+    assert rows["c10d::allreduce_"]["arg_nelems"] == [2 * 3 + 4, None]
+    assert rows["c10d::allreduce_"]["group_ranks"] == "[0, 1]"
+    assert meta["dropped"] == {"flow": 0, "string_pid": 0, "no_ts": 1, "other_ph": 1}
+
+
+@pytest.mark.parametrize("doc, fragment", [
+    ({"traceEvents": [1, 2]}, "$.traceEvents[0]"),
+    ({"traceEvents": [{"ph": "X", "name": "a", "args": "oops"}]}, "$.traceEvents[0].args"),
+])
+def test_malformed_events_name_the_place(tmp_path, doc, fragment):
+    f = _write(tmp_path / "rank0.json", msgspec.json.encode(doc))
+    with pytest.raises(TraceError) as err:
+        parse_trace_file(f)
+    assert "not a Kineto/Chrome trace" in str(err.value) and fragment in str(err.value)

@@ -41,7 +41,7 @@ def test_self_time_subtracts_direct_children_only():
 
 def test_top_operators_sum_per_name_and_keep_n():
     top = top_operators(EVENTS, n=2)
-    assert top.select("name", "count", "self_us", "total_us").rows() == [("aten::mm", 3, 12 + 10 + 40, 70), ("aten::linear", 1, 70, 100)]
+    assert top.select("name", "count", "self_us", "total_us").rows() == [("aten::linear", 1, 70, 100), ("aten::mm", 3, 12 + 10 + 40, 70)]
 
 
 def test_top_kernels_by_total_time_without_annotations():

@@ -190,7 +190,12 @@ def test_pipeline_frames_carry_the_ideal_order(store):
     actions, ideal, summary = data.pipeline_frames(store.get_many(["sample-zbv-2r", "sample-ddp-2r"]))
     # zbv, 2 ranks x 2 stages x 4 microbatches: F, I, W per stage and microbatch = 24 slots per rank.
     assert ideal.group_by("rank").len().sort("rank")["len"].to_list() == [24, 24]
-    assert set(summary["run"]) == {"sample-zbv-2r"} and summary["theory_pct"][0] > 0
+    assert set(summary["run"]) == {"sample-zbv-2r"}
+    # ZB-V has no closed-form bubble (profiler/pipeline.py): no textbook number, but the ideal order
+    # replayed with the measured durations gives one, and the measured bubble is never below it.
+    row = summary.row(0, named=True)
+    assert row["theory_pct"] is None
+    assert 0 < row["ideal_pct"] <= row["bubble_pct"] < 100
 
 
 def test_cli_args():
