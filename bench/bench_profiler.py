@@ -42,6 +42,7 @@ import sys
 from profiler import load_traces, analyze
 a = analyze(load_traces(sys.argv[1], progress=False))
 print(a.breakdown.select("rank", "compute_us", "idle_us", "overlap_pct"))
+print("NUMBERS", a.breakdown.select("rank", "window_us", "compute_us", "idle_us", "overlap_pct").write_json())
 """
 HTA = """
 import sys, logging, warnings
@@ -53,6 +54,9 @@ ov = ta.get_comm_comp_overlap(visualize=False)
 print(tb[["rank", "compute_time(us)", "idle_time(us)"]])
 print(ov)
 print("HTA_RANKS", len(tb))
+out = tb.merge(ov, on="rank")[["rank", "kernel_time(us)", "compute_time(us)", "idle_time(us)", "comp_comm_overlap_pctg"]]
+out.columns = ["rank", "window_us", "compute_us", "idle_us", "overlap_pct"]
+print("NUMBERS", out.to_json(orient="records"))
 """
 
 
@@ -76,6 +80,10 @@ def build_trace_set(out: Path, ranks: int, mb: float) -> Path:
     work = [e for e, w in zip(events, is_work) if w]
     meta = [json.dumps(e) for e, w in zip(events, is_work) if not w]
     work.sort(key=lambda e: e.get("ts", 0))
+    # Each copy is a further run of iterations: its ProfilerStep#k are renumbered after the last
+    # copy's (the same step numbers twice would merge two copies' steps into one span).
+    step_ids = [int(e["name"].split("#")[1]) for e in work if str(e.get("name", "")).startswith("ProfilerStep#")]
+    n_steps = max(step_ids) - min(step_ids) + 1 if step_ids else 0
     ts = [e["ts"] for e in work if "ts" in e]
     span = max(ts) - min(ts) + 1000
     ids = [a.get(k, 0) for e in work if isinstance(a := e.get("args"), dict) for k in ("correlation", "External id")]
@@ -86,6 +94,8 @@ def build_trace_set(out: Path, ranks: int, mb: float) -> Path:
     while size < target:
         for e in work:
             e2 = dict(e, ts=e["ts"] + copies * span)
+            if copies and str(e.get("name", "")).startswith("ProfilerStep#"):
+                e2["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + copies * n_steps}"
             args = e.get("args")
             if args and ("correlation" in args or "External id" in args):
                 args = dict(args)
@@ -160,7 +170,7 @@ def main() -> None:
     if not args.skip_hta:
         hta = measure(HTA, folder, "")
         print(hta[3])
-        seen = int(hta[3].split("HTA_RANKS")[-1])
+        seen = int(hta[3].split("HTA_RANKS")[-1].split()[0])
         if seen != args.ranks:
             raise SystemExit(f"HTA analyzed {seen} of {args.ranks} ranks: the comparison would be unfair")
         rows.append(("HTA (load + breakdown + overlap)", hta))
@@ -170,6 +180,16 @@ def main() -> None:
     if not args.skip_hta:
         for label, (wall, cpu, rss, _) in rows[:2]:
             print(f"{label:34s} speed-up {hta[0] / wall:5.1f}x wall, {hta[1] / cpu:5.1f}x cpu; memory {rss / hta[2]:.2f} of HTA's")
+        # Same numbers, or the speed means nothing: largest difference over ranks.
+        ours, theirs = (_numbers(cold[3]), _numbers(hta[3]))
+        worst = max(abs(ours[r][c] - theirs[r][c]) / theirs[r]["window_us"] * 100 for r in theirs for c in ("compute_us", "idle_us"))
+        worst_ov = max(abs(ours[r]["overlap_pct"] - theirs[r]["overlap_pct"]) for r in theirs)
+        print(f"agreement with HTA: compute/idle within {worst:.2f} % of the window, overlap within {worst_ov:.2f} points")
+
+
+def _numbers(stdout: str) -> dict[int, dict]:
+    rows = json.loads(stdout.split("NUMBERS", 1)[1].strip().splitlines()[0])
+    return {int(r["rank"]): r for r in rows}
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ after its F). The spans hold compute only; sends and receive waits fall between 
 
 Per (run, step), with p pipeline ranks, m microbatches and v stages per rank:
 
-- window_us: from the first action start on any rank to the last action end on any rank (the
-  pipeline's makespan; the optimizer and other step overhead are outside it). Ranks on different
+- window_us: from the first action start on any rank of the pipeline to the last action end on
+  any of them (the pipeline's makespan; the optimizer and other step overhead are outside it). A
+  hybrid run has one pipeline per pp group (run.json `hybrid.groups.pp`, global ranks by pp
+  coordinate): each is its own window and replay, and run.json's per-coordinate `ideal_order`
+  applies to every group. Ranks on different
   hosts are compared on their own clocks, so across hosts this is only as good as clock sync.
 - bubble_pct (measured, per rank) = 100 * (1 - busy_us / window_us), busy_us being the union of
   the rank's action spans (L included).
@@ -101,13 +104,17 @@ def _actions(events: pl.DataFrame, steps: pl.DataFrame | None, span_format: str)
 
 
 def ideal_orders(runs: dict[str, dict | None]) -> pl.DataFrame:
-    """run.json's `pipeline.ideal_order` as a frame: run, rank, slot, action, stage, microbatch."""
-    rows = [
-        {"run": run, "rank": rank, "slot": slot, "action": str(a[0]), "stage": int(a[1]), "microbatch": int(a[2])}
-        for run, manifest in runs.items()
-        for rank, order in enumerate(_ideal_order(manifest) or [])
-        for slot, a in enumerate(order)
-    ]
+    """run.json's `pipeline.ideal_order` as a frame: run, rank (global), slot, action, stage, microbatch."""
+    rows = []
+    for run, manifest in runs.items():
+        order = _ideal_order(manifest) or []
+        # run.json's rows are pp coordinates; a hybrid run repeats them on every pipeline replica.
+        coords = pp_coordinates(manifest) or {c: (0, c) for c in range(len(order))}
+        rows += [
+            {"run": run, "rank": rank, "slot": slot, "action": a[0], "stage": a[1], "microbatch": a[2]}
+            for rank, (_, c) in sorted(coords.items()) if c < len(order)
+            for slot, a in enumerate(order[c])
+        ]
     schema = {"run": pl.Categorical, "rank": pl.Int32, "slot": pl.Int64, "action": pl.String, "stage": pl.Int64, "microbatch": pl.Int64}
     return pl.DataFrame(rows, schema=schema)
 
@@ -205,11 +212,19 @@ def pipeline_summary(actions: pl.DataFrame, runs: dict[str, dict | None]) -> pl.
     if actions.is_empty():
         return None
     by = [*KEYS, "step"]
-    span = actions.group_by("run", "step").agg(window_start_us=pl.col("start_us").min(), window_end_us=pl.col("end_us").max())
+    # Each pipeline replica (a hybrid run's pp group) has its own window.
+    pipes = pl.DataFrame(
+        [{"run": run, "rank": g, "_pipe": k} for run in actions["run"].cast(pl.String).unique().to_list()
+         for g, (k, _) in (pp_coordinates(runs.get(run)) or {}).items()],
+        schema={"run": pl.String, "rank": pl.Int32, "_pipe": pl.Int64},
+    ).with_columns(pl.col("run").cast(actions.schema["run"]))
+    actions = actions.join(pipes, on=KEYS, how="left").with_columns(pl.col("_pipe").fill_null(0))
+    span = actions.group_by("run", "_pipe", "step").agg(window_start_us=pl.col("start_us").min(), window_end_us=pl.col("end_us").max())
     busy = union(actions.select(*by, "start_us", "end_us"), by).group_by(by).agg(busy_us=(pl.col("end_us") - pl.col("start_us")).sum())
     grid = pipeline_grid(actions)
     measured = (
-        busy.join(span, on=["run", "step"])
+        busy.join(actions.select(*KEYS, "_pipe").unique(), on=KEYS)
+        .join(span, on=["run", "_pipe", "step"])
         .join(grid.drop("order"), on=by, how="left")
         .with_columns(window_us=pl.col("window_end_us") - pl.col("window_start_us"))
         .with_columns(bubble_us=pl.col("window_us") - pl.col("busy_us"))
@@ -232,7 +247,13 @@ def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
     """Rows of (run, rank, step) -> shape, theory_pct, ideal_pct, order facts for one run."""
     cfg = manifest.get("pipeline") or {}
     ranks = sorted(actions["rank"].unique().to_list())
-    p = _positive_int(cfg.get("ranks")) or len(ranks)
+    # global rank -> (pipeline replica, pp coordinate): a hybrid run's pp groups, else the rank itself.
+    coords = pp_coordinates(manifest) or {r: (0, r) for r in ranks}
+    coords = {r: coords[r] for r in ranks if r in coords}
+    pipes: dict[int, dict[int, int]] = {}
+    for r, (k, c) in coords.items():
+        pipes.setdefault(k, {})[c] = r
+    p = _positive_int(cfg.get("ranks")) or max(len(members) for members in pipes.values())
     stages = actions["stage"].n_unique()
     v = _positive_int(cfg.get("stages_per_rank")) or max(1, stages // max(1, p))
     m = _positive_int(cfg.get("microbatches")) or actions["microbatch"].n_unique()
@@ -240,24 +261,35 @@ def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
     ideal = _ideal_order(manifest)
     rows = []
     for step in actions["step"].unique().sort().to_list():
-        acts = actions.filter(pl.col("step") == step)
-        ran = {r: [(a, s, i) for a, s, i in acts.filter((pl.col("rank") == r) & pl.col("slot").is_not_null())
-                   .sort("slot").select("action", "stage", "microbatch").iter_rows()] for r in ranks}
-        if ideal is not None and len(ideal) == p:
-            plan, source = ideal, "run.json"
-        else:
-            plan, source = [ran.get(r, []) for r in range(max(ranks) + 1)], "measured"
-        sim = simulate_order(plan, _durations(acts, plan, last_stage), last_stage=last_stage) if plan else None
-        means = dict(acts.filter(pl.col("action") != "L").group_by("action").agg(pl.col("dur_us").mean()).iter_rows())
-        theory = schedule_theory_pct(cfg.get("schedule"), p, m, v, means)
-        for r in ranks:
-            ideal_pct = None
-            if sim is not None and r < len(sim[0]) and sim[1] > 0:
-                ideal_pct = 100.0 * (1 - sim[0][r] / sim[1])
-            rows.append({"run": run, "rank": r, "step": step, "schedule": cfg.get("schedule"), "pp_ranks": p, "microbatches": m,
-                         "stages_per_rank": v, "theory_pct": theory, "ideal_pct": ideal_pct, "order_source": source,
-                         "order_matches": (ran[r] == plan[r]) if ideal is not None and r < len(plan) else None})
+        for members in pipes.values():  # coordinate -> global rank, one pipeline replica
+            acts = actions.filter((pl.col("step") == step) & pl.col("rank").is_in(list(members.values())))
+            ran = {c: [(a, s, i) for a, s, i in acts.filter((pl.col("rank") == r) & pl.col("slot").is_not_null())
+                       .sort("slot").select("action", "stage", "microbatch").iter_rows()] for c, r in members.items()}
+            if ideal is not None and len(ideal) == p:
+                plan, source = ideal, "run.json"
+            else:
+                plan, source = [ran.get(c, []) for c in range(max(members) + 1)], "measured"
+            sim = simulate_order(plan, _durations(acts, plan, last_stage), last_stage=last_stage) if plan else None
+            means = dict(acts.filter(pl.col("action") != "L").group_by("action").agg(pl.col("dur_us").mean()).iter_rows())
+            theory = schedule_theory_pct(cfg.get("schedule"), p, m, v, means)
+            for c, r in sorted(members.items()):
+                ideal_pct = None
+                if sim is not None and c < len(sim[0]) and sim[1] > 0:
+                    ideal_pct = 100.0 * (1 - sim[0][c] / sim[1])
+                rows.append({"run": run, "rank": r, "step": step, "schedule": cfg.get("schedule"), "pp_ranks": p, "microbatches": m,
+                             "stages_per_rank": v, "theory_pct": theory, "ideal_pct": ideal_pct, "order_source": source,
+                             "order_matches": (ran[c] == plan[c]) if ideal is not None and c < len(plan) else None})
     return rows
+
+
+def pp_coordinates(manifest: dict | None) -> dict[int, tuple[int, int]] | None:
+    """A hybrid run's global rank -> (pipeline replica, pp coordinate), from run.json's
+    `hybrid.groups.pp` (docs/run-layout.md: each group lists its global ranks by pp coordinate);
+    None for runs without one (there the rank is the coordinate)."""
+    groups = (((manifest or {}).get("hybrid") or {}).get("groups") or {}).get("pp")
+    if not isinstance(groups, list) or not all(isinstance(g, list) and all(isinstance(r, int) for r in g) for g in groups):
+        return None
+    return {r: (k, c) for k, g in enumerate(groups) for c, r in enumerate(g)}
 
 
 def _durations(acts: pl.DataFrame, plan: list[list[tuple[str, int, int]]], last_stage: int) -> dict[tuple[str, int, int], float]:

@@ -92,6 +92,30 @@ def test_steps_are_separate_windows():
     assert s.height == 4
 
 
+def test_hybrid_runs_map_global_ranks_to_their_pp_group():
+    # dp = 2, pp = 2: pp groups [0, 2] and [1, 3] (global ranks by pp coordinate). Replica 1 is
+    # replica 0's 1F1B delayed by 50 µs, so both have the 95 µs window of the hand-made run above:
+    # a window across all four ranks (145 µs) or rank numbers taken as coordinates would differ.
+    base, replica = one_f_one_b(), one_f_one_b(50)  # each rank's ProfilerStep#1 starts with its actions
+    to_global = {0: (0, 1), 1: (2, 3)}  # pp coordinate -> its global rank in replica 0 / replica 1
+    events = pl.concat([
+        base.with_columns(rank=pl.col("rank").replace_strict({c: g[0] for c, g in to_global.items()}, return_dtype=pl.Int32)),
+        replica.with_columns(rank=pl.col("rank").replace_strict({c: g[1] for c, g in to_global.items()}, return_dtype=pl.Int32)),
+    ])
+    runs = {"r": {**RUNS["r"], "hybrid": {"dims": ["dp", "pp", "tp"], "shape": [2, 2, 1],
+                                          "groups": {"pp": [[0, 2], [1, 3]], "dp": [[0, 1], [2, 3]], "tp": [[0], [1], [2], [3]]}}}}
+    s = pipeline_summary(pipeline_actions(events), runs).sort("rank")
+    assert s["rank"].to_list() == [0, 1, 2, 3]
+    assert s["window_us"].to_list() == [95, 95, 95, 95]
+    # global ranks 0, 1 are pp coordinate 0 (busy 55), ranks 2, 3 coordinate 1 (busy 60)
+    assert s["busy_us"].to_list() == [55, 55, 60, 60]
+    assert s["ideal_pct"].to_list() == pytest.approx([100 * 30 / 85, 100 * 30 / 85, 100 * 25 / 85, 100 * 25 / 85])
+    assert s["order_matches"].to_list() == [True] * 4
+    ideal = ideal_orders(runs)
+    assert ideal.filter(pl.col("rank") == 3)["action"].to_list() == ["F", "B", "F", "B"]  # coordinate 1's order
+    assert ideal.filter(pl.col("rank") == 1)["action"].to_list() == ["F", "F", "B", "B"]
+
+
 def test_no_actions_is_none():
     ev = make_events([step(1, 0, 10), dict(name="aten::mm", kind="op", ts_us=1, dur_us=2)])
     assert pipeline_actions(ev).is_empty()

@@ -36,12 +36,13 @@ def test_cpu_events_by_start_gpu_activity_by_its_launch():
         dict(name="aten::mm", kind="op", ts_us=45, dur_us=20),  # starts in step 1, ends in step 2
         launch(48, 7),
         kernel("gemm", "compute", 60, 10, 7),  # runs during step 2, launched in step 1
-        kernel("orphan", "compute", 70, 5, 99),  # no launch record: by its own start
+        kernel("orphan", "compute", 70, 5, 99),  # launch not in the trace (before profiling): no step, as in HTA
+        kernel("uncorrelated", "compute", 75, 5, None),  # no correlation at all: by its own start
         dict(name="aten::add", kind="op", ts_us=150, dur_us=1),  # after every step
     ])
     got = dict(assign_steps(ev).select(pl.col("name").cast(pl.String), "step").iter_rows())
     assert got == {"ProfilerStep#1": 1, "ProfilerStep#2": 2, "aten::mm": 1, "cudaLaunchKernel": 1, "gemm": 1,
-                   "orphan": 2, "aten::add": None}
+                   "orphan": None, "uncorrelated": 2, "aten::add": None}
 
 
 def test_step_time_stats():
