@@ -31,6 +31,18 @@ def ptprof(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path 
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    """Parsed-trace cache in a temp folder, never the user's ~/.cache (every test package)."""
+    old = os.environ.get("PTPROF_CACHE_DIR")
+    os.environ["PTPROF_CACHE_DIR"] = str(tmp_path_factory.mktemp("ptprof-cache"))
+    yield
+    if old is None:
+        os.environ.pop("PTPROF_CACHE_DIR", None)
+    else:
+        os.environ["PTPROF_CACHE_DIR"] = old
+
+
 STEPS = 3  # enough for loss parity to mean something; warmup 1 + active 2
 
 

@@ -48,17 +48,3 @@ def hta_gpu_nccl() -> pl.DataFrame:
     from profiler.hta import hta_breakdown
 
     return hta_breakdown({r: GPU_NCCL / f"rank{r}.json.gz" for r in (0, 1)})
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _private_cache(tmp_path_factory):
-    """Parsed-trace cache in a temp folder, never the user's ~/.cache."""
-    import os
-
-    old = os.environ.get("PTPROF_CACHE_DIR")
-    os.environ["PTPROF_CACHE_DIR"] = str(tmp_path_factory.mktemp("ptprof-cache"))
-    yield
-    if old is None:
-        os.environ.pop("PTPROF_CACHE_DIR", None)
-    else:
-        os.environ["PTPROF_CACHE_DIR"] = old

@@ -7,7 +7,6 @@ uploads and broken runs never touch the repo.
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
@@ -21,18 +20,6 @@ SAMPLES = {  # folder -> the `ptprof run` arguments that make it (as shipped)
     "sample-zbv-2r": ["zbv", "--gpus", "2", "--model", "tiny8", "--microbatches", "4"],
 }
 BROKEN = "broken-run"  # a run folder whose only trace is not gzip, for the bad-data tests
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _private_cache(tmp_path_factory):
-    """Parsed-trace cache in a temp folder, never the user's ~/.cache."""
-    old = os.environ.get("PTPROF_CACHE_DIR")
-    os.environ["PTPROF_CACHE_DIR"] = str(tmp_path_factory.mktemp("ptprof-cache"))
-    yield
-    if old is None:
-        os.environ.pop("PTPROF_CACHE_DIR", None)
-    else:
-        os.environ["PTPROF_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="session")
