@@ -36,9 +36,17 @@ def temporal_breakdown(events: pl.DataFrame, *, per_step: bool = False, steps: p
     `device` says which accounting a rank got: "gpu" where it has GPU activity, else "cpu".
     """
     steps = profiler_steps(events) if steps is None else steps
-    gpu_ranks = events.filter(pl.col("device") == "gpu").select(KEYS).unique()
-    gpu = _gpu_breakdown(events.join(gpu_ranks, on=KEYS, how="semi"), steps, per_step)
-    cpu = _cpu_breakdown(events.join(gpu_ranks, on=KEYS, how="anti"), steps, per_step)
+    has_gpu = events.lazy().group_by(KEYS).agg(gpu=(pl.col("device") == "gpu").any()).collect()
+    if has_gpu["gpu"].all():  # the usual cases: one accounting for every rank, no copy of the frame
+        gpu_events, cpu_events = events, events.clear()
+    elif not has_gpu["gpu"].any():
+        gpu_events, cpu_events = events.clear(), events
+    else:
+        gpu_ranks = has_gpu.filter("gpu").select(KEYS)
+        gpu_events = events.join(gpu_ranks, on=KEYS, how="semi")
+        cpu_events = events.join(gpu_ranks, on=KEYS, how="anti")
+    gpu = _gpu_breakdown(gpu_events, steps, per_step)
+    cpu = _cpu_breakdown(cpu_events, steps, per_step)
     by = [*KEYS, "step"] if per_step else KEYS
     flags = steps.group_by(by).agg(pl.col("has_profiler_steps").all())
     return (
@@ -74,9 +82,10 @@ def _gpu_breakdown(events: pl.DataFrame, steps: pl.DataFrame, per_step: bool) ->
         return pl.DataFrame()
     by = [*KEYS, "step"] if per_step else KEYS
     kernels = (
-        assign_steps(events, steps)
+        assign_steps(events, steps).lazy()  # lazy: only the few columns used are filtered
         .filter((pl.col("device") == "gpu") & pl.col("kind").is_in(GPU_LABELS) & pl.col("step").is_not_null())
         .select(*by, label=pl.col("kind").cast(pl.String), start_us="ts_us", end_us="end_us")
+        .collect()
     )
     segments = sweep(kernels, by, GPU_LABELS)
     c = pl.col
@@ -97,7 +106,10 @@ def _cpu_breakdown(events: pl.DataFrame, steps: pl.DataFrame, per_step: bool) ->
     # gloo's worker threads run collectives only; any operator they record is part of the
     # collective, not the model's compute. Point-to-point ops (pipeline send/recv) put their gloo
     # spans on the main thread instead, whose operators stay compute.
-    ops = events.filter(pl.col("ph") == "X").join(_gloo_worker_threads(events), on=THREAD, how="anti")
+    ops = (
+        events.lazy().filter(pl.col("ph") == "X").select(*THREAD, "kind", "ts_us", "end_us").collect()
+        .join(_gloo_worker_threads(events), on=THREAD, how="anti")
+    )
     labelled = pl.concat([
         ops.filter(pl.col("kind") == "op").select(*KEYS, label=pl.lit("op"), start_us="ts_us", end_us="end_us"),
         ops.filter(pl.col("kind") == "enqueue").select(*KEYS, label=pl.lit("enqueue"), start_us="ts_us", end_us="end_us"),
@@ -120,7 +132,7 @@ def _gloo_worker_threads(events: pl.DataFrame) -> pl.DataFrame:
     thread with the most operator time.
     """
     is_step = pl.col("name").cast(pl.String).str.contains(PROFILER_STEP_RE)
-    spans = events.filter((pl.col("device") == "cpu") & (pl.col("ph") == "X"))
+    spans = events.lazy().filter((pl.col("device") == "cpu") & (pl.col("ph") == "X")).select(*THREAD, "name", "kind", "dur_us").collect()
     stepped = spans.filter((pl.col("kind") == "annotation") & is_step).select(THREAD).unique()
     busiest = (
         spans.filter(pl.col("kind") == "op")

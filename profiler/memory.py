@@ -21,7 +21,7 @@ def memory_timeline(events: pl.DataFrame) -> pl.DataFrame:
 
     mem_device is "cpu" or "cuda:<id>" (ROCm reports as CUDA).
     """
-    mem = events.filter(pl.col("kind") == "memory_event")
+    mem = events.lazy().filter(pl.col("kind") == "memory_event").select("kind").head(1).collect()
     device = (
         pl.when(pl.col("mem_device_type") == 0).then(pl.lit("cpu"))
         .when(pl.col("mem_device_type") == 1).then(pl.lit("cuda:") + pl.col("mem_device_id").cast(pl.String))
@@ -30,7 +30,7 @@ def memory_timeline(events: pl.DataFrame) -> pl.DataFrame:
     if mem.is_empty():
         return pl.DataFrame(schema={"run": pl.Categorical, "rank": pl.Int32, "mem_device": pl.String, "ts_us": pl.Float64,
                                     "delta_bytes": pl.Int64, "allocated_bytes": pl.Int64, "reserved_bytes": pl.Int64, "step": pl.Int64})
-    with_step = assign_steps(events).filter(pl.col("kind") == "memory_event")
+    with_step = assign_steps(events).lazy().filter(pl.col("kind") == "memory_event")
     return with_step.select(
         *KEYS,
         mem_device=device,
@@ -39,7 +39,7 @@ def memory_timeline(events: pl.DataFrame) -> pl.DataFrame:
         allocated_bytes="mem_total_allocated_bytes",
         reserved_bytes="mem_total_reserved_bytes",
         step="step",
-    ).sort(*KEYS, "mem_device", "ts_us")
+    ).sort(*KEYS, "mem_device", "ts_us").collect()
 
 
 def memory_peaks(timeline: pl.DataFrame) -> pl.DataFrame:

@@ -19,9 +19,12 @@ def profiler_steps(events: pl.DataFrame) -> pl.DataFrame:
 
     Ranks without ProfilerStep spans get a single NO_STEP window over all their events.
     """
+    # The regex runs over the distinct names, not every event's.
+    names = events.get_column("name").unique().cast(pl.String).drop_nulls()
+    step_names = names.filter(names.str.contains(PROFILER_STEP_RE)).to_list()
     marked = (
         events.lazy()
-        .filter((pl.col("device") == "cpu") & (pl.col("ph") == "X"))
+        .filter(pl.col("name").is_in(step_names) & (pl.col("device") == "cpu") & (pl.col("ph") == "X"))
         .with_columns(step=pl.col("name").cast(pl.String).str.extract(PROFILER_STEP_RE, 1).cast(pl.Int64))
         .filter(pl.col("step").is_not_null())
         .group_by(*KEYS, "step")
@@ -30,7 +33,7 @@ def profiler_steps(events: pl.DataFrame) -> pl.DataFrame:
     )
     extent = (
         events.lazy()
-        .filter(pl.col("kind").cast(pl.String) != "memory_event")
+        .filter(pl.col("kind") != "memory_event")
         .group_by(KEYS)
         .agg(start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max())
         .join(marked.lazy().select(KEYS).unique(), on=KEYS, how="anti")

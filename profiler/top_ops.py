@@ -20,27 +20,31 @@ CPU_OP_KINDS = ["op", "enqueue", "runtime"]
 def self_times(events: pl.DataFrame) -> pl.DataFrame:
     """CPU spans with a `self_us` column (run, rank, pid, tid, name, kind, ts_us, dur_us, self_us)."""
     spans = (
-        events.filter((pl.col("device") == "cpu") & (pl.col("ph") == "X") & pl.col("kind").is_in(CPU_SPAN_KINDS))
+        events.lazy()  # lazy: only the columns used are filtered
+        .filter((pl.col("device") == "cpu") & (pl.col("ph") == "X") & pl.col("kind").is_in(CPU_SPAN_KINDS))
         .select(*THREAD, "name", "kind", "ts_us", "dur_us", "end_us")
         .with_row_index("_op")
+        .collect()
     )
     # One integer per thread keeps the sorts below on three plain columns.
     threads = spans.select(THREAD).unique().with_row_index("_thr")
     keyed = spans.join(threads, on=THREAD, maintain_order="left").select("_op", "_thr", "ts_us", "dur_us", "end_us")
     # Closes sort before opens at the same instant (back-to-back siblings do not nest); a parent
     # opens before the child that starts with it (longer first). Each thread's opens and closes
-    # balance, so a running sum over the whole sorted frame is each thread's nesting depth.
+    # balance, so a running sum over the whole sorted frame is each thread's nesting depth. The
+    # sort is stable: two spans with the same start and duration nest in the order the trace
+    # lists them, the same way on every load.
     bounds = pl.concat([
         keyed.select("_thr", "_op", t=pl.col("ts_us"), delta=pl.lit(1, pl.Int32), order=-pl.col("dur_us")),
         keyed.select("_thr", "_op", t=pl.col("end_us"), delta=pl.lit(-1, pl.Int32), order=pl.lit(-float("inf"))),
-    ]).sort("_thr", "t", "order").with_columns(depth=pl.col("delta").cum_sum())
-    segments = bounds.with_columns(
-        seg_us=pl.when(pl.col("_thr").shift(-1) == pl.col("_thr")).then(pl.col("t").shift(-1) - pl.col("t"))
+    ]).sort("_thr", "t", "order", maintain_order=True).with_columns(depth=pl.col("delta").cum_sum())
+    # The time from a boundary to the next one on the thread belongs to the event open at that
+    # depth, which is the latest open among the boundaries that left the thread at that depth
+    # (had it closed, the depth would have dropped below and a newer open would come later).
+    owned = bounds.with_columns(
+        owner=pl.when(pl.col("delta") == 1).then(pl.col("_op")).forward_fill().over(["_thr", "depth"]),
+        seg_us=pl.when(pl.col("_thr").shift(-1) == pl.col("_thr")).then(pl.col("t").shift(-1) - pl.col("t")),
     ).filter((pl.col("depth") > 0) & (pl.col("seg_us") > 0))
-    opens = bounds.filter(pl.col("delta") == 1).select("_thr", "depth", "t", owner="_op").sort("t")
-    owned = segments.select("_thr", "depth", "t", "seg_us").sort("t").join_asof(
-        opens, on="t", by=["_thr", "depth"], strategy="backward", check_sortedness=False
-    )
     self_us = owned.group_by("owner").agg(self_us=pl.col("seg_us").sum()).rename({"owner": "_op"})
     return spans.join(self_us, on="_op", how="left").with_columns(pl.col("self_us").fill_null(0.0)).drop("_op", "end_us")
 
@@ -63,11 +67,13 @@ def top_kernels(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
     """Per rank, the `n` GPU kernels / copies with the most total time (a kernel's self time is its
     duration: nothing nests inside a kernel)."""
     return (
-        events.filter((pl.col("device") == "gpu") & (pl.col("kind") != "annotation"))
+        events.lazy()
+        .filter((pl.col("device") == "gpu") & (pl.col("kind") != "annotation"))
         .group_by(*KEYS, "name", "kind")
         .agg(count=pl.len(), total_us=pl.col("dur_us").sum(), mean_us=pl.col("dur_us").mean())
         .sort(*KEYS, "total_us", descending=[False, False, True])
         .group_by(KEYS, maintain_order=True)
         .head(n)
         .with_columns(pl.col("name").cast(pl.String), pl.col("kind").cast(pl.String))
+        .collect()
     )
