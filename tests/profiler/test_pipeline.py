@@ -186,3 +186,26 @@ def test_real_1f1b_run(runs):
     assert (b["compute_us"] > 0).all() and (b["comm_us"] > 0).all()
     total = b["compute_us"] + b["non_compute_us"] + b["idle_us"]
     assert ((total - b["window_us"]).abs() < 1e-3).all()
+
+
+@pytest.mark.multirank
+def test_real_hybrid_run_has_one_pipeline_per_pp_group(runs):
+    # The 3D run of tests/runners/test_hybrid.py (dp = pp = tp = 2), reused within a session.
+    run = runs("hybrid", 8, "--dp", "2", "--pp", "2", "--tp", "2")
+    traces = load_traces(run)
+    manifest = traces.runs[run.name]
+    groups = manifest["hybrid"]["groups"]["pp"]  # global ranks by pp coordinate
+    actions = pipeline_actions(traces.events, runs=traces.runs).filter(pl.col("step").is_not_null())
+    # every rank at pp coordinate c runs stage c (one stage per rank)
+    placed = dict(actions.group_by("rank").agg(pl.col("stage").unique()).select("rank", pl.col("stage").list.first()).iter_rows())
+    assert placed == {g: c for group in groups for c, g in enumerate(group)}
+    s = pipeline_summary(actions, traces.runs)
+    n_steps = s["step"].n_unique()
+    assert s.height == 8 * n_steps
+    assert s["order_matches"].all() and s["pp_ranks"].unique().to_list() == [2]
+    assert (s["bubble_pct"] >= s["ideal_pct"] - 1e-6).all()
+    # one window per pipeline replica and step, shared by that group's ranks only
+    for group in groups:
+        per_step = s.filter(pl.col("rank").is_in(group)).group_by("step").agg(pl.col("window_us").n_unique())
+        assert (per_step["window_us"] == 1).all()
+    assert s.group_by("step").agg(pl.col("window_us").n_unique())["window_us"].max() > 1
