@@ -12,19 +12,14 @@ import sys
 from pathlib import Path
 
 from profiler.errors import TraceError
-from profiler.load import _load_one
+from profiler.load import _load_one_safe
 
 
 def main(argv: list[str]) -> None:
     out_dir, files = Path(argv[0]), argv[1:]
     for f in files:
-        try:
-            _, meta, parquet = _load_one(Path(f), out_dir)
-            msg = {"path": f, "parquet": parquet, "meta": meta}
-        except TraceError as e:
-            msg = {"path": f, "error": e.problem}
-        except MemoryError:
-            msg = {"path": f, "error": "out of memory while parsing"}
+        res = _load_one_safe(Path(f), out_dir)
+        msg = {"path": f, "error": res.problem} if isinstance(res, TraceError) else {"path": f, "meta": res[0], "parquet": res[1]}
         print(json.dumps(msg), flush=True)
 
 

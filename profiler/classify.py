@@ -30,7 +30,18 @@ KINDS = ["compute", "comm", "memory", "other", "annotation", "op", "runtime", "e
 
 
 def classify(events: pl.DataFrame) -> pl.DataFrame:
-    """Add `device` ("gpu" / "cpu") and `kind` (one of KINDS) to a raw event frame."""
+    """Add `device` ("gpu" / "cpu") and `kind` (one of KINDS) to a raw event frame.
+
+    The rules are decided once per distinct (cat, name, ph), a few thousand in a trace of
+    hundreds of thousands of events, and joined back on those three columns only.
+    """
+    keys = ["cat", "name", "ph"]
+    table = _classify_distinct(events.select(keys).unique())
+    labels = events.select(keys).join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
+    return events.with_columns(labels["device"], labels["kind"])
+
+
+def _classify_distinct(events: pl.DataFrame) -> pl.DataFrame:
     cat = pl.col("cat").cast(pl.String).str.to_lowercase()
     name = pl.col("name").cast(pl.String)
     is_gpu = cat.is_in(GPU_CATS)

@@ -53,10 +53,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
-    except TraceError as e:
-        print(f"ptprof analyze: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ValueError as e:  # --rank / --step not in the traces
+    except (TraceError, ValueError) as e:  # ValueError: --rank / --step not in the traces
         print(f"ptprof analyze: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
@@ -65,6 +62,8 @@ def _run(args: argparse.Namespace) -> int:
     from profiler.load import load_traces
     from profiler.report import analyze, build_report, format_tables
 
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # before the work, not after it
+        raise TraceError(Path(args.json), "--json: its folder does not exist")
     traces = load_traces(args.paths, default_rank=args.trace_rank, rank_from_filename_first=args.rank_from_filename,
                          cache=not args.no_cache)
     if args.gpu or args.hta:
@@ -84,7 +83,10 @@ def _run(args: argparse.Namespace) -> int:
     for problem in traces.problems:
         print(f"ptprof analyze: skipped {problem}", file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        try:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+        except OSError as e:
+            raise TraceError(Path(args.json), f"--json: cannot write the report ({e.strerror})") from None
         if not args.quiet:
             print(f"\nreport: {args.json}")
     return EXIT_BAD_INPUT if traces.problems else 0

@@ -37,7 +37,7 @@ import polars as pl
 from profiler.classify import classify
 from profiler.errors import TraceError
 
-LOADER_VERSION = 5  # bump when the frame's schema or parsing changes: invalidates every cache entry
+LOADER_VERSION = 6  # bump when the frame's schema or parsing changes: invalidates every cache entry
 CACHE_ENV = "PTPROF_CACHE_DIR"
 RUN_MANIFEST = "run.json"
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -80,24 +80,20 @@ SCHEMA: dict[str, pl.DataType] = {
     "mem_device_type": pl.Int32(),
     "mem_device_id": pl.Int32(),
 }
-_PARSED_COLUMNS = [c for c in SCHEMA if c not in ("run", "rank", "thread", "device", "kind", "end_us")]
-# Kineto `[memory]` device types (c10::DeviceType): 0 CPU, 1 CUDA; ROCm builds report CUDA too.
-MEMORY_DEVICE_TYPES = {0: "cpu", 1: "cuda"}
 
 
 @dataclasses.dataclass(frozen=True)
 class RankPart:
-    """One loaded trace file: its run and rank, and its events in memory or in the parquet cache."""
+    """One loaded trace file: its run and rank, and its parsed events in a parquet file."""
 
     run: str
     rank: int
-    frame: pl.DataFrame | None  # None: read `parquet` when asked
-    parquet: str | None
+    parquet: str
 
     def events(self) -> pl.DataFrame:
-        """This file's rows of the event frame (SCHEMA)."""
-        frame = self.frame if self.frame is not None else pl.read_parquet(self.parquet)
-        return frame.with_columns(run=pl.lit(self.run), rank=pl.lit(self.rank, dtype=pl.Int32)).select(_cast_all())
+        """This file's rows of the event frame (SCHEMA). The parquet already has SCHEMA's types."""
+        frame = pl.read_parquet(self.parquet)
+        return frame.with_columns(run=pl.lit(self.run, pl.Categorical), rank=pl.lit(self.rank, pl.Int32)).select(list(SCHEMA))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +114,8 @@ class Traces:
     problems: list[TraceError]
     parts: tuple[RankPart, ...]
     _memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    # load_traces(cache=False): the private folder holding `parts`' parquet, removed with the Traces
+    _scratch: object = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def events(self) -> pl.DataFrame:
@@ -130,9 +128,6 @@ class Traces:
         for part in self.parts:
             if rank is None or part.rank == rank:
                 yield part.events()
-
-    def run_ids(self) -> list[str]:
-        return list(self.runs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,10 +313,15 @@ def _nelems(dims, typ) -> int | None:
     if not isinstance(dims, list):
         return None
     if typ == "TensorList" or (dims and isinstance(dims[0], list)):
-        return sum(math.prod(d) for d in dims if isinstance(d, list))
-    if typ in _NOT_TENSOR_TYPES:
+        shapes = [d for d in dims if isinstance(d, list)]
+        return sum(math.prod(d) for d in shapes) if all(_all_ints(d) for d in shapes) else None
+    if typ in _NOT_TENSOR_TYPES or not _all_ints(dims):
         return None
     return math.prod(dims)  # a 0-dim tensor ([]) has one element
+
+
+def _all_ints(dims: list) -> bool:
+    return all(isinstance(x, int) and not isinstance(x, bool) for x in dims)
 
 
 def _as_int(v) -> int | None:
@@ -389,7 +389,8 @@ def parse_trace_file(path: str | Path) -> tuple[pl.DataFrame, dict]:
     )
     meta = {
         "distributed_info": info if isinstance(info, dict) else None,
-        "device_name": ", ".join(sorted({d.get("name", "?") for d in devices if isinstance(d, dict)})) if isinstance(devices, list) else None,
+        "device_name": ", ".join(sorted({str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name") is not None}))
+        if isinstance(devices, list) else None,
         "dropped": dropped,
         "n_events": frame.height,
         "has_gpu": bool((frame["device"] == "gpu").any()),
@@ -442,12 +443,13 @@ def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], 
     cols["arg_nelems"] = pl.Series(nelems, dtype=pl.List(pl.Int64))
     cols["arg_types"] = pl.Series(types, dtype=pl.List(pl.String))
     frame = pl.DataFrame(cols)
-    n = frame.height
-    frame = frame.filter(pl.col("pid").is_not_null() & pl.col("tid").is_not_null())
-    string_pid = n - frame.height
-    n = frame.height
-    frame = frame.filter(pl.col("ts_us").is_not_null())
-    dropped = {"flow": n_flow, "string_pid": string_pid, "no_ts": n - frame.height, "other_ph": other_ph}
+    # One filter (one copy): dropped are events without a numeric pid/tid (Kineto's own "Spans"
+    # pseudo-process), then, of the rest, those without a timestamp.
+    has_ids = pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
+    no_ts = pl.col("ts_us").is_null()
+    string_pid, n_no_ts = frame.select(a=(~has_ids).sum(), b=(has_ids & no_ts).sum()).row(0)
+    frame = frame.filter(has_ids & ~no_ts)
+    dropped = {"flow": n_flow, "string_pid": string_pid, "no_ts": n_no_ts, "other_ph": other_ph}
     cast = {c: SCHEMA[c] for c in frame.columns if SCHEMA[c] == pl.Categorical()}
     return frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()]), thread_names, dropped
 
@@ -477,31 +479,36 @@ def _cache_key(path: Path) -> str:
     return hashlib.sha1(ident.encode()).hexdigest()[:20]
 
 
-def _load_one(path: Path, cache: Path | None) -> tuple[pl.DataFrame | None, dict, str | None]:
-    """(frame, meta, cached parquet path) for one file; frame is None when it went to the cache."""
-    if cache is not None:
-        key = _cache_key(path)
-        pq, mj = cache / f"{key}.parquet", cache / f"{key}.json"
-        if pq.is_file() and mj.is_file():
-            return None, json.loads(mj.read_text()), str(pq)
+def _load_one(path: Path, cache: Path) -> tuple[dict, str]:
+    """(meta, parquet path) for one file, parsed into `cache` unless an entry is already there."""
+    key = _cache_key(path)
+    pq, mj = cache / f"{key}.parquet", cache / f"{key}.json"
+    if pq.is_file() and mj.is_file():
+        try:
+            return json.loads(mj.read_text()), str(pq)
+        except (OSError, ValueError):
+            pass  # an entry left half-written by a killed process: parse again
     frame, meta = parse_trace_file(path)
-    if cache is None:
-        return frame, meta, None
-    tmp = pq.with_suffix(f".{os.getpid()}.tmp")
-    frame.write_parquet(tmp, compression="lz4", statistics=False)
-    os.replace(tmp, pq)
-    mj.write_text(json.dumps(meta))
-    return None, meta, str(pq)
+    # Both files through a temp name and a rename: a reader never sees half of either.
+    for final, write in ((pq, lambda t: frame.write_parquet(t, compression="lz4", statistics=False)),
+                         (mj, lambda t: t.write_text(json.dumps(meta)))):
+        tmp = final.with_suffix(f".{os.getpid()}.tmp")
+        write(tmp)
+        os.replace(tmp, final)
+    return meta, str(pq)
 
 
-def _load_one_safe(path: Path, cache: Path | None):
-    # Runs in worker processes: errors travel back as values so one bad file never kills a load.
+def _load_one_safe(path: Path, cache: Path):
+    # Runs in worker processes too: errors travel back as values so one bad file never kills a
+    # load, and whatever a malformed trace trips in the parser still names the file.
     try:
         return _load_one(path, cache)
     except TraceError as e:
         return e
     except MemoryError:
         return TraceError(path, "out of memory while parsing")
+    except Exception as e:  # noqa: BLE001
+        return TraceError(path, f"could not parse ({type(e).__name__}: {e})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,7 +566,10 @@ def load_traces(
     if not paths:
         raise TraceError(None, "no trace paths given")
     sources = find_sources(paths)
-    cache_path = cache_dir() if cache else None
+    # Without the cache, files are parsed into a private folder that lives as long as the Traces,
+    # so every load is analyzed one rank at a time from parquet either way.
+    scratch = None if cache else tempfile.TemporaryDirectory(prefix="ptprof-nocache-")
+    cache_path = cache_dir() if cache else Path(scratch.name)
     results = _load_all([s.path for s in sources], cache_path, workers=workers, progress=progress)
 
     problems: list[TraceError] = []
@@ -571,7 +581,7 @@ def load_traces(
         if isinstance(res, TraceError):
             problems.append(res)
             continue
-        frame, meta, parquet = res
+        meta, parquet = res
         try:
             if src.run not in runs:
                 runs[src.run] = _read_manifest(src.run_dir)
@@ -591,7 +601,7 @@ def load_traces(
             "device_name": meta.get("device_name"), "pg_config": json.dumps(info.get("pg_config")) if info.get("pg_config") else None,
             "n_events": meta["n_events"],
         })
-        parts.append(RankPart(src.run, rank, frame, parquet))
+        parts.append(RankPart(src.run, rank, parquet))
     if not parts:
         if len(problems) == 1:
             raise problems[0]
@@ -599,21 +609,17 @@ def load_traces(
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["run"], rows[i]["rank"]))
     ranks = pl.DataFrame([rows[i] for i in order]).with_columns(pl.col("run").cast(pl.Categorical))
     runs = {r: m for r, m in runs.items() if r in set(ranks["run"].cast(pl.String))}
-    return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order))
+    return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order), _scratch=scratch)
 
 
-def _cast_all() -> list[pl.Expr]:
-    return [pl.col(c).cast(t) for c, t in SCHEMA.items()]
-
-
-def _load_all(paths: list[Path], cache: Path | None, *, workers: int | None, progress: bool | None):
+def _load_all(paths: list[Path], cache: Path, *, workers: int | None, progress: bool | None):
     """Parse every file, several at once in worker processes; results in input order.
 
     Workers are plain `python -m profiler._worker` processes (not multiprocessing), so callers
     need no `if __name__ == "__main__"` guard; they hand frames back through parquet files.
     """
     n_workers = max(1, min(len(paths), workers or os.cpu_count() or 1))
-    pending = [p for p in paths if cache is None or not _cached(p, cache)]
+    pending = [p for p in paths if not _cached(p, cache)]
     show = progress if progress is not None else (len(paths) > 1 and sys.stderr.isatty())
     bar = _progress_bar(len(paths), show)
     results: dict[Path, object] = {}
@@ -626,14 +632,9 @@ def _load_all(paths: list[Path], cache: Path | None, *, workers: int | None, pro
             if p not in pending:
                 results[p] = _load_one_safe(p, cache)
                 bar.update(1)
-        with tempfile.TemporaryDirectory(prefix="ptprof-load-") as handoff:
-            out_dir = cache if cache is not None else Path(handoff)
-            for p, res in _run_workers(pending, out_dir, min(n_workers, len(pending))):
-                if not isinstance(res, TraceError) and cache is None:
-                    frame = pl.read_parquet(res[2])
-                    res = (frame, res[1], None)
-                results[p] = res
-                bar.update(1)
+        for p, res in _run_workers(pending, cache, min(n_workers, len(pending))):
+            results[p] = res
+            bar.update(1)
     bar.close()
     return [results[p] for p in paths]
 
@@ -662,7 +663,7 @@ def _run_workers(paths: list[Path], out_dir: Path, n: int):
             if "error" in msg:
                 done.put((p, TraceError(p, msg["error"])))
             else:
-                done.put((p, (None, msg["meta"], msg["parquet"])))
+                done.put((p, (msg["meta"], msg["parquet"])))
         err = proc.stderr.read()
         proc.wait()
         for p in chunk:
