@@ -17,6 +17,8 @@ output, the reduce-scatter input), algbw = size / time, busbw = algbw * factor(k
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 
 from profiler.steps import KEYS, assign_steps
@@ -135,7 +137,8 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
         .with_columns(k=pl.int_range(pl.len()).over(*KEYS, "pid", "algo", "n_key"))
     )
     enq = (
-        events.filter((pl.col("kind") == "enqueue") & name.str.starts_with("c10d::"))
+        events.filter(pl.col("kind") == "enqueue")  # the few enqueues first: the name test casts every name
+        .filter(name.str.starts_with("c10d::"))
         .with_columns(collective=_kind(name.str.replace("^c10d::", "").str.strip_suffix("_")))
         .filter(pl.col("collective").is_not_null())
         .with_columns(algo=pl.col("collective").replace(GLOO_ALGO))
@@ -183,7 +186,6 @@ def _single_groups(ranks: pl.DataFrame | None) -> pl.DataFrame:
     schema = {"run": pl.Categorical, "rank": pl.Int32, "g_ranks": pl.String, "g_size": pl.Int64}
     if ranks is None or "pg_config" not in ranks.columns:
         return pl.DataFrame(schema=schema)
-    import json
 
     rows = []
     for run, rank, cfg, world in ranks.select("run", "rank", "pg_config", "world_size").iter_rows():

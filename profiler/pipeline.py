@@ -212,13 +212,16 @@ def pipeline_summary(actions: pl.DataFrame, runs: dict[str, dict | None]) -> pl.
     if actions.is_empty():
         return None
     by = [*KEYS, "step"]
-    # Each pipeline replica (a hybrid run's pp group) has its own window.
-    pipes = pl.DataFrame(
-        [{"run": run, "rank": g, "_pipe": k} for run in actions["run"].cast(pl.String).unique().to_list()
-         for g, (k, _) in (pp_coordinates(runs.get(run)) or {}).items()],
-        schema={"run": pl.String, "rank": pl.Int32, "_pipe": pl.Int64},
+    # Each rank's pipeline replica and pp coordinate: a hybrid run's pp groups, else replica 0 and
+    # the rank itself. Each replica has its own window and replay.
+    coords = pl.DataFrame(
+        [{"run": run, "rank": g, "_pipe": k, "_coord": c} for run in actions["run"].cast(pl.String).unique().to_list()
+         for g, (k, c) in (pp_coordinates(runs.get(run)) or {}).items()],
+        schema={"run": pl.String, "rank": pl.Int32, "_pipe": pl.Int64, "_coord": pl.Int64},
     ).with_columns(pl.col("run").cast(actions.schema["run"]))
-    actions = actions.join(pipes, on=KEYS, how="left").with_columns(pl.col("_pipe").fill_null(0))
+    actions = actions.join(coords, on=KEYS, how="left").with_columns(
+        pl.col("_pipe").fill_null(0), pl.col("_coord").fill_null(pl.col("rank").cast(pl.Int64))
+    )
     span = actions.group_by("run", "_pipe", "step").agg(window_start_us=pl.col("start_us").min(), window_end_us=pl.col("end_us").max())
     busy = union(actions.select(*by, "start_us", "end_us"), by).group_by(by).agg(busy_us=(pl.col("end_us") - pl.col("start_us")).sum())
     grid = pipeline_grid(actions)
@@ -244,14 +247,11 @@ def pipeline_summary(actions: pl.DataFrame, runs: dict[str, dict | None]) -> pl.
 
 
 def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
-    """Rows of (run, rank, step) -> shape, theory_pct, ideal_pct, order facts for one run."""
+    """Rows of (run, rank, step) -> shape, theory_pct, ideal_pct, order facts for one run
+    (actions with the `_pipe` and `_coord` columns of pipeline_summary)."""
     cfg = manifest.get("pipeline") or {}
-    ranks = sorted(actions["rank"].unique().to_list())
-    # global rank -> (pipeline replica, pp coordinate): a hybrid run's pp groups, else the rank itself.
-    coords = pp_coordinates(manifest) or {r: (0, r) for r in ranks}
-    coords = {r: coords[r] for r in ranks if r in coords}
-    pipes: dict[int, dict[int, int]] = {}
-    for r, (k, c) in coords.items():
+    pipes: dict[int, dict[int, int]] = {}  # replica -> pp coordinate -> global rank
+    for r, k, c in actions.select("rank", "_pipe", "_coord").unique().iter_rows():
         pipes.setdefault(k, {})[c] = r
     p = _positive_int(cfg.get("ranks")) or max(len(members) for members in pipes.values())
     stages = actions["stage"].n_unique()
