@@ -141,12 +141,12 @@ class _Source:
     run_dir: Path | None  # the folder whose run.json (if any) describes this file
 
 
-def _is_trace_file(p: Path) -> bool:
+def is_trace_file(p: Path) -> bool:
     return p.is_file() and not p.name.startswith(".") and p.name != RUN_MANIFEST and p.name.endswith(TRACE_SUFFIXES)
 
 
 def _trace_files_in(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if _is_trace_file(p))
+    return sorted(p for p in folder.iterdir() if is_trace_file(p))
 
 
 def _run_name(folder: Path) -> str:

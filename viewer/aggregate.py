@@ -17,14 +17,13 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.intervals import union
+from profiler.steps import PROFILER_STEP_RE
 
-CATEGORIES = ["compute", "comm", "memory", "other", "idle"]
 KIND_CATEGORY = {"compute": "compute", "op": "compute", "comm": "comm", "enqueue": "comm", "memory": "memory",
                  "runtime": "other", "other": "other"}
 LANE_ORDER = {"main": 0, "threads": 1, "comm": 2}  # GPU streams come after, by stream id
 MAX_BINS = 400  # per lane, over the visible range
 RAW_LIMIT = 4000  # at most this many events in view: send them as they are, names and all
-STEP_RE = r"^ProfilerStep\s*#"
 
 _KEYS = ["run", "rank", "lane"]
 
@@ -39,7 +38,7 @@ def timeline_intervals(events: pl.DataFrame, *, origin_us: float = 0.0) -> tuple
     c = pl.col
     spans = events.filter((c("ph") == "X") & (c("dur_us") > 0))
     main = (
-        spans.filter(c("name").cast(pl.String).str.contains(STEP_RE))
+        spans.filter(c("name").cast(pl.String).str.contains(PROFILER_STEP_RE))
         .group_by("run", "rank").agg(main_tid=c("tid").first())
     )
     comm_tids = spans.filter((c("device") == "cpu") & (c("kind") == "comm")).select("run", "rank", "tid").unique().with_columns(is_comm=pl.lit(True))

@@ -18,21 +18,22 @@ import datetime as dt
 import json
 import logging
 import re
+import shutil
 import threading
 import zlib
 from pathlib import Path
 
 import polars as pl
 
-from profiler import TraceError, Traces, analyze, load_traces, memory_peaks, memory_timeline, pipeline_actions, theory_bubble_pct
+from profiler import TraceError, Traces, analyze, ideal_orders, load_traces, memory_timeline, pipeline_actions
+from profiler.load import RUN_MANIFEST, TRACE_SUFFIXES, is_trace_file
+from profiler.pipeline import schedule_theory_pct
 from profiler.report import Analysis
 
 from viewer import aggregate
 
 log = logging.getLogger(__name__)
 
-RUN_MANIFEST = "run.json"
-TRACE_SUFFIXES = (".json", ".json.gz")
 MAX_UPLOAD_BYTES = 64 * 2**20  # per uploaded file, as sent (compressed if .gz); stated on the Open page
 MAX_UNPACKED_BYTES = 1024 * 2**20  # a .gz upload may expand to this much, no more (gzip bombs)
 SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
@@ -56,13 +57,9 @@ def resolve_under(root: Path, path: str | Path) -> Path:
     return candidate
 
 
-def _is_trace_file(p: Path) -> bool:
-    return p.is_file() and not p.name.startswith(".") and p.name != RUN_MANIFEST and p.name.endswith(TRACE_SUFFIXES)
-
-
 def _is_run_folder(p: Path) -> bool:
     return p.is_dir() and not p.name.startswith(".") and (
-        (p / RUN_MANIFEST).is_file() or any(_is_trace_file(f) for f in p.iterdir())
+        (p / RUN_MANIFEST).is_file() or any(is_trace_file(f) for f in p.iterdir())
     )
 
 
@@ -111,7 +108,8 @@ class RunData:
         return self._once("memory", lambda: memory_timeline(self.events))
 
     def pipeline_actions(self) -> pl.DataFrame:
-        return self._once("pipeline_actions", lambda: pipeline_actions(self.events))
+        # The events carry `run_id` as their run, so run.json (its span_format) is keyed by it.
+        return self._once("pipeline_actions", lambda: pipeline_actions(self.events, runs={self.run_id: self.manifest}))
 
 
 class RunStore:
@@ -143,7 +141,11 @@ class RunStore:
     def run_id_of(self, path: str | Path) -> str:
         """The run id (relative folder) of a path inside the root; PathRefused if it is no run folder."""
         folder = self.resolve(path)
-        if folder == self.root or not _is_run_folder(folder):
+        try:
+            is_run = folder != self.root and _is_run_folder(folder)
+        except OSError as e:  # a name too long for the file system, a folder we may not read, ...
+            raise PathRefused(f"{str(path)[:80]!r}: {e.strerror or e}") from None
+        if not is_run:
             raise PathRefused(f"{str(path)!r} is not a run folder (no run.json or *.json[.gz] traces in it)")
         return folder.relative_to(self.root).as_posix()
 
@@ -151,8 +153,8 @@ class RunStore:
 
     def get(self, run_id: str) -> RunData:
         """The run's data, loading and analyzing it on first use or when its files changed."""
-        folder = self.resolve(run_id)
-        run_id = folder.relative_to(self.root).as_posix()
+        run_id = self.run_id_of(run_id)  # refuses the root, group folders and made-up ids: nothing cached for them
+        folder = self.root / run_id
         with self._guard:
             lock = self._locks.setdefault(run_id, threading.Lock())
         with lock:
@@ -195,23 +197,32 @@ class RunStore:
             checked.append((name, blob))
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         folder = self.root / f"{UPLOAD_PREFIX}{stamp}"
-        folder.mkdir(parents=True)
-        for name, blob in checked:
-            target = resolve_under(folder, name)  # belt and braces: the name was validated above
-            target.write_bytes(blob)
+        try:
+            folder.mkdir(parents=True)
+            for name, blob in checked:
+                target = resolve_under(folder, name)  # belt and braces: the name was validated above
+                target.write_bytes(blob)
+        except OSError as e:  # disk full, read-only root, ...: leave no half-written run behind
+            shutil.rmtree(folder, ignore_errors=True)
+            raise PathRefused(f"could not save the upload: {e.strerror or e}") from None
         return folder.relative_to(self.root).as_posix()
 
 
 def _check_unpacked_size(name: str, blob: bytes) -> None:
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    """PathRefused unless the gzip `blob` unpacks to at most MAX_UNPACKED_BYTES, counting every
+    member (a gzip file may be several concatenated members, and gzip.open reads them all)."""
     total = 0
+    rest = blob
     try:
-        chunk = d.decompress(blob, 2**20)
-        while chunk:
-            total += len(chunk)
-            if total > MAX_UNPACKED_BYTES:
-                raise PathRefused(f"{name}: unpacks to more than {MAX_UNPACKED_BYTES // 2**20} MiB")
-            chunk = d.decompress(d.unconsumed_tail, 2**20)
+        while rest:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            chunk = d.decompress(rest, 2**20)
+            while chunk:
+                total += len(chunk)
+                if total > MAX_UNPACKED_BYTES:
+                    raise PathRefused(f"{name}: unpacks to more than {MAX_UNPACKED_BYTES // 2**20} MiB")
+                chunk = d.decompress(d.unconsumed_tail, 2**20)
+            rest = d.unused_data.lstrip(b"\0")  # gzip.open skips zero padding between members too
     except zlib.error as e:
         raise PathRefused(f"{name}: not a valid gzip file ({e})") from None
 
@@ -341,8 +352,7 @@ def memory_frames(runs: list[RunData], max_points: int = 800) -> tuple[pl.DataFr
         curve = tl.select("run", "rank", "mem_device", "allocated_bytes", t_ms=(pl.col("ts_us") - origin) / 1e3)
         curves.append(d.relabel(aggregate.decimate_curve(curve, by=["run", "rank", "mem_device"], x="t_ms", y="allocated_bytes",
                                                          max_points=max_points)))
-        pk = memory_peaks(tl).with_columns(peak_t_ms=(pl.col("peak_ts_us") - origin) / 1e3)
-        peaks.append(d.relabel(pk))
+        peaks.append(d.relabel(d.analysis.memory_peaks.with_columns(peak_t_ms=(pl.col("peak_ts_us") - origin) / 1e3)))
     return _concat(curves), _concat(peaks)
 
 
@@ -350,33 +360,36 @@ def pipeline_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, pl
     """(actions, ideal, summary) for the pipeline grid.
 
     actions: the profiler's pipeline actions of each run's last profiled step, ms from that step's
-    start. ideal: run.json's `pipeline.ideal_order`, one slot per action. summary: per run, the
-    profiler's measured bubble and theory (means over ranks); theory from run.json's shape where
-    nothing was measured.
+    start. ideal: run.json's `pipeline.ideal_order` on the global ranks (profiler.ideal_orders), one
+    slot per action. summary: per run, the profiler's measured bubble and theory (means over
+    ranks); where nothing was measured, the schedule's textbook bubble from run.json's shape (None
+    without one, or when the shape is missing or not positive integers).
     """
     acts, ideal, summary = [], [], []
     for d in _ok(runs):
         a = d.pipeline_actions()
-        if a.height:
-            steps = d.analysis.steps.filter(pl.col("step") == d.analysis.steps["step"].max())
-            t0, t1 = float(steps["start_us"].min()), float(steps["end_us"].max())
-            a = a.filter((pl.col("start_us") >= t0) & (pl.col("start_us") < t1))
+        if a.height and d.analysis.steps.height:
+            last = d.analysis.steps["step"].max()
+            t0 = float(d.analysis.steps.filter(pl.col("step") == last)["start_us"].min())
+            a = a.filter(pl.col("step") == last)  # each action's own step (the profiler's assignment)
             acts.append(d.relabel(a.select("run", "rank", "action", "microbatch",
                                            start_ms=(pl.col("start_us") - t0) / 1e3, end_ms=(pl.col("end_us") - t0) / 1e3)))
-        cfg = (d.manifest or {}).get("pipeline") or {}
-        rows = [
-            {"run": d.run_id, "rank": rank, "slot": slot, "action": str(item[0]), "stage": item[1], "microbatch": item[2]}
-            for rank, order in enumerate(cfg.get("ideal_order") or [])
-            for slot, item in enumerate(order)
-            if isinstance(item, (list, tuple)) and len(item) == 3
-        ]
-        if rows:
-            ideal.append(pl.DataFrame(rows))
+        order = ideal_orders({d.run_id: d.manifest})  # pp coordinates -> global ranks (hybrid runs)
+        if order.height:
+            ideal.append(order)
         measured = d.analysis.pipeline
+        cfg = (d.manifest or {}).get("pipeline") or {}
+        p, m = _positive_int(cfg.get("ranks")), _positive_int(cfg.get("microbatches"))
+        v = _positive_int(cfg.get("stages_per_rank", 1))
         if measured is not None and measured.height:
             summary.append(d.relabel(measured).group_by("run").agg(pl.col("bubble_pct", "theory_pct", "ideal_pct").mean()))
-        elif cfg.get("ranks") and cfg.get("microbatches"):
-            summary.append(pl.DataFrame({"run": [d.run_id], "bubble_pct": [None], "ideal_pct": [None], "theory_pct": [
-                theory_bubble_pct(int(cfg["ranks"]), int(cfg["microbatches"]), int(cfg.get("stages_per_rank") or 1))]},
-                schema={"run": pl.String, "bubble_pct": pl.Float64, "ideal_pct": pl.Float64, "theory_pct": pl.Float64}))
+        elif p and m:
+            theory = schedule_theory_pct(cfg.get("schedule"), p, m, v, {}) if v else None
+            summary.append(pl.DataFrame({"run": [d.run_id], "bubble_pct": [None], "ideal_pct": [None], "theory_pct": [theory]},
+                                        schema={"run": pl.String, **dict.fromkeys(["bubble_pct", "ideal_pct", "theory_pct"], pl.Float64)}))
     return _concat(acts), _concat(ideal), _concat(summary)
+
+
+def _positive_int(v) -> int | None:
+    """`v` if it is a positive int (run.json is user data: strings, floats, bools and the like are not)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None

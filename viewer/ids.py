@@ -1,8 +1,5 @@
 """Component ids, one constant each, prefixed by page, so callbacks and tests agree on them."""
 
-# shell
-NAV = "nav"
-
 # Runs page
 RUNS_TABLE = "runs-table"
 RUNS_RELOAD = "runs-reload"

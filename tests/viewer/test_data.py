@@ -4,11 +4,18 @@ the cache, and what each callback returns for the sample runs."""
 from __future__ import annotations
 
 import base64
+import errno
 import gzip
 import json
 import os
+import types
+from pathlib import Path
 
+import polars as pl
 import pytest
+
+from profiler import SCHEMA
+from profiler.pipeline import ACTION_COLUMNS
 
 from tests.viewer.conftest import BROKEN
 from viewer import data
@@ -111,6 +118,31 @@ def test_runs_are_cached_until_their_files_change(tmp_path, traces_root):
     assert store.get("run") is not first and store.get("run").ok
 
 
+def test_only_run_folders_are_loaded_and_cached(tmp_path):
+    """The root, a group folder and made-up ids are refused before anything is loaded or cached."""
+    (tmp_path / "team" / "run").mkdir(parents=True)
+    (tmp_path / "team" / "run" / "rank0.json").write_text("{}")
+    store = RunStore(tmp_path)
+    for bad in [".", "", "team", "team/no-such-run", "no-such-run", str(tmp_path)]:
+        with pytest.raises(PathRefused):
+            store.get(bad)
+    assert not store._cache and not store._locks
+    assert store.get("team/run").run_id == "team/run" and list(store._cache) == ["team/run"]
+    (made_up,) = store.get_many(["no-such-run"])
+    assert not made_up.ok and "not a run folder" in made_up.error
+
+
+def test_a_name_too_long_is_refused_not_a_traceback(tmp_path, pages):
+    (tmp_path / "team").mkdir()
+    store = RunStore(tmp_path)
+    for name in ["a" * 300, "team/" + "b" * 300]:
+        with pytest.raises(PathRefused, match="too long"):
+            store.run_id_of(name)
+        assert "Refused" in str(pages.open.open_folder(store, name))
+        (run,) = store.get_many([name])
+        assert not run.ok and "too long" in run.error
+
+
 # ---------------------------------------------------------------------------------------------
 # Uploads
 
@@ -147,6 +179,33 @@ def test_upload_limits(tmp_path, pages, monkeypatch):
     assert "malformed" in str(pages.open.open_upload(store, ["data:x;base64,!!!"], ["rank0.json"]))
     assert "malformed" in str(pages.open.open_upload(store, ["not a data url"], ["rank0.json"]))
     assert not list(tmp_path.iterdir())
+
+
+def test_upload_limit_counts_every_gzip_member(tmp_path, pages, monkeypatch):
+    """gzip.open reads concatenated members: their sizes add up against the limit."""
+    store = RunStore(tmp_path)
+    monkeypatch.setattr(data, "MAX_UPLOAD_BYTES", 10**6)
+    monkeypatch.setattr(data, "MAX_UNPACKED_BYTES", 10**6)
+    member = gzip.compress(b"\0" * (6 * 10**5))  # each alone is under the limit, both are over it
+    assert "unpacks to more than" in str(pages.open.open_upload(store, [_data_url(member * 2)], ["rank0.json.gz"]))
+    assert not list(tmp_path.iterdir())
+    data._check_unpacked_size("ok.json.gz", gzip.compress(b"{}") * 3 + b"\0" * 8)  # small members, zero padding: fine
+
+
+def test_a_failed_upload_write_leaves_nothing_behind(tmp_path, pages, monkeypatch):
+    store = RunStore(tmp_path)
+    written = []
+
+    def write_bytes(self, blob):
+        if written:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written.append(self)
+        return Path.open(self, "wb").write(blob)
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    out = str(pages.open.open_upload(store, [_data_url(b"{}"), _data_url(b"{}")], ["rank0.json", "rank1.json"]))
+    assert written and "Upload refused" in out and os.strerror(errno.ENOSPC) in out
+    assert not list(tmp_path.iterdir())  # the first file was written, then removed with its folder
 
 
 def test_an_uploaded_non_trace_shows_its_error(tmp_path, pages):
@@ -196,6 +255,74 @@ def test_pipeline_frames_carry_the_ideal_order(store):
     row = summary.row(0, named=True)
     assert row["theory_pct"] is None
     assert 0 < row["ideal_pct"] <= row["bubble_pct"] < 100
+
+
+def test_memory_peaks_are_the_profilers(store):
+    run = store.get("sample-ddp-2r")
+    _, peaks = data.memory_frames([run])
+    want = run.analysis.memory_peaks.sort("rank", "mem_device")["peak_allocated_bytes"].to_list()
+    assert peaks.sort("rank", "mem_device")["peak_allocated_bytes"].to_list() == want and peaks["peak_t_ms"].null_count() == 0
+
+
+def _pipeline_run(manifest: dict | None, *, actions: pl.DataFrame | None = None, steps: pl.DataFrame | None = None,
+                  events: pl.DataFrame | None = None) -> data.RunData:
+    """A loaded run holding just what pipeline_frames reads (no pipeline summary measured)."""
+    steps = steps if steps is not None else pl.DataFrame(schema={"run": pl.String, "rank": pl.Int32, "step": pl.Int64,
+                                                                 "start_us": pl.Float64, "end_us": pl.Float64})
+    run = data.RunData(run_id="pp-run", folder=Path("."), manifest=manifest,
+                       traces=types.SimpleNamespace(events=events if events is not None else pl.DataFrame(schema=SCHEMA)),
+                       analysis=types.SimpleNamespace(pipeline=None, steps=steps))
+    if actions is not None:
+        run.pipeline_actions = lambda: actions
+    return run
+
+
+def test_pipeline_ideal_order_is_on_global_ranks(tmp_path):
+    """A hybrid run's ideal_order rows are pp coordinates, repeated on every pp group's global ranks."""
+    manifest = {"pipeline": {"ideal_order": [[["F", 0, 0], ["B", 0, 0]], [["F", 1, 0], ["B", 1, 0]]]},
+                "hybrid": {"groups": {"pp": [[0, 2], [1, 3]]}}}
+    _, ideal, _ = data.pipeline_frames([_pipeline_run(manifest)])
+    stages = dict(ideal.group_by("rank").agg(pl.col("stage").unique().first()).iter_rows())
+    assert stages == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert ideal.filter(pl.col("rank") == 3).sort("slot")["action"].to_list() == ["F", "B"]
+
+
+@pytest.mark.parametrize("cfg, theory", [
+    ({"schedule": "1f1b", "ranks": 2, "microbatches": 4, "stages_per_rank": 1}, 100 / 5),
+    ({"schedule": "1f1b", "ranks": 2, "microbatches": 4}, 100 / 5),
+    ({"schedule": "interleaved-1f1b", "ranks": 2, "microbatches": 4, "stages_per_rank": 2}, 100 / 9),
+    ({"schedule": "zbv", "ranks": 2, "microbatches": 4, "stages_per_rank": 2}, None),  # no closed form
+    ({"schedule": "1f1b", "ranks": 2, "microbatches": 4, "stages_per_rank": "two"}, None),
+    ({"schedule": "1f1b", "ranks": "2", "microbatches": 4}, "no row"),
+    ({"schedule": "1f1b", "ranks": 2, "microbatches": 0}, "no row"),
+    ({"schedule": "1f1b", "ranks": True, "microbatches": 4}, "no row"),
+])
+def test_pipeline_theory_from_run_json_when_nothing_was_measured(cfg, theory):
+    _, _, summary = data.pipeline_frames([_pipeline_run({"pipeline": cfg})])
+    if theory == "no row":
+        assert summary.is_empty()
+        return
+    (row,) = summary.to_dicts()
+    assert row["bubble_pct"] is None and row["theory_pct"] == (pytest.approx(theory) if theory is not None else None)
+
+
+def test_pipeline_actions_are_picked_by_their_step():
+    """Rank 1's steps run later than rank 0's: its step-1 action inside rank 0's last step window stays out."""
+    steps = pl.DataFrame({"run": ["r"] * 4, "rank": [0, 0, 1, 1], "step": [1, 2, 1, 2], "start_us": [0.0, 100.0, 0.0, 150.0],
+                          "end_us": [100.0, 200.0, 150.0, 250.0]}, schema_overrides={"rank": pl.Int32})
+    actions = pl.DataFrame({"run": ["r"] * 3, "rank": [0, 1, 1], "step": [2, 1, 2], "action": ["F", "B", "F"], "stage": [0, 1, 1],
+                            "microbatch": [0, 3, 0], "slot": [0, 7, 0], "start_us": [100.0, 120.0, 160.0],
+                            "end_us": [110.0, 140.0, 170.0], "dur_us": [10.0] * 3}).cast(ACTION_COLUMNS)
+    acts, _, _ = data.pipeline_frames([_pipeline_run(None, actions=actions, steps=steps)])
+    assert acts.sort("rank").select("rank", "action", "start_ms").rows() == [(0, "F", 0.0), (1, "F", 0.06)]
+
+
+def test_pipeline_actions_follow_run_json_span_format():
+    spans = [("ProfilerStep#1", 0.0, 100.0), ("pp F s0 mb0", 10.0, 10.0), ("pp B s0 mb0", 30.0, 20.0), ("ptprof/pp/F s0 mb1", 60.0, 5.0)]
+    events = pl.DataFrame([{"run": "from-run-json", "rank": 0, "name": n, "ph": "X", "device": "cpu", "kind": "op", "tid": 1,
+                            "ts_us": t, "dur_us": d, "end_us": t + d} for n, t, d in spans], schema=SCHEMA)
+    run = _pipeline_run({"pipeline": {"span_format": "pp {kind} s{stage} mb{microbatch}"}}, events=events)
+    assert run.pipeline_actions().select("run", "action", "microbatch", "step").rows() == [("pp-run", "F", 0, 1), ("pp-run", "B", 0, 1)]
 
 
 def test_cli_args():

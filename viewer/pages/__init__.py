@@ -7,6 +7,8 @@ import dash
 from viewer.data import RunStore
 
 STORE_KEY = "PTPROF_RUN_STORE"
+MAX_COMPARE = 4  # runs side by side: the Runs page's limit on ticks, the Compare page's on ids
+FONT = "system-ui, -apple-system, Segoe UI, sans-serif"  # of the pages' tables
 
 
 def current_store() -> RunStore:

@@ -11,23 +11,20 @@ from dash import Input, Output, callback, ctx, dash_table, dcc, html
 from viewer import data, figures, ids
 from viewer.data import RunStore
 from viewer.figures import COLLECTIVE_COLUMNS
-from viewer.pages import current_store
+from viewer.pages import FONT, MAX_COMPARE, current_store
 
-
-MAX_RUNS = 4
-FONT = "system-ui, -apple-system, Segoe UI, sans-serif"
 GRAPH_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 _RANGE_KEY = re.compile(r"^xaxis\d*\.range(\[[01]\])?$")
 
 
 def parse_runs(runs: str | None) -> list[str]:
-    """Run ids from the `runs` query parameter: comma separated, duplicates dropped, at most MAX_RUNS."""
+    """Run ids from the `runs` query parameter: comma separated, duplicates dropped, at most MAX_COMPARE."""
     picked = []
     for r in (runs or "").split(","):
         r = r.strip()
         if r and r not in picked:
             picked.append(r)
-    return picked[:MAX_RUNS]
+    return picked[:MAX_COMPARE]
 
 
 def _card(title: str, hint: str, *children):

@@ -7,7 +7,7 @@ from dash import Input, Output, callback, dash_table, dcc, html
 
 from viewer import ids
 from viewer.data import RUN_COLUMNS, RunStore, run_row
-from viewer.pages import compare_href, current_store
+from viewer.pages import FONT, MAX_COMPARE, compare_href, current_store
 
 
 COLUMN_NAMES = {
@@ -16,8 +16,6 @@ COLUMN_NAMES = {
     "peak_mib": "peak MiB (max rank)", "peak_mib_per_rank": "peak MiB per rank", "status": "status",
 }
 NUMERIC = {"ranks", "steps", "step_ms", "exposed_comm_pct", "overlap_pct", "bubble_pct", "peak_mib"}
-MAX_COMPARE = 4
-FONT = "system-ui, -apple-system, Segoe UI, sans-serif"
 
 
 def layout(**_query):
