@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv, validate
-from runners.paradigms import PARADIGMS
+from runners.paradigms import PARADIGMS, check_flags
 
 EXIT_USAGE = 2  # bad arguments or an impossible request: nothing was started
 EXIT_FAILED = 1  # the run started and a rank failed
@@ -74,7 +74,8 @@ def _add_run_parser(sub) -> None:
         "--rdzv-endpoint",
         default=None,
         metavar="HOST:PORT",
-        help="c10d rendezvous endpoint shared by all nodes (default: a free local port, one node)",
+        help="node 0's HOST:PORT, the same on every node: node 0 hosts the rendezvous store "
+        "(default: a free local port, one node)",
     )
     launch.add_argument("--rdzv-id", default=None, help="rendezvous id shared by all nodes (default: the run id)")
     add_run_arguments(run)
@@ -98,7 +99,7 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str]:
         raise UsageError(f"--name {name!r} must be a plain folder name (no '/', not starting with '.')")
     opts = options_from_namespace(ns, device=device, run_id=name)
     paradigm = PARADIGMS[opts.paradigm]
-    problem = validate(opts, paradigm.data_parallel(opts)) or paradigm.check(opts)
+    problem = check_flags(opts) or validate(opts, paradigm.data_parallel(opts)) or paradigm.check(opts)
     if problem:
         raise UsageError(problem)
     if (Path(opts.out) / name).exists():

@@ -82,6 +82,9 @@ class Parallel:
     train_step: Callable[["Parallel", torch.Tensor, torch.Tensor, "MemoryProbe"], torch.Tensor | None] | None = None
     reports_loss: bool = True  # does this rank's loss count toward the global loss?
     extra: dict = field(default_factory=dict)  # paradigm-specific run.json blocks (e.g. "pipeline")
+    # The step-phase annotations the runner records (run.json "phases"): pipelines record only the
+    # optimizer's, their forward/backward being per-microbatch spans.
+    phases: dict[str, str] = field(default_factory=lambda: dict(PHASES))
     # Called on every rank after the profiled steps, before run.json: the place for collectives
     # that summarize the run (they stay out of the traces).
     after_training: Callable[[], None] | None = None
@@ -279,6 +282,8 @@ def train(ctx: Context, par: Parallel) -> dict:
     )
     progress_rank = _first_loss_rank(par)
     probe = MemoryProbe()
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)  # the peak of training, not of building the model
     losses: list[float | None] = []
     step_times: list[float] = []
     with profiler:
@@ -385,7 +390,7 @@ def write_manifest(ctx: Context, par: Parallel, n_params: int, ranks: list[dict]
             "with_stack": opts.with_stack,
             "record_shapes": True,
         },
-        "phases": PHASES,
+        "phases": par.phases,
         "losses": global_losses(ranks),
         "ranks": ranks,
         "pipeline": None,
@@ -417,6 +422,7 @@ def run_worker(opts: RunOptions, apply_fn: Callable[[nn.Module, Context], Parall
     model = build_model(opts, **(moe_overrides(opts) if moe else {}))
     n_params = count_params(model)
     par = apply_fn(model.to(ctx.device), ctx)
+    del model  # pipeline runners train copies of its stages: the whole model must not stay on the device
     results = train(ctx, par)
     if par.after_training:
         par.after_training()

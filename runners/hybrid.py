@@ -32,14 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from runners import harness
 from runners.fsdp import apply_fsdp_units
 from runners.paradigms import hybrid_degrees
-from runners.pipeline import (
-    PIPELINE_PHASES,
-    build_schedule,
-    build_stage_module,
-    pipeline_manifest,
-    pipeline_step,
-    plan_stages,
-)
+from runners.pipeline import build_schedule, pipelined, plan_stages, stage_modules
 from runners.tp_sp import apply_tp_plan
 
 DIMS = ("dp", "pp", "tp")  # mesh dimension names, outermost first
@@ -62,10 +55,7 @@ def apply_hybrid(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
     # This rank's parts of the model: its pipeline stages, or the whole model without pipelining.
     if pp > 1:
         plan = plan_stages(opts, model.cfg.n_layers)
-        parts = {
-            s: build_stage_module(model, plan.layers[s], first=s == 0, last=s == plan.n_stages - 1)
-            for s in plan.stages_of(pp_rank)
-        }
+        parts = stage_modules(plan, model, pp_rank)
     else:
         parts = {0: model}
 
@@ -80,27 +70,20 @@ def apply_hybrid(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
         if dp > 1:
             apply_fsdp_units(part, mesh["dp"], reshard_after_forward=pp == 1)
 
-    extra = {"hybrid": {"dims": list(DIMS), "shape": [dp, pp, tp], "groups": mesh_groups(mesh), "sp": opts.sp}}
-    trained, train_step, reports_loss = model, None, True  # without pp: the harness's forward/backward step
+    hybrid = {"hybrid": {"dims": list(DIMS), "shape": [dp, pp, tp], "groups": mesh_groups(mesh), "sp": opts.sp}}
+    trained = {"model": model, "extra": {}}  # without pp: the harness's forward/backward step
     if pp > 1:
         # Pipeline last: PipelineStage wraps the parallelized module as it will run, and its
         # first step infers the shapes sent between stages from a real forward through it.
         schedule, stages = build_schedule(plan, parts, ctx.device, group=mesh["pp"].get_group())
-        trained = nn.ModuleList(st.submod for st in stages)
-        train_step = pipeline_step(schedule, stages)
-        reports_loss = any(st.is_last for st in stages)
-        pipeline = pipeline_manifest(plan, schedule, opts.global_batch_size // dp)  # one replica's batch
-        extra |= {"pipeline": pipeline, "phases": PIPELINE_PHASES}
-    optimizer = harness.make_optimizer(trained.parameters(), opts)
+        trained = pipelined(plan, schedule, stages, opts.global_batch_size // dp)  # one replica's batch
+    optimizer = harness.make_optimizer(trained["model"].parameters(), opts)
     return harness.Parallel(
-        trained,
-        optimizer,
+        optimizer=optimizer,
         mesh=dict(zip(DIMS, (dp, pp, tp))),
         dp_rank=mesh["dp"].get_local_rank(),
         dp_size=dp,
-        train_step=train_step,
-        reports_loss=reports_loss,
-        extra=extra,
+        **{**trained, "extra": trained["extra"] | hybrid},
     )
 
 

@@ -129,10 +129,8 @@ def _check_pipeline(opts: RunOptions, *, replicas: int = 1) -> str | None:
         if replicas > 1:
             rows = f"a dp replica's batch of {batch} (--batch-size {opts.global_batch_size} / dp {replicas})"
         return f"{rows} does not split into {m} equal microbatches; use --microbatches dividing {batch}"
-    if name == "1f1b" and m < stages:
-        return f"1f1b needs at least as many microbatches as stages ({stages}), got --microbatches {m}"
-    if name == "dualpipev" and m < stages:
-        return f"dualpipev needs at least as many microbatches as stages ({stages}), got --microbatches {m}"
+    if name in ("1f1b", "dualpipev") and m < stages:
+        return f"{name} needs at least as many microbatches as stages ({stages}), got --microbatches {m}"
     if name in ("interleaved-1f1b", "zero-bubble"):
         rounds = max(1, m // p)  # torch runs the microbatches in rounds of about P
         if m % rounds:
@@ -194,3 +192,29 @@ PARADIGMS: dict[str, Paradigm] = {
     ),
 }
 
+
+
+# Flags only some paradigms read -> (flag, those paradigms). Given to any other paradigm they would
+# be silently ignored, and the run would not be the one asked for.
+_PIPELINES = frozenset(PIPELINE_SCHEDULES)
+PARADIGM_FLAGS: dict[str, tuple[str, frozenset[str]]] = {
+    "microbatches": ("--microbatches", _PIPELINES | {"hybrid"}),
+    "stages_per_rank": ("--stages-per-rank", _PIPELINES | {"hybrid"}),
+    "schedule": ("--schedule", frozenset({"hybrid"})),
+    "sp": ("--sp", frozenset({"tp", "hybrid"})),
+    "experts": ("--experts", frozenset({"ep"})),
+    "top_k": ("--top-k", frozenset({"ep"})),
+    "capacity_factor": ("--capacity-factor", frozenset({"ep"})),
+    "dp": ("--dp", frozenset({"hybrid"})),
+    "pp": ("--pp", frozenset({"hybrid"})),
+    "tp": ("--tp", frozenset({"hybrid"})),
+}
+
+
+def check_flags(opts: RunOptions) -> str | None:
+    """A one-line problem when a flag is given that `opts.paradigm` does not use, else None."""
+    defaults = RunOptions(paradigm=opts.paradigm, gpus=opts.gpus)
+    for field, (flag, users) in PARADIGM_FLAGS.items():
+        if opts.paradigm not in users and getattr(opts, field) != getattr(defaults, field):
+            return f"{flag} does not apply to {opts.paradigm}: it is for {', '.join(sorted(users))}"
+    return None

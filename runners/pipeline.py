@@ -216,15 +216,37 @@ def pipeline_step(schedule, stages: list[AnnotatedStage]):
         losses: list[torch.Tensor] = []
         args = (inputs,) if holds_first else ()
         kwargs = {"target": targets, "losses": losses} if holds_last else {}
-        # Parameters held "after forward": sampled after each forward, so the rank's last forward of
-        # the step counts, when FSDP (hybrid runs) holds every unit of its stages gathered.
+        # Parameters held "after forward": sampled after each forward of the sampled (first) step,
+        # so its last forward counts, when FSDP (hybrid runs) holds every unit of its stages
+        # gathered. Later steps run without the hook.
+        hook = (lambda: probe.after_forward(par.model, par.optimizer)) if probe.sampling else None
         for stage in stages:
-            stage.after_forward = lambda: probe.after_forward(par.model, par.optimizer)
+            stage.after_forward = hook
         schedule.step(*args, return_outputs=False, **kwargs)
         probe.after_backward(par.model)
         return torch.stack([loss.detach() for loss in losses]).mean() if holds_last else None
 
     return train_step
+
+
+def stage_modules(plan: StagePlan, model: GPT, pp_rank: int) -> dict[int, nn.Module]:
+    """Stage index -> this pipeline rank's copy of that stage of `model`."""
+    return {
+        s: build_stage_module(model, plan.layers[s], first=s == 0, last=s == plan.n_stages - 1)
+        for s in plan.stages_of(pp_rank)
+    }
+
+
+def pipelined(plan: StagePlan, schedule, stages: list[AnnotatedStage], rows: int) -> dict:
+    """The harness.Parallel fields of a pipeline rank (model, train_step, reports_loss, phases) and
+    its run.json block (`extra`); `rows`: sequences per step through one pipeline."""
+    return {
+        "model": nn.ModuleList(st.submod for st in stages),
+        "train_step": pipeline_step(schedule, stages),
+        "reports_loss": any(st.is_last for st in stages),
+        "phases": PIPELINE_PHASES,
+        "extra": {"pipeline": pipeline_manifest(plan, schedule, rows)},
+    }
 
 
 def pipeline_manifest(plan: StagePlan, schedule, rows: int) -> dict:
@@ -258,23 +280,10 @@ PIPELINE_PHASES = {"optimizer": harness.PHASE_OPTIMIZER}
 
 def apply_pipeline(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
     plan = plan_stages(ctx.opts, model.cfg.n_layers)
-    modules = {
-        s: build_stage_module(model, plan.layers[s], first=s == 0, last=s == plan.n_stages - 1)
-        for s in plan.stages_of(ctx.rank)
-    }
-    schedule, stages = build_schedule(plan, modules, ctx.device)
-    stage_modules = nn.ModuleList(st.submod for st in stages)
-    optimizer = harness.make_optimizer(stage_modules.parameters(), ctx.opts)
-    return harness.Parallel(
-        stage_modules,
-        optimizer,
-        mesh={"pp": plan.ranks},
-        dp_rank=0,
-        dp_size=1,
-        train_step=pipeline_step(schedule, stages),
-        reports_loss=any(st.is_last for st in stages),
-        extra={"pipeline": pipeline_manifest(plan, schedule, ctx.opts.global_batch_size), "phases": PIPELINE_PHASES},
-    )
+    schedule, stages = build_schedule(plan, stage_modules(plan, model, ctx.rank), ctx.device)
+    parts = pipelined(plan, schedule, stages, ctx.opts.global_batch_size)
+    optimizer = harness.make_optimizer(parts["model"].parameters(), ctx.opts)
+    return harness.Parallel(optimizer=optimizer, mesh={"pp": plan.ranks}, dp_rank=0, dp_size=1, **parts)
 
 
 if __name__ == "__main__":

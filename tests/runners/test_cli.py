@@ -19,6 +19,11 @@ from tests.conftest import ptprof
         (["run", "ddp", "--gpus", "2", "--nnodes", "2"], "needs --rdzv-endpoint"),
         (["run", "ddp", "--gpus", "two"], "invalid int value"),
         (["run", "ddp"], "required: --gpus"),
+        # flags another paradigm reads would be silently ignored: refused instead
+        (["run", "1f1b", "--gpus", "2", "--schedule", "zbv"], "--schedule does not apply to 1f1b: it is for hybrid"),
+        (["run", "fsdp", "--gpus", "2", "--pp", "2"], "--pp does not apply to fsdp: it is for hybrid"),
+        (["run", "ddp", "--gpus", "2", "--microbatches", "4"], "--microbatches does not apply to ddp"),
+        (["run", "ddp", "--gpus", "2", "--experts", "8"], "--experts does not apply to ddp: it is for ep"),
     ],
 )
 def test_bad_requests_are_one_line_exit_2(tmp_path, args, needle):
