@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import shutil
+from pathlib import Path
 
 import msgspec
 import polars as pl
@@ -194,3 +195,51 @@ def test_malformed_events_name_the_place(tmp_path, doc, fragment):
     with pytest.raises(TraceError) as err:
         parse_trace_file(f)
     assert "not a Kineto/Chrome trace" in str(err.value) and fragment in str(err.value)
+
+
+def test_odd_header_and_args_load_instead_of_failing(tmp_path):
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": 1, "dur": 2,
+         "args": {"Input Dims": [[None, 4]], "Input type": ["float"]}},  # a dimension that is not a number
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 4, "dur": 2},
+    ]
+    doc = {"deviceProperties": [{"name": None}, {"name": "A100"}], "distributedInfo": {"rank": 0}, "traceEvents": events}
+    frame, meta = parse_trace_file(_write(tmp_path / "rank0.json", msgspec.json.encode(doc)))
+    assert meta["device_name"] == "A100"
+    assert frame.filter(pl.col("name") == "c10d::allreduce_")["arg_nelems"].to_list() == [[None]]
+
+
+def test_a_parser_crash_names_the_file(tmp_path, monkeypatch):
+    import profiler.load as load
+
+    def boom(path):
+        raise RuntimeError("unexpected shape")
+
+    monkeypatch.setattr(load, "parse_trace_file", boom)
+    f = shutil.copy(GPU_NCCL / "rank0.json.gz", tmp_path / "rank0.json.gz")
+    with pytest.raises(TraceError) as err:
+        load_traces(f, cache=False)
+    assert "rank0.json.gz" in str(err.value) and "RuntimeError: unexpected shape" in str(err.value)
+
+
+def test_a_half_written_cache_entry_is_parsed_again(tmp_path):
+    f = shutil.copy(GPU_NCCL / "rank0.json.gz", tmp_path / "rank0.json.gz")
+    first = load_traces(f)
+    meta_file = next(cache_dir().glob(f"{Path(first.parts[0].parquet).stem}.json"))
+    meta_file.write_text('{"distributed_info": {"ra')  # a process killed mid-write
+    again = load_traces(f)
+    assert again.ranks["n_events"].to_list() == first.ranks["n_events"].to_list()
+    assert again.events.equals(first.events)
+
+
+def test_no_cache_keeps_ranks_on_disk_until_the_traces_go(tmp_path):
+    traces = load_traces(GPU_NCCL, cache=False)
+    folders = {Path(p.parquet).parent for p in traces.parts}
+    assert len(folders) == 1 and cache_dir() not in folders
+    (folder,) = folders
+    assert folder.is_dir() and traces.events.height == traces.ranks["n_events"].sum()
+    del traces
+    import gc
+
+    gc.collect()
+    assert not folder.exists()
