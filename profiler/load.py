@@ -11,7 +11,9 @@ microsecond timestamps, the rank (from `distributedInfo`, else the file name), a
 
 A file is parsed once; the result is cached as parquet keyed by (path, size, mtime), so the
 second load of an unchanged trace only reads the parquet. Uncached files are parsed in parallel
-worker processes, each holding one file at a time.
+worker processes, each holding one file at a time. Parsing is done by the C module `_kineto`
+(JSON straight into column buffers) where it is built, and by msgspec where it is not or where it
+declines a file; both give the same frame (the rules that make them agree are in _kineto.c).
 """
 
 from __future__ import annotations
@@ -32,13 +34,20 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import polars as pl
 
 from profiler.classify import classify
 from profiler.errors import TraceError
 
+try:  # the C parser, built by `pip install` where a C compiler exists (pyproject.toml)
+    from profiler import _kineto
+except ImportError:
+    _kineto = None
+
 LOADER_VERSION = 6  # bump when the frame's schema or parsing changes: invalidates every cache entry
 CACHE_ENV = "PTPROF_CACHE_DIR"
+PURE_PARSER_ENV = "PTPROF_PURE_PARSER"  # set (to anything) to parse with msgspec only
 RUN_MANIFEST = "run.json"
 TRACE_SUFFIXES = (".json", ".json.gz")
 # rank3.json.gz (ours), rank3_trace.json.gz (torchtitan), rank-3 / rank_3 (others)
@@ -247,6 +256,9 @@ _ARG_FIELDS = ["correlation", "external_id", "collective", "in_nelems", "out_nel
                "group_size", "copy_bytes", "mem_bytes", "mem_total_allocated_bytes", "mem_total_reserved_bytes", "mem_addr",
                "mem_device_type", "mem_device_id"]
 _NO_ARGS = _Args()
+# Both parsers hand `_finish` their columns in this order.
+_COLUMN_ORDER = ["pid", "tid", "ph", "cat", "name", "ts_us", "dur_us", "stream", *_ARG_FIELDS,
+                 "group_ranks", "arg_nelems", "arg_types"]
 _DOC_DECODER = msgspec.json.Decoder(_Doc | list[msgspec.Raw])
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 BATCH_EVENTS = 20_000  # events decoded at once: bounds a worker's memory to the bytes plus one batch
@@ -291,11 +303,16 @@ def _decode_batch(events: list[msgspec.Raw], first: int, path: Path) -> list[_Ev
     except msgspec.ValidationError as e:
         where = re.sub(r"^\$\[(\d+)\]", lambda m: f"$.traceEvents[{first + int(m.group(1))}]", str(e).split(" - at `")[-1].rstrip("`"))
         raise TraceError(path, f"not a Kineto/Chrome trace: malformed event at `{where}` ({str(e).split(' - at ')[0]})") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(path, f"not UTF-8 text: {e.reason} at byte {e.start} of events {first}..{first + len(events) - 1}") from None
 
 
 def _what_json(raw: bytes) -> str:
     # Only on the error path: what the JSON is instead, for the message.
-    doc = msgspec.json.decode(raw)
+    try:
+        doc = msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:  # the type check stopped before a later syntax error
+        return f"not valid JSON either ({e})"
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
         return "its traceEvents are not all event objects"
     if isinstance(doc, dict):
@@ -342,38 +359,30 @@ _KEPT_PH = {"X": "X", "i": "i", "I": "i"}
 _FLOW_PH = ("s", "f", "t")
 
 
-def parse_trace_file(path: str | Path) -> tuple[pl.DataFrame, dict]:
+def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.DataFrame, dict]:
     """Parse one trace file into (event frame without run/rank, header).
 
     header: distributedInfo, deviceProperties names, counts of what was dropped. Raises TraceError.
 
-    msgspec decodes only the fields the frame needs into slotted structs (no dict per event, the
-    rest of `args` skipped unparsed); columns are then taken attribute by attribute and typed by
-    polars, whose lenient casts handle the quirks (numeric-string pids, ROCm's string streams).
+    fast: use the C parser (profiler/_kineto.c) when it is built; None = unless $PTPROF_PURE_PARSER
+    is set. It reads the JSON straight into column buffers; for input it does not handle (every
+    malformed file among them) it declines and the msgspec parser below runs, which also words
+    the errors. Both give the same frame (tests/profiler/test_fast_parser.py).
     """
     path = Path(path)
     raw = _read_bytes(path)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # hundreds of thousands of small objects: the cyclic GC would rescan them for nothing
-    try:
-        doc = _decode(raw, path)
-        del raw  # the raw events below still view it; it goes with them
-        info, devices, events = doc.distributedInfo, doc.deviceProperties, doc.traceEvents
-        del doc
-        frames, thread_names, dropped = [], {}, dict.fromkeys(["flow", "string_pid", "no_ts", "other_ph"], 0)
-        for first in range(0, len(events), BATCH_EVENTS):
-            batch = _decode_batch(events[first:first + BATCH_EVENTS], first, path)
-            f, names, counts = _columns(batch)
-            del batch
-            frames.append(f)
-            thread_names.update(names)
-            dropped = {k: dropped[k] + counts[k] for k in dropped}
-        del events  # the file's bytes are freed here, before the frame is finished
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    frame = pl.concat(frames, rechunk=False) if frames else _columns([])[0]
-    del frames
+    if fast is None:
+        fast = not os.environ.get(PURE_PARSER_ENV)
+    parsed = _fast_parse(raw) if fast and _kineto is not None else None
+    if parsed is not None:
+        slices = _raw_slices(parsed, raw)  # the few raw JSON values still needed, so the bytes can go
+        del raw
+        frame, thread_names, dropped = _fast_columns(parsed, slices)
+        info, devices = (msgspec.json.decode(parsed[k]) if parsed[k] is not None else None for k in ("distributedInfo", "deviceProperties"))
+        del parsed
+    else:
+        frame, thread_names, dropped, info, devices = _python_columns(raw, path)
+        del raw
     # Thread names from metadata, looked up on the two key columns only (a join of the whole
     # frame would copy every column).
     threads = pl.DataFrame(
@@ -396,6 +405,47 @@ def parse_trace_file(path: str | Path) -> tuple[pl.DataFrame, dict]:
         "has_gpu": bool((frame["device"] == "gpu").any()),
     }
     return frame.select([c for c in SCHEMA if c in frame.columns]), meta
+
+
+def _fast_parse(raw: bytes) -> dict | None:
+    """The C parser's buffers, or None where it declines the input (msgspec then parses it)."""
+    try:
+        parsed = _kineto.parse(raw)
+        # Strings with escapes come as their raw JSON text; the C parser did not check their UTF-8.
+        parsed["strings"] = [msgspec.json.decode(s) if isinstance(s, bytes) else s for s in parsed["strings"]]
+    except (_kineto.Fallback, UnicodeDecodeError, msgspec.DecodeError):
+        return None
+    return parsed
+
+
+def _python_columns(raw: bytes, path: Path):
+    """The msgspec parser: (frame, thread names, dropped counts, distributedInfo, deviceProperties).
+
+    msgspec decodes only the fields the frame needs into slotted structs (no dict per event, the
+    rest of `args` skipped unparsed); columns are then taken attribute by attribute and typed by
+    polars, whose lenient casts handle the quirks (numeric-string pids, ROCm's string streams).
+    """
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # hundreds of thousands of small objects: the cyclic GC would rescan them for nothing
+    try:
+        doc = _decode(raw, path)
+        del raw  # the raw events below still view it; it goes with them
+        info, devices, events = doc.distributedInfo, doc.deviceProperties, doc.traceEvents
+        del doc
+        frames, thread_names, dropped = [], {}, dict.fromkeys(["flow", "string_pid", "no_ts", "other_ph"], 0)
+        for first in range(0, len(events), BATCH_EVENTS):
+            batch = _decode_batch(events[first:first + BATCH_EVENTS], first, path)
+            f, names, counts = _columns(batch)
+            del batch
+            frames.append(f)
+            thread_names.update(names)
+            dropped = {k: dropped[k] + counts[k] for k in dropped}
+        del events  # the file's bytes are freed here, before the frame is finished
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    frame = pl.concat(frames, rechunk=False) if frames else _columns([])[0]
+    return frame, thread_names, dropped, info, devices
 
 
 def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], str], dict[str, int]]:
@@ -429,19 +479,31 @@ def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], 
     for f in _ARG_FIELDS:
         cols[f] = column(args, f, SCHEMA[f])
     # Process-group ranks: a list or its text. Per-argument element counts: collectives only.
-    ranks = [r if r is None or isinstance(r, str) else str(r) for r in (a.group_ranks for a in args)]
+    cols["group_ranks"] = pl.Series([_group_ranks_text(a.group_ranks) for a in args], dtype=pl.String)
     comm = [i for i, e in enumerate(kept) if isinstance(e.name, str) and e.name.startswith(_COMM_NAME_PREFIXES)]
-    nelems, types = [None] * len(kept), [None] * len(kept)
-    for i in comm:
-        a = args[i]
-        dims = msgspec.json.decode(a.input_dims) if a.input_dims else None
-        typs = msgspec.json.decode(a.input_type) if a.input_type else None
+    cols["arg_nelems"], cols["arg_types"] = _arg_shapes(len(kept), [(i, args[i].input_dims, args[i].input_type) for i in comm])
+    frame, dropped = _finish(cols)
+    return frame, thread_names, {"flow": n_flow, "other_ph": other_ph, **dropped}
+
+
+def _group_ranks_text(r) -> str | None:
+    return r if r is None or isinstance(r, str) else str(r)
+
+
+def _arg_shapes(n: int, comm: list[tuple[int, bytes, bytes]]) -> tuple[pl.Series, pl.Series]:
+    """arg_nelems and arg_types for n rows from (row, raw Input Dims, raw Input type) of collectives."""
+    nelems, types = [None] * n, [None] * n
+    for i, raw_dims, raw_types in comm:
+        dims = msgspec.json.decode(raw_dims) if raw_dims else None
+        typs = msgspec.json.decode(raw_types) if raw_types else None
         if isinstance(dims, list) and isinstance(typs, list):
             nelems[i] = [_nelems(d, t) for d, t in zip(dims, typs)]
             types[i] = [t if isinstance(t, str) else None for t in typs]
-    cols["group_ranks"] = pl.Series(ranks, dtype=pl.String)
-    cols["arg_nelems"] = pl.Series(nelems, dtype=pl.List(pl.Int64))
-    cols["arg_types"] = pl.Series(types, dtype=pl.List(pl.String))
+    return pl.Series(nelems, dtype=pl.List(pl.Int64)), pl.Series(types, dtype=pl.List(pl.String))
+
+
+def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Both parsers' last step: drop rows the frame cannot place, count them, type the text."""
     frame = pl.DataFrame(cols)
     # One filter (one copy): dropped are events without a numeric pid/tid (Kineto's own "Spans"
     # pseudo-process), then, of the rest, those without a timestamp.
@@ -449,9 +511,63 @@ def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], 
     no_ts = pl.col("ts_us").is_null()
     string_pid, n_no_ts = frame.select(a=(~has_ids).sum(), b=(has_ids & no_ts).sum()).row(0)
     frame = frame.filter(has_ids & ~no_ts)
-    dropped = {"flow": n_flow, "string_pid": string_pid, "no_ts": n_no_ts, "other_ph": other_ph}
     cast = {c: SCHEMA[c] for c in frame.columns if SCHEMA[c] == pl.Categorical()}
-    return frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()]), thread_names, dropped
+    return frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()]), {"string_pid": string_pid, "no_ts": n_no_ts}
+
+
+def _raw_slices(parsed: dict, raw: bytes) -> dict[str, tuple[list[int], list[bytes]]]:
+    """The C parser's sparse raw values (row, byte range) -> (rows, JSON bytes) per field."""
+    out = {}
+    for name, bufs in parsed["raws"].items():
+        rows, starts, ends = (np.frombuffer(b, np.int64).tolist() for b in bufs)
+        out[name] = (rows, [raw[s:e] for s, e in zip(starts, ends)])
+    return out
+
+
+def _fast_columns(parsed: dict, slices: dict) -> tuple[pl.DataFrame, dict[tuple[int, int], str], dict[str, int]]:
+    """The C parser's buffers -> the same frame, thread names and counts as `_columns`."""
+    n = parsed["n"]
+    strings = parsed["strings"]  # interned text: code k -> strings[k], 0 -> null
+    table = pl.Series(strings, dtype=pl.String)
+
+    def masked(name: str, values: np.ndarray, ok: bytes, dtype: pl.DataType) -> pl.Series:
+        s = pl.Series(name, values)
+        valid = np.frombuffer(ok, np.bool_)
+        if not valid.all():
+            s = pl.select(pl.when(pl.Series(valid)).then(s).alias(name)).to_series()
+        return s.cast(dtype, strict=False)  # Int32 columns: outside int32 -> null, as polars' lenient cast
+
+    cols: dict[str, pl.Series] = {}
+    for name, (vals, ok) in parsed["ints"].items():
+        cols[name] = masked(name, np.frombuffer(vals, np.int64), ok, SCHEMA[name])
+    for name, (vals, ok) in parsed["floats"].items():
+        cols[name] = masked(name, np.frombuffer(vals, np.float64), ok, pl.Float64)
+    cols["dur_us"] = cols["dur_us"].fill_null(0.0)
+    cols["ph"] = pl.Series("ph", np.frombuffer(parsed["ph"], np.uint8)).replace_strict({0: "X", 1: "i"}, return_dtype=pl.String)
+    texts = {name: pl.Series(name, np.frombuffer(codes, np.int32)) for name, codes in parsed["strs"].items()}
+    for name, codes in texts.items():
+        cols[name] = table.gather(codes).alias(name)
+
+    rows, values = slices["group_ranks"]
+    ranks = [None] * n
+    for i, v in zip(rows, values):
+        ranks[i] = _group_ranks_text(msgspec.json.decode(v))
+    cols["group_ranks"] = pl.Series(ranks, dtype=pl.String)
+    # Shapes were kept for events whose name looks like communication; the exact test is here.
+    names = cols["name"]
+    dims, typs = (dict(zip(*slices[k])) for k in ("input_dims", "input_type"))
+    comm = [(i, dims.get(i), typs.get(i)) for i in sorted(set(dims) | set(typs))
+            if (nm := names[i]) is not None and nm.startswith(_COMM_NAME_PREFIXES)]
+    cols["arg_nelems"], cols["arg_types"] = _arg_shapes(n, comm)
+    frame, dropped = _finish({c: cols[c] for c in _COLUMN_ORDER})
+
+    pid, pid_ok, tid, tid_ok, name_codes = parsed["threads"]
+    keys = zip(np.frombuffer(pid, np.int64).tolist(), np.frombuffer(pid_ok, np.bool_).tolist(),
+               np.frombuffer(tid, np.int64).tolist(), np.frombuffer(tid_ok, np.bool_).tolist())
+    thread_names = {(p if po else None, t if to else None): strings[c]
+                    for (p, po, t, to), c in zip(keys, np.frombuffer(name_codes, np.int32).tolist())}
+    counts = parsed["counts"]
+    return frame, thread_names, {"flow": counts["flow"], "other_ph": counts["other"], **dropped}
 
 
 # ---------------------------------------------------------------------------------------------

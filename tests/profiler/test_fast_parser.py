@@ -1,0 +1,193 @@
+"""The C parser (profiler/_kineto.c) against the msgspec parser: the same frame, or it declines.
+
+The msgspec parser is the reference here (it is the one the other loader tests and the HTA
+agreement tests were written against); the C parser must give exactly its frame and header on
+every real trace we have, on hand-made quirks, and on randomly corrupted traces, where both must
+also fail with the same message.
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+from pathlib import Path
+
+import msgspec
+import pytest
+from polars.testing import assert_frame_equal
+
+from profiler import TraceError
+from profiler import load
+from profiler.load import parse_trace_file
+from tests.conftest import REPO, SHARED_TRACES
+
+REAL = sorted(p for p in SHARED_TRACES.rglob("*.json.gz")) + sorted((REPO / "traces").glob("sample-*/rank*.json.gz"))
+
+needs_c = pytest.mark.skipif(load._kineto is None, reason="the C parser is not built (see test_the_c_parser_is_built)")
+
+
+def _outcome(path: Path, *, fast: bool):
+    try:
+        return parse_trace_file(path, fast=fast)
+    except TraceError as e:
+        return str(e)
+
+
+def _assert_same(path: Path):
+    pure, fast = _outcome(path, fast=False), _outcome(path, fast=True)
+    if isinstance(pure, str) or isinstance(fast, str):
+        assert fast == pure
+        return
+    assert_frame_equal(fast[0], pure[0], categorical_as_str=True)
+    assert fast[1] == pure[1]
+
+
+def _c_parses(path: Path) -> bool:
+    """True when the C parser takes the file itself (False: it declines, msgspec parses it)."""
+    try:
+        return load._fast_parse(load._read_bytes(path)) is not None
+    except TraceError:  # an empty or unreadable file never reaches a parser
+        return False
+
+
+def _write(tmp_path: Path, doc, name: str = "rank0.json") -> Path:
+    f = tmp_path / name
+    f.write_bytes(doc if isinstance(doc, bytes) else msgspec.json.encode(doc))
+    return f
+
+
+def test_the_c_parser_is_built():
+    # CI installs with `pip install -e .`, which compiles it; a silent build failure would leave
+    # every load on the slow parser, so it is checked, not skipped.
+    assert load._kineto is not None, "profiler._kineto is not built: reinstall with a C compiler (gcc) present"
+
+
+@needs_c
+@pytest.mark.parametrize("path", REAL, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_same_frame_as_msgspec_on_real_traces(path):
+    assert _c_parses(path), "the C parser declined a real trace"
+    _assert_same(path)
+
+
+QUIRKS = [
+    # numeric-string pid, ROCm's hex stream, string External id, float and exponent times
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": "12", "tid": 3, "ts": 1.5, "dur": 2},
+    {"ph": "X", "cat": "cuda_runtime", "name": "hipLaunchKernel", "pid": 12, "tid": 3, "ts": 2e0, "dur": 1.25e-1,
+     "args": {"stream": "0x0", "correlation": 7, "External id": "5"}},
+    {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1700000000123456.789, "dur": 0.001,
+     "args": {"correlation": 7, "stream": 7, "device": 0, "grid": [1, 2, 3]}},
+    # Kineto's string pseudo-process (dropped) and instant events in both spellings
+    {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler", "ts": 0, "dur": 9},
+    {"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 12, "s": "t"},
+    {"ph": "I", "name": "mark2", "pid": 1, "tid": 1, "ts": 13},
+    # collectives: shapes of several nestings, ranks as list and as text, typed args
+    {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 12, "tid": 3, "ts": 4, "dur": 1,
+     "args": {"Input Dims": [[[2, 3], [4]], []], "Input type": ["TensorList", "Scalar"], "Process Group Ranks": [0, 1]}},
+    {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 12, "tid": 3, "ts": 5, "dur": 1,
+     "args": {"Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024.0, "dtype": "Float",
+              "Process Group Name": "0", "Process Group Description": "default_pg", "Process Group Ranks": "[0, 1]",
+              "Group size": 2, "Input Dims": [[1024]], "Input type": ["float"]}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 12, "tid": 3, "ts": 6, "dur": 1,
+     "args": {"Input Dims": [[3]], "Input type": ["float"]}},  # not communication: no shapes kept
+    # memory events, copies, booleans and nulls where numbers go
+    {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 12, "tid": 3, "ts": 7, "s": "t",
+     "args": {"Bytes": -512, "Total Allocated": 4096, "Total Reserved": 8192, "Addr": 94000000000000,
+              "Device Type": 1, "Device Id": 0}},
+    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": 7, "ts": 8, "dur": 1,
+     "args": {"bytes": 4096, "correlation": True, "stream": None, "Device Id": 3000000000}},
+    # text with escapes and non-ASCII, empty strings, nested unknown args
+    {"ph": "X", "cat": "cpu_op", "name": "void f<\"x\\\\y\">(\u00e9\u4e2d\U0001F600)\n", "pid": 12, "tid": 3, "ts": 9, "dur": 1,
+     "args": {"nested": {"a": [1, {"b": [None, True, False, -0.0, 1e308]}]}, "": ""}},
+    {"ph": "X", "cat": "", "name": "", "pid": 12, "tid": 3, "ts": 10, "dur": None, "args": None},
+    # dropped kinds: other ph, no ts, flows, metadata (thread names, float tid)
+    {"ph": "B", "name": "begin", "pid": 12, "tid": 3, "ts": 5},
+    {"ph": "X", "name": "no time", "pid": 12, "tid": 3},
+    {"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 10, "cat": "fwdbwd", "name": "fwdbwd"},
+    {"ph": "f", "id": 1, "pid": 1, "tid": 1, "ts": 11, "cat": "fwdbwd", "name": "fwdbwd", "bp": "e"},
+    {"ph": "M", "name": "thread_name", "pid": 12, "tid": 3, "args": {"name": "pt_main_thread"}},
+    {"ph": "M", "name": "thread_name", "pid": 0, "tid": 7.0, "args": {"name": "stream 7 \"compute\""}},
+    {"ph": "M", "name": "thread_name", "pid": "Spans", "tid": 7, "args": {"name": "ignored"}},
+    {"ph": "M", "name": "process_name", "pid": 12, "tid": 0, "args": {"name": "python3"}},
+    {"ph": 5, "name": "odd ph", "pid": 1, "tid": 1, "ts": 1},
+    {},
+]
+
+
+@needs_c
+@pytest.mark.parametrize("form", ["object", "array", "gzip"])
+def test_same_frame_on_hand_made_quirks(tmp_path, form):
+    doc = {"schemaVersion": 1, "deviceProperties": [{"name": "MI250"}, {"name": None}], "distributedInfo": {"rank": 3, "world_size": 4},
+           "traceEvents": QUIRKS, "traceName": "x"}
+    raw = msgspec.json.encode(QUIRKS if form == "array" else doc)
+    f = _write(tmp_path, gzip.compress(raw) if form == "gzip" else raw, "rank3.json.gz" if form == "gzip" else "rank3.json")
+    assert _c_parses(f)
+    _assert_same(f)
+    frame, meta = parse_trace_file(f, fast=True)
+    # a few values checked by hand, independent of both parsers
+    rows = {r["name"]: r for r in frame.to_dicts()}
+    assert rows["hipLaunchKernel"]["dur_us"] == 0.125 and rows["hipLaunchKernel"]["stream"] is None
+    assert rows["gemm"]["ts_us"] == 1700000000123456.789 and rows["gemm"]["thread"] == 'stream 7 "compute"'
+    assert rows["c10d::allreduce_"]["arg_nelems"] == [10, None] and rows["record_param_comms"]["arg_nelems"] == [1024]
+    assert rows["aten::add"]["arg_nelems"] is None and rows["Memcpy HtoD"]["correlation"] == 1
+    assert rows["Memcpy HtoD"]["mem_device_id"] is None  # outside int32
+    assert rows["void f<\"x\\\\y\">(\u00e9\u4e2d\U0001F600)\n"]["thread"] == "pt_main_thread"
+    assert meta["dropped"] == {"flow": 2, "string_pid": 1, "no_ts": 1, "other_ph": 3}
+    if form != "array":
+        assert meta["distributed_info"] == {"rank": 3, "world_size": 4} and meta["device_name"] == "MI250"
+
+
+# Input the C parser leaves to msgspec: it must decline (not guess), and the result must not change.
+DECLINED = {
+    "escaped key": b'{"traceEvents": [{"p\\u0068": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1}]}',
+    "float-looking string pid": b'{"traceEvents": [{"ph": "X", "name": "a", "pid": "12.0", "tid": 1, "ts": 1}]}',
+    "integer past int64": b'{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 99999999999999999999}]}',
+    "number as name": b'{"traceEvents": [{"ph": "X", "name": 5, "pid": 1, "tid": 1, "ts": 1}]}',
+    "list as pid": b'{"traceEvents": [{"ph": "X", "name": "a", "pid": [1], "tid": 1, "ts": 1}]}',
+    "digit string thread key": b'{"traceEvents": [{"ph": "M", "name": "thread_name", "pid": "0x1", "tid": 1, "args": {"name": "t"}}]}',
+    "args not an object": b'{"traceEvents": [{"ph": "X", "name": "a", "args": "oops"}]}',
+    "event not an object": b'{"traceEvents": [1, 2]}',
+    "no traceEvents": b'{"hello": 1}',
+    "truncated": b'{"traceEvents": [{"ph": "X", "ts": 1',
+    "trailing garbage": b'{"traceEvents": []} x',
+    "bad escape": b'{"traceEvents": [{"ph": "X", "name": "a\\q", "pid": 1, "tid": 1, "ts": 1}]}',
+    "leading zero": b'{"traceEvents": [{"ph": "X", "name": "a", "pid": 01, "tid": 1, "ts": 1}]}',
+    "not UTF-8": b'{"traceEvents": [{"ph": "X", "name": "a\xff", "pid": 1, "tid": 1, "ts": 1}]}',
+}
+
+
+@needs_c
+@pytest.mark.parametrize("name", list(DECLINED))
+def test_declines_what_it_does_not_mimic(tmp_path, name):
+    f = _write(tmp_path, DECLINED[name])
+    assert not _c_parses(f)
+    _assert_same(f)
+
+
+@needs_c
+def test_random_corruptions_give_the_same_frame_or_the_same_error(tmp_path):
+    # Byte-level damage to a real trace: the C parser must neither crash nor accept what the
+    # reference rejects, nor read differently what both accept.
+    doc = msgspec.json.decode(gzip.decompress((SHARED_TRACES / "gpu_nccl_2_of_128" / "rank0.json.gz").read_bytes()))
+    events = doc["traceEvents"]
+    base = msgspec.json.encode({"distributedInfo": doc["distributedInfo"], "traceEvents": events[:: len(events) // 150]})
+    rng = random.Random(20261123)
+    alphabet = b'{}[]",:0123456789-+.eE\\ntrufalsx \n\xc3\x80\xa9\xff/u'
+    accepted = 0
+    for i in range(300):
+        data = bytearray(base)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(data))
+            op = rng.random()
+            if op < 0.4:
+                data[at] = rng.choice(alphabet)
+            elif op < 0.7:
+                del data[at]
+            elif op < 0.9:
+                data.insert(at, rng.choice(alphabet))
+            else:
+                del data[at:]
+                break
+        f = _write(tmp_path, bytes(data), f"rank{i}.json")
+        _assert_same(f)
+        accepted += _c_parses(f)
+    assert accepted > 30  # many damaged bytes land in skipped values: the C parser ran on those
