@@ -12,7 +12,9 @@ events): HTA finds a file's rank with the regex `"rank":\s+(\d+)` line by line, 
 would make every file rank 0 and HTA would analyze one rank only (the bench checks it saw all).
 
 Each tool runs in a fresh process: ptprof cold (empty parquet cache: parses every file), ptprof
-warm (the cache the cold run left), then HTA (its default parser; its own multiprocessing pool).
+warm (the cache the cold run left), ptprof cold with the C parser off (PTPROF_PURE_PARSER=1:
+msgspec only, what a machine without a C compiler gets), then HTA (its default parser; its own
+multiprocessing pool).
 Wall time, CPU time of the process tree (user + sys, so a busy shared machine shows up as wall
 above CPU) and peak RSS: the largest sum over the process tree, sampled every 50 ms.
 """
@@ -118,9 +120,9 @@ def build_trace_set(out: Path, ranks: int, mb: float) -> Path:
     return out
 
 
-def measure(code: str, folder: Path, cache_dir: str) -> tuple[float, float, float, str]:
+def measure(code: str, folder: Path, cache_dir: str, extra_env: dict | None = None) -> tuple[float, float, float, str]:
     """(wall s, CPU s of the process tree, peak RSS of the tree in MB, stdout) of `python -c code folder`."""
-    env = {"PTPROF_CACHE_DIR": cache_dir, "PATH": "/usr/bin:/bin"}
+    env = {"PTPROF_CACHE_DIR": cache_dir, "PATH": "/usr/bin:/bin", **(extra_env or {})}
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -158,15 +160,24 @@ def main() -> None:
     p.add_argument("--mb", type=float, default=100, help="uncompressed JSON per rank (MB)")
     p.add_argument("--dir", type=Path, default=None, help="where the scaled trace set lives (default /tmp/ptprof-bench-R-MB)")
     p.add_argument("--skip-hta", action="store_true", help="time ptprof only")
+    p.add_argument("--skip-pure", action="store_true", help="skip the cold load with the msgspec parser only")
     args = p.parse_args()
     folder = build_trace_set(args.dir or Path(tempfile.gettempdir()) / f"ptprof-bench-{args.ranks}-{int(args.mb)}", args.ranks, args.mb)
     raw_mb = sum(len(gzip.decompress(f.read_bytes())) for f in sorted(folder.glob("rank*.json.gz"))[:1]) / 1e6
+    from profiler import load
+
+    if load._kineto is None:
+        print("note: profiler._kineto is not built; every ptprof load below parses with msgspec")
     rows = []
     with tempfile.TemporaryDirectory() as cache:
         cold = measure(PTPROF, folder, cache)
         warm = measure(PTPROF, folder, cache)
     print(cold[3])
     rows += [("ptprof cold (parse, no cache)", cold), ("ptprof warm (parquet cache)", warm)]
+    if not args.skip_pure:
+        # The same cold load with the C parser switched off: what the C parser buys, in this run.
+        with tempfile.TemporaryDirectory() as cache:
+            rows.append(("ptprof cold, msgspec parser only", measure(PTPROF, folder, cache, {"PTPROF_PURE_PARSER": "1"})))
     if not args.skip_hta:
         hta = measure(HTA, folder, "")
         print(hta[3])
@@ -178,7 +189,7 @@ def main() -> None:
     for label, (wall, cpu, rss, _) in rows:
         print(f"{label:34s} wall {wall:7.1f} s   cpu {cpu:7.1f} s   peak RSS {rss:7.0f} MB")
     if not args.skip_hta:
-        for label, (wall, cpu, rss, _) in rows[:2]:
+        for label, (wall, cpu, rss, _) in rows[:-1]:
             print(f"{label:34s} speed-up {hta[0] / wall:5.1f}x wall, {hta[1] / cpu:5.1f}x cpu; memory {rss / hta[2]:.2f} of HTA's")
         # Same numbers, or the speed means nothing: largest difference over ranks.
         ours, theirs = (_numbers(cold[3]), _numbers(hta[3]))
