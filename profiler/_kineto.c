@@ -62,6 +62,18 @@ static inline int hexval(unsigned char ch) {
     return -1;
 }
 
+/* The value of the 4 hex digits at p, or FAIL (also when fewer than 4 bytes remain). */
+static int hex4(const unsigned char *p, const unsigned char *end) {
+    if (end - p < 4) return FAIL;
+    int u = 0;
+    for (int k = 0; k < 4; k++) {
+        int h = hexval(p[k]);
+        if (h < 0) return FAIL;
+        u = u * 16 + h;
+    }
+    return u;
+}
+
 /* Length of the well-formed UTF-8 sequence at p (lead byte >= 0x80), or FAIL: no overlong
  * forms, no surrogates, nothing past U+10FFFF. */
 static int utf8_len(const unsigned char *p, const unsigned char *end) {
@@ -117,10 +129,14 @@ static int scan_string(Cur *c, int *esc) {
             if (p + 1 >= end) return FAIL;
             unsigned char n = p[1];
             if (n == 'u') {
-                if (p + 6 > end) return FAIL;
-                for (int k = 2; k < 6; k++)
-                    if (hexval(p[k]) < 0) return FAIL;
-                p += 6;
+                /* UTF-16 halves must pair (high then low), as msgspec requires even in skipped values */
+                int u = hex4(p + 2, end);
+                if (u < 0 || (u >= 0xDC00 && u <= 0xDFFF)) return FAIL;
+                if (u >= 0xD800 && u <= 0xDBFF) {
+                    int lo = (p + 8 <= end && p[6] == '\\' && p[7] == 'u') ? hex4(p + 8, end) : -1;
+                    if (lo < 0xDC00 || lo > 0xDFFF) return FAIL;
+                    p += 12;
+                } else p += 6;
                 continue;
             }
             if (!(n == '"' || n == '\\' || n == '/' || n == 'b' || n == 'f' || n == 'n' || n == 'r' || n == 't')) return FAIL;
@@ -563,7 +579,7 @@ static int to_float(const Val *v, double *out) {
     }
 }
 
-/* load.py's _as_int for thread-name keys: int, float truncated, bool/other -> None, strings
+/* load.py's _as_int for thread-name keys: int, float truncated (None outside int64), bool/other -> None, strings
  * without digits -> None; strings with digits (int(s, 0) rules) -> Fallback. */
 static int as_int_key(const Val *v, int64_t *out) {
     switch (v->kind) {
@@ -575,7 +591,7 @@ static int as_int_key(const Val *v, int64_t *out) {
             *out = (int64_t)v->d;
             return 1;
         }
-        return FAIL;
+        return 0; /* outside int64: None, as _as_int */
     case V_STR:
         return (v->esc || has_digit(v)) ? FAIL : 0;
     default:
@@ -819,6 +835,12 @@ fail:
 
 static PyObject *parse(PyObject *self, PyObject *arg) {
     (void)self;
+    /* bytes only: they end in a NUL, which bounds CPython's dtoa (parse_number's slow path reads
+     * until the number stops) even when a truncated file ends inside a number. */
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "parse() takes bytes");
+        return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE)) return NULL;
     const unsigned char *base = view.buf;

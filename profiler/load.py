@@ -343,8 +343,8 @@ def _all_ints(dims: list) -> bool:
 
 def _as_int(v) -> int | None:
     if isinstance(v, int) and not isinstance(v, bool):
-        return v
-    if isinstance(v, float) and v == v:
+        return v if -2**63 <= v < 2**63 else None
+    if isinstance(v, float) and -2.0**63 <= v < 2.0**63:  # also False for NaN and inf
         return int(v)
     if isinstance(v, str):
         try:
@@ -411,7 +411,7 @@ def _fast_parse(raw: bytes) -> dict | None:
     """The C parser's buffers, or None where it declines the input (msgspec then parses it)."""
     try:
         parsed = _kineto.parse(raw)
-        # Strings with escapes come as their raw JSON text; the C parser did not check their UTF-8.
+        # Strings with escapes come as their raw JSON text (escapes already checked), decoded here.
         parsed["strings"] = [msgspec.json.decode(s) if isinstance(s, bytes) else s for s in parsed["strings"]]
     except (_kineto.Fallback, UnicodeDecodeError, msgspec.DecodeError):
         return None
@@ -457,7 +457,7 @@ def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], 
         for e in events
         if e.ph == "M" and e.name == "thread_name" and e.args is not None and isinstance(e.args.name, str)
     }
-    kept = [e for e, ph in zip(events, ph_all) if ph in _KEPT_PH]
+    kept = [e for e, ph in zip(events, ph_all) if isinstance(ph, str) and ph in _KEPT_PH]  # a list ph is not hashable
     other_ph = len(events) - len(kept) - n_flow - ph_all.count("M")
     del ph_all
     args = [e.args or _NO_ARGS for e in kept]
@@ -483,7 +483,7 @@ def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], 
     comm = [i for i, e in enumerate(kept) if isinstance(e.name, str) and e.name.startswith(_COMM_NAME_PREFIXES)]
     cols["arg_nelems"], cols["arg_types"] = _arg_shapes(len(kept), [(i, args[i].input_dims, args[i].input_type) for i in comm])
     frame, dropped = _finish(cols)
-    return frame, thread_names, {"flow": n_flow, "other_ph": other_ph, **dropped}
+    return frame, thread_names, {"flow": n_flow, **dropped, "other_ph": other_ph}
 
 
 def _group_ranks_text(r) -> str | None:
@@ -494,8 +494,11 @@ def _arg_shapes(n: int, comm: list[tuple[int, bytes, bytes]]) -> tuple[pl.Series
     """arg_nelems and arg_types for n rows from (row, raw Input Dims, raw Input type) of collectives."""
     nelems, types = [None] * n, [None] * n
     for i, raw_dims, raw_types in comm:
-        dims = msgspec.json.decode(raw_dims) if raw_dims else None
-        typs = msgspec.json.decode(raw_types) if raw_types else None
+        try:
+            dims = msgspec.json.decode(raw_dims) if raw_dims else None
+            typs = msgspec.json.decode(raw_types) if raw_types else None
+        except (UnicodeDecodeError, msgspec.DecodeError):  # kept raw, so never checked: shapes unknown
+            dims = typs = None
         if isinstance(dims, list) and isinstance(typs, list):
             nelems[i] = [_nelems(d, t) for d, t in zip(dims, typs)]
             types[i] = [t if isinstance(t, str) else None for t in typs]
@@ -567,7 +570,7 @@ def _fast_columns(parsed: dict, slices: dict) -> tuple[pl.DataFrame, dict[tuple[
     thread_names = {(p if po else None, t if to else None): strings[c]
                     for (p, po, t, to), c in zip(keys, np.frombuffer(name_codes, np.int32).tolist())}
     counts = parsed["counts"]
-    return frame, thread_names, {"flow": counts["flow"], "other_ph": counts["other"], **dropped}
+    return frame, thread_names, {"flow": counts["flow"], **dropped, "other_ph": counts["other"]}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -109,6 +109,8 @@ QUIRKS = [
     {"ph": "M", "name": "thread_name", "pid": "Spans", "tid": 7, "args": {"name": "ignored"}},
     {"ph": "M", "name": "process_name", "pid": 12, "tid": 0, "args": {"name": "python3"}},
     {"ph": 5, "name": "odd ph", "pid": 1, "tid": 1, "ts": 1},
+    {"ph": [1], "name": "list ph", "pid": 1, "tid": 1, "ts": 1},
+    {"ph": "M", "name": "thread_name", "pid": 1e30, "tid": 3, "args": {"name": "pid outside int64"}},
     {},
 ]
 
@@ -131,7 +133,7 @@ def test_same_frame_on_hand_made_quirks(tmp_path, form):
     assert rows["aten::add"]["arg_nelems"] is None and rows["Memcpy HtoD"]["correlation"] == 1
     assert rows["Memcpy HtoD"]["mem_device_id"] is None  # outside int32
     assert rows["void f<\"x\\\\y\">(\u00e9\u4e2d\U0001F600)\n"]["thread"] == "pt_main_thread"
-    assert meta["dropped"] == {"flow": 2, "string_pid": 1, "no_ts": 1, "other_ph": 3}
+    assert meta["dropped"] == {"flow": 2, "string_pid": 1, "no_ts": 1, "other_ph": 4}
     if form != "array":
         assert meta["distributed_info"] == {"rank": 3, "world_size": 4} and meta["device_name"] == "MI250"
 
@@ -152,7 +154,23 @@ DECLINED = {
     "bad escape": b'{"traceEvents": [{"ph": "X", "name": "a\\q", "pid": 1, "tid": 1, "ts": 1}]}',
     "leading zero": b'{"traceEvents": [{"ph": "X", "name": "a", "pid": 01, "tid": 1, "ts": 1}]}',
     "not UTF-8": b'{"traceEvents": [{"ph": "X", "name": "a\xff", "pid": 1, "tid": 1, "ts": 1}]}',
+    "not UTF-8 in shapes": b'{"traceEvents": [{"ph": "X", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": 1,'
+                           b' "args": {"Input Dims": [[2]], "Input type": ["fl\xffoat"]}}]}',
+    # UTF-16 halves that do not pair: msgspec rejects them even in values nobody reads
+    "lone high surrogate, skipped": b'{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "args": {"foo": "\\ud800"}}]}',
+    "lone low surrogate, top level": b'{"traceName": "\\udc00", "traceEvents": []}',
+    "reversed pair": b'{"traceEvents": [{"ph": "B", "name": "\\udc00\\ud800"}]}',
+    "high then not low": b'{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "args": {"Process Group Ranks": "\\ud800\\u0041"}}]}',
 }
+
+
+@needs_c
+def test_escaped_surrogate_pairs_are_read(tmp_path):
+    f = _write(tmp_path, b'{"traceEvents": [{"ph": "X", "name": "smile \\ud83d\\ude00", "pid": 1, "tid": 1, "ts": 1,'
+                         b' "args": {"skipped": "\\uD83D\\uDE00"}}]}')
+    assert _c_parses(f)
+    _assert_same(f)
+    assert parse_trace_file(f)[0]["name"].cast(str).to_list() == ["smile \U0001F600"]
 
 
 @needs_c
