@@ -494,6 +494,13 @@ static int has_digit(const Val *v) {
     return 0;
 }
 
+/* A float as int64, truncated toward zero as polars' cast does; 0 (null) outside int64. */
+static inline int trunc_i64(double d, int64_t *out) {
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) return 0;
+    *out = (int64_t)d;
+    return 1;
+}
+
 /* Int column value; returns 1 valid, 0 null, FAIL for a Fallback. */
 static int to_int(const Val *v, int64_t *out) {
     switch (v->kind) {
@@ -504,11 +511,7 @@ static int to_int(const Val *v, int64_t *out) {
         *out = v->i;
         return 1;
     case V_FLOAT:
-        if (v->d >= -9223372036854775808.0 && v->d < 9223372036854775808.0) {
-            *out = (int64_t)v->d; /* C truncates toward zero, as polars' cast does */
-            return 1;
-        }
-        return 0;
+        return trunc_i64(v->d, out);
     case V_TRUE:
         *out = 1;
         return 1;
@@ -587,11 +590,7 @@ static int as_int_key(const Val *v, int64_t *out) {
         *out = v->i;
         return 1;
     case V_FLOAT:
-        if (v->d >= -9223372036854775808.0 && v->d < 9223372036854775808.0) {
-            *out = (int64_t)v->d;
-            return 1;
-        }
-        return 0; /* outside int64: None, as _as_int */
+        return trunc_i64(v->d, out); /* outside int64: None, as _as_int */
     case V_STR:
         return (v->esc || has_digit(v)) ? FAIL : 0;
     default:
