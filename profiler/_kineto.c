@@ -102,18 +102,6 @@ static int scan_string(Cur *c, int *esc) {
     const unsigned char *p = c->p + 1, *end = c->end;
     int e = 0;
     for (;;) {
-        /* Eight bytes at a time while none is a quote, a backslash or a control character
-         * (kernel names run to hundreds of bytes). The test may flag a chunk that has none of
-         * them (a borrow); that chunk just goes through the byte loop below. */
-        while (end - p >= 8) {
-            uint64_t x;
-            memcpy(&x, p, 8);
-            const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
-            uint64_t q = x ^ (ones * '"'), b = x ^ (ones * '\\');
-            uint64_t hit = ((q - ones) & ~q) | ((b - ones) & ~b) | ((x - ones * 0x20) & ~x) | x; /* x: non-ASCII */
-            if (hit & high) break;
-            p += 8;
-        }
         if (p >= end) return FAIL;
         unsigned char ch = *p;
         if (ch == '"') break;
@@ -457,6 +445,7 @@ static const int INT_SRC[N_INT] = {
 
 enum { F_TS, F_DUR, N_FLT };
 static const char *FLT_NAMES[N_FLT] = {"ts_us", "dur_us"};
+static const int FLT_SRC[N_FLT] = {E_TS, E_DUR};
 
 enum { S_CAT, S_NAME, S_COLLECTIVE, S_DTYPE, S_GROUP_NAME, S_GROUP_DESC, N_STR };
 static const char *STR_NAMES[N_STR] = {"cat", "name", "collective", "dtype", "group_name", "group_desc"};
@@ -643,7 +632,7 @@ static int emit(Ctx *cx, const unsigned char *base) {
     }
     for (int k = 0; k < N_FLT; k++) {
         double x = 0.0;
-        int ok = to_float(&cx->ev[k == F_TS ? E_TS : E_DUR], &x);
+        int ok = to_float(&cx->ev[FLT_SRC[k]], &x);
         if (ok < 0) return FAIL;
         if (push_f64(&cx->flts[k], x) || push_u8(&cx->flts_ok[k], (uint8_t)ok)) return FAIL;
     }
@@ -761,6 +750,46 @@ static int parse_events(Cur *c, Ctx *cx, const unsigned char *base) {
     }
 }
 
+typedef struct {
+    Py_ssize_t s, e; /* byte range of a value in the input; s = -1: absent */
+} Span;
+
+/* The whole document: {"traceEvents": [...], ...} (distributedInfo and deviceProperties kept as
+ * byte ranges) or the bare-array form. FAIL for anything else, trailing bytes included. */
+static int parse_doc(Cur *c, Ctx *cx, const unsigned char *base, Span *info, Span *dev) {
+    int seen_events = 0;
+    ws(c);
+    if (c->p < c->end && *c->p == '[') {
+        if (parse_events(c, cx, base)) return FAIL;
+        seen_events = 1;
+    } else if (c->p < c->end && *c->p == '{') {
+        c->p++;
+        ws(c);
+        if (c->p < c->end && *c->p == '}') c->p++;
+        else for (;;) {
+            const unsigned char *k;
+            size_t n;
+            if (read_key(c, &k, &n)) return FAIL;
+            if (n == 11 && !memcmp(k, "traceEvents", 11)) {
+                /* a second traceEvents: which one wins is msgspec's business */
+                if (seen_events || c->p >= c->end || *c->p != '[' || parse_events(c, cx, base)) return FAIL;
+                seen_events = 1;
+            } else if ((n == 15 && !memcmp(k, "distributedInfo", 15)) || (n == 16 && !memcmp(k, "deviceProperties", 16))) {
+                Span *sp = n == 15 ? info : dev;
+                sp->s = c->p - base;
+                if (skip_value(c, 1)) return FAIL;
+                sp->e = c->p - base;
+            } else if (skip_value(c, 1)) return FAIL;
+            ws(c);
+            if (c->p < c->end && *c->p == ',') { c->p++; ws(c); continue; }
+            if (c->p < c->end && *c->p == '}') { c->p++; break; }
+            return FAIL;
+        }
+    } else return FAIL;
+    ws(c);
+    return (c->p == c->end && seen_events) ? 0 : FAIL;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Python interface                                                                          */
 
@@ -786,8 +815,11 @@ static int put(PyObject *d, const char *key, PyObject *value) {
     return r;
 }
 
-static PyObject *build_result(Ctx *cx, const unsigned char *base, Py_ssize_t info_s, Py_ssize_t info_e,
-                              Py_ssize_t dev_s, Py_ssize_t dev_e) {
+static PyObject *span_bytes(const unsigned char *base, Span sp) {
+    return sp.s >= 0 ? PyBytes_FromStringAndSize((const char *)base + sp.s, sp.e - sp.s) : Py_NewRef(Py_None);
+}
+
+static PyObject *build_result(Ctx *cx, const unsigned char *base, Span info, Span dev) {
     PyObject *out = PyDict_New(), *sub = NULL;
     if (!out) return NULL;
     if (put(out, "n", PyLong_FromSize_t(cx->ph.len)) || put(out, "ph", buf_bytes(&cx->ph))) goto fail;
@@ -822,8 +854,7 @@ static PyObject *build_result(Ctx *cx, const unsigned char *base, Py_ssize_t inf
     if (put(out, "counts", Py_BuildValue("{sLsLsL}", "flow", (long long)cx->n_flow, "meta", (long long)cx->n_meta, "other",
                                          (long long)cx->n_other)))
         goto fail;
-    if (put(out, "distributedInfo", info_s >= 0 ? PyBytes_FromStringAndSize((const char *)base + info_s, info_e - info_s) : Py_NewRef(Py_None)) ||
-        put(out, "deviceProperties", dev_s >= 0 ? PyBytes_FromStringAndSize((const char *)base + dev_s, dev_e - dev_s) : Py_NewRef(Py_None)))
+    if (put(out, "distributedInfo", span_bytes(base, info)) || put(out, "deviceProperties", span_bytes(base, dev)))
         goto fail;
     return out;
 fail:
@@ -864,50 +895,14 @@ static PyObject *parse(PyObject *self, PyObject *arg) {
     for (int k = 0; k < N_STR && !bad; k++) bad = buf_reserve(&cx->strs[k], guess);
     bad = bad || buf_reserve(&cx->ph, guess) || intern_grow(&cx->intern);
 
-    Py_ssize_t info_s = -1, info_e = -1, dev_s = -1, dev_e = -1;
-    int seen_events = 0;
-    const char *why = NULL;
-    if (bad) why = "out of memory";
     /* The GIL stays held: CPython's dtoa (the slow path of parse_number) needs it. */
-    ws(&c);
-    if (why) {
-    } else if (c.p < c.end && *c.p == '[') {
-        /* the JSON-array form of a Chrome trace */
-        if (parse_events(&c, cx, base)) why = "x";
-        seen_events = 1;
-    } else if (c.p < c.end && *c.p == '{') {
-        c.p++;
-        ws(&c);
-        if (c.p < c.end && *c.p == '}') c.p++;
-        else for (;;) {
-            const unsigned char *k;
-            size_t n;
-            if (read_key(&c, &k, &n)) { why = "x"; break; }
-            if (n == 11 && !memcmp(k, "traceEvents", 11)) {
-                if (seen_events || c.p >= c.end || *c.p != '[' || parse_events(&c, cx, base)) { why = "x"; break; }
-                seen_events = 1;
-            } else if ((n == 15 && !memcmp(k, "distributedInfo", 15)) || (n == 16 && !memcmp(k, "deviceProperties", 16))) {
-                Py_ssize_t s = c.p - base;
-                if (skip_value(&c, 1)) { why = "x"; break; }
-                if (n == 15) { info_s = s; info_e = c.p - base; }
-                else { dev_s = s; dev_e = c.p - base; }
-            } else if (skip_value(&c, 1)) { why = "x"; break; }
-            ws(&c);
-            if (c.p < c.end && *c.p == ',') { c.p++; ws(&c); continue; }
-            if (c.p < c.end && *c.p == '}') { c.p++; break; }
-            why = "x";
-            break;
-        }
-    } else why = "x";
-    if (!why) {
-        ws(&c);
-        if (c.p != c.end || !seen_events) why = "x";
-    }
+    Span info = {-1, -1}, dev = {-1, -1};
+    int declined = bad || parse_doc(&c, cx, base, &info, &dev);
 
     PyObject *res = NULL;
-    if (why) PyErr_SetString(Fallback, bad ? "out of memory" : "input the fast parser leaves to the Python one");
+    if (declined) PyErr_SetString(Fallback, bad ? "out of memory" : "input the fast parser leaves to the Python one");
     else {
-        res = build_result(cx, base, info_s, info_e, dev_s, dev_e);
+        res = build_result(cx, base, info, dev);
         if (!res && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
             PyErr_Clear();
             PyErr_SetString(Fallback, "a string that is not UTF-8");
