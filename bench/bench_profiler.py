@@ -163,7 +163,6 @@ def main() -> None:
     p.add_argument("--skip-pure", action="store_true", help="skip the cold load with the msgspec parser only")
     args = p.parse_args()
     folder = build_trace_set(args.dir or Path(tempfile.gettempdir()) / f"ptprof-bench-{args.ranks}-{int(args.mb)}", args.ranks, args.mb)
-    raw_mb = sum(len(gzip.decompress(f.read_bytes())) for f in sorted(folder.glob("rank*.json.gz"))[:1]) / 1e6
     from profiler import load
 
     if load._kineto is None:
@@ -177,7 +176,7 @@ def main() -> None:
     if not args.skip_pure:
         # The same cold load with the C parser switched off: what the C parser buys, in this run.
         with tempfile.TemporaryDirectory() as cache:
-            rows.append(("ptprof cold, msgspec parser only", measure(PTPROF, folder, cache, {"PTPROF_PURE_PARSER": "1"})))
+            rows.append(("ptprof cold, msgspec parser only", measure(PTPROF, folder, cache, {load.PURE_PARSER_ENV: "1"})))
     if not args.skip_hta:
         hta = measure(HTA, folder, "")
         print(hta[3])
@@ -185,7 +184,7 @@ def main() -> None:
         if seen != args.ranks:
             raise SystemExit(f"HTA analyzed {seen} of {args.ranks} ranks: the comparison would be unfair")
         rows.append(("HTA (load + breakdown + overlap)", hta))
-    print(f"{args.ranks} ranks x {raw_mb:.0f} MB JSON, {os.cpu_count()} cores")
+    print(f"{args.ranks} ranks x {args.mb:.0f} MB JSON, {os.cpu_count()} cores")  # each file is cut at --mb
     for label, (wall, cpu, rss, _) in rows:
         print(f"{label:34s} wall {wall:7.1f} s   cpu {cpu:7.1f} s   peak RSS {rss:7.0f} MB")
     if not args.skip_hta:

@@ -253,10 +253,10 @@ def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
     pipes: dict[int, dict[int, int]] = {}  # replica -> pp coordinate -> global rank
     for r, k, c in actions.select("rank", "_pipe", "_coord").unique().iter_rows():
         pipes.setdefault(k, {})[c] = r
-    p = _positive_int(cfg.get("ranks")) or max(len(members) for members in pipes.values())
+    p = positive_int(cfg.get("ranks")) or max(len(members) for members in pipes.values())
     stages = actions["stage"].n_unique()
-    v = _positive_int(cfg.get("stages_per_rank")) or max(1, stages // max(1, p))
-    m = _positive_int(cfg.get("microbatches")) or actions["microbatch"].n_unique()
+    v = positive_int(cfg.get("stages_per_rank")) or max(1, stages // max(1, p))
+    m = positive_int(cfg.get("microbatches")) or actions["microbatch"].n_unique()
     last_stage = cfg.get("loss_stage") if isinstance(cfg.get("loss_stage"), int) else actions["stage"].max()
     ideal = _ideal_order(manifest)
     rows = []
@@ -332,5 +332,7 @@ def _valid_format(fmt: str) -> bool:
     return True
 
 
-def _positive_int(v) -> int | None:
+def positive_int(v) -> int | None:
+    """A run.json count (pipeline ranks, microbatches, stages) as an int, or None where it is not a
+    positive number (run.json is user data: strings and bools are not counts)."""
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None

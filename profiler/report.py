@@ -39,6 +39,7 @@ class Analysis:
     persistent_memory: pl.DataFrame
     pipeline: pl.DataFrame | None  # per rank and step; None without pipeline action spans
     pipeline_grid: pl.DataFrame | None  # per rank and step: the order its actions ran in
+    pipeline_actions: pl.DataFrame  # one row per pipeline action span (profiler.pipeline_actions); empty without
     top_operators: pl.DataFrame
     top_kernels: pl.DataFrame
     warnings: list[str]
@@ -90,6 +91,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
         pipeline=pipeline,
         pipeline_grid=pipeline_grid(actions) if pipeline is not None else None,
+        pipeline_actions=actions,
         top_operators=out["top_operators"],
         top_kernels=out["top_kernels"],
         warnings=warnings,

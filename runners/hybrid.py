@@ -71,19 +71,19 @@ def apply_hybrid(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
             apply_fsdp_units(part, mesh["dp"], reshard_after_forward=pp == 1)
 
     hybrid = {"hybrid": {"dims": list(DIMS), "shape": [dp, pp, tp], "groups": mesh_groups(mesh), "sp": opts.sp}}
-    trained = {"model": model, "extra": {}}  # without pp: the harness's forward/backward step
+    fields = {"model": model}  # without pp: the harness's forward/backward step
     if pp > 1:
         # Pipeline last: PipelineStage wraps the parallelized module as it will run, and its
         # first step infers the shapes sent between stages from a real forward through it.
         schedule, stages = build_schedule(plan, parts, ctx.device, group=mesh["pp"].get_group())
-        trained = pipelined(plan, schedule, stages, opts.global_batch_size // dp)  # one replica's batch
-    optimizer = harness.make_optimizer(trained["model"].parameters(), opts)
+        fields = pipelined(plan, schedule, stages, opts.global_batch_size // dp)  # one replica's batch
+    fields["extra"] = fields.get("extra", {}) | hybrid
     return harness.Parallel(
-        optimizer=optimizer,
+        optimizer=harness.make_optimizer(fields["model"].parameters(), opts),
         mesh=dict(zip(DIMS, (dp, pp, tp))),
         dp_rank=mesh["dp"].get_local_rank(),
         dp_size=dp,
-        **{**trained, "extra": trained["extra"] | hybrid},
+        **fields,
     )
 
 

@@ -188,6 +188,11 @@ def options_from_namespace(ns: argparse.Namespace, **extra) -> RunOptions:
     return RunOptions(**values)
 
 
+def flag_of(field: str) -> str:
+    """The command-line flag of a RunOptions field (`stages_per_rank` -> `--stages-per-rank`)."""
+    return "--timeout" if field == "timeout_s" else "--" + field.replace("_", "-")
+
+
 def options_to_argv(opts: RunOptions) -> list[str]:
     """The worker command line that reproduces `opts` (inverse of the worker's parser)."""
     argv = ["--paradigm", opts.paradigm, "--gpus", str(opts.gpus), "--nnodes", str(opts.nnodes)]
@@ -196,7 +201,7 @@ def options_to_argv(opts: RunOptions) -> list[str]:
         if f.name in ("paradigm", "gpus", "nnodes", "run_id"):
             continue
         value = getattr(opts, f.name)
-        flag = "--timeout" if f.name == "timeout_s" else "--" + f.name.replace("_", "-")
+        flag = flag_of(f.name)
         if isinstance(value, bool):
             if value:
                 argv.append(flag)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from runners.options import RunOptions
+from runners.options import RunOptions, flag_of
 
 
 def _all_ranks(opts: RunOptions) -> int:
@@ -193,28 +193,27 @@ PARADIGMS: dict[str, Paradigm] = {
 }
 
 
-
-# Flags only some paradigms read -> (flag, those paradigms). Given to any other paradigm they would
+# Options only some paradigms read -> those paradigms. Given to any other paradigm they would
 # be silently ignored, and the run would not be the one asked for.
 _PIPELINES = frozenset(PIPELINE_SCHEDULES)
-PARADIGM_FLAGS: dict[str, tuple[str, frozenset[str]]] = {
-    "microbatches": ("--microbatches", _PIPELINES | {"hybrid"}),
-    "stages_per_rank": ("--stages-per-rank", _PIPELINES | {"hybrid"}),
-    "schedule": ("--schedule", frozenset({"hybrid"})),
-    "sp": ("--sp", frozenset({"tp", "hybrid"})),
-    "experts": ("--experts", frozenset({"ep"})),
-    "top_k": ("--top-k", frozenset({"ep"})),
-    "capacity_factor": ("--capacity-factor", frozenset({"ep"})),
-    "dp": ("--dp", frozenset({"hybrid"})),
-    "pp": ("--pp", frozenset({"hybrid"})),
-    "tp": ("--tp", frozenset({"hybrid"})),
+PARADIGM_FLAGS: dict[str, frozenset[str]] = {
+    "microbatches": _PIPELINES | {"hybrid"},
+    "stages_per_rank": _PIPELINES | {"hybrid"},
+    "schedule": frozenset({"hybrid"}),
+    "sp": frozenset({"tp", "hybrid"}),
+    "experts": frozenset({"ep"}),
+    "top_k": frozenset({"ep"}),
+    "capacity_factor": frozenset({"ep"}),
+    "dp": frozenset({"hybrid"}),
+    "pp": frozenset({"hybrid"}),
+    "tp": frozenset({"hybrid"}),
 }
 
 
 def check_flags(opts: RunOptions) -> str | None:
     """A one-line problem when a flag is given that `opts.paradigm` does not use, else None."""
     defaults = RunOptions(paradigm=opts.paradigm, gpus=opts.gpus)
-    for field, (flag, users) in PARADIGM_FLAGS.items():
+    for field, users in PARADIGM_FLAGS.items():
         if opts.paradigm not in users and getattr(opts, field) != getattr(defaults, field):
-            return f"{flag} does not apply to {opts.paradigm}: it is for {', '.join(sorted(users))}"
+            return f"{flag_of(field)} does not apply to {opts.paradigm}: it is for {', '.join(sorted(users))}"
     return None

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import polars as pl
 
-from profiler import TraceError, Traces, analyze, ideal_orders, load_traces, memory_timeline, pipeline_actions
+from profiler import TraceError, Traces, analyze, ideal_orders, load_traces, memory_timeline
 from profiler.load import RUN_MANIFEST, TRACE_SUFFIXES, is_trace_file
-from profiler.pipeline import schedule_theory_pct
+from profiler.pipeline import positive_int, schedule_theory_pct
 from profiler.report import Analysis
 
 from viewer import aggregate
@@ -108,8 +108,8 @@ class RunData:
         return self._once("memory", lambda: memory_timeline(self.events))
 
     def pipeline_actions(self) -> pl.DataFrame:
-        # The events carry `run_id` as their run, so run.json (its span_format) is keyed by it.
-        return self._once("pipeline_actions", lambda: pipeline_actions(self.events, runs={self.run_id: self.manifest}))
+        # Found by `analyze` already (with run.json's span_format); only the run label is ours.
+        return self._once("pipeline_actions", lambda: self.relabel(self.analysis.pipeline_actions))
 
 
 class RunStore:
@@ -365,7 +365,8 @@ def pipeline_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, pl
     ranks); where nothing was measured, the schedule's textbook bubble from run.json's shape (None
     without one, or when the shape is missing or not positive integers).
     """
-    acts, ideal, summary = [], [], []
+    acts, summary = [], []
+    ideal = _concat([ideal_orders({d.run_id: d.manifest for d in _ok(runs)})])  # pp coordinates -> global ranks (hybrid runs)
     for d in _ok(runs):
         a = d.pipeline_actions()
         if a.height and d.analysis.steps.height:
@@ -374,22 +375,14 @@ def pipeline_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, pl
             a = a.filter(pl.col("step") == last)  # each action's own step (the profiler's assignment)
             acts.append(d.relabel(a.select("run", "rank", "action", "microbatch",
                                            start_ms=(pl.col("start_us") - t0) / 1e3, end_ms=(pl.col("end_us") - t0) / 1e3)))
-        order = ideal_orders({d.run_id: d.manifest})  # pp coordinates -> global ranks (hybrid runs)
-        if order.height:
-            ideal.append(order)
         measured = d.analysis.pipeline
         cfg = (d.manifest or {}).get("pipeline") or {}
-        p, m = _positive_int(cfg.get("ranks")), _positive_int(cfg.get("microbatches"))
-        v = _positive_int(cfg.get("stages_per_rank", 1))
+        p, m = positive_int(cfg.get("ranks")), positive_int(cfg.get("microbatches"))
+        v = positive_int(cfg.get("stages_per_rank", 1))
         if measured is not None and measured.height:
             summary.append(d.relabel(measured).group_by("run").agg(pl.col("bubble_pct", "theory_pct", "ideal_pct").mean()))
         elif p and m:
             theory = schedule_theory_pct(cfg.get("schedule"), p, m, v, {}) if v else None
             summary.append(pl.DataFrame({"run": [d.run_id], "bubble_pct": [None], "ideal_pct": [None], "theory_pct": [theory]},
                                         schema={"run": pl.String, **dict.fromkeys(["bubble_pct", "ideal_pct", "theory_pct"], pl.Float64)}))
-    return _concat(acts), _concat(ideal), _concat(summary)
-
-
-def _positive_int(v) -> int | None:
-    """`v` if it is a positive int (run.json is user data: strings, floats, bools and the like are not)."""
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    return _concat(acts), ideal, _concat(summary)

@@ -271,7 +271,7 @@ def _pipeline_run(manifest: dict | None, *, actions: pl.DataFrame | None = None,
                                                                  "start_us": pl.Float64, "end_us": pl.Float64})
     run = data.RunData(run_id="pp-run", folder=Path("."), manifest=manifest,
                        traces=types.SimpleNamespace(events=events if events is not None else pl.DataFrame(schema=SCHEMA)),
-                       analysis=types.SimpleNamespace(pipeline=None, steps=steps))
+                       analysis=types.SimpleNamespace(pipeline=None, steps=steps, pipeline_actions=pl.DataFrame(schema=ACTION_COLUMNS)))
     if actions is not None:
         run.pipeline_actions = lambda: actions
     return run
@@ -317,11 +317,15 @@ def test_pipeline_actions_are_picked_by_their_step():
     assert acts.sort("rank").select("rank", "action", "start_ms").rows() == [(0, "F", 0.0), (1, "F", 0.06)]
 
 
-def test_pipeline_actions_follow_run_json_span_format():
+def test_pipeline_actions_follow_run_json_span_format(tmp_path):
+    # A run folder named pp-run whose run.json has another run_id and its own span format.
     spans = [("ProfilerStep#1", 0.0, 100.0), ("pp F s0 mb0", 10.0, 10.0), ("pp B s0 mb0", 30.0, 20.0), ("ptprof/pp/F s0 mb1", 60.0, 5.0)]
-    events = pl.DataFrame([{"run": "from-run-json", "rank": 0, "name": n, "ph": "X", "device": "cpu", "kind": "op", "tid": 1,
-                            "ts_us": t, "dur_us": d, "end_us": t + d} for n, t, d in spans], schema=SCHEMA)
-    run = _pipeline_run({"pipeline": {"span_format": "pp {kind} s{stage} mb{microbatch}"}}, events=events)
+    folder = tmp_path / "pp-run"
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({"run_id": "from-run-json", "pipeline": {"span_format": "pp {kind} s{stage} mb{microbatch}"}}))
+    (folder / "rank0.json").write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": n, "pid": 1, "tid": 1, "ts": t, "dur": d} for n, t, d in spans]}))
+    run = RunStore(tmp_path).get("pp-run")
     assert run.pipeline_actions().select("run", "action", "microbatch", "step").rows() == [("pp-run", "F", 0, 1), ("pp-run", "B", 0, 1)]
 
 
