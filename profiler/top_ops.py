@@ -28,7 +28,10 @@ def self_times(events: pl.DataFrame) -> pl.DataFrame:
     )
     # One integer per thread keeps the sorts below on three plain columns.
     threads = spans.select(THREAD).unique().with_row_index("_thr")
-    keyed = spans.join(threads, on=THREAD, maintain_order="left").select("_op", "_thr", "ts_us", "dur_us", "end_us")
+    # Zero-length spans own no time (self 0 below); left in, a close-before-open tie would hand
+    # one the rest of its parent's time.
+    keyed = (spans.filter(pl.col("dur_us") > 0).join(threads, on=THREAD, maintain_order="left")
+             .select("_op", "_thr", "ts_us", "dur_us", "end_us"))
     # Closes sort before opens at the same instant (back-to-back siblings do not nest); a parent
     # opens before the child that starts with it (longer first). Each thread's opens and closes
     # balance, so a running sum over the whole sorted frame is each thread's nesting depth. The

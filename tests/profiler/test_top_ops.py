@@ -24,6 +24,17 @@ EVENTS = make_events([
 ])
 
 
+def test_zero_length_spans_own_no_time():
+    # a 0 µs span inside a parent: its close ties with its own open and must not take the parent's rest
+    st = self_times(make_events([op("parent", 0, 10), op("marker", 5, 0)])).sort("ts_us")
+    assert st.select("name", "self_us").rows() == [("parent", 10.0), ("marker", 0.0)]
+
+
+def test_identical_spans_nest_in_trace_order():
+    st = self_times(make_events([op("A", 0, 10), op("B", 0, 10)]))
+    assert st.select("name", "self_us").rows() == [("A", 0.0), ("B", 10.0)]
+
+
 def test_self_time_subtracts_direct_children_only():
     st = self_times(EVENTS).filter(pl.col("kind") == "op").sort("tid", "ts_us")
     got = [(r["tid"], r["name"], r["ts_us"], r["self_us"]) for r in st.iter_rows(named=True)]
