@@ -22,7 +22,7 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.intervals import clip, sweep
-from profiler.steps import KEYS, PROFILER_STEP_RE, assign_steps, profiler_steps
+from profiler.steps import KEYS, PROFILER_STEP_RE, assign_steps, names_matching, profiler_steps
 
 GPU_LABELS = ["compute", "comm", "memory", "other"]
 CPU_LABELS = ["op", "enqueue", "comm", "window"]
@@ -131,7 +131,7 @@ def _gloo_worker_threads(events: pl.DataFrame) -> pl.DataFrame:
     The training loop's thread is the one with ProfilerStep spans; in a rank without them, the
     thread with the most operator time.
     """
-    is_step = pl.col("name").cast(pl.String).str.contains(PROFILER_STEP_RE)
+    is_step = pl.col("name").is_in(names_matching(events, PROFILER_STEP_RE))
     spans = events.lazy().filter((pl.col("device") == "cpu") & (pl.col("ph") == "X")).select(*THREAD, "name", "kind", "dur_us").collect()
     stepped = spans.filter((pl.col("kind") == "annotation") & is_step).select(THREAD).unique()
     busiest = (

@@ -153,6 +153,10 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
         .with_columns(k=pl.int_range(pl.len()).over(*KEYS, "pid", "algo", "n_key"))
         .select(*KEYS, "pid", "algo", "n_key", "k", "collective", "in_place", "arg0", "arg1", "enq_dtype")
     )
+    if ranks is not None:  # only these spans' ranks: every other rank's pg_config would be parsed for nothing
+        here = spans.select(_r=pl.col("run").cast(pl.String), _k=pl.col("rank").cast(pl.Int64)).unique()
+        ranks = (ranks.with_columns(_r=pl.col("run").cast(pl.String), _k=pl.col("rank").cast(pl.Int64))
+                 .join(here, on=["_r", "_k"], how="semi").drop("_r", "_k"))
     groups = _single_groups(ranks)
     paired = spans.join(enq, on=[*KEYS, "pid", "algo", "n_key", "k"], how="left").join(groups, on=KEYS, how="left")
     own = pl.col("arg_nelems").list.get(0, null_on_oob=True)  # what the gloo span itself processed

@@ -33,7 +33,7 @@ import re
 import polars as pl
 
 from profiler.intervals import union
-from profiler.steps import KEYS, assign_steps, profiler_steps
+from profiler.steps import KEYS, assign_steps, names_matching, profiler_steps
 
 PP_SPAN_FORMAT = "ptprof/pp/{kind} s{stage} mb{microbatch}"  # runners/harness.py PP_ACTION
 ACTION_KINDS = ["F", "B", "I", "W", "L"]
@@ -79,9 +79,7 @@ def pipeline_actions(events: pl.DataFrame, *, steps: pl.DataFrame | None = None,
 
 def _actions(events: pl.DataFrame, steps: pl.DataFrame | None, span_format: str) -> pl.DataFrame:
     pattern = span_pattern(span_format)
-    names = events.get_column("name").unique().cast(pl.String)
-    matched = names.filter(names.str.contains(pattern)).to_list()  # the few distinct names, not every event
-    spans = events.filter(pl.col("name").is_in(matched) & (pl.col("device") == "cpu") & (pl.col("ph") == "X"))
+    spans = events.filter(pl.col("name").is_in(names_matching(events, pattern)) & (pl.col("device") == "cpu") & (pl.col("ph") == "X"))
     if spans.is_empty():
         return pl.DataFrame(schema=ACTION_COLUMNS)
     steps = profiler_steps(events) if steps is None else steps

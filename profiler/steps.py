@@ -14,19 +14,22 @@ PROFILER_STEP_RE = r"^ProfilerStep\s*#\s*(\d+)$"
 KEYS = ["run", "rank"]
 
 
+def names_matching(events: pl.DataFrame, pattern: str) -> list[str]:
+    """The distinct event names that match `pattern` (the regex runs over those, not every event's)."""
+    names = events.get_column("name").unique().cast(pl.String).drop_nulls()
+    return names.filter(names.str.contains(pattern)).to_list()
+
+
 def profiler_steps(events: pl.DataFrame) -> pl.DataFrame:
     """One row per (run, rank, step): start_us, end_us, dur_us and has_profiler_steps.
 
     Ranks without ProfilerStep spans get a single NO_STEP window over all their events.
     """
-    # The regex runs over the distinct names, not every event's.
-    names = events.get_column("name").unique().cast(pl.String).drop_nulls()
-    step_names = names.filter(names.str.contains(PROFILER_STEP_RE)).to_list()
+    step_names = names_matching(events, PROFILER_STEP_RE)
     marked = (
         events.lazy()
         .filter(pl.col("name").is_in(step_names) & (pl.col("device") == "cpu") & (pl.col("ph") == "X"))
         .with_columns(step=pl.col("name").cast(pl.String).str.extract(PROFILER_STEP_RE, 1).cast(pl.Int64))
-        .filter(pl.col("step").is_not_null())
         .group_by(*KEYS, "step")
         .agg(start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max())
         .collect()

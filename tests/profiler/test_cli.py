@@ -64,6 +64,9 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path):
     # a report that could not be written is said before the work, not as a traceback after it
     res = analyze(GPU_NCCL, "--json", str(tmp_path / "no" / "such" / "report.json"))
     assert res.returncode == 2 and "--json: its folder does not exist" in res.stderr and "Traceback" not in res.stderr
+    # a folder where the report file should go: the write itself fails, and says so
+    res = analyze(GPU_NCCL, "--quiet", "--json", str(tmp_path))
+    assert res.returncode == 2 and "--json: cannot write the report" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_gpu_analyses_on_a_cpu_trace_fail_clearly():
