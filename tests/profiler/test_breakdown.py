@@ -10,18 +10,30 @@ from tests.conftest import SHARED_TRACES
 from tests.profiler.conftest import GPU_NCCL, kernel, launch, make_events, step
 
 
+# One step [0, 100). GPU: compute [10, 30) and [25, 40) -> union 30; comm [35, 60) -> 25,
+# of which [35, 40) under compute; memcpy [70, 80); window = 10..80 = 70.
+GPU_RANK = [
+    step(1, 0, 100),
+    launch(1, 1), launch(2, 2), launch(3, 3), launch(4, 4),
+    kernel("gemm", "compute", 10, 20, 1),
+    kernel("gemm2", "compute", 25, 15, 2, stream=8),
+    kernel("ncclKernel_AllReduce", "comm", 35, 25, 3, stream=9),
+    kernel("Memcpy HtoD", "memory", 70, 10, 4),
+]
+# Step [0, 100). Main thread ops [0, 40) and [60, 90), the enqueue [20, 25) inside the first:
+# compute = 40 - 5 + 30 = 65. gloo span on its own thread [22, 70): overlap with compute is
+# [25, 40) + [60, 70) = 25, comm 48, exposed 23. idle = 100 - (65 + 23) = 12.
+CPU_RANK = [
+    step(1, 0, 100),
+    dict(name="aten::mm", kind="op", ts_us=0, dur_us=40),
+    dict(name="c10d::allreduce_", kind="enqueue", ts_us=20, dur_us=5),
+    dict(name="aten::add", kind="op", ts_us=60, dur_us=30),
+    dict(name="gloo:all_reduce", kind="comm", cat="user_annotation", tid=2, ts_us=22, dur_us=48),
+]
+
+
 def test_gpu_breakdown_by_hand():
-    # One step [0, 100). GPU: compute [10, 30) and [25, 40) -> union 30; comm [35, 60) -> 25,
-    # of which [35, 40) under compute; memcpy [70, 80); window = 10..80 = 70.
-    ev = make_events([
-        step(1, 0, 100),
-        launch(1, 1), launch(2, 2), launch(3, 3), launch(4, 4),
-        kernel("gemm", "compute", 10, 20, 1),
-        kernel("gemm2", "compute", 25, 15, 2, stream=8),
-        kernel("ncclKernel_AllReduce", "comm", 35, 25, 3, stream=9),
-        kernel("Memcpy HtoD", "memory", 70, 10, 4),
-    ])
-    row = temporal_breakdown(ev).row(0, named=True)
+    row = temporal_breakdown(make_events(GPU_RANK)).row(0, named=True)
     assert row["window_us"] == 70
     assert row["compute_us"] == 30
     assert row["non_compute_us"] == 20 + 10  # comm not under compute + memcpy
@@ -37,20 +49,17 @@ def test_gpu_kernels_launched_outside_steps_are_left_out():
 
 
 def test_cpu_breakdown_by_hand():
-    # Step [0, 100). Main thread ops [0, 40) and [60, 90), the enqueue [20, 25) inside the first:
-    # compute = 40 - 5 + 30 = 65. gloo span on its own thread [22, 70): overlap with compute is
-    # [25, 40) + [60, 70) = 25, comm 48, exposed 23. idle = 100 - (65 + 23) = 12.
-    ev = make_events([
-        step(1, 0, 100),
-        dict(name="aten::mm", kind="op", ts_us=0, dur_us=40),
-        dict(name="c10d::allreduce_", kind="enqueue", ts_us=20, dur_us=5),
-        dict(name="aten::add", kind="op", ts_us=60, dur_us=30),
-        dict(name="gloo:all_reduce", kind="comm", cat="user_annotation", tid=2, ts_us=22, dur_us=48),
-    ])
-    row = temporal_breakdown(ev).row(0, named=True)
+    row = temporal_breakdown(make_events(CPU_RANK)).row(0, named=True)
     assert row["device"] == "cpu"
     assert (row["window_us"], row["compute_us"], row["comm_us"]) == (100, 65, 48)
     assert (row["overlap_us"], row["exposed_comm_us"], row["non_compute_us"], row["idle_us"]) == (25, 23, 23, 12)
+
+
+def test_gpu_and_cpu_ranks_in_one_frame_each_get_their_accounting():
+    ev = pl.concat([make_events(GPU_RANK, rank=0), make_events(CPU_RANK, rank=1)])
+    rows = {r["rank"]: r for r in temporal_breakdown(ev).iter_rows(named=True)}
+    assert (rows[0]["device"], rows[0]["window_us"], rows[0]["compute_us"], rows[0]["comm_us"], rows[0]["overlap_us"]) == ("gpu", 70, 30, 25, 5)
+    assert (rows[1]["device"], rows[1]["window_us"], rows[1]["compute_us"], rows[1]["comm_us"], rows[1]["overlap_us"]) == ("cpu", 100, 65, 48, 25)
 
 
 def test_cpu_gloo_spans_on_the_main_thread_leave_its_compute():
