@@ -163,7 +163,7 @@ def main() -> None:
     p.add_argument("--skip-pure", action="store_true", help="skip the cold load with the msgspec parser only")
     args = p.parse_args()
     folder = build_trace_set(args.dir or Path(tempfile.gettempdir()) / f"ptprof-bench-{args.ranks}-{int(args.mb)}", args.ranks, args.mb)
-    from profiler import load
+    from profiler import parse as load
 
     if load._kineto is None:
         print("note: profiler._kineto is not built; every ptprof load below parses with msgspec")

@@ -1,13 +1,13 @@
-/* Columnar parser for Kineto Chrome traces: JSON bytes -> the columns of profiler/load.py's frame.
+/* Columnar parser for Kineto Chrome traces: JSON bytes -> the columns of profiler/parse.py's frame.
  *
  * Why C: a 100 MB trace holds ~450k events. Decoding them into Python objects and then building
  * columns from those objects costs ~3 us per event; reading the JSON straight into typed column
  * buffers costs ~0.2 us. This module does only that reading. Every rule about what a column
- * means stays in load.py, which turns the buffers into polars columns and runs the same tail
+ * means stays in parse.py, which turns the buffers into polars columns and runs the same tail
  * (filters, thread names, classification) as its pure-Python parser.
  *
  * Contract: for any input, parse() either returns exactly the columns that the pure-Python
- * parser in load.py would build, or raises Fallback, and load.py then runs that parser (which
+ * parser in parse.py would build, or raises Fallback, and parse.py then runs that parser (which
  * also produces the error messages for malformed files). So anything unusual -- invalid JSON, a
  * string escape in a key, a numeric string whose polars cast we do not mimic, numbers outside
  * int64 -- is a Fallback, never a guess. tests/profiler/test_fast_parser.py checks equality on
@@ -429,7 +429,7 @@ static const char *ARG_KEYS[N_ARGS] = {
     "Input type", "bytes", "Bytes", "Total Allocated", "Total Reserved", "Addr", "Device Type", "Device Id",
     "name"};
 
-/* Output columns, in the order of the names handed to Python (load.py maps them to SCHEMA). */
+/* Output columns, in the order of the names handed to Python (parse.py maps them to SCHEMA). */
 enum { I_PID, I_TID, I_STREAM, I_CORRELATION, I_EXTERNAL_ID, I_IN_NELEMS, I_OUT_NELEMS, I_GROUP_SIZE,
        I_COPY_BYTES, I_MEM_BYTES, I_MEM_TOTAL_ALLOCATED, I_MEM_TOTAL_RESERVED, I_MEM_ADDR,
        I_MEM_DEVICE_TYPE, I_MEM_DEVICE_ID, N_INT };
@@ -456,7 +456,7 @@ enum { R_GROUP_RANKS, R_INPUT_DIMS, R_INPUT_TYPE, N_RAW };
 static const char *RAW_NAMES[N_RAW] = {"group_ranks", "input_dims", "input_type"};
 static const int RAW_SRC[N_RAW] = {A_GROUP_RANKS, A_INPUT_DIMS, A_INPUT_TYPE};
 
-/* Mirrors load.py's _COMM_NAME_PREFIXES. */
+/* Mirrors parse.py's _COMM_NAME_PREFIXES. */
 static const char *COMM_PREFIXES[] = {"c10d::", "gloo:", "nccl:", "record_param_comms"};
 
 static size_t EVENT_LENS[N_EVENT], ARG_LENS[N_ARGS]; /* filled at import */
@@ -571,7 +571,7 @@ static int to_float(const Val *v, double *out) {
     }
 }
 
-/* load.py's _as_int for thread-name keys: int, float truncated (None outside int64), bool/other -> None, strings
+/* parse.py's _as_int for thread-name keys: int, float truncated (None outside int64), bool/other -> None, strings
  * without digits -> None; strings with digits (int(s, 0) rules) -> Fallback. */
 static int as_int_key(const Val *v, int64_t *out) {
     switch (v->kind) {
@@ -645,7 +645,7 @@ static int emit(Ctx *cx, const unsigned char *base) {
         } else if (v->kind != V_MISSING && v->kind != V_NULL) return FAIL;
         if (push_i32(&cx->strs[k], code)) return FAIL;
     }
-    /* Shapes are only read for communication events; with an escaped name load.py decides. */
+    /* Shapes are only read for communication events; with an escaped name parse.py decides. */
     const Val *name = &cx->ev[E_NAME];
     int comm = 0;
     if (name->kind == V_STR) {
@@ -835,7 +835,7 @@ static PyObject *build_result(Ctx *cx, const unsigned char *base, Span info, Spa
     SUBDICT("raws", N_RAW, RAW_NAMES, Py_BuildValue("(NNN)", buf_bytes(&cx->raw_row[k]), buf_bytes(&cx->raw_s[k]), buf_bytes(&cx->raw_e[k])))
 #undef SUBDICT
     /* Interned strings: code k is strings[k]; index 0 is None (null). Escaped ones are handed
-     * over as their raw JSON text (bytes) for load.py to decode. */
+     * over as their raw JSON text (bytes) for parse.py to decode. */
     Str *strs = (Str *)cx->intern.strs.data;
     PyObject *list = PyList_New((Py_ssize_t)cx->intern.strs.len + 1);
     if (!list) goto fail;
@@ -916,7 +916,7 @@ static PyObject *parse(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"parse", parse, METH_O,
-     "parse(raw: bytes) -> dict of column buffers (see profiler/load.py); raises Fallback for input "
+     "parse(raw: bytes) -> dict of column buffers (see profiler/parse.py); raises Fallback for input "
      "that the pure-Python parser must handle."},
     {NULL, NULL, 0, NULL}};
 

@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 
 from profiler.errors import TraceError
-from profiler.load import _load_one_safe
+from profiler.cache import load_one_safe
 
 
 def main(argv: list[str]) -> None:
     out_dir, files = Path(argv[0]), argv[1:]
     for f in files:
-        res = _load_one_safe(Path(f), out_dir)
+        res = load_one_safe(Path(f), out_dir)
         msg = {"path": f, "error": res.problem} if isinstance(res, TraceError) else {"path": f, "meta": res[0], "parquet": res[1]}
         print(json.dumps(msg), flush=True)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import polars as pl
 
 from profiler import TraceError, Traces, analyze, ideal_orders, load_traces, memory_timeline
-from profiler.load import RUN_MANIFEST, TRACE_SUFFIXES, is_trace_file
+from profiler.discover import RUN_MANIFEST, TRACE_SUFFIXES, is_trace_file
 from profiler.pipeline import positive_int, schedule_theory_pct
 from profiler.report import Analysis
 

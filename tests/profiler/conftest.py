@@ -5,14 +5,14 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from profiler.load import SCHEMA
+from profiler.parse import SCHEMA
 from tests.conftest import SHARED_TRACES
 
 GPU_NCCL = SHARED_TRACES / "gpu_nccl_2_of_128"
 
 
 def make_events(rows: list[dict], *, run: str = "r", rank: int = 0) -> pl.DataFrame:
-    """An event frame (profiler.load.SCHEMA) from a few hand-written rows.
+    """An event frame (profiler.parse.SCHEMA) from a few hand-written rows.
 
     Each row gives at least name, kind, ts_us, dur_us; device defaults to "cpu", ph to "X",
     pid/tid to 1, run/rank to the arguments.

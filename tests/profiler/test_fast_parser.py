@@ -17,13 +17,13 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from profiler import TraceError
-from profiler import load
-from profiler.load import parse_trace_file
+from profiler import parse
+from profiler.parse import parse_trace_file
 from tests.conftest import REPO, SHARED_TRACES
 
 REAL = sorted(p for p in SHARED_TRACES.rglob("*.json.gz")) + sorted((REPO / "traces").glob("sample-*/rank*.json.gz"))
 
-needs_c = pytest.mark.skipif(load._kineto is None, reason="the C parser is not built (see test_the_c_parser_is_built)")
+needs_c = pytest.mark.skipif(parse._kineto is None, reason="the C parser is not built (see test_the_c_parser_is_built)")
 
 
 def _outcome(path: Path, *, fast: bool):
@@ -45,7 +45,7 @@ def _assert_same(path: Path):
 def _c_parses(path: Path) -> bool:
     """True when the C parser takes the file itself (False: it declines, msgspec parses it)."""
     try:
-        return load._fast_parse(load._read_bytes(path)) is not None
+        return parse._fast_parse(parse._read_bytes(path)) is not None
     except TraceError:  # an empty or unreadable file never reaches a parser
         return False
 
@@ -59,7 +59,7 @@ def _write(tmp_path: Path, doc, name: str = "rank0.json") -> Path:
 def test_the_c_parser_is_built():
     # CI installs with `pip install -e .`, which compiles it; a silent build failure would leave
     # every load on the slow parser, so it is checked, not skipped.
-    assert load._kineto is not None, "profiler._kineto is not built: reinstall with a C compiler (gcc) present"
+    assert parse._kineto is not None, "profiler._kineto is not built: reinstall with a C compiler (gcc) present"
 
 
 @needs_c

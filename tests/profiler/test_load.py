@@ -11,7 +11,8 @@ import polars as pl
 import pytest
 
 from profiler import SCHEMA, TraceError, load_traces
-from profiler.load import cache_dir, parse_trace_file
+from profiler.cache import cache_dir
+from profiler.parse import parse_trace_file
 from tests.conftest import SHARED_TRACES
 from tests.profiler.conftest import GPU_NCCL
 
@@ -210,12 +211,12 @@ def test_odd_header_and_args_load_instead_of_failing(tmp_path):
 
 
 def test_a_parser_crash_names_the_file(tmp_path, monkeypatch):
-    import profiler.load as load
+    import profiler.cache as cache_module
 
     def boom(path):
         raise RuntimeError("unexpected shape")
 
-    monkeypatch.setattr(load, "parse_trace_file", boom)
+    monkeypatch.setattr(cache_module, "parse_trace_file", boom)
     f = shutil.copy(GPU_NCCL / "rank0.json.gz", tmp_path / "rank0.json.gz")
     with pytest.raises(TraceError) as err:
         load_traces(f, cache=False)

@@ -1,0 +1,444 @@
+"""Parsing one Kineto trace file into the event frame (SCHEMA; docs/profiler.md).
+
+Every format quirk is handled here and nowhere else: gzip or plain JSON, the JSON-array form of a
+Chrome trace, Kineto's string pseudo-processes (`"Spans"`, `"Traces"`), `ph` kinds (complete
+`X`, instant `i`/`I`, metadata `M` for thread names, flows `s`/`f`/`t` dropped because kernels
+and runtime calls already carry `correlation`), missing `dur`/`args`, integer or fractional
+microsecond timestamps. Parsing is done by the C module `_kineto` (JSON straight into column
+buffers) where it is built, and by msgspec where it is not or where it declines a file; both give
+the same frame (the rules that make them agree are in _kineto.c).
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import math
+import os
+import re
+import zlib
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import polars as pl
+
+from profiler.classify import classify
+from profiler.errors import TraceError
+
+try:  # the C parser, built by `pip install` where a C compiler exists (pyproject.toml)
+    from profiler import _kineto
+except ImportError:
+    _kineto = None
+
+PURE_PARSER_ENV = "PTPROF_PURE_PARSER"  # set (to anything) to parse with msgspec only
+
+# The event frame. Order here is the column order of `Traces.events`.
+SCHEMA: dict[str, pl.DataType] = {
+    "run": pl.Categorical(),
+    "rank": pl.Int32(),
+    "pid": pl.Int64(),
+    "tid": pl.Int64(),
+    "thread": pl.Categorical(),
+    "stream": pl.Int64(),
+    "ph": pl.Categorical(),
+    "cat": pl.Categorical(),
+    "name": pl.Categorical(),
+    "device": pl.Categorical(),
+    "kind": pl.Categorical(),
+    "ts_us": pl.Float64(),
+    "dur_us": pl.Float64(),
+    "end_us": pl.Float64(),
+    "correlation": pl.Int64(),
+    "external_id": pl.Int64(),
+    "collective": pl.Categorical(),
+    "in_nelems": pl.Int64(),
+    "out_nelems": pl.Int64(),
+    "dtype": pl.Categorical(),
+    "group_name": pl.Categorical(),
+    "group_desc": pl.Categorical(),
+    "group_ranks": pl.Categorical(),
+    "group_size": pl.Int32(),
+    "arg_nelems": pl.List(pl.Int64()),
+    "arg_types": pl.List(pl.String()),
+    "copy_bytes": pl.Int64(),
+    "mem_bytes": pl.Int64(),
+    "mem_total_allocated_bytes": pl.Int64(),
+    "mem_total_reserved_bytes": pl.Int64(),
+    "mem_addr": pl.Int64(),
+    "mem_device_type": pl.Int32(),
+    "mem_device_id": pl.Int32(),
+}
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The `args` an analysis needs; every other key is skipped by the decoder, unparsed.
+
+    Values are typed loosely (`Any`) because traces disagree (ROCm's stream "0x0", string or int
+    process-group names); the frame's dtypes are enforced afterwards, column by column. The
+    operator shapes stay raw JSON until we know the event is a collective (their nesting varies).
+    """
+
+    stream: Any = None
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    dtype: Any = None
+    group_name: Any = msgspec.field(default=None, name="Process Group Name")
+    group_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    group_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    copy_bytes: Any = msgspec.field(default=None, name="bytes")
+    mem_bytes: Any = msgspec.field(default=None, name="Bytes")
+    mem_total_allocated_bytes: Any = msgspec.field(default=None, name="Total Allocated")
+    mem_total_reserved_bytes: Any = msgspec.field(default=None, name="Total Reserved")
+    mem_addr: Any = msgspec.field(default=None, name="Addr")
+    mem_device_type: Any = msgspec.field(default=None, name="Device Type")
+    mem_device_id: Any = msgspec.field(default=None, name="Device Id")
+    name: Any = None  # thread_name metadata
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: _Args | None = None
+
+
+class _Doc(msgspec.Struct, gc=False):
+    # First pass: each event kept as its raw JSON text, decoded in batches (bounded memory).
+    traceEvents: list[msgspec.Raw] | None = None  # noqa: N815 (the trace's own key)
+    distributedInfo: Any = None  # noqa: N815
+    deviceProperties: Any = None  # noqa: N815
+
+
+# args columns copied straight from _Args (the rest need work: see parse_trace_file)
+_ARG_FIELDS = ["correlation", "external_id", "collective", "in_nelems", "out_nelems", "dtype", "group_name", "group_desc",
+               "group_size", "copy_bytes", "mem_bytes", "mem_total_allocated_bytes", "mem_total_reserved_bytes", "mem_addr",
+               "mem_device_type", "mem_device_id"]
+_NO_ARGS = _Args()
+# Both parsers hand `_finish` their columns in this order.
+_COLUMN_ORDER = ["pid", "tid", "ph", "cat", "name", "ts_us", "dur_us", "stream", *_ARG_FIELDS,
+                 "group_ranks", "arg_nelems", "arg_types"]
+_DOC_DECODER = msgspec.json.Decoder(_Doc | list[msgspec.Raw])
+_EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
+BATCH_EVENTS = 20_000  # events decoded at once: bounds a worker's memory to the bytes plus one batch
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    if not raw:
+        raise TraceError(path, "empty file")
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as e:
+            raise TraceError(path, f"truncated or corrupt gzip ({e})") from None
+        if not raw:
+            raise TraceError(path, "empty file (inside the gzip)")
+    return raw
+
+
+def _decode(raw: bytes, path: Path) -> _Doc:
+    """Chrome traces are either {"traceEvents": [...], ...} or a bare array of events."""
+    try:
+        doc = _DOC_DECODER.decode(raw)
+    except msgspec.ValidationError as e:
+        raise TraceError(path, f"not a Kineto/Chrome trace: {_what_json(raw)} ({e})") from None
+    except msgspec.DecodeError as e:
+        hint = " (truncated?)" if "truncated" in str(e) else ""
+        raise TraceError(path, f"not valid JSON{hint}: {e}") from None
+    if isinstance(doc, list):
+        return _Doc(traceEvents=doc)
+    if doc.traceEvents is None:
+        raise TraceError(path, f"not a Kineto/Chrome trace: {_what_json(raw)}")
+    return doc
+
+
+def _decode_batch(events: list[msgspec.Raw], first: int, path: Path) -> list[_Event]:
+    try:
+        return _EVENTS_DECODER.decode(b"[" + b",".join(events) + b"]")
+    except msgspec.ValidationError as e:
+        where = re.sub(r"^\$\[(\d+)\]", lambda m: f"$.traceEvents[{first + int(m.group(1))}]", str(e).split(" - at `")[-1].rstrip("`"))
+        raise TraceError(path, f"not a Kineto/Chrome trace: malformed event at `{where}` ({str(e).split(' - at ')[0]})") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(path, f"not UTF-8 text: {e.reason} at byte {e.start} of events {first}..{first + len(events) - 1}") from None
+
+
+def _what_json(raw: bytes) -> str:
+    # Only on the error path: what the JSON is instead, for the message.
+    try:
+        doc = msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:  # the type check stopped before a later syntax error
+        return f"not valid JSON either ({e})"
+    if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+        return "its traceEvents are not all event objects"
+    if isinstance(doc, dict):
+        return "a JSON dict without a traceEvents list (keys: " + ", ".join(list(doc)[:6]) + ")"
+    if isinstance(doc, list):
+        return "a JSON list whose items are not event objects"
+    return f"a JSON {type(doc).__name__}"
+
+
+_NOT_TENSOR_TYPES = {"", "Scalar", "ScalarList", "GenericList", "None", None}
+
+
+def _nelems(dims, typ) -> int | None:
+    """Elements of one operator argument from its `Input Dims` / `Input type` entries."""
+    if not isinstance(dims, list):
+        return None
+    if typ == "TensorList" or (dims and isinstance(dims[0], list)):
+        shapes = [d for d in dims if isinstance(d, list)]
+        return sum(math.prod(d) for d in shapes) if all(_all_ints(d) for d in shapes) else None
+    if typ in _NOT_TENSOR_TYPES or not _all_ints(dims):
+        return None
+    return math.prod(dims)  # a 0-dim tensor ([]) has one element
+
+
+def _all_ints(dims: list) -> bool:
+    return all(isinstance(x, int) and not isinstance(x, bool) for x in dims)
+
+
+def _as_int(v) -> int | None:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v if -2**63 <= v < 2**63 else None
+    if isinstance(v, float) and -2.0**63 <= v < 2.0**63:  # also False for NaN and inf
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v, 0)
+        except ValueError:
+            return None
+    return None
+
+
+_COMM_NAME_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
+_KEPT_PH = {"X": "X", "i": "i", "I": "i"}
+_FLOW_PH = ("s", "f", "t")
+
+
+def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.DataFrame, dict]:
+    """Parse one trace file into (event frame without run/rank, header).
+
+    header: distributedInfo, deviceProperties names, counts of what was dropped. Raises TraceError.
+
+    fast: use the C parser (profiler/_kineto.c) when it is built; None = unless $PTPROF_PURE_PARSER
+    is set. It reads the JSON straight into column buffers; for input it does not handle (every
+    malformed file among them) it declines and the msgspec parser below runs, which also words
+    the errors. Both give the same frame (tests/profiler/test_fast_parser.py).
+    """
+    path = Path(path)
+    raw = _read_bytes(path)
+    if fast is None:
+        fast = not os.environ.get(PURE_PARSER_ENV)
+    parsed = _fast_parse(raw) if fast and _kineto is not None else None
+    if parsed is not None:
+        slices = _raw_slices(parsed, raw)  # the few raw JSON values still needed, so the bytes can go
+        del raw
+        frame, thread_names, dropped = _fast_columns(parsed, slices)
+        info, devices = (msgspec.json.decode(parsed[k]) if parsed[k] is not None else None for k in ("distributedInfo", "deviceProperties"))
+        del parsed
+    else:
+        frame, thread_names, dropped, info, devices = _python_columns(raw, path)
+        del raw
+    # Thread names from metadata, looked up on the two key columns only (a join of the whole
+    # frame would copy every column).
+    threads = pl.DataFrame(
+        {"pid": [k[0] for k in thread_names], "tid": [k[1] for k in thread_names], "thread": list(thread_names.values())},
+        schema={"pid": pl.Int64, "tid": pl.Int64, "thread": pl.String},
+    )
+    thread = frame.select("pid", "tid").join(threads, on=["pid", "tid"], how="left", maintain_order="left")["thread"]
+    frame = frame.with_columns(thread.cast(pl.Categorical), end_us=pl.col("ts_us") + pl.col("dur_us"))
+    frame = classify(frame)
+    # GPU activity's stream is its tid when args carry none (ROCm, annotations).
+    frame = frame.with_columns(
+        stream=pl.when(pl.col("device") == "gpu").then(pl.coalesce("stream", "tid")).otherwise(pl.col("stream"))
+    )
+    meta = {
+        "distributed_info": info if isinstance(info, dict) else None,
+        "device_name": ", ".join(sorted({str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name") is not None}))
+        if isinstance(devices, list) else None,
+        "dropped": dropped,
+        "n_events": frame.height,
+        "has_gpu": bool((frame["device"] == "gpu").any()),
+    }
+    return frame.select([c for c in SCHEMA if c in frame.columns]), meta
+
+
+def _fast_parse(raw: bytes) -> dict | None:
+    """The C parser's buffers, or None where it declines the input (msgspec then parses it)."""
+    try:
+        parsed = _kineto.parse(raw)
+        # Strings with escapes come as their raw JSON text (escapes already checked), decoded here.
+        parsed["strings"] = [msgspec.json.decode(s) if isinstance(s, bytes) else s for s in parsed["strings"]]
+    except (_kineto.Fallback, UnicodeDecodeError, msgspec.DecodeError):
+        return None
+    return parsed
+
+
+def _python_columns(raw: bytes, path: Path):
+    """The msgspec parser: (frame, thread names, dropped counts, distributedInfo, deviceProperties).
+
+    msgspec decodes only the fields the frame needs into slotted structs (no dict per event, the
+    rest of `args` skipped unparsed); columns are then taken attribute by attribute and typed by
+    polars, whose lenient casts handle the quirks (numeric-string pids, ROCm's string streams).
+    """
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # hundreds of thousands of small objects: the cyclic GC would rescan them for nothing
+    try:
+        doc = _decode(raw, path)
+        del raw  # the raw events below still view it; it goes with them
+        info, devices, events = doc.distributedInfo, doc.deviceProperties, doc.traceEvents
+        del doc
+        frames, thread_names, dropped = [], {}, dict.fromkeys(["flow", "string_pid", "no_ts", "other_ph"], 0)
+        for first in range(0, len(events), BATCH_EVENTS):
+            batch = _decode_batch(events[first:first + BATCH_EVENTS], first, path)
+            f, names, counts = _columns(batch)
+            del batch
+            frames.append(f)
+            thread_names.update(names)
+            dropped = {k: dropped[k] + counts[k] for k in dropped}
+        del events  # the file's bytes are freed here, before the frame is finished
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    frame = pl.concat(frames, rechunk=False) if frames else _columns([])[0]
+    return frame, thread_names, dropped, info, devices
+
+
+def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], str], dict[str, int]]:
+    """The parsed columns of the kept events, thread names from metadata, and what was dropped."""
+    ph_all = [e.ph for e in events]
+    n_flow = sum(ph_all.count(f) for f in _FLOW_PH)
+    thread_names = {
+        (_as_int(e.pid), _as_int(e.tid)): e.args.name
+        for e in events
+        if e.ph == "M" and e.name == "thread_name" and e.args is not None and isinstance(e.args.name, str)
+    }
+    kept = [e for e, ph in zip(events, ph_all) if isinstance(ph, str) and ph in _KEPT_PH]  # a list ph is not hashable
+    other_ph = len(events) - len(kept) - n_flow - ph_all.count("M")
+    del ph_all
+    args = [e.args or _NO_ARGS for e in kept]
+
+    def column(rows: list, field: str, dtype: pl.DataType) -> pl.Series:
+        # map + attrgetter: the per-event loop stays in C; polars' lenient cast does the typing
+        return pl.Series(list(map(attrgetter(field), rows)), dtype=pl.String if dtype == pl.Categorical() else dtype, strict=False)
+
+    cols = {
+        "pid": column(kept, "pid", pl.Int64()),
+        "tid": column(kept, "tid", pl.Int64()),
+        "ph": column(kept, "ph", pl.String()).replace_strict(_KEPT_PH),
+        "cat": column(kept, "cat", pl.String()),
+        "name": column(kept, "name", pl.String()),
+        "ts_us": column(kept, "ts", pl.Float64()),
+        "dur_us": column(kept, "dur", pl.Float64()).fill_null(0.0),
+        "stream": column(args, "stream", pl.Int64()),  # ROCm "0x0" -> null
+    }
+    for f in _ARG_FIELDS:
+        cols[f] = column(args, f, SCHEMA[f])
+    # Process-group ranks: a list or its text. Per-argument element counts: collectives only.
+    cols["group_ranks"] = pl.Series([_group_ranks_text(a.group_ranks) for a in args], dtype=pl.String)
+    comm = [i for i, e in enumerate(kept) if isinstance(e.name, str) and e.name.startswith(_COMM_NAME_PREFIXES)]
+    cols["arg_nelems"], cols["arg_types"] = _arg_shapes(len(kept), [(i, args[i].input_dims, args[i].input_type) for i in comm])
+    frame, dropped = _finish(cols)
+    return frame, thread_names, {"flow": n_flow, **dropped, "other_ph": other_ph}
+
+
+def _group_ranks_text(r) -> str | None:
+    return r if r is None or isinstance(r, str) else str(r)
+
+
+def _arg_shapes(n: int, comm: list[tuple[int, bytes, bytes]]) -> tuple[pl.Series, pl.Series]:
+    """arg_nelems and arg_types for n rows from (row, raw Input Dims, raw Input type) of collectives."""
+    nelems, types = [None] * n, [None] * n
+    for i, raw_dims, raw_types in comm:
+        try:
+            dims = msgspec.json.decode(raw_dims) if raw_dims else None
+            typs = msgspec.json.decode(raw_types) if raw_types else None
+        except (UnicodeDecodeError, msgspec.DecodeError):  # kept raw, so never checked: shapes unknown
+            dims = typs = None
+        if isinstance(dims, list) and isinstance(typs, list):
+            nelems[i] = [_nelems(d, t) for d, t in zip(dims, typs)]
+            types[i] = [t if isinstance(t, str) else None for t in typs]
+    return pl.Series(nelems, dtype=pl.List(pl.Int64)), pl.Series(types, dtype=pl.List(pl.String))
+
+
+def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Both parsers' last step: drop rows the frame cannot place, count them, type the text."""
+    frame = pl.DataFrame(cols)
+    # One filter (one copy): dropped are events without a numeric pid/tid (Kineto's own "Spans"
+    # pseudo-process), then, of the rest, those without a timestamp.
+    has_ids = pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
+    no_ts = pl.col("ts_us").is_null()
+    string_pid, n_no_ts = frame.select(a=(~has_ids).sum(), b=(has_ids & no_ts).sum()).row(0)
+    frame = frame.filter(has_ids & ~no_ts)
+    cast = {c: SCHEMA[c] for c in frame.columns if SCHEMA[c] == pl.Categorical()}
+    return frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()]), {"string_pid": string_pid, "no_ts": n_no_ts}
+
+
+def _raw_slices(parsed: dict, raw: bytes) -> dict[str, tuple[list[int], list[bytes]]]:
+    """The C parser's sparse raw values (row, byte range) -> (rows, JSON bytes) per field."""
+    out = {}
+    for name, bufs in parsed["raws"].items():
+        rows, starts, ends = (np.frombuffer(b, np.int64).tolist() for b in bufs)
+        out[name] = (rows, [raw[s:e] for s, e in zip(starts, ends)])
+    return out
+
+
+def _fast_columns(parsed: dict, slices: dict) -> tuple[pl.DataFrame, dict[tuple[int, int], str], dict[str, int]]:
+    """The C parser's buffers -> the same frame, thread names and counts as `_columns`."""
+    n = parsed["n"]
+    strings = parsed["strings"]  # interned text: code k -> strings[k], 0 -> null
+    table = pl.Series(strings, dtype=pl.String)
+
+    def masked(name: str, values: np.ndarray, ok: bytes, dtype: pl.DataType) -> pl.Series:
+        s = pl.Series(name, values)
+        valid = np.frombuffer(ok, np.bool_)
+        if not valid.all():
+            s = pl.select(pl.when(pl.Series(valid)).then(s).alias(name)).to_series()
+        return s.cast(dtype, strict=False)  # Int32 columns: outside int32 -> null, as polars' lenient cast
+
+    cols: dict[str, pl.Series] = {}
+    for name, (vals, ok) in parsed["ints"].items():
+        cols[name] = masked(name, np.frombuffer(vals, np.int64), ok, SCHEMA[name])
+    for name, (vals, ok) in parsed["floats"].items():
+        cols[name] = masked(name, np.frombuffer(vals, np.float64), ok, pl.Float64)
+    cols["dur_us"] = cols["dur_us"].fill_null(0.0)
+    cols["ph"] = pl.Series("ph", np.frombuffer(parsed["ph"], np.uint8)).replace_strict({0: "X", 1: "i"}, return_dtype=pl.String)
+    texts = {name: pl.Series(name, np.frombuffer(codes, np.int32)) for name, codes in parsed["strs"].items()}
+    for name, codes in texts.items():
+        cols[name] = table.gather(codes).alias(name)
+
+    rows, values = slices["group_ranks"]
+    ranks = [None] * n
+    for i, v in zip(rows, values):
+        ranks[i] = _group_ranks_text(msgspec.json.decode(v))
+    cols["group_ranks"] = pl.Series(ranks, dtype=pl.String)
+    # Shapes were kept for events whose name looks like communication; the exact test is here.
+    names = cols["name"]
+    dims, typs = (dict(zip(*slices[k])) for k in ("input_dims", "input_type"))
+    comm = [(i, dims.get(i), typs.get(i)) for i in sorted(set(dims) | set(typs))
+            if (nm := names[i]) is not None and nm.startswith(_COMM_NAME_PREFIXES)]
+    cols["arg_nelems"], cols["arg_types"] = _arg_shapes(n, comm)
+    frame, dropped = _finish({c: cols[c] for c in _COLUMN_ORDER})
+
+    pid, pid_ok, tid, tid_ok, name_codes = parsed["threads"]
+    keys = zip(np.frombuffer(pid, np.int64).tolist(), np.frombuffer(pid_ok, np.bool_).tolist(),
+               np.frombuffer(tid, np.int64).tolist(), np.frombuffer(tid_ok, np.bool_).tolist())
+    thread_names = {(p if po else None, t if to else None): strings[c]
+                    for (p, po, t, to), c in zip(keys, np.frombuffer(name_codes, np.int32).tolist())}
+    counts = parsed["counts"]
+    return frame, thread_names, {"flow": counts["flow"], **dropped, "other_ph": counts["other"]}
