@@ -15,7 +15,7 @@ from pathlib import Path
 from profiler.errors import TraceError
 from profiler.parse import parse_trace_file
 
-LOADER_VERSION = 6  # bump when the frame's schema or parsing changes: invalidates every cache entry
+LOADER_VERSION = 7  # bump when the frame's schema or parsing changes: invalidates every cache entry
 CACHE_ENV = "PTPROF_CACHE_DIR"
 
 

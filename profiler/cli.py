@@ -80,6 +80,8 @@ def _run(args: argparse.Namespace) -> int:
         print(format_tables(analysis))
         if args.hta:
             _print_hta(report["hta"])
+    for note in traces.notes:  # on stderr too, so that --quiet still says what was assumed
+        print(f"ptprof analyze: note: {note}", file=sys.stderr)
     for problem in traces.problems:
         print(f"ptprof analyze: skipped {problem}", file=sys.stderr)
     if args.json:

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import re
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import polars as pl
@@ -50,16 +51,20 @@ class Traces:
     events: the event frame (SCHEMA), every loaded rank of every run; built on first access
         from `parts` (so a load that is only analyzed rank by rank never holds it whole).
     ranks: one row per loaded trace file: run, rank, file, backend, world_size, has_gpu,
-        device_name, pg_config (JSON text of distributedInfo's process groups), n_events.
+        device_kind ("cuda", "rocm", "mtia" or "cpu": profiler.classify.device_kind), device_name,
+        pg_config (JSON text of distributedInfo's process groups), n_events, unknown_categories
+        (event categories no rule knows, with counts: "hpu_op (12), ..."; null when none).
     runs: run id -> the parsed run.json of that run, or None where the run has none.
     problems: files that could not be used (one TraceError each); the rest loaded.
     parts: one RankPart per row of `ranks`, in the same order.
+    notes: what the load assumed, one line each (a file naming no rank taken as rank 0).
     """
 
     ranks: pl.DataFrame
     runs: dict[str, dict | None]
     problems: list[TraceError]
     parts: tuple[RankPart, ...]
+    notes: list[str] = dataclasses.field(default_factory=list)
     _memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     # load_traces(cache=False): the private folder holding `parts`' parquet, removed with the Traces
     _scratch: object = dataclasses.field(default=None, repr=False, compare=False)
@@ -87,19 +92,28 @@ def rank_from_filename(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _resolve_rank(path: Path, meta: dict, *, prefer_filename: bool, default_rank: int | None) -> int:
+def _resolve_rank(path: Path, meta: dict, *, prefer_filename: bool, default_rank: int | None, alone: bool) -> tuple[int, str | None]:
+    """(rank, note): the rank of one file, and a note when it was assumed.
+
+    alone: the file is its run's only one. Such a file naming no rank is the common one-GPU trace
+    (a plain `torch.profiler` run records no distributedInfo): rank 0, with a note. Among several
+    files of a run it would collide with the others, so it is an error.
+    """
     info = meta.get("distributed_info") or {}
     from_info = _as_int(info.get("rank"))
     from_name = rank_from_filename(path)
     for r in ((from_name, from_info) if prefer_filename else (from_info, from_name)):
         if r is not None:
-            return r
+            return r, None
     if default_rank is not None:
-        return default_rank
+        return default_rank, None
+    if alone:
+        return 0, f"{path}: no rank in the trace (no distributedInfo) nor in its file name; analysed as rank 0 (--trace-rank R to set it)"
     raise TraceError(
         path,
-        "no rank: the trace has no distributedInfo and its file name has none (rank<R>...); "
-        "rename it (e.g. rank0.json.gz) or pass --trace-rank R",
+        "no rank: the trace has no distributedInfo and its file name has none (rank<R>...), and it is not the only "
+        "file of its run, so it cannot be taken as rank 0 (the files would collide); rename it (e.g. rank0.json.gz), "
+        "or pass it alone (with --trace-rank R)",
     )
 
 
@@ -115,7 +129,8 @@ def load_traces(
     """Load trace files / run folders into one event frame, every rank of every run.
 
     rank_from_filename_first: take the rank from the file name even where distributedInfo has one.
-    default_rank: the rank of a trace that names none (only sensible for a single file).
+    default_rank: the rank of a trace that names none (only sensible for a single file). Without
+    it, a run's only file naming no rank is rank 0 (said in `notes`); several such files are errors.
     Raises TraceError when nothing usable is left; otherwise bad files are listed in `problems`.
     """
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -129,6 +144,8 @@ def load_traces(
     results = load_all([s.path for s in sources], cache_path, workers=workers, progress=progress)
 
     problems: list[TraceError] = []
+    notes: list[str] = []
+    files_per_run = Counter(src.run for src in sources)
     parts: list[RankPart] = []
     rows: list[dict] = []
     seen: dict[tuple[str, int], Path] = {}
@@ -141,10 +158,13 @@ def load_traces(
         try:
             if src.run not in runs:
                 runs[src.run] = read_manifest(src.run_dir)
-            rank = _resolve_rank(src.path, meta, prefer_filename=rank_from_filename_first, default_rank=default_rank)
+            rank, note = _resolve_rank(src.path, meta, prefer_filename=rank_from_filename_first, default_rank=default_rank,
+                                       alone=files_per_run[src.run] == 1)
         except TraceError as e:
             problems.append(e)
             continue
+        if note:
+            notes.append(note)
         if (src.run, rank) in seen:
             problems.append(TraceError(src.path, f"duplicate rank {rank} in run {src.run!r} (also {seen[(src.run, rank)]}); "
                                                  "pass the files of one run only, or --rank-from-filename"))
@@ -153,9 +173,10 @@ def load_traces(
         info = meta.get("distributed_info") or {}
         rows.append({
             "run": src.run, "rank": rank, "file": str(src.path), "backend": info.get("backend"),
-            "world_size": _as_int(info.get("world_size")), "has_gpu": meta["has_gpu"],
+            "world_size": _as_int(info.get("world_size")), "has_gpu": meta["has_gpu"], "device_kind": meta["device_kind"],
             "device_name": meta.get("device_name"), "pg_config": json.dumps(info.get("pg_config")) if info.get("pg_config") else None,
             "n_events": meta["n_events"],
+            "unknown_categories": ", ".join(f"{c} ({n})" for c, n in meta["unknown_categories"].items()) or None,
         })
         parts.append(RankPart(src.run, rank, parquet))
     if not parts:
@@ -163,6 +184,7 @@ def load_traces(
             raise problems[0]
         raise TraceError(None, "no usable traces:\n  " + "\n  ".join(str(p) for p in problems))
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["run"], rows[i]["rank"]))
-    ranks = pl.DataFrame([rows[i] for i in order]).with_columns(pl.col("run").cast(pl.Categorical))
+    ranks = pl.DataFrame([rows[i] for i in order], schema_overrides={"unknown_categories": pl.String}).with_columns(
+        pl.col("run").cast(pl.Categorical))
     runs = {r: m for r, m in runs.items() if r in set(ranks["run"].cast(pl.String))}
-    return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order), _scratch=scratch)
+    return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order), notes=notes, _scratch=scratch)

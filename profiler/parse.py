@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from profiler.classify import classify
+from profiler.classify import classify, device_kind, unknown_categories
 from profiler.errors import TraceError
 
 try:  # the C parser, built by `pip install` where a C compiler exists (pyproject.toml)
@@ -294,6 +294,8 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
         "dropped": dropped,
         "n_events": frame.height,
         "has_gpu": bool((frame["device"] == "gpu").any()),
+        "device_kind": device_kind(frame),
+        "unknown_categories": unknown_categories(frame),
     }
     return frame.select([c for c in SCHEMA if c in frame.columns]), meta
 

@@ -44,6 +44,7 @@ class Analysis:
     top_kernels: pl.DataFrame
     warnings: list[str]
     problems: list[str]
+    notes: list[str] = dataclasses.field(default_factory=list)  # what the load assumed (Traces.notes)
 
 
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
@@ -74,6 +75,9 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         if backend == "nccl" and not has_gpu:
             warnings.append(f"run {run} rank {r}: an NCCL job's trace with no GPU activity; "
                             "breakdown and collectives use CPU events only")
+    for run, r, unknown in ranks.filter(pl.col("unknown_categories").is_not_null()).select("run", "rank", "unknown_categories").iter_rows():
+        warnings.append(f"run {run} rank {r}: events of categories ptprof does not know, counted as CPU operators: {unknown}; "
+                        "if they are a device's activity, that device is not supported and its time is not in the breakdown")
     if colls.filter(pl.col("note").is_not_null()).height:
         warnings.append(colls.filter(pl.col("note").is_not_null())["note"][0])
     return Analysis(
@@ -96,6 +100,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         top_kernels=out["top_kernels"],
         warnings=warnings,
         problems=[str(p) for p in traces.problems],
+        notes=list(traces.notes),
     )
 
 
@@ -161,7 +166,7 @@ def build_report(a: Analysis) -> dict:
             "paradigm": manifest.get("paradigm"),
             "world_size": manifest.get("world_size") or _first(a.ranks.filter(sel)["world_size"]),
             "backend": manifest.get("backend") or _first(a.ranks.filter(sel)["backend"]),
-            "files": _records(a.ranks.filter(sel).select("rank", "file", "device_name", "has_gpu", "n_events")),
+            "files": _records(a.ranks.filter(sel).select("rank", "file", "device_kind", "device_name", "has_gpu", "n_events")),
             "ranks": _records(per_rank, drop=("run",)),
             "steps": _records(a.breakdown_steps.filter(sel), drop=("run",)),
             "collectives": _records(a.collective_stats.filter(sel), drop=("run",)),
@@ -175,7 +180,7 @@ def build_report(a: Analysis) -> dict:
             "top_operators": _records(a.top_operators.filter(sel), drop=("run",)),
             "top_kernels": _records(a.top_kernels.filter(sel), drop=("run",)),
         })
-    report = {"schema": REPORT_SCHEMA, "runs": runs, "warnings": a.warnings, "problems": a.problems}
+    report = {"schema": REPORT_SCHEMA, "runs": runs, "notes": a.notes, "warnings": a.warnings, "problems": a.problems}
     if len(runs) > 1:
         report["comparison"] = _records(compare_runs(a))
     return report
@@ -232,6 +237,8 @@ def format_tables(a: Analysis) -> str:
             if frame is None or frame.is_empty():
                 continue
             out.append(f"\n== {title}\n{_shorten(frame)}")
+    for n in a.notes:
+        out.append(f"note: {n}")
     for w in a.warnings:
         out.append(f"warning: {w}")
     for p in a.problems:

@@ -54,7 +54,6 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path):
     cases = [
         (empty, "empty file"),
         (nothing, "no trace files"),
-        (SHARED_TRACES / "single" / "no_distributed_info.json.gz", "--trace-rank"),
         (SHARED_TRACES / "single" / "export_memory_timeline.raw.gz", "not a Kineto"),
     ]
     for path, fragment in cases:
@@ -67,6 +66,39 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path):
     # a folder where the report file should go: the write itself fails, and says so
     res = analyze(GPU_NCCL, "--quiet", "--json", str(tmp_path))
     assert res.returncode == 2 and "--json: cannot write the report" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_one_file_without_a_rank_is_rank_0_with_a_note(tmp_path):
+    out = tmp_path / "r.json"
+    res = analyze(SHARED_TRACES / "single" / "no_distributed_info.json.gz", "--json", out)
+    assert res.returncode == 0, res.stderr
+    assert "note: " in res.stdout and "analysed as rank 0" in res.stdout
+    assert "note: " in res.stderr  # said with --quiet too
+    report = json.loads(out.read_text())
+    assert len(report["notes"]) == 1 and "no_distributed_info.json.gz" in report["notes"][0]
+    assert [r["rank"] for r in report["runs"][0]["ranks"]] == [0]
+
+
+def test_several_files_without_a_rank_are_refused(tmp_path):
+    for name in ("a.json.gz", "b.json.gz"):
+        (tmp_path / name).write_bytes((SHARED_TRACES / "single" / "no_distributed_info.json.gz").read_bytes())
+    res = analyze(tmp_path)
+    assert res.returncode == 2 and "not the only file of its run" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_unknown_event_categories_are_a_warning(tmp_path):
+    # A device ptprof does not know (here a made-up `hpu_op`): its events pass as CPU operators, so
+    # the report must say so instead of accounting a device trace as CPU in silence.
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 10},
+              {"ph": "X", "cat": "hpu_op", "name": "matmul", "pid": 7, "tid": 2, "ts": 20, "dur": 30}]
+    f = tmp_path / "rank0.json"
+    f.write_text(json.dumps({"traceEvents": events}))
+    out = tmp_path / "r.json"
+    res = analyze(f, "--json", out, "--quiet")
+    assert res.returncode == 0, res.stderr
+    (warning,) = [w for w in json.loads(out.read_text())["warnings"] if "hpu_op" in w]
+    assert "hpu_op (1)" in warning and "not supported" in warning
 
 
 def test_gpu_analyses_on_a_cpu_trace_fail_clearly():
