@@ -113,7 +113,7 @@ def _resolve_rank(path: Path, meta: dict, *, prefer_filename: bool, default_rank
         path,
         "no rank: the trace has no distributedInfo and its file name has none (rank<R>...), and it is not the only "
         "file of its run, so it cannot be taken as rank 0 (the files would collide); rename it (e.g. rank0.json.gz), "
-        "or pass it alone (with --trace-rank R)",
+        "or pass it alone (it is then rank 0, or --trace-rank R)",
     )
 
 
