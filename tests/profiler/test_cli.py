@@ -77,3 +77,13 @@ def test_gpu_analyses_on_a_cpu_trace_fail_clearly():
 def test_hta_beside_ours():
     res = analyze(GPU_NCCL, "--hta", "--quiet", "--json", "/dev/null")
     assert res.returncode == 0, res.stderr
+
+
+def test_a_step_not_in_the_traces_is_one_line_naming_the_steps_there():
+    # GPU trace (steps 551, 552) and a CPU trace without [memory] events (step 551): both crashed
+    for path, have in ((GPU_NCCL, "551, 552"), (SHARED_TRACES / "single" / "cpu_gloo_rank34_of_300.json.gz", "551")):
+        res = analyze(path, "--step", "99")
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip() == f"ptprof analyze: error: step 99 is not in the traces (steps there: {have})", res.stderr
+    res = analyze(GPU_NCCL, "--step", "552", "--quiet", "--json", "/dev/null")
+    assert res.returncode == 0, res.stderr
