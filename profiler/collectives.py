@@ -320,13 +320,12 @@ def _single_groups(ranks: pl.DataFrame | None) -> pl.DataFrame:
     if ranks is None or "pg_config" not in ranks.columns:
         return pl.DataFrame(schema=schema)
 
+    # Without pg_config the group is unknown: the world size is not assumed (sub-groups are common).
     rows = []
-    for run, rank, cfg, world in ranks.select("run", "rank", "pg_config", "world_size").iter_rows():
+    for run, rank, cfg in ranks.select("run", "rank", "pg_config").iter_rows():
         pgs = json.loads(cfg) if cfg else []
-        if len(pgs) == 1:
+        if isinstance(pgs, list) and len(pgs) == 1 and isinstance(pgs[0], dict):
             rows.append((run, rank, str(pgs[0].get("ranks")), pgs[0].get("pg_size")))
-        elif not pgs and world:
-            rows.append((run, rank, None, world))
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 

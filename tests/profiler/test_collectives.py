@@ -33,6 +33,10 @@ def test_gloo_pairing_and_bytes():
     assert c["size_bytes"].to_list() == [40, 32]
     assert c["group_size"].to_list() == [2, 2]
     assert c["note"][1] is not None and "all_reduce" in c["note"][1]
+    # no pg_config: the group is unknown (not the world size), so busbw is refused
+    bare = collectives(gloo_rank(0, 0), RANKS.with_columns(pg_config=pl.lit(None, pl.String)))
+    assert bare["group_size"].to_list() == [None, None]
+    assert collective_stats(bare)["busbw_gbps"].to_list() == [None, None]
 
 
 def test_busbw_uses_nccl_tests_factors():
