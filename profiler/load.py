@@ -20,7 +20,7 @@ from pathlib import Path
 import polars as pl
 
 from profiler.cache import cache_dir
-from profiler.discover import find_sources, read_manifest
+from profiler.discover import JobFacts, find_sources, read_manifest, split_jobs
 from profiler.errors import TraceError
 from profiler.parse import SCHEMA, _as_int
 from profiler.pool import load_all
@@ -54,12 +54,14 @@ class Traces:
     runs: run id -> the parsed run.json of that run, or None where the run has none.
     problems: files that could not be used (one TraceError each); the rest loaded.
     parts: one RankPart per row of `ranks`, in the same order.
+    notes: warnings about the load itself (a folder split into its jobs); every rank still loaded.
     """
 
     ranks: pl.DataFrame
     runs: dict[str, dict | None]
     problems: list[TraceError]
     parts: tuple[RankPart, ...]
+    notes: list[str] = dataclasses.field(default_factory=list)
     _memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     # load_traces(cache=False): the private folder holding `parts`' parquet, removed with the Traces
     _scratch: object = dataclasses.field(default=None, repr=False, compare=False)
@@ -127,6 +129,8 @@ def load_traces(
     scratch = None if cache else tempfile.TemporaryDirectory(prefix="ptprof-nocache-")
     cache_path = cache_dir() if cache else Path(scratch.name)
     results = load_all([s.path for s in sources], cache_path, workers=workers, progress=progress)
+    # A folder (or command) holding files of several jobs: one run per job, never one merged run.
+    sources, notes = split_jobs(sources, [None if isinstance(r, TraceError) else _job_facts(*r) for r in results])
 
     problems: list[TraceError] = []
     parts: list[RankPart] = []
@@ -165,4 +169,13 @@ def load_traces(
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["run"], rows[i]["rank"]))
     ranks = pl.DataFrame([rows[i] for i in order]).with_columns(pl.col("run").cast(pl.Categorical))
     runs = {r: m for r, m in runs.items() if r in set(ranks["run"].cast(pl.String))}
-    return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order), _scratch=scratch)
+    return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order), notes=notes,
+                  _scratch=scratch)
+
+
+def _job_facts(meta: dict, parquet: str) -> JobFacts:
+    """The facts `split_jobs` needs of one parsed file: distributedInfo's and its clock's span."""
+    info = meta.get("distributed_info") or {}
+    backend = info.get("backend")
+    span = pl.scan_parquet(parquet).select(pl.col("ts_us").min(), pl.col("end_us").max()).collect().row(0)
+    return JobFacts(backend if isinstance(backend, str) else None, _as_int(info.get("world_size")), *span)
