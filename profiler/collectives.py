@@ -209,7 +209,11 @@ def _launch_context(events: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame
         out = out.join_asof(table.sort(f"{prefix}_ts"), left_on="ts_us", right_on=f"{prefix}_ts", by=thread,
                             strategy="backward", check_sortedness=False)
         inside = pl.col(f"{prefix}_end") >= pl.col("ts_us")
-        out = out.with_columns([pl.when(inside).then(pl.col(c)).alias(c) for c in cols]).drop(f"{prefix}_ts", f"{prefix}_end")
+        out = out.with_columns([pl.when(inside).then(pl.col(c)).alias(c) for c in [*cols, f"{prefix}_ts"]])
+        # A span around several comm launches (a coalesced group) gives no one kernel its sizes.
+        shared = pl.col(f"{prefix}_ts").is_not_null() & (pl.len().over(*thread, f"{prefix}_ts") > 1)
+        sizes = [c for c in cols if "nelems" in c or "_arg" in c]
+        out = out.with_columns([pl.when(~shared).then(pl.col(c)).alias(c) for c in sizes]).drop(f"{prefix}_ts", f"{prefix}_end")
     return out.drop("pid", "tid", "ts_us")
 
 

@@ -105,6 +105,13 @@ def test_gpu_collectives_from_the_annotation_around_the_launch():
     assert a2a["busbw_gbps"] == pytest.approx(400 / 10 / 1e3 * 3 / 4)
     ag = s.filter(pl.col("collective") == "all_gather").row(0, named=True)
     assert ag["busbw_gbps"] == pytest.approx(800 / 20 / 1e3 * 7 / 8)
+    # one nccl:all_reduce around two comm launches (a coalesced group): the op, but no sizes
+    group = make_events([
+        step(1, 0, 1000), *nccl_call("all_reduce", 10, 1, 100, "float"), launch(13, 2),
+        kernel(SENDRECV, "comm", 20, 10, 1), kernel(SENDRECV, "comm", 40, 10, 2),
+    ])
+    g = collectives(group, ranks)
+    assert g["collective"].to_list() == ["all_reduce"] * 2 and g["in_bytes"].to_list() == [None, None]
     # two groups in pg_config and no name on the call: the all-to-all's group is unknown (never the
     # world size guessed), and so is its busbw
     two = ranks.with_columns(pg_config=pl.lit('[{"pg_name": "0", "pg_size": 4}, {"pg_name": "1", "pg_size": 2}]'))
