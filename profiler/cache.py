@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import polars as pl
@@ -142,6 +143,18 @@ def _write_entry(cache: Path, key: str, source_sha256: str | None, frame: pl.Dat
         tmp_pq.unlink(missing_ok=True)
         tmp_header.unlink(missing_ok=True)
     return str(pq)
+
+
+def remove_stale_tmp(cache: Path, *, older_than_s: float = 3600) -> None:
+    """Remove temporary files that writers killed mid-write (or older ptprofs on a full disk) left in `cache`."""
+    # Only old ones: a fresh .tmp may be another process's entry being written right now.
+    cutoff = time.time() - older_than_s
+    for tmp in cache.glob("*.tmp"):
+        try:
+            if tmp.lstat().st_mtime < cutoff:
+                tmp.unlink()
+        except OSError:
+            pass  # gone already, or not ours to remove
 
 
 def lookup(path: Path, cache: Path) -> Parsed | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from profiler.cache import Parsed, load_one_safe, lookup
+from profiler.cache import Parsed, load_one_safe, lookup, remove_stale_tmp
 from profiler.errors import TraceError
 
 
@@ -28,6 +28,8 @@ def load_all(paths: list[Path], cache: Path, *, workers: int | None, progress: b
     results: dict[Path, object] = dict(zip(paths, _lookup_all(paths, cache, n_workers)))
     pending = [p for p in paths if results[p] is None]
     bar.update(len(paths) - len(pending))
+    if pending:
+        remove_stale_tmp(cache)
     if len(pending) <= 1 or n_workers == 1:
         for p in pending:
             results[p] = load_one_safe(p, cache)

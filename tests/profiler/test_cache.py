@@ -9,6 +9,7 @@ import random
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import polars as pl
@@ -195,6 +196,21 @@ def test_workers_that_cannot_write_hand_the_frame_back(tmp_path, monkeypatch):
     assert not list(folder.glob("*.tmp"))
     (note,) = traces.notes
     assert "2 of 2" in note
+
+
+def test_old_tmp_files_are_removed_fresh_ones_kept(tmp_path, monkeypatch):
+    # Left by writers killed mid-write, or by older ptprofs on a full disk; a fresh one may be
+    # another process's entry being written now.
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    monkeypatch.setenv(CACHE_ENV, str(folder))
+    old, fresh = folder / "0123abcd.4242.tmp", folder / "4567cdef.parquet.4243.tmp"
+    for f in (old, fresh):
+        f.write_bytes(b"PAR1")
+    two_hours_ago = time.time() - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    load_traces(_copy(tmp_path))
+    assert not old.exists() and fresh.exists()
 
 
 def test_no_cache_keeps_ranks_on_disk_until_the_traces_go():
