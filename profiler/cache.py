@@ -128,7 +128,7 @@ def _read_entry(cache: Path, key: str, source_sha256: str) -> Parsed | None:
         return None
 
 
-def _write_entry(cache: Path, key: str, source_sha256: str | None, frame: pl.DataFrame, meta: dict) -> str:
+def _write_entry(cache: Path, key: str, source_sha256: str, frame: pl.DataFrame, meta: dict) -> str:
     """Write `frame` and `meta` as the entry `key`; its parquet path. Raises where the disk does."""
     pq, header = cache / f"{key}.parquet", cache / f"{key}.json"
     tmp_pq, tmp_header = (cache / f"{p.name}.{os.getpid()}.tmp" for p in (pq, header))
