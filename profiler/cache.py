@@ -90,7 +90,8 @@ def entry_key(path: Path, st: os.stat_result | None = None) -> str:
     """The name of `path`'s cache entry: its absolute path, size, mtime and the loader version."""
     st = st or path.stat()
     ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{LOADER_VERSION}"
-    return hashlib.sha1(ident.encode()).hexdigest()[:20]
+    # surrogateescape: a name that is not UTF-8 is hashed as the bytes it has on disk.
+    return hashlib.sha1(ident.encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
 def _identify(path: Path) -> tuple[str, str | None]:

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 import profiler.cache as cache_module
-from profiler import load_traces
+from profiler import TraceError, load_traces
 from profiler.cache import CACHE_ENV, cache_dir
 from profiler.cli import analyze_main
 from profiler.report import analyze
@@ -101,6 +101,16 @@ def test_a_missing_entry_file_is_parsed_again(tmp_path):
     assert _same_load(load_traces(f), reference)
     pq.unlink()
     assert _same_load(load_traces(f), reference)
+
+
+def test_a_file_name_that_is_not_utf8_has_an_entry(tmp_path):
+    # The key hashes the name's bytes (the whole load of such a name is section B's; this is the cache's part).
+    f = Path(os.fsdecode(bytes(tmp_path) + b"/rank0-\xff.json.gz"))
+    shutil.copy(GPU_NCCL / "rank0.json.gz", f)
+    first = cache_module.load_one_safe(f, tmp_path)
+    assert not isinstance(first, TraceError), first
+    assert first.parquet is not None
+    assert cache_module.lookup(f, tmp_path) == first
 
 
 # ---- the folder ------------------------------------------------------------------------------
