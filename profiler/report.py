@@ -69,7 +69,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     colls, actions = out["collectives"], out["actions"]
     pipeline = pipeline_summary(actions, traces.runs)
     skew = collective_skew(colls)
-    warnings = list(traces.notes)  # the load's own (a folder split into its jobs)
+    warnings = list(traces.notes)  # the load's own (the cache could not be used, a folder split into its jobs)
     warnings += [
         f"run {run} rank {r}: no ProfilerStep spans; the whole trace is one window (step {NO_STEP})"
         for run, r in steps.filter(~pl.col("has_profiler_steps")).select("run", "rank").iter_rows()
