@@ -148,7 +148,8 @@ def test_matches_hta_on_gpu_nccl_2_of_128(hta_gpu_nccl):
 
 
 @pytest.mark.parametrize("name", ["v100_rank1_of_2", "v100_nccl_memory_rank1", "a100_rank3_of_8", "nccl_args_rank0_of_2",
-                                  "v100_ns_resolution_rank0", "mi300_timesformer_memory", "torch18_v100_resnet50_rank0"])
+                                  "v100_ns_resolution_rank0", "mi300_timesformer_memory", "torch18_v100_resnet50_rank0",
+                                  "mi250_rocm_single", "a100_cudagraphs_rank0_of_16"])
 def test_matches_hta_on_single_rank_gpu_traces(name, tmp_path):
     # HTA's numbers computed here; v100_rank1_of_2 has kernels launched before profiling began,
     # which HTA leaves out of every step (so does assign_steps). mi300 has one ProfilerStep: HTA
