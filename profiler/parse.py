@@ -239,9 +239,12 @@ def _tid_column(tids: list) -> pl.Series:
     return pl.select(pl.coalesce(tid, text.str.extract(STREAM_TID_RE, 1).cast(pl.Int64, strict=False))).to_series()
 
 
+_STREAM_TID = re.compile(STREAM_TID_RE)
+
+
 def _as_tid(v) -> int | None:
     """A thread-name metadata tid, as `_as_int` but also "stream <N>" (the rows' own tids read so)."""
-    m = re.fullmatch(STREAM_TID_RE[1:-1], v) if isinstance(v, str) else None
+    m = _STREAM_TID.fullmatch(v) if isinstance(v, str) else None
     return _as_int(int(m.group(1))) if m else _as_int(v)
 
 
