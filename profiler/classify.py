@@ -1,10 +1,11 @@
 """What each event is: the `device` and `kind` columns of the event frame (docs/profiler.md).
 
 Device activity (`device` "gpu": CUDA and ROCm GPUs, Meta's MTIA) follows HolisticTraceAnalysis's
-kernel rules so our temporal breakdown agrees with its numbers: a kernel whose name starts with `nccl` and contains `Kernel` is communication (RCCL keeps
-NCCL's kernel names), `Memcpy*` / `Memset*` / `dma*` activity is memory, any other kernel is
-compute except the few HTA leaves unclassified (`...Memcpy...` inside a name, `...Sync...`), which
-are `other` and count as non-compute.
+kernel rules so our temporal breakdown agrees with its numbers: a kernel whose name starts with
+`nccl` and contains `Kernel` is communication (RCCL keeps NCCL's kernel names), `Memcpy*` /
+`Memset*` / `dma*` activity is memory, any other kernel is compute except the few HTA leaves
+unclassified (`...Memcpy...` inside a name, `...Sync...`), which are `other` and count as
+non-compute.
 
 CPU events: gloo runs each collective on its own worker threads as a `gloo:<op>` span (`comm`);
 the main thread records the enqueue as `c10d::<op>_` (NCCL jobs record `nccl:<op>` annotations and
@@ -77,7 +78,6 @@ def _classify_distinct(events: pl.DataFrame) -> pl.DataFrame:
         device=pl.when(is_gpu).then(pl.lit("gpu")).otherwise(pl.lit("cpu")).cast(pl.Categorical),
         kind=pl.when(is_gpu).then(gpu_kind).otherwise(cpu_kind).cast(pl.Categorical),
     )
-
 
 
 def device_kind(events: pl.DataFrame) -> str:

@@ -69,7 +69,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     colls, actions = out["collectives"], out["actions"]
     pipeline = pipeline_summary(actions, traces.runs)
     skew = collective_skew(colls)
-    warnings = list(traces.notes)  # the load's own (the cache could not be used, a folder split into its jobs, rank 0 assumed)
+    warnings = list(traces.notes)  # the load's own (cache unusable, a folder split into its jobs, rank 0 assumed)
     warnings += [
         f"run {run} rank {r}: no ProfilerStep spans; the whole trace is one window (step {NO_STEP})"
         for run, r in steps.filter(~pl.col("has_profiler_steps")).select("run", "rank").iter_rows()
@@ -80,9 +80,11 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         if backend == "nccl" and not has_gpu:
             warnings.append(f"run {run} rank {r}: an NCCL job's trace with no GPU activity; "
                             "breakdown and collectives use CPU events only")
-    for run, r, unknown in ranks.filter(pl.col("unknown_categories").is_not_null()).select("run", "rank", "unknown_categories").iter_rows():
-        warnings.append(f"run {run} rank {r}: events of categories ptprof does not know, counted as CPU operators: {unknown}; "
-                        "if they are a device's activity, that device is not supported and its time is not in the breakdown")
+    # Never a silent CPU accounting of a device's activity: categories no rule knows are named.
+    unknown = ranks.filter(pl.col("unknown_categories").is_not_null()).select("run", "rank", "unknown_categories")
+    for run, r, cats in unknown.iter_rows():
+        warnings.append(f"run {run} rank {r}: events of categories ptprof does not know, counted as CPU operators: {cats}; "
+                        "if they are a device's activity, that device is not supported (its time is not device time here)")
     if colls.filter(pl.col("note").is_not_null()).height:
         warnings.append(colls.filter(pl.col("note").is_not_null())["note"][0])
     return Analysis(
