@@ -138,10 +138,10 @@ def test_failed_process_creation_leaves_no_process(tmp_path):
             cwd=REPO, capture_output=True, text=True, timeout=90,  # orphans holding stdout would block it
         )
     finally:
-        leftovers = run_processes(run_id)
-        for proc in leftovers:  # never leave them running, even when the test fails
+        leftovers = [(proc, proc.cmdline()[:3]) for proc in run_processes(run_id)]
+        for proc, _ in leftovers:  # never leave them running, even when the test fails
             proc.kill()
-    assert not leftovers, f"orphans: {[p.cmdline()[:3] for p in leftovers]}"
+    assert not leftovers, f"orphans: {[cmd for _, cmd in leftovers]}"
     assert res.returncode == 1, res.stderr
     assert "could not start the rank processes: Resource temporarily unavailable (EAGAIN)" in res.stderr
     assert "Traceback" not in res.stderr
