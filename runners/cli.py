@@ -25,7 +25,7 @@ from pathlib import Path
 
 from runners.launch import describe_failures, launch
 from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv
-from runners.paradigms import PARADIGMS, default_model, problem_with
+from runners.paradigms import DEFAULT_MODEL_CANDIDATES, PARADIGMS, default_model, problem_with
 
 __all__ = ["describe_failures", "find_runs", "main"]
 
@@ -108,8 +108,10 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str, bool]:
     if chosen:  # the smallest preset that fits; if none does, tiny's problem is reported below
         opts = dataclasses.replace(opts, model=default_model(opts) or opts.model)
     problem = problem_with(opts)
+    if problem and chosen and "model" in problem:  # the model is at fault, and no candidate fits
+        problem += f"; no default preset ({', '.join(DEFAULT_MODEL_CANDIDATES)}) fits: give --model"
     if problem:
-        raise UsageError(problem + (" (no preset up to small fits: choose --model)" if chosen and "model" in problem else ""))
+        raise UsageError(problem)
     if not opts.out.strip():  # Path("") is ".": an empty --out would silently mean this folder
         raise UsageError("--out is empty: give the folder that receives <run-id>/ (default traces)")
     _check_out(Path(opts.out), name)
