@@ -467,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
         prog = "ptprof run" if argv and argv[0] == "run" else "ptprof"
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # outside the launch (which reports its own): cmd_run has cleaned up
+        print("ptprof: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
