@@ -238,6 +238,9 @@ def _load_run(run_id: str, folder: Path) -> RunData:
     data = RunData(run_id=run_id, folder=folder, manifest=_read_manifest(folder))
     try:
         data.traces = load_traces(folder, progress=False)
+        if len(data.traces.runs) > 1:  # the profiler split the folder into its jobs: one row cannot show them
+            raise TraceError(folder, f"holds the files of {len(data.traces.runs)} different jobs ({', '.join(data.traces.runs)}); "
+                                     "the viewer shows one job per folder: put each job's files in a folder of its own")
         data.analysis = analyze(data.traces)
     except Exception as e:  # noqa: BLE001 -- any failure is shown on the run's row / panel, never a crash
         log.warning("run %s failed to load: %s", run_id, e)
