@@ -73,7 +73,8 @@ def dash_post(app, output: str, *values, state=(), changed: int = 0):
     client = app.server.test_client()
     client.get("/")  # first request: dash registers the callbacks
     deps = client.get("/_dash-dependencies").get_json()
-    (dep,) = [d for d in deps if output in d["output"].strip(".").split("...") or d["output"].split("@")[0] == output]
+    (dep,) = [d for d in deps if (output in d["output"].strip(".").split("...") or d["output"].split("@")[0] == output)
+              and len(d["inputs"]) == len(values) and len(d["state"]) == len(state)]  # two callbacks may share an output
     if dep["output"].startswith(".."):
         outputs = [dict(zip(("id", "property"), o.split(".", 1))) for o in dep["output"][2:-2].split("...")]
     else:
