@@ -47,7 +47,7 @@ def decode_upload(contents, names) -> list[tuple[str, str]]:
         raise PathRefused("malformed upload (expected lists of files and names)")
     problems = []
     if len(contents) != len(names):
-        problems.append(f"{len(contents)} files but {len(names)} names: nothing saved")
+        problems.append(f"{len(contents)} files but {len(names)} names")
     if len(contents) > MAX_UPLOAD_FILES:
         problems.append(f"{len(contents)} files: at most {MAX_UPLOAD_FILES} in one upload")
     if not contents:
@@ -109,8 +109,11 @@ def save_upload(store: RunStore, files: list[tuple[str, str]]) -> str:
     except OSError as e:  # disk full, read-only root, ...
         _remove(store, folder, run_id)
         raise PathRefused(f"could not save the upload: {e.strerror or e}") from None
+    except PathRefused as e:
+        _remove(store, folder, run_id)
+        raise PathRefused(str(e).replace(f"{folder}/", "")) from None  # the file names, not the server's paths
     except BaseException:
-        _remove(store, folder, run_id)  # refused, or anything unforeseen: leave no half a run behind
+        _remove(store, folder, run_id)  # anything unforeseen: leave no half a run behind
         raise
 
 

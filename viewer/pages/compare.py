@@ -128,33 +128,34 @@ def _finite(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _refused(run_ids) -> str | None:
-    """Why a Compare callback refuses the run ids it was sent (run_id_list), or None."""
+def _checked(run_ids) -> tuple[list[str], str | None]:
+    """(run ids, None) as a Compare callback may use them (run_id_list), or ([], why refused)."""
     try:
-        run_id_list(run_ids)
+        return run_id_list(run_ids), None
     except ValueError as e:
-        return str(e)
-    return None
+        return [], str(e)
 
 
 # ---------------------------------------------------------------------------------------------
 # Callbacks: unpack, fetch the analyses (cached per run), build the figure
 
 
-# The run ids come from a dcc.Store the browser holds: each callback checks them (_refused) and
+# The run ids come from a dcc.Store the browser holds: each callback checks them (_checked) and
 # answers a refusal with an empty figure saying why (the status line says it too), never a 500.
 
 
 @callback(Output(ids.COMPARE_STATUS, "children"), Input(ids.COMPARE_RUNS, "data"))
 def show_status(run_ids):
-    if why := _refused(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
         return html.Div(why, className="error")
     return status_children(current_store(), run_ids)
 
 
 @callback(Output(ids.COMPARE_TIMELINE, "figure"), Input(ids.COMPARE_RUNS, "data"), Input(ids.COMPARE_TIMELINE, "relayoutData"))
 def show_timeline(run_ids, relayout):
-    if why := _refused(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
         return figures._empty(why)
     if ctx.triggered_id == ids.COMPARE_TIMELINE and not _is_zoom(relayout):
         raise dash.exceptions.PreventUpdate  # a resize, a legend click, a malformed range: nothing to re-bin
@@ -169,21 +170,24 @@ def _is_zoom(relayout) -> bool:
 
 @callback(Output(ids.COMPARE_BREAKDOWN, "figure"), Input(ids.COMPARE_RUNS, "data"))
 def show_breakdown(run_ids):
-    if why := _refused(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
         return figures._empty(why)
     return figures.build_breakdown_figure(data.breakdown_frame(current_store().get_many(run_ids)), run_ids)
 
 
 @callback(Output(ids.COMPARE_STEPS, "figure"), Input(ids.COMPARE_RUNS, "data"))
 def show_steps(run_ids):
-    if why := _refused(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
         return figures._empty(why)
     return figures.build_step_time_figure(data.steps_frame(current_store().get_many(run_ids)), run_ids)
 
 
 @callback(Output(ids.COMPARE_PIPELINE, "figure"), Input(ids.COMPARE_RUNS, "data"))
 def show_pipeline(run_ids):
-    if why := _refused(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
         return figures._empty(why)
     actions, ideal, summary = data.pipeline_frames(current_store().get_many(run_ids))
     return figures.build_pipeline_figure(actions, ideal, summary, run_ids)
@@ -191,7 +195,8 @@ def show_pipeline(run_ids):
 
 @callback(Output(ids.COMPARE_MEMORY, "figure"), Output(ids.COMPARE_PERSISTENT, "figure"), Input(ids.COMPARE_RUNS, "data"))
 def show_memory(run_ids):
-    if why := _refused(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
         return figures._empty(why), figures._empty(why)
     runs = current_store().get_many(run_ids)
     curves, peaks = data.memory_frames(runs)
@@ -200,6 +205,7 @@ def show_memory(run_ids):
 
 @callback(Output(ids.COMPARE_COLLECTIVES, "data"), Input(ids.COMPARE_RUNS, "data"))
 def show_collectives(run_ids):
-    if _refused(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
         return []
     return figures.build_collectives_table(*data.collectives_frames(current_store().get_many(run_ids)))
