@@ -19,8 +19,8 @@ from pathlib import Path
 
 import polars as pl
 
-from profiler.cache import cache_dir
-from profiler.discover import find_sources, read_manifest
+from profiler.cache import CacheUnusable, Parsed, cache_dir, unstored_note
+from profiler.discover import JobFacts, find_sources, read_manifest, split_jobs
 from profiler.errors import TraceError
 from profiler.parse import SCHEMA, _as_int
 from profiler.pool import load_all
@@ -31,15 +31,17 @@ RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 @dataclasses.dataclass(frozen=True)
 class RankPart:
-    """One loaded trace file: its run and rank, and its parsed events in a parquet file."""
+    """One loaded trace file: its run and rank, and its parsed events in a parquet file (or in memory)."""
 
     run: str
     rank: int
-    parquet: str
+    parquet: str | None
+    # The parsed events themselves, where they could not be written (a full disk; parquet is None).
+    frame: pl.DataFrame | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def events(self) -> pl.DataFrame:
         """This file's rows of the event frame (SCHEMA). The parquet already has SCHEMA's types."""
-        frame = pl.read_parquet(self.parquet)
+        frame = self.frame if self.parquet is None else pl.read_parquet(self.parquet)
         return frame.with_columns(run=pl.lit(self.run, pl.Categorical), rank=pl.lit(self.rank, pl.Int32)).select(list(SCHEMA))
 
 
@@ -54,12 +56,15 @@ class Traces:
     runs: run id -> the parsed run.json of that run, or None where the run has none.
     problems: files that could not be used (one TraceError each); the rest loaded.
     parts: one RankPart per row of `ranks`, in the same order.
+    notes: warnings about the load itself (the cache could not be used, a folder split into its
+        jobs); every rank still loaded.
     """
 
     ranks: pl.DataFrame
     runs: dict[str, dict | None]
     problems: list[TraceError]
     parts: tuple[RankPart, ...]
+    notes: list[str] = dataclasses.field(default_factory=list)
     _memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     # load_traces(cache=False): the private folder holding `parts`' parquet, removed with the Traces
     _scratch: object = dataclasses.field(default=None, repr=False, compare=False)
@@ -122,11 +127,24 @@ def load_traces(
     if not paths:
         raise TraceError(None, "no trace paths given")
     sources = find_sources(paths)
+    notes: list[str] = []
+    cache_path = None
+    if cache:
+        try:
+            cache_path = cache_dir()
+        except CacheUnusable as e:
+            notes.append(str(e))
     # Without the cache, files are parsed into a private folder that lives as long as the Traces,
     # so every load is analyzed one rank at a time from parquet either way.
-    scratch = None if cache else tempfile.TemporaryDirectory(prefix="ptprof-nocache-")
-    cache_path = cache_dir() if cache else Path(scratch.name)
+    scratch = None if cache_path else tempfile.TemporaryDirectory(prefix="ptprof-nocache-")
+    cache_path = cache_path or Path(scratch.name)
     results = load_all([s.path for s in sources], cache_path, workers=workers, progress=progress)
+    unstored = [r.unstored for r in results if not isinstance(r, TraceError) and r.unstored]
+    if unstored:
+        notes.append(unstored_note(cache_path, unstored, len(results)))
+    # A folder (or command) holding files of several jobs: one run per job, never one merged run.
+    sources, split_notes = split_jobs(sources, [None if isinstance(r, TraceError) else _job_facts(r) for r in results])
+    notes += split_notes
 
     problems: list[TraceError] = []
     parts: list[RankPart] = []
@@ -137,7 +155,7 @@ def load_traces(
         if isinstance(res, TraceError):
             problems.append(res)
             continue
-        meta, parquet = res
+        meta = res.meta
         try:
             if src.run not in runs:
                 runs[src.run] = read_manifest(src.run_dir)
@@ -157,7 +175,7 @@ def load_traces(
             "device_name": meta.get("device_name"), "pg_config": json.dumps(info.get("pg_config")) if info.get("pg_config") else None,
             "n_events": meta["n_events"],
         })
-        parts.append(RankPart(src.run, rank, parquet))
+        parts.append(RankPart(src.run, rank, res.parquet, res.frame))
     if not parts:
         if len(problems) == 1:
             raise problems[0]
@@ -165,4 +183,14 @@ def load_traces(
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["run"], rows[i]["rank"]))
     ranks = pl.DataFrame([rows[i] for i in order]).with_columns(pl.col("run").cast(pl.Categorical))
     runs = {r: m for r, m in runs.items() if r in set(ranks["run"].cast(pl.String))}
-    return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order), _scratch=scratch)
+    return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order), notes=notes,
+                  _scratch=scratch)
+
+
+def _job_facts(parsed: Parsed) -> JobFacts:
+    """The facts `split_jobs` needs of one parsed file: distributedInfo's and its clock's span."""
+    info = parsed.meta.get("distributed_info") or {}
+    backend = info.get("backend")
+    frame = pl.scan_parquet(parsed.parquet) if parsed.parquet is not None else parsed.frame.lazy()
+    span = frame.select(pl.col("ts_us").min(), pl.col("end_us").max()).collect().row(0)
+    return JobFacts(backend if isinstance(backend, str) else None, _as_int(info.get("world_size")), *span)

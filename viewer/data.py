@@ -258,6 +258,9 @@ def _load_run(run_id: str, folder: Path, root: Path) -> RunData:
             data.error = problem
             return data
         data.traces = load_traces(folder, progress=False)
+        if len(data.traces.runs) > 1:  # the profiler split the folder into its jobs: one row cannot show them
+            raise TraceError(folder, f"holds the files of {len(data.traces.runs)} different jobs ({', '.join(data.traces.runs)}); "
+                                     "the viewer shows one job per folder: put each job's files in a folder of its own")
         data.analysis = analyze(data.traces)
     # Any failure is shown on the run's row / panel, never a crash; polars' PanicException is a
     # BaseException, so it is named here.

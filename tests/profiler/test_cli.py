@@ -77,3 +77,27 @@ def test_gpu_analyses_on_a_cpu_trace_fail_clearly():
 def test_hta_beside_ours():
     res = analyze(GPU_NCCL, "--hta", "--quiet", "--json", "/dev/null")
     assert res.returncode == 0, res.stderr
+
+
+def test_a_step_not_in_the_traces_is_one_line_naming_the_steps_there():
+    # GPU trace (steps 551, 552) and a CPU trace without [memory] events (step 551): both crashed
+    for path, have in ((GPU_NCCL, "551, 552"), (SHARED_TRACES / "single" / "cpu_gloo_rank34_of_300.json.gz", "551")):
+        res = analyze(path, "--step", "99")
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip() == f"ptprof analyze: error: step 99 is not in the traces (steps there: {have})", res.stderr
+    res = analyze(GPU_NCCL, "--step", "552", "--quiet", "--json", "/dev/null")
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_rank_without_the_step_is_left_out_and_named(tmp_path):
+    from profiler import analyze as analyze_traces
+    from profiler import load_traces
+
+    for rank, steps in ((0, (1, 2)), (1, (1,))):  # rank 1's trace lost step 2
+        events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1,
+                   "ts": 1e15 + 1000 * s, "dur": 1000} for s in steps]
+        doc = {"traceEvents": events, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
+    a = analyze_traces(load_traces(tmp_path), step=2)
+    assert a.breakdown["rank"].to_list() == [0]
+    assert any("rank 1: no step 2 (its steps: 1); left out" in w for w in a.warnings), a.warnings

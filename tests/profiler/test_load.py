@@ -1,17 +1,15 @@
-"""The loader on every real trace we have, on bad input, and its cache."""
+"""The loader on every real trace we have, and on bad input (its cache: test_cache.py)."""
 
 from __future__ import annotations
 
 import gzip
 import shutil
-from pathlib import Path
 
 import msgspec
 import polars as pl
 import pytest
 
 from profiler import SCHEMA, TraceError, load_traces
-from profiler.cache import cache_dir
 from profiler.parse import parse_trace_file
 from tests.conftest import SHARED_TRACES
 from tests.profiler.conftest import GPU_NCCL
@@ -143,14 +141,6 @@ def test_rank_from_filename_and_chrome_array_form(tmp_path):
     assert traces.events.filter(pl.col("name") == "mark")["dur_us"].item() == 0.0
 
 
-def test_second_load_reads_the_cache():
-    f = GPU_NCCL / "rank1.json.gz"
-    first = load_traces(f)
-    assert any(cache_dir().glob("*.parquet"))
-    second = load_traces(f)
-    assert second.events.equals(first.events)
-
-
 def test_several_files_in_parallel_match_one_by_one():
     both = load_traces(GPU_NCCL, cache=False, workers=2, progress=False)
     one = pl.concat([load_traces(GPU_NCCL / f"rank{r}.json.gz", cache=False).events for r in (0, 1)])
@@ -221,26 +211,3 @@ def test_a_parser_crash_names_the_file(tmp_path, monkeypatch):
     with pytest.raises(TraceError) as err:
         load_traces(f, cache=False)
     assert "rank0.json.gz" in str(err.value) and "RuntimeError: unexpected shape" in str(err.value)
-
-
-def test_a_half_written_cache_entry_is_parsed_again(tmp_path):
-    f = shutil.copy(GPU_NCCL / "rank0.json.gz", tmp_path / "rank0.json.gz")
-    first = load_traces(f)
-    meta_file = next(cache_dir().glob(f"{Path(first.parts[0].parquet).stem}.json"))
-    meta_file.write_text('{"distributed_info": {"ra')  # a process killed mid-write
-    again = load_traces(f)
-    assert again.ranks["n_events"].to_list() == first.ranks["n_events"].to_list()
-    assert again.events.equals(first.events)
-
-
-def test_no_cache_keeps_ranks_on_disk_until_the_traces_go(tmp_path):
-    traces = load_traces(GPU_NCCL, cache=False)
-    folders = {Path(p.parquet).parent for p in traces.parts}
-    assert len(folders) == 1 and cache_dir() not in folders
-    (folder,) = folders
-    assert folder.is_dir() and traces.events.height == traces.ranks["n_events"].sum()
-    del traces
-    import gc
-
-    gc.collect()
-    assert not folder.exists()
