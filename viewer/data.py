@@ -134,6 +134,7 @@ class RunStore:
         self._guard = threading.Lock()
         self._queue: list[str] = []  # run ids the background thread analyses next, in order
         self._worker: threading.Thread | None = None
+        self.uploading: set[str] = set()  # upload folders still being checked (viewer.upload): not listed yet
 
     # -- finding runs ---------------------------------------------------------------------------
 
@@ -150,7 +151,7 @@ class RunStore:
             return []
         found = []
         for d in sorted(self.root.iterdir()):
-            if d.name.startswith("."):
+            if d.name.startswith(".") or d.name in self.uploading:
                 continue
             try:
                 if d.is_symlink() and d.is_dir() and not d.resolve().is_relative_to(self.root):

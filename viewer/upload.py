@@ -85,6 +85,7 @@ def save_upload(store: RunStore, files: list[tuple[str, str]]) -> str:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     folder = store.root / f"{UPLOAD_PREFIX}{stamp}"
     run_id = folder.relative_to(store.root).as_posix()
+    store.uploading.add(run_id)  # the Runs page must not list (and analyse) it half-written
     try:
         folder.mkdir(parents=True)
         for name, payload in files:  # one decoded file in memory at a time
@@ -115,6 +116,8 @@ def save_upload(store: RunStore, files: list[tuple[str, str]]) -> str:
     except BaseException:
         _remove(store, folder, run_id)  # anything unforeseen: leave no half a run behind
         raise
+    finally:
+        store.uploading.discard(run_id)
 
 
 def _remove(store: RunStore, folder: Path, run_id: str) -> None:

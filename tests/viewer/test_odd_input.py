@@ -323,3 +323,13 @@ def test_runs_page_polls_until_every_run_is_analysed(cold_root, app, monkeypatch
 
 def test_runs_table_columns_say_profiled_steps(pages):
     assert pages.runs.COLUMN_NAMES["steps"] == "profiled steps"
+
+
+def test_an_upload_is_not_listed_until_it_is_checked(tmp_path, traces_root, pages, monkeypatch):
+    store = data.RunStore(tmp_path)
+    listed = []
+    real_parse = upload.parse_in_child
+    monkeypatch.setattr(upload, "parse_in_child", lambda folder: (listed.append(store.run_ids()), real_parse(folder))[1])
+    blob = _data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
+    assert "1 rank(s) loaded" in str(pages.open.open_upload(store, [blob], ["rank0.json.gz"]))
+    assert listed == [[]] and len(store.run_ids()) == 1  # hidden while parsed, listed once loaded
