@@ -88,6 +88,7 @@ def runs_table_rows(store: RunStore) -> tuple[list[dict], list[str]]:
 
 
 def progress_line(rows: list[dict], pending: list[str]) -> str:
+    """The line over the table: how many runs are analysed, while any is pending."""
     if not rows:
         return "No runs under the traces root yet."
     if pending:
