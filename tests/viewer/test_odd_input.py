@@ -333,3 +333,24 @@ def test_an_upload_is_not_listed_until_it_is_checked(tmp_path, traces_root, page
     blob = _data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
     assert "1 rank(s) loaded" in str(pages.open.open_upload(store, [blob], ["rank0.json.gz"]))
     assert listed == [[]] and len(store.run_ids()) == 1  # hidden while parsed, listed once loaded
+
+
+def test_an_unreadable_folder_shows_its_error(tmp_path, traces_root, pages, monkeypatch):
+    shutil.copytree(traces_root / "sample-ddp-2r", tmp_path / "good")
+    (tmp_path / "locked").mkdir()
+    real = data._is_run_folder
+
+    def is_run_folder(p):
+        if p.name == "locked":  # what a folder without read permission does (tests may run as root)
+            raise PermissionError(13, "Permission denied", str(p))
+        return real(p)
+
+    monkeypatch.setattr(data, "_is_run_folder", is_run_folder)
+    rows = {r["run"]: r for r in pages.runs.runs_table_rows(data.RunStore(tmp_path))[0]}
+    assert set(rows) == {"good", "locked"} and "Permission denied" in rows["locked"]["status"]
+
+
+def test_compare_says_when_it_shows_fewer_runs_than_asked(pages):
+    page = str(pages.compare.layout(runs="a,b,c,d,e,a"))
+    assert "Compare: a · b · c · d" in page and "first 4 of the 5 runs" in page
+    assert "first 4" not in str(pages.compare.layout(runs="a,b"))
