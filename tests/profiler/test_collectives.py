@@ -135,7 +135,8 @@ def test_sizes_of_an_older_nccl_trace_match_an_independent_count():
     assert got["all_reduce"]["total_bytes"] == 314_195_708
     assert got["all_to_all"]["total_bytes"] == 850_250_752
     assert "int8_t" not in stats["dtype"].to_list()
-    # the all-to-alls are matched across the two ranks (they were point-to-point send_recv before)
+    # the all-to-alls are matched across the two ranks (they were point-to-point send_recv before):
+    # each rank's raw trace holds 4 `nccl:all_to_all` annotations (counted with gzip + json)
     skew = collective_skew(collectives(traces.events, traces.ranks))
     assert skew.filter(pl.col("algo") == "all_to_all").height == 4
 

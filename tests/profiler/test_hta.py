@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import polars as pl
 import pytest
 
 from profiler.hta import compare_with_hta, has_sub_us_times, hta_rounding, rounded_breakdown
@@ -35,7 +36,9 @@ def test_comparison_names_the_rounding_only_where_it_applies():
     ours = make_events(NS)
     from profiler import temporal_breakdown
 
-    hta = temporal_breakdown(hta_rounding(ours)).select("rank", "window_us", "compute_us", "non_compute_us", "idle_us", "overlap_pct")
+    # HTA's row, computed by hand above (rounded inward: window 19, busy 18, idle 1).
+    hta = pl.DataFrame({"rank": [0], "window_us": [19.0], "compute_us": [18.0], "non_compute_us": [0.0], "idle_us": [1.0],
+                        "overlap_pct": [None]}, schema_overrides={"rank": pl.Int32, "overlap_pct": pl.Float64})
     table = compare_with_hta(temporal_breakdown(ours), hta, rounded_breakdown([ours])).row(0, named=True)
     assert "rounds each event inward" in table["cause"]
     assert table["compute_us_diff_pct_of_window"] == pytest.approx(100 * 1.7 / 19)
