@@ -236,15 +236,16 @@ def _with_group_size(k: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFram
     )
 
 
-def _process_groups(ranks: pl.DataFrame | None, here: pl.DataFrame) -> pl.DataFrame:
-    """(run, rank, pg_name, pg_size, pg_ranks) of every group in the distributedInfo of these ranks."""
+def _process_groups(ranks: pl.DataFrame | None, here: pl.DataFrame | None = None) -> pl.DataFrame:
+    """(run, rank, pg_name, pg_size, pg_ranks) of every group in the distributedInfo of `here`'s
+    (run, rank) pairs (every rank's when None)."""
     schema = {"run": pl.Categorical, "rank": pl.Int32, "pg_name": pl.String, "pg_size": pl.Int64, "pg_ranks": pl.String}
     if ranks is None or "pg_config" not in ranks.columns:
         return pl.DataFrame(schema=schema)
-    wanted = {(str(r), int(k)) for r, k in here.iter_rows()}
+    wanted = None if here is None else {(str(r), int(k)) for r, k in here.iter_rows()}
     rows = []
     for run, rank, cfg in ranks.select("run", "rank", "pg_config").iter_rows():
-        if (str(run), rank) not in wanted or not cfg:
+        if (wanted is not None and (str(run), rank) not in wanted) or not cfg:
             continue
         pgs = json.loads(cfg)
         for pg in pgs if isinstance(pgs, list) else []:
@@ -320,17 +321,9 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
 def _single_groups(ranks: pl.DataFrame | None) -> pl.DataFrame:
     """(run, rank) -> g_ranks, g_size where the trace's distributedInfo lists exactly one process
     group (gloo spans cannot say which group they ran in when there are several)."""
-    schema = {"run": pl.Categorical, "rank": pl.Int32, "g_ranks": pl.String, "g_size": pl.Int64}
-    if ranks is None or "pg_config" not in ranks.columns:
-        return pl.DataFrame(schema=schema)
-
     # Without pg_config the group is unknown: the world size is not assumed (sub-groups are common).
-    rows = []
-    for run, rank, cfg in ranks.select("run", "rank", "pg_config").iter_rows():
-        pgs = json.loads(cfg) if cfg else []
-        if isinstance(pgs, list) and len(pgs) == 1 and isinstance(pgs[0], dict):
-            rows.append((run, rank, str(pgs[0].get("ranks")), pgs[0].get("pg_size")))
-    return pl.DataFrame(rows, schema=schema, orient="row")
+    return (_process_groups(ranks).filter(pl.len().over(KEYS) == 1)
+            .select(*KEYS, g_ranks="pg_ranks", g_size="pg_size"))
 
 
 def collective_stats(colls: pl.DataFrame) -> pl.DataFrame:
