@@ -101,6 +101,19 @@ def test_a_file_link_out_of_the_root_is_refused_everywhere(odd_root, pages):
     assert store.get("file-link-in").ok
 
 
+def test_a_file_link_out_in_a_sub_folder_is_refused(tmp_path, traces_root):
+    """load_traces goes down into sub-folders when a run folder has no trace files of its own:
+    a link out of the root there is refused too, before anything is loaded."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    _trace_folder(outside, traces_root / "sample-ddp-2r")
+    (root / "run" / "sub").mkdir(parents=True)
+    (root / "run" / "run.json").write_text("{}")
+    (root / "run" / "sub" / "rank0.json.gz").symlink_to(outside / "rank0.json.gz")
+    run = data.RunStore(root).get("run")
+    assert not run.ok and run.traces is None
+    assert "sub/rank0.json.gz links to outside the traces root" in run.error
+
+
 def test_the_runs_page_answers_with_odd_folders(odd_root, app, monkeypatch):
     from viewer.pages import STORE_KEY
 
