@@ -1,6 +1,8 @@
 """Worker process of `load_traces`: parse the files named on the command line into `out_dir`.
 
-    python -m profiler._worker OUT_DIR FILE...
+    python -m profiler._worker OUT_DIR '["FILE", [KEY, SHA256] or null]'...
+
+Each file comes with its identity as `cache.lookup` found it (or null), so it is not hashed again.
 
 Writes one JSON line per file to stdout as it finishes: {"path", "error"}, or {"path", "meta",
 "parquet", "unstored"}. Where the frame could not be written to OUT_DIR (a full disk), "parquet" is
@@ -21,8 +23,9 @@ from profiler.cache import load_one_safe
 def main(argv: list[str]) -> None:
     out_dir, files = Path(argv[0]), argv[1:]
     out = sys.stdout.buffer
-    for f in files:
-        res = load_one_safe(Path(f), out_dir)
+    for arg in files:
+        f, ident = json.loads(arg)
+        res = load_one_safe(Path(f), out_dir, tuple(ident) if ident else None)
         payload = b""
         if isinstance(res, TraceError):
             msg = {"path": f, "error": res.problem}

@@ -158,27 +158,37 @@ def remove_stale_tmp(cache: Path, *, older_than_s: float = 3600) -> None:
             pass  # gone already, or not ours to remove
 
 
-def lookup(path: Path, cache: Path) -> Parsed | None:
-    """`path`'s entry in `cache` when it is whole and still the file's, else None (parse it)."""
-    try:
-        key, digest = _identify(path)
-    except OSError:
-        return None
-    return _read_entry(cache, key, digest) if digest is not None else None
+Identity = tuple[str, "str | None"]  # (entry key, SHA-256 of the file's bytes; None for what is not a regular file)
 
 
-def _load_one(path: Path, cache: Path) -> Parsed:
-    """`path` from its entry in `cache`, or parsed and written there (kept in memory where it cannot be)."""
+def lookup(path: Path, cache: Path) -> tuple[Parsed | None, Identity | None]:
+    """`path`'s entry in `cache` when it is whole and still the file's (else None: parse it), and
+    the file's identity, which `load_one_safe` takes so that a miss does not hash the file twice."""
     try:
-        # Hashed before parsing: were the file rewritten in between, the entry would record the
-        # old bytes beside the new frame, and the next load would miss rather than serve it.
-        key, digest = _identify(path)
+        ident = _identify(path)
     except OSError:
-        key, digest = None, None  # parse_trace_file says what is wrong with the file
-    if digest is not None:
-        hit = _read_entry(cache, key, digest)
-        if hit is not None:
-            return hit
+        return None, None
+    key, digest = ident
+    return (_read_entry(cache, key, digest) if digest is not None else None), ident
+
+
+def _load_one(path: Path, cache: Path, ident: Identity | None) -> Parsed:
+    """`path` from its entry in `cache`, or parsed and written there (kept in memory where it cannot be).
+
+    ident: the file's identity as `lookup` found it (its entry was missing or stale), else None.
+    """
+    if ident is None:
+        try:
+            # Hashed before parsing: were the file rewritten in between, the entry would record
+            # the old bytes beside the new frame, and the next load would miss rather than serve it.
+            ident = _identify(path)
+        except OSError:
+            ident = None, None  # parse_trace_file says what is wrong with the file
+        if ident[1] is not None:
+            hit = _read_entry(cache, *ident)
+            if hit is not None:
+                return hit
+    key, digest = ident
     frame, meta = parse_trace_file(path)
     if digest is None:
         return Parsed(meta, None, frame)  # not a regular file (a FIFO, a device): no entry could be trusted
@@ -189,19 +199,14 @@ def _load_one(path: Path, cache: Path) -> Parsed:
         return Parsed(meta, None, frame, reason)
 
 
-def load_one_safe(path: Path, cache: Path):
+def load_one_safe(path: Path, cache: Path, ident: Identity | None = None):
     # Runs in worker processes too: errors travel back as values so one bad file never kills a
     # load, and whatever a malformed trace trips in the parser still names the file.
     try:
-        return _load_one(path, cache)
+        return _load_one(path, cache, ident)
     except TraceError as e:
         return e
     except MemoryError:
         return TraceError(path, "out of memory while parsing")
     except Exception as e:  # noqa: BLE001
         return TraceError(path, f"could not parse ({type(e).__name__}: {e})")
-
-
-def is_cached(path: Path, cache: Path) -> bool:
-    """Whether `path` has a whole, current entry in `cache` (reads and hashes the file and the entry)."""
-    return lookup(path, cache) is not None

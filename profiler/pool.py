@@ -6,12 +6,13 @@ import io
 import json
 import os
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
 
-from profiler.cache import Parsed, load_one_safe, lookup, remove_stale_tmp
+from profiler.cache import Identity, Parsed, load_one_safe, lookup, remove_stale_tmp
 from profiler.errors import TraceError
 
 
@@ -25,76 +26,96 @@ def load_all(paths: list[Path], cache: Path, *, workers: int | None, progress: b
     n_workers = max(1, min(len(paths), workers or os.cpu_count() or 1))
     show = progress if progress is not None else (len(paths) > 1 and sys.stderr.isatty())
     bar = _progress_bar(len(paths), show)
-    results: dict[Path, object] = dict(zip(paths, _lookup_all(paths, cache, n_workers)))
+    found = dict(zip(paths, _lookup_all(paths, cache, n_workers)))
+    results: dict[Path, object] = {p: hit for p, (hit, _) in found.items()}
     pending = [p for p in paths if results[p] is None]
     bar.update(len(paths) - len(pending))
     if pending:
         remove_stale_tmp(cache)
     if len(pending) <= 1 or n_workers == 1:
         for p in pending:
-            results[p] = load_one_safe(p, cache)
+            results[p] = load_one_safe(p, cache, found[p][1])
             bar.update(1)
     else:
-        for p, res in _run_workers(pending, cache, min(n_workers, len(pending))):
+        for p, res in _run_workers([(p, found[p][1]) for p in pending], cache, min(n_workers, len(pending))):
             results[p] = res
             bar.update(1)
     bar.close()
     return [results[p] for p in paths]
 
 
-def _lookup_all(paths: list[Path], cache: Path, n: int) -> list[Parsed | None]:
-    """Each file's verified cache entry, or None. Hashing releases the GIL, so threads share the work."""
+def _lookup_all(paths: list[Path], cache: Path, n: int) -> list[tuple[Parsed | None, Identity | None]]:
+    """Each file's verified cache entry (or None) and identity. Hashing releases the GIL, so threads share the work."""
     if len(paths) <= 1 or n == 1:
         return [lookup(p, cache) for p in paths]
     with ThreadPoolExecutor(n) as pool:
         return list(pool.map(lambda p: lookup(p, cache), paths))
 
 
-def _run_workers(paths: list[Path], out_dir: Path, n: int):
-    """Yield (path, result) as `n` worker processes finish files (results as from load_one_safe)."""
+def _run_workers(files: list[tuple[Path, Identity | None]], out_dir: Path, n: int):
+    """Yield (path, result) as `n` worker processes finish files (results as from load_one_safe).
+
+    files: (path, identity from `lookup`) pairs. Every file gets exactly one result, whatever
+    happens to its worker (it cannot start, dies, or prints something unexpected), so a load
+    never waits forever.
+    """
     import queue
     import subprocess
     import threading
 
     done: queue.Queue = queue.Queue()
-    chunks = [paths[i::n] for i in range(n)]
+    chunks = [files[i::n] for i in range(n)]
 
     # polars' allocator (jemalloc) keeps freed pages for a while; a worker going through several
     # files would then hold the last file's garbage while parsing the next one.
     env = {**os.environ, "_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"}
 
-    def run(chunk: list[Path]) -> None:
-        cmd = [sys.executable, "-m", "profiler._worker", str(out_dir), *map(str, chunk)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        reported = set()
-        for line in proc.stdout:  # one JSON line per file, then the frame's Arrow IPC bytes where it has one
-            if not line.endswith(b"\n"):
-                break  # the worker died mid-line: its files are reported below as failed
-            msg = json.loads(line)
-            p = Path(msg["path"])
-            if "error" in msg:
-                done.put((p, TraceError(p, msg["error"])))
-            else:
-                payload = proc.stdout.read(msg["frame_bytes"]) if msg.get("frame_bytes") is not None else None
-                if payload is not None and len(payload) < msg["frame_bytes"]:
-                    break  # died mid-frame, as above
-                frame = pl.read_ipc(io.BytesIO(payload)) if payload is not None else None
-                done.put((p, Parsed(msg["meta"], msg["parquet"], frame, msg["unstored"])))
-            reported.add(p)
-        err = proc.stderr.read().decode(errors="replace")
-        proc.wait()
-        for p in chunk:
-            if p not in reported:  # the worker died (killed for memory?) before finishing this file
-                tail = err.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-                done.put((p, TraceError(p, f"parser process failed: {tail[0]}")))
+    def run(chunk: list[tuple[Path, Identity | None]]) -> None:
+        reported: set[Path] = set()
+        why = None
+        # stderr goes to a file: a worker writing more than a pipe holds (a panic's backtrace)
+        # while we read its stdout would otherwise block both.
+        with tempfile.TemporaryFile() as err:
+            try:
+                cmd = [sys.executable, "-m", "profiler._worker", str(out_dir), *(json.dumps([str(p), i]) for p, i in chunk)]
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
+                with proc:
+                    _read_worker(proc.stdout, done, reported)
+                err.seek(0)
+                tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
+                why = tail[0] if tail else f"exit status {proc.returncode}"
+            except Exception as e:  # noqa: BLE001  (cannot start: a process limit, no memory; bad output)
+                why = f"{type(e).__name__}: {e}"
+            finally:
+                for p, _ in chunk:
+                    if p not in reported:  # the worker died (killed for memory?) before finishing this file
+                        done.put((p, TraceError(p, f"parser process failed: {why or 'stopped'}")))
 
     threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in chunks]
     for t in threads:
         t.start()
-    for _ in paths:
+    for _ in files:
         yield done.get()
     for t in threads:
         t.join()
+
+
+def _read_worker(stdout, done, reported: set[Path]) -> None:
+    """Put each result a worker writes (see profiler/_worker.py) on `done`; stop where its output breaks off."""
+    for line in stdout:  # one JSON line per file, then the frame's Arrow IPC bytes where it has one
+        if not line.endswith(b"\n"):
+            return  # the worker died mid-line: its files are reported as failed
+        msg = json.loads(line)
+        p = Path(msg["path"])
+        if "error" in msg:
+            done.put((p, TraceError(p, msg["error"])))
+        else:
+            payload = stdout.read(msg["frame_bytes"]) if msg.get("frame_bytes") is not None else None
+            if payload is not None and len(payload) < msg["frame_bytes"]:
+                return  # died mid-frame, as above
+            frame = pl.read_ipc(io.BytesIO(payload)) if payload is not None else None
+            done.put((p, Parsed(msg["meta"], msg["parquet"], frame, msg["unstored"])))
+        reported.add(p)
 
 
 def _progress_bar(total: int, show: bool):

@@ -110,7 +110,7 @@ def test_a_file_name_that_is_not_utf8_has_an_entry(tmp_path):
     first = cache_module.load_one_safe(f, tmp_path)
     assert not isinstance(first, TraceError), first
     assert first.parquet is not None
-    assert cache_module.lookup(f, tmp_path) == first
+    assert cache_module.lookup(f, tmp_path)[0] == first
 
 
 # ---- the folder ------------------------------------------------------------------------------
@@ -232,3 +232,42 @@ def test_no_cache_keeps_ranks_on_disk_until_the_traces_go():
     del traces
     gc.collect()
     assert not folder.exists()
+
+
+# ---- the worker pool -------------------------------------------------------------------------
+
+
+def test_a_cold_load_hashes_each_trace_once(tmp_path, monkeypatch):
+    # The lookup's hash is handed to the parse: a miss must not read and hash the file again.
+    f = _copy(tmp_path)
+    hashed = []
+    real = cache_module.hashlib.file_digest
+    monkeypatch.setattr(cache_module.hashlib, "file_digest", lambda fh, algo: hashed.append(fh.name) or real(fh, algo))
+    load_traces(f, workers=1)
+    assert sum(1 for h in hashed if isinstance(h, int)) == 1  # the trace is read through its fd once
+
+
+def test_workers_that_cannot_start_fail_their_files_instead_of_hanging(tmp_path, monkeypatch):
+    import subprocess
+
+    files = [shutil.copy(GPU_NCCL / f"rank{r}.json.gz", tmp_path / f"rank{r}.json.gz") for r in (0, 1)]
+
+    def no_process(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    with pytest.raises(TraceError) as err:  # every file failed: the load says why, for each file
+        load_traces(tmp_path, cache=False, workers=2, progress=False)
+    assert all(f.name in str(err.value) for f in files) and "Resource temporarily unavailable" in str(err.value)
+
+
+def test_a_worker_flooding_stderr_does_not_block_the_load(tmp_path, monkeypatch):
+    # More than a pipe holds on stderr, written before any result on stdout.
+    for r in (0, 1):
+        shutil.copy(GPU_NCCL / f"rank{r}.json.gz", tmp_path / f"rank{r}.json.gz")
+    sitecustomize = tmp_path / "site"
+    sitecustomize.mkdir()
+    (sitecustomize / "sitecustomize.py").write_text("import sys\nsys.stderr.write('x' * 1_000_000)\nsys.stderr.flush()\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(sitecustomize), os.environ.get("PYTHONPATH", "")]))
+    traces = load_traces(tmp_path, cache=False, workers=2, progress=False)
+    assert sorted(traces.ranks["rank"].to_list()) == [0, 1] and not traces.problems
