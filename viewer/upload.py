@@ -196,7 +196,7 @@ def _child(folder: str, memory_bytes: int) -> None:
     address space and print one JSON line, {"problems": [...]} or {"error": "..."}."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     from profiler import TraceError, load_traces
-    from profiler.cache import CacheUnusable, cache_dir, is_cached
+    from profiler.cache import CacheUnusable, cache_dir, lookup
     from profiler.discover import find_sources
 
     try:
@@ -206,7 +206,7 @@ def _child(folder: str, memory_bytes: int) -> None:
         out = {"problems": [str(p) for p in traces.problems]}
         # The server loads from the cache; a frame the cache could not keep (a full disk) would
         # be parsed again there, with no memory bound: refused instead.
-        if not out["problems"] and not all(is_cached(s.path, cache) for s in find_sources([folder])):
+        if not out["problems"] and any(lookup(s.path, cache)[0] is None for s in find_sources([folder])):
             out = {"error": f"the parsed traces could not be cached in {cache} ({'; '.join(traces.notes) or 'not written'}); "
                             "uploads need the profiler's cache: free space there or set $PTPROF_CACHE_DIR"}
     except CacheUnusable as e:
