@@ -34,6 +34,8 @@ _PEER_SYMPTOMS = (
 )
 _WATCH_INTERVAL_S = 0.5
 _STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+# A process that has ended but is not reaped yet (torchrun reaps its ranks only now and then).
+_ENDED = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 def launch(argv: list[str]) -> str | None:
@@ -136,6 +138,7 @@ class RankWatch(threading.Thread):
         self._halt = threading.Event()
         self._lock = threading.Lock()
         self._stopped: set[int] = set()
+        self._killed: set[int] = set()  # ranks this watch killed while stopped: marked for good
         self._rank_of: dict[int, int] = {}  # pid -> global rank (RANK in its environment)
 
     def stopped_ranks(self) -> frozenset[int]:
@@ -161,16 +164,25 @@ class RankWatch(threading.Thread):
                     return  # not exec'd yet (the launcher's environment), or not a rank: look again later
                 self._rank_of[proc.pid] = int(rank)
             rank = self._rank_of[proc.pid]
-            stopped = proc.status() in _STOPPED
+            status = proc.status()
         except (psutil.Error, OSError):
             return
+        stopped = status in _STOPPED
         with self._lock:
-            (self._stopped.add if stopped else self._stopped.discard)(rank)
+            if stopped:
+                self._stopped.add(rank)
+            # Only a rank seen running again is cleared: one that ended (a zombie until torchrun
+            # reaps it, killed by us or not) keeps how it was last seen alive, or the report
+            # would call a killed frozen rank "killed by signal 9".
+            elif status not in _ENDED and rank not in self._killed:
+                self._stopped.discard(rank)
         if stopped and _sigterm_pending(proc.pid):
             try:
                 proc.kill()  # what torchrun does after its 30 s grace; the report knows why
             except psutil.Error:
-                pass
+                return
+            with self._lock:
+                self._killed.add(rank)
 
 
 def _last_line(message, limit: int = 240) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 import polars as pl
 
 from profiler import TraceError, Traces, analyze, ideal_orders, load_traces, memory_timeline
-from profiler.discover import RUN_MANIFEST, TRACE_SUFFIXES, is_trace_file
+from profiler.discover import RUN_MANIFEST, TRACE_SUFFIXES, find_sources, is_trace_file
 from profiler.pipeline import positive_int, schedule_theory_pct
 from profiler.report import Analysis
 
@@ -68,10 +68,20 @@ def _is_run_folder(p: Path) -> bool:
 
 def _links_out(root: Path, folder: Path) -> str | None:
     """Why a run folder is refused for its files: one linked to outside the root, as a folder
-    link out is (the profiler would follow it and read any file on the server)."""
+    link out is (the profiler would follow it and read any file on the server). Checked on the
+    folder's own entries and on exactly the files the profiler will load from it, which may lie in
+    sub-folders (a folder of run folders) reached through a link."""
     for p in sorted(folder.iterdir()):
         if p.is_symlink() and not p.resolve().is_relative_to(root):
             return f"{p.name} links to outside the traces root: refused"
+    try:
+        sources = find_sources([folder])
+    except TraceError:
+        return None  # no trace files at all: load_traces says so in its own words
+    for src in sources:
+        if not src.path.resolve().is_relative_to(root):
+            shown = src.path.relative_to(folder).as_posix() if src.path.is_relative_to(folder) else src.path.name
+            return f"{shown} links to outside the traces root: refused"
     return None
 
 
@@ -251,10 +261,12 @@ def _folder_key(folder: Path) -> tuple:
 
 
 def _load_run(run_id: str, folder: Path, root: Path) -> RunData:
-    manifest, problem = read_manifest(folder)
-    data = RunData(run_id=run_id, folder=folder, manifest=manifest)
+    data = RunData(run_id=run_id, folder=folder)
     try:
-        problem = problem or _links_out(root, folder)
+        # Links first: a run.json linked out of the root is not read either.
+        problem = _links_out(root, folder)
+        if not problem:
+            data.manifest, problem = read_manifest(folder)
         if problem:
             data.error = problem
             return data

@@ -4,21 +4,27 @@ are refused with every reason, leaving nothing behind.
 The server's memory is bounded before anything is parsed: the sizes of every file are checked on
 the base64 text (before decoding), files are decoded and written one at a time, a .gz is
 stream-decompressed with a cap (MAX_UNPACKED_BYTES, gzip bombs) and the traces are parsed in a
-child process (this module, `python -m viewer.upload FOLDER`) with a memory limit. The server then
-loads the parsed frames from the profiler's cache and never holds the raw JSON.
+child process (this module, `python -m viewer.upload FOLDER`) with a memory limit. The child parses
+with no worker processes of its own (the limit bounds one process, so it bounds the whole parse)
+and runs in its own process group, killed whole on a timeout or any failure. The server then
+loads the parsed frames from the profiler's cache and never holds the raw JSON; where the cache
+cannot hold them (no usable cache folder, a full disk) the upload is refused rather than parsed
+again in the server without a bound.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import datetime as dt
 import json
 import re
 import resource
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -75,19 +81,22 @@ def decode_upload(contents, names) -> list[tuple[str, str]]:
 
 
 def save_upload(store: RunStore, files: list[tuple[str, str]]) -> str:
-    """Write checked files (decode_upload) into a new run folder `upload-<time>/` under the root,
+    """Write checked files (decode_upload) into a new run folder `upload-<random>/` under the root,
     parse them in a child process, load the run, and return its id.
 
     All or nothing: refused (PathRefused naming each problem; the folder removed) if a file is not
     base64, a .gz is corrupt or unpacks to over MAX_UNPACKED_BYTES, run.json is unusable, any file
     fails to parse, or the run fails to load.
     """
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    folder = store.root / f"{UPLOAD_PREFIX}{stamp}"
+    try:
+        # mkdtemp: a new folder of this call's own, whatever else is uploading (two uploads in the
+        # same microsecond once shared a name, and the loser removed the winner's folder).
+        folder = Path(tempfile.mkdtemp(prefix=UPLOAD_PREFIX, dir=store.root))
+    except OSError as e:
+        raise PathRefused(f"could not save the upload: {e.strerror or e}") from None
     run_id = folder.relative_to(store.root).as_posix()
     store.uploading.add(run_id)  # the Runs page must not list (and analyse) it half-written
     try:
-        folder.mkdir(parents=True)
         for name, payload in files:  # one decoded file in memory at a time
             try:
                 blob = base64.b64decode(payload, validate=True)
@@ -151,21 +160,35 @@ def check_unpacked_size(name: str, blob: bytes) -> None:
 def parse_in_child(folder: Path) -> list[str]:
     """Parse a folder's traces into the profiler's cache in a child process with a memory limit;
     returns the problems the loader reported (files it left out). PathRefused when nothing parsed,
-    the child ran out of memory or time, or died."""
+    the cache could not hold the frames, the child ran out of memory or time, or died."""
+    # A session of its own: on a timeout or any failure the whole group goes, never an orphan.
+    proc = subprocess.Popen([sys.executable, "-m", "viewer.upload", str(folder), str(PARSE_MEMORY_BYTES)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        res = subprocess.run([sys.executable, "-m", "viewer.upload", str(folder), str(PARSE_MEMORY_BYTES)],
-                             capture_output=True, text=True, timeout=PARSE_TIMEOUT_S)
+        stdout, stderr = proc.communicate(timeout=PARSE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise PathRefused(f"parsing took over {PARSE_TIMEOUT_S} s") from None
-    lines = res.stdout.strip().splitlines()
+    finally:
+        _kill_group(proc)
+    lines = stdout.strip().splitlines()
     try:
         out = json.loads(lines[-1])
     except (IndexError, ValueError):
-        tail = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+        tail = (stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise PathRefused(f"the parser failed: {tail}") from None
     if out.get("error"):
         raise PathRefused(out["error"])
     return out["problems"]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child's process group (the child and anything it started) and reap the child."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group id is the child's pid (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already: the child exited and left nothing running
+    proc.kill()
+    proc.communicate()
 
 
 def _child(folder: str, memory_bytes: int) -> None:
@@ -173,10 +196,21 @@ def _child(folder: str, memory_bytes: int) -> None:
     address space and print one JSON line, {"problems": [...]} or {"error": "..."}."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     from profiler import TraceError, load_traces
+    from profiler.cache import CacheUnusable, cache_dir, lookup
+    from profiler.discover import find_sources
 
     try:
-        traces = load_traces(folder, progress=False)
+        cache = cache_dir()
+        # workers=1: parse here, not in one worker per core, each with memory_bytes of its own.
+        traces = load_traces(folder, progress=False, workers=1)
         out = {"problems": [str(p) for p in traces.problems]}
+        # The server loads from the cache; a frame the cache could not keep (a full disk) would
+        # be parsed again there, with no memory bound: refused instead.
+        if not out["problems"] and any(lookup(s.path, cache)[0] is None for s in find_sources([folder])):
+            out = {"error": f"the parsed traces could not be cached in {cache} ({'; '.join(traces.notes) or 'not written'}); "
+                            "uploads need the profiler's cache: free space there or set $PTPROF_CACHE_DIR"}
+    except CacheUnusable as e:
+        out = {"error": f"uploads need the profiler's cache, and it is unusable: {e}"}
     except TraceError as e:
         out = {"error": str(e)}
     except MemoryError:

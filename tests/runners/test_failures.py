@@ -39,6 +39,23 @@ def assert_nothing_left(out: Path, run_id: str) -> None:
     assert not run_processes(run_id), "orphan rank processes left behind"
 
 
+def start_and_find_rank1(cmd: list[str], run_id: str) -> tuple[subprocess.Popen, psutil.Process]:
+    """Start `ptprof run` (cmd), wait until training runs (rank 0 printed `step 1`), and return
+    the launcher and rank 1's process. The launcher is killed if rank 1 is not found."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 1 "):
+                break
+        victims = [p for p in run_processes(run_id) if p.environ().get("RANK") == "1"]
+        assert len(victims) == 1
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc, victims[0]
+
+
 def test_raising_rank_is_named(tmp_path):
     res = ptprof(
         "run", "ddp", "--gpus", "2", "--steps", "3", "--warmup", "1", "--active", "2",
@@ -67,15 +84,9 @@ def test_killed_rank_stops_the_run(tmp_path):
     run_id = "killed"
     cmd = [sys.executable, "-m", "runners.cli", "run", "ddp", "--gpus", "2", "--steps", "500", "--warmup", "1",
            "--active", "2", "--out", str(tmp_path), "--name", run_id]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, victim = start_and_find_rank1(cmd, run_id)
     try:
-        # Wait until training runs (rank 0 printed a step), then SIGKILL rank 1.
-        for line in proc.stdout:
-            if line.startswith("step 1 "):
-                break
-        victims = [p for p in run_processes(run_id) if p.environ().get("RANK") == "1"]
-        assert len(victims) == 1
-        victims[0].kill()
+        victim.kill()  # training runs (rank 0 printed a step): SIGKILL rank 1
         _, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -92,14 +103,9 @@ def test_stopped_rank_is_reported_as_not_responding(tmp_path):
     run_id = "stopped"
     cmd = [sys.executable, "-m", "runners.cli", "run", "ddp", "--gpus", "2", "--steps", "500", "--timeout", "5",
            "--out", str(tmp_path), "--name", run_id]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, victim = start_and_find_rank1(cmd, run_id)
     try:
-        for line in proc.stdout:
-            if line.startswith("step 1 "):
-                break
-        victims = [p for p in run_processes(run_id) if p.environ().get("RANK") == "1"]
-        assert len(victims) == 1
-        victims[0].send_signal(signal.SIGSTOP)
+        victim.send_signal(signal.SIGSTOP)
         _, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -109,6 +115,59 @@ def test_stopped_rank_is_reported_as_not_responding(tmp_path):
     assert "killed by signal" not in stderr
     assert "rank 0 gave up waiting" in stderr
     assert_nothing_left(tmp_path, run_id)
+
+
+class FakeRank:
+    """A rank process as RankWatch samples it: its pid, RANK, and a status the test sets."""
+
+    def __init__(self, pid: int, rank: int):
+        self.pid, self.status_now, self.killed = pid, psutil.STATUS_RUNNING, False
+        self._env = {"RANK": str(rank)}
+
+    def environ(self):
+        return self._env
+
+    def status(self):
+        if self.status_now is None:
+            raise psutil.NoSuchProcess(self.pid)  # reaped
+        return self.status_now
+
+    def kill(self):
+        self.killed = True
+
+
+@pytest.mark.parametrize("end", [psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD])
+def test_the_watch_keeps_a_killed_stopped_rank_marked_while_it_is_a_zombie(monkeypatch, end):
+    """Killed while stopped, a rank is a zombie until torchrun reaps it: a sample in that gap must
+    not clear it, or the report says "killed by signal 9" instead of "stopped responding"."""
+    from runners import launch
+
+    pending = set()
+    monkeypatch.setattr(launch, "_sigterm_pending", lambda pid: pid in pending)
+    watch = launch.RankWatch(exclude=set())
+    frozen, healthy, resumed = FakeRank(101, 1), FakeRank(100, 0), FakeRank(102, 2)
+    procs = [frozen, healthy, resumed]
+
+    def sample():
+        for p in procs:
+            watch._sample(p)
+
+    sample()
+    assert watch.stopped_ranks() == frozenset()
+    frozen.status_now = resumed.status_now = psutil.STATUS_STOPPED  # SIGSTOP
+    sample()
+    assert watch.stopped_ranks() == {1, 2}
+    resumed.status_now = psutil.STATUS_SLEEPING  # SIGCONT: it responds again
+    pending.add(frozen.pid)  # the launcher asked the stopped rank to terminate
+    sample()
+    assert frozen.killed and not healthy.killed and not resumed.killed
+    assert watch.stopped_ranks() == {1}
+    frozen.status_now = healthy.status_now = end  # ended, not reaped yet
+    sample()
+    assert watch.stopped_ranks() == {1}  # the zombie keeps its mark; the healthy rank never had one
+    frozen.status_now = healthy.status_now = None  # reaped
+    sample()
+    assert watch.stopped_ranks() == {1}
 
 
 # Runs `ptprof run` with torch's process creation failing after two ranks were started, as fork

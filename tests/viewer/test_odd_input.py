@@ -101,6 +101,19 @@ def test_a_file_link_out_of_the_root_is_refused_everywhere(odd_root, pages):
     assert store.get("file-link-in").ok
 
 
+def test_a_file_link_out_in_a_sub_folder_is_refused(tmp_path, traces_root):
+    """load_traces goes down into sub-folders when a run folder has no trace files of its own:
+    a link out of the root there is refused too, before anything is loaded."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    _trace_folder(outside, traces_root / "sample-ddp-2r")
+    (root / "run" / "sub").mkdir(parents=True)
+    (root / "run" / "run.json").write_text("{}")
+    (root / "run" / "sub" / "rank0.json.gz").symlink_to(outside / "rank0.json.gz")
+    run = data.RunStore(root).get("run")
+    assert not run.ok and run.traces is None
+    assert "sub/rank0.json.gz links to outside the traces root" in run.error
+
+
 def test_the_runs_page_answers_with_odd_folders(odd_root, app, monkeypatch):
     from viewer.pages import STORE_KEY
 
@@ -260,6 +273,88 @@ def test_uploads_are_parsed_in_a_child_process(tmp_path, traces_root, pages, mon
     monkeypatch.setattr(profiler.cache, "parse_trace_file", no_parsing_here, raising=False)
     out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank1.json.gz"]))
     assert "1 rank(s) loaded" in out, out
+
+
+def test_a_parse_timeout_leaves_no_process_behind(tmp_path, traces_root, pages, monkeypatch):
+    """On a timeout the parsing child's whole process group is killed: the child and what it
+    started (the loader's workers), not the child alone."""
+    import sys
+
+    import psutil
+
+    pids = tmp_path / "pids"
+    fake = tmp_path / "fake-python"  # stands in for `python -m viewer.upload`: starts a worker, hangs
+    fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pids}.tmp\necho $$ >> {pids}.tmp\nmv {pids}.tmp {pids}\nwait\n")
+    fake.chmod(0o755)
+    root = tmp_path / "root"
+    root.mkdir()
+    store = data.RunStore(root)
+    blob = (traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes()
+    monkeypatch.setattr(sys, "executable", str(fake))
+    monkeypatch.setattr(upload, "PARSE_TIMEOUT_S", 2)
+    out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank0.json.gz"]))
+    monkeypatch.undo()
+    assert "Upload refused" in out and "parsing took over 2 s" in out and not list(root.iterdir())
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 2
+
+    def alive(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    for _ in range(100):  # killed processes go at once; this only waits for the kernel to say so
+        if not any(alive(p) for p in started):
+            break
+        threading.Event().wait(0.05)
+    leftover = [p for p in started if alive(p)]
+    for p in leftover:  # never leave the sleeper running, even when the test fails
+        os.kill(p, 9)
+    assert not leftover
+
+
+def test_an_upload_is_refused_when_the_cache_is_unusable(tmp_path, traces_root, pages, monkeypatch):
+    """The server loads an upload from the cache the child filled: with no usable cache it would
+    parse the JSON itself, unbounded; refused instead, with the reason."""
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp / f"ptprof-cache-{os.getuid()}").write_text("")  # the per-user fallback is not a folder either
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(blocked / "cache"))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    root = tmp_path / "root"
+    root.mkdir()
+    store = data.RunStore(root)
+    blob = (traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes()
+    out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank0.json.gz"]))
+    assert "Upload refused" in out and "uploads need the profiler's cache" in out, out
+    assert not list(root.iterdir()) and not store._cache
+
+
+def test_an_upload_never_removes_another_uploads_folder(tmp_path, traces_root, monkeypatch):
+    """Two uploads at once each get a folder of their own; one never removes the other's (a name
+    taken from the clock once collided, and the loser's clean-up removed the winner's folder)."""
+    import datetime as dt
+
+    class Frozen(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return dt.datetime(2026, 1, 1, 12, 0, 0, 1)
+
+    other = tmp_path / f"{upload.UPLOAD_PREFIX}{Frozen.now().strftime('%Y%m%d-%H%M%S-%f')}"
+    other.mkdir()
+    shutil.copy(traces_root / "sample-ddp-2r" / "rank0.json.gz", other / "rank0.json.gz")
+    monkeypatch.setattr(upload, "dt", type("dt", (), {"datetime": Frozen}), raising=False)
+    store = data.RunStore(tmp_path)
+    blob = (traces_root / "sample-ddp-2r" / "rank1.json.gz").read_bytes()
+    try:
+        run_id = upload.save_upload(store, upload.decode_upload([_data_url(blob)], ["rank1.json.gz"]))
+    except data.PathRefused:
+        run_id = None
+    assert (other / "rank0.json.gz").is_file()  # the other upload's folder is untouched
+    assert run_id and run_id != other.name and store.get(run_id).ok
 
 
 def test_a_partly_bad_upload_keeps_nothing(tmp_path, traces_root, pages):
