@@ -17,7 +17,7 @@
  *   int columns   int -> itself; float -> truncated if inside int64, else null; true/false ->
  *                 1/0; digits-only string (optional sign) -> its value, null if outside int64;
  *                 string without digits or "0x..." -> null; null/missing -> null.
- *   float columns int/float -> double (correctly rounded); true/false -> 1/0; string without
+ *   float columns int/float -> double (correctly rounded); true/false -> null; string without
  *                 digits nor inf/nan -> null; null/missing -> null.
  *   text columns  string -> itself (interned); null/missing -> null.
  *   Anything else is a Fallback.
@@ -557,11 +557,8 @@ static int to_float(const Val *v, double *out) {
         *out = v->d;
         return 1;
     case V_TRUE:
-        *out = 1.0;
-        return 1;
     case V_FALSE:
-        *out = 0.0;
-        return 1;
+        return 0; /* a boolean is not a time: null, so parse.py drops the event (as the Python parser) */
     case V_STR:
         if (v->esc || has_digit(v) || ci_contains(v->vs + 1, v->ve - 1, "inf") || ci_contains(v->vs + 1, v->ve - 1, "nan"))
             return FAIL;

@@ -12,10 +12,12 @@ import os
 import tempfile
 from pathlib import Path
 
+from polars.exceptions import PanicException
+
 from profiler.errors import TraceError
 from profiler.parse import parse_trace_file
 
-LOADER_VERSION = 6  # bump when the frame's schema or parsing changes: invalidates every cache entry
+LOADER_VERSION = 7  # bump when the frame's schema or parsing changes: invalidates every cache entry
 CACHE_ENV = "PTPROF_CACHE_DIR"
 
 
@@ -37,7 +39,7 @@ def cache_dir() -> Path:
 def _cache_key(path: Path) -> str:
     st = path.stat()
     ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{LOADER_VERSION}"
-    return hashlib.sha1(ident.encode()).hexdigest()[:20]
+    return hashlib.sha1(ident.encode("utf-8", "surrogateescape")).hexdigest()[:20]  # non-UTF-8 names too
 
 
 def _load_one(path: Path, cache: Path) -> tuple[dict, str]:
@@ -68,8 +70,10 @@ def load_one_safe(path: Path, cache: Path):
         return e
     except MemoryError:
         return TraceError(path, "out of memory while parsing")
-    except Exception as e:  # noqa: BLE001
-        return TraceError(path, f"could not parse ({type(e).__name__}: {e})")
+    except RecursionError:
+        return TraceError(path, "could not parse: JSON nested too deeply")
+    except (Exception, PanicException) as e:  # noqa: BLE001 (a polars panic is a BaseException)
+        return TraceError(path, f"could not parse ({type(e).__name__}: {str(e)[:200]})")
 
 
 def is_cached(path: Path, cache: Path) -> bool:
