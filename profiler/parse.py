@@ -386,7 +386,21 @@ def _checked_distributed_info(info, path: Path) -> dict | None:
     if info.get("rank") is not None and info.get("world_size") is not None and info["rank"] >= info["world_size"]:
         raise TraceError(path, f"distributedInfo.rank {info['rank']} is not below its world_size {info['world_size']}; "
                                "the file is damaged")
+    if info.get("backend") is not None and not isinstance(info["backend"], str):
+        raise TraceError(path, f"distributedInfo.backend is a JSON {type(info['backend']).__name__}, not a string; the file is damaged")
+    if info.get("pg_config") is not None and not _is_pg_config(info["pg_config"]):
+        raise TraceError(path, "distributedInfo.pg_config is not a list of process groups ({pg_size, ...}); "
+                               "the file is damaged")
+    if info.get("pg_config") is not None:
+        info["pg_config"] = [{**g, "pg_size": _whole(g.get("pg_size"))} for g in info["pg_config"]]
     return info
+
+
+def _is_pg_config(groups) -> bool:
+    # What collectives.py reads: a list of objects whose pg_size is a whole number (or absent).
+    return isinstance(groups, list) and all(
+        isinstance(g, dict) and (g.get("pg_size") is None or 1 <= (_whole(g["pg_size"]) or 0) <= MAX_RANK + 1) for g in groups
+    )
 
 
 def _fast_parse(raw: bytes) -> dict | None:

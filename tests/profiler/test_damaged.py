@@ -139,6 +139,9 @@ def test_nan_and_infinity_literals_are_named(analyze, tmp_path, literal):
     ({"rank": 1.7, "world_size": 2}, "distributedInfo.rank is 1.7"),
     ({"rank": 0, "world_size": 0}, "distributedInfo.world_size is 0"),
     ({"rank": 5, "world_size": 2}, "not below its world_size 2"),
+    ({"rank": 0, "world_size": 2, "backend": []}, "distributedInfo.backend is a JSON list"),
+    ({"rank": 0, "world_size": 2, "pg_config": {"a": 1}}, "distributedInfo.pg_config is not a list"),
+    ({"rank": 0, "world_size": 2, "pg_config": [{"pg_size": -1}]}, "distributedInfo.pg_config is not a list"),
 ])
 def test_impossible_ranks_are_refused(analyze, tmp_path, info, fragment):
     f = write(tmp_path / "t.json", trace(info=info))
