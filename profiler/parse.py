@@ -139,13 +139,13 @@ BATCH_EVENTS = 20_000  # events decoded at once: bounds a worker's memory to the
 MAX_INFLATE_RATIO = 100  # a gzip may hold at most 100x its size in JSON ...
 INFLATE_FLOOR_BYTES = 64 << 20  # ... or 64 MiB, whichever is more; past that it is refused as a bomb
 MAX_TEXT_BYTES = 1 << 20  # one name, category or other text value: 1 MiB (kernel names run to ~10 KB)
-MAX_ABS_TS_US = 2.0**53  # past this float64 no longer holds whole µs (285 years from the clock's zero)
+MAX_TS_US = 2.0**53  # past this float64 no longer holds whole µs (285 years from the clock's zero); Kineto's clocks start at 0
 MAX_DUR_US = 7 * 24 * 3600 * 1e6  # one week: no profiled span lasts longer
 MAX_RANK = 2**31 - 1  # ranks are Int32 in the frame
 # Events dropped because a value is impossible (counted per file, reported as a warning), by why.
 DAMAGED = {
     "no_ts": "without a timestamp (ts missing, null, boolean or not a number)",
-    "bad_ts": f"with a timestamp that is NaN, infinite or beyond ±2**53 µs",
+    "bad_ts": "with a timestamp that is NaN, infinite, negative or past 2**53 µs",
     "no_dur": "complete (X) events without dur",
     "bad_dur": "with a dur that is negative, NaN, infinite or over a week",
     "bad_step": "ProfilerStep#N spans whose N does not fit 64 bits",
@@ -514,7 +514,7 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
     count them by why (DAMAGED), type the text. Raises TraceError (no path) for text over MAX_TEXT_BYTES.
 
     The rules, in the order an event is counted: a numeric pid and tid (else Kineto's own "Spans"
-    pseudo-process: string_pid); a timestamp (no_ts) that is finite and within ±2**53 µs (bad_ts);
+    pseudo-process: string_pid); a timestamp (no_ts) that is finite and in [0, 2**53] µs (bad_ts);
     for complete (X) events a dur (no_dur) that is finite, ≥ 0 and at most a week (bad_dur); a
     ProfilerStep#N whose N fits the step column (bad_step). Instants take dur 0.
     """
@@ -524,7 +524,7 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
     ok = [
         pl.col("pid").is_not_null() & pl.col("tid").is_not_null(),
         ts.is_not_null(),
-        (ts.is_finite() & (ts.abs() <= MAX_ABS_TS_US)).fill_null(False),
+        (ts.is_finite() & (ts >= 0) & (ts <= MAX_TS_US)).fill_null(False),
         instant | dur.is_not_null(),
         instant | (dur.is_finite() & (dur >= 0) & (dur <= MAX_DUR_US)).fill_null(False),
         ~pl.col("name").is_in(_bad_step_names(frame["name"])),
