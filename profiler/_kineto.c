@@ -16,7 +16,8 @@
  * Value rules (what polars' lenient casts in the Python parser do):
  *   int columns   int -> itself; float -> truncated if inside int64, else null; true/false ->
  *                 1/0; digits-only string (optional sign) -> its value, null if outside int64;
- *                 string without digits or "0x..." -> null; null/missing -> null.
+ *                 string without digits or "0x..." -> null; null/missing -> null. The tid column also
+ *                 reads torch 1.8/1.9's "stream <N>" as N (parse.py's STREAM_TID_RE).
  *   float columns int/float -> double (correctly rounded); true/false -> null; string without
  *                 digits nor inf/nan -> null; null/missing -> null.
  *   text columns  string -> itself (interned); null/missing -> null.
@@ -568,8 +569,33 @@ static int to_float(const Val *v, double *out) {
     }
 }
 
-/* parse.py's _as_int for thread-name keys: int, float truncated (None outside int64), bool/other -> None, strings
- * without digits -> None; strings with digits (int(s, 0) rules) -> Fallback. */
+/* Digits [p, e) as int64: 1 valid, 0 past int64 (null, as polars' cast and _as_int), FAIL if not all digits. */
+static int digits_i64(const unsigned char *p, const unsigned char *e, int64_t *out) {
+    if (p == e) return FAIL;
+    uint64_t m = 0;
+    int over = 0;
+    for (; p < e; p++) {
+        if (*p < '0' || *p > '9') return FAIL;
+        if (m > (UINT64_MAX - 9) / 10) over = 1;
+        else m = m * 10 + (uint64_t)(*p - '0');
+    }
+    if (over || m > (uint64_t)INT64_MAX) return 0;
+    *out = (int64_t)m;
+    return 1;
+}
+
+/* parse.py's STREAM_TID_RE: torch < 1.10 writes a GPU event's tid as "stream <N>", read as N.
+ * 1 valid, 0 null (N past int64), FAIL when the value is not such a string. */
+static int stream_tid(const Val *v, int64_t *out) {
+    static const char pre[] = "stream ";
+    const size_t n = sizeof pre - 1;
+    if (v->kind != V_STR || v->esc || (size_t)(v->ve - v->vs) <= n + 2 || memcmp(v->vs + 1, pre, n)) return FAIL;
+    return digits_i64(v->vs + 1 + n, v->ve - 1, out);
+}
+
+/* parse.py's _as_tid / _as_int for thread-name keys: int, float truncated (None outside int64), bool/other -> None,
+ * strings without digits -> None, "stream <N>" -> N, digits-only strings as int(s, 0) reads them (a leading
+ * zero is its error: None); other strings with digits -> Fallback. */
 static int as_int_key(const Val *v, int64_t *out) {
     switch (v->kind) {
     case V_INT:
@@ -577,8 +603,21 @@ static int as_int_key(const Val *v, int64_t *out) {
         return 1;
     case V_FLOAT:
         return trunc_i64(v->d, out); /* outside int64: None, as _as_int */
-    case V_STR:
-        return (v->esc || has_digit(v)) ? FAIL : 0;
+    case V_STR: {
+        if (v->esc) return FAIL;
+        if (!has_digit(v)) return 0;
+        int s = stream_tid(v, out);
+        if (s >= 0) return s;
+        const unsigned char *p = v->vs + 1, *e = v->ve - 1;
+        if (*p == '0') { /* "0", "00": 0; "007": int(s, 0) refuses it */
+            while (p < e && *p == '0') p++;
+            if (p == e) { *out = 0; return 1; }
+            for (; p < e; p++)
+                if (*p < '0' || *p > '9') return FAIL;
+            return 0;
+        }
+        return digits_i64(p, e, out);
+    }
     default:
         return 0;
     }
@@ -623,7 +662,8 @@ static int emit(Ctx *cx, const unsigned char *base) {
     if (push_u8(&cx->ph, kind)) return FAIL;
     for (int k = 0; k < N_INT; k++) {
         int64_t x = 0;
-        int ok = to_int(src_val(cx, INT_SRC[k]), &x);
+        int ok = k == I_TID ? stream_tid(&cx->ev[E_TID], &x) : FAIL;
+        if (ok < 0) ok = to_int(src_val(cx, INT_SRC[k]), &x);
         if (ok < 0) return FAIL;
         if (push_i64(&cx->ints[k], x) || push_u8(&cx->ints_ok[k], (uint8_t)ok)) return FAIL;
     }

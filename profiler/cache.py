@@ -1,64 +1,193 @@
 """The parquet cache of parsed trace files: one entry (parquet + header JSON) per file version.
 
-A file is parsed once; the second load of an unchanged trace only reads the parquet. Entries are
-written through a temporary name and a rename, so a reader never sees half of one.
+A file is parsed once; the second load of an unchanged trace only reads the parquet. An entry is
+found by (absolute path, size, mtime, LOADER_VERSION) and served only when the trace's bytes still
+have the SHA-256 the entry recorded (a rewrite can keep size and mtime) and the parquet's bytes
+still have theirs (a damaged entry can give a traceback or other numbers); otherwise the trace is
+parsed again. Entries are written through a temporary name and a rename, header last, so a reader
+never sees half of one; where the write fails (a full disk) the frame stays in memory instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import stat
 import tempfile
+import time
 from pathlib import Path
 
+import polars as pl
 from polars.exceptions import PanicException
 
 from profiler.errors import TraceError
 from profiler.parse import parse_trace_file
 
-LOADER_VERSION = 7  # bump when the frame's schema or parsing changes: invalidates every cache entry
+LOADER_VERSION = 9  # bump when the frame's schema, parsing or the entry format changes: invalidates every entry
 CACHE_ENV = "PTPROF_CACHE_DIR"
 
 
+class CacheUnusable(Exception):
+    """The cache folder is not safely this user's: load without it (the message says why, for the user)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Parsed:
+    """One parsed trace file: its header (parse_trace_file's meta) and where its frame is."""
+
+    meta: dict
+    parquet: str | None  # the entry holding the frame; None where it could not be written
+    # The frame itself where it could not be written, and why not (e.g. "No space left on device").
+    frame: pl.DataFrame | None = dataclasses.field(default=None, repr=False, compare=False)
+    unstored: str | None = None
+
+
+def _my_uid() -> int:
+    return os.getuid()
+
+
 def cache_dir() -> Path:
-    """Where parsed traces are cached: $PTPROF_CACHE_DIR, else ~/.cache/ptprof (else a temp dir)."""
-    env = os.environ.get(CACHE_ENV)
-    base = Path(env) if env else Path.home() / ".cache" / "ptprof"
+    """Where parsed traces are cached: $PTPROF_CACHE_DIR, else ~/.cache/ptprof, else a private temp folder.
+
+    The temp folder is per user (`ptprof-cache-<uid>`, mode 0700); one that another user owns or
+    that others can write is refused (CacheUnusable): they could plant entries or read traces.
+    """
     try:
-        base.mkdir(parents=True, exist_ok=True)
+        env = os.environ.get(CACHE_ENV)
+        base = Path(env) if env else Path.home() / ".cache" / "ptprof"
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
         if os.access(base, os.W_OK):
             return base
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: no home folder to be found
         pass
-    fallback = Path(tempfile.gettempdir()) / "ptprof-cache"
-    fallback.mkdir(parents=True, exist_ok=True)
+    fallback = Path(tempfile.gettempdir()) / f"ptprof-cache-{_my_uid()}"
+    try:
+        fallback.mkdir(mode=0o700, exist_ok=True)
+        st = fallback.stat()  # through a link: what matters is the folder written into
+    except OSError as e:
+        raise CacheUnusable(f"cannot make the cache folder {fallback} ({e.strerror}); {_UNCACHED}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheUnusable(f"the cache folder {fallback} is not a folder; {_UNCACHED}")
+    if st.st_uid != _my_uid():
+        raise CacheUnusable(f"the cache folder {fallback} belongs to another user (uid {st.st_uid}); {_UNCACHED}")
+    if st.st_mode & 0o022:
+        raise CacheUnusable(f"the cache folder {fallback} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+                            f"{_UNCACHED}")
     return fallback
 
 
-def _cache_key(path: Path) -> str:
-    st = path.stat()
+_UNCACHED = f"parsed traces are not cached (set ${CACHE_ENV} to a folder of yours)"
+
+
+def unstored_note(folder: Path, reasons: list[str], total: int) -> str:
+    """The one warning for files whose frames could not be written to `folder` (a full disk)."""
+    return (f"{len(reasons)} of {total} parsed trace files could not be written to {folder} ({reasons[0]}); "
+            "they were analysed from memory, without caching")
+
+
+def entry_key(path: Path, st: os.stat_result | None = None) -> str:
+    """The name of `path`'s cache entry: its absolute path, size, mtime and the loader version."""
+    st = st or path.stat()
     ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{LOADER_VERSION}"
-    return hashlib.sha1(ident.encode("utf-8", "surrogateescape")).hexdigest()[:20]  # non-UTF-8 names too
+    # surrogateescape: a name that is not UTF-8 is hashed as the bytes it has on disk.
+    return hashlib.sha1(ident.encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
-def _load_one(path: Path, cache: Path) -> tuple[dict, str]:
-    """(meta, parquet path) for one file, parsed into `cache` unless an entry is already there."""
-    key = _cache_key(path)
-    pq, mj = cache / f"{key}.parquet", cache / f"{key}.json"
-    if pq.is_file() and mj.is_file():
+def _identify(path: Path) -> tuple[str, str | None]:
+    """(entry key, SHA-256 of the file's bytes); the digest is None for what is not a regular file."""
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; a FIFO or a device is not hashed
+    # (it may never end) and is never served from the cache.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return entry_key(path, st), None
+        # SHA-256 runs at ~1.8 GB/s where the CPU has SHA instructions (OpenSSL uses them).
+        return entry_key(path, st), hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _read_entry(cache: Path, key: str, source_sha256: str) -> Parsed | None:
+    """The entry `key` if it is whole and still the trace's (see the module docstring), else None."""
+    pq, header = cache / f"{key}.parquet", cache / f"{key}.json"
+    try:
+        # The header's first line is the SHA-256 of the rest: a damaged header is a miss, never a
+        # wrong rank or event count.
+        check, _, body = header.read_bytes().partition(b"\n")
+        if check.decode("ascii", "replace") != hashlib.sha256(body).hexdigest():
+            return None
+        entry = json.loads(body)
+        if entry["source_sha256"] != source_sha256 or entry["parquet_sha256"] != _file_sha256(pq):
+            return None
+        return Parsed(entry["meta"], str(pq))
+    except (OSError, ValueError, KeyError, TypeError):  # missing, half-written (older writers), foreign
+        return None
+
+
+def _write_entry(cache: Path, key: str, source_sha256: str, frame: pl.DataFrame, meta: dict) -> str:
+    """Write `frame` and `meta` as the entry `key`; its parquet path. Raises where the disk does."""
+    pq, header = cache / f"{key}.parquet", cache / f"{key}.json"
+    tmp_pq, tmp_header = (cache / f"{p.name}.{os.getpid()}.tmp" for p in (pq, header))
+    try:
+        frame.write_parquet(tmp_pq, compression="lz4", statistics=False)
+        body = json.dumps({"source_sha256": source_sha256, "parquet_sha256": _file_sha256(tmp_pq), "meta": meta}).encode()
+        tmp_header.write_bytes(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+        # Parquet first: between the renames the old header names another parquet digest, a miss.
+        os.replace(tmp_pq, pq)
+        os.replace(tmp_header, header)
+    finally:
+        tmp_pq.unlink(missing_ok=True)
+        tmp_header.unlink(missing_ok=True)
+    return str(pq)
+
+
+def remove_stale_tmp(cache: Path, *, older_than_s: float = 3600) -> None:
+    """Remove temporary files that writers killed mid-write (or older ptprofs on a full disk) left in `cache`."""
+    # Only old ones: a fresh .tmp may be another process's entry being written right now.
+    cutoff = time.time() - older_than_s
+    for tmp in cache.glob("*.tmp"):
         try:
-            return json.loads(mj.read_text()), str(pq)
-        except (OSError, ValueError):
-            pass  # an entry left half-written by a killed process: parse again
+            if tmp.lstat().st_mtime < cutoff:
+                tmp.unlink()
+        except OSError:
+            pass  # gone already, or not ours to remove
+
+
+def lookup(path: Path, cache: Path) -> Parsed | None:
+    """`path`'s entry in `cache` when it is whole and still the file's, else None (parse it)."""
+    try:
+        key, digest = _identify(path)
+    except OSError:
+        return None
+    return _read_entry(cache, key, digest) if digest is not None else None
+
+
+def _load_one(path: Path, cache: Path) -> Parsed:
+    """`path` from its entry in `cache`, or parsed and written there (kept in memory where it cannot be)."""
+    try:
+        # Hashed before parsing: were the file rewritten in between, the entry would record the
+        # old bytes beside the new frame, and the next load would miss rather than serve it.
+        key, digest = _identify(path)
+    except OSError:
+        key, digest = None, None  # parse_trace_file says what is wrong with the file
+    if digest is not None:
+        hit = _read_entry(cache, key, digest)
+        if hit is not None:
+            return hit
     frame, meta = parse_trace_file(path)
-    # Both files through a temp name and a rename: a reader never sees half of either.
-    for final, write in ((pq, lambda t: frame.write_parquet(t, compression="lz4", statistics=False)),
-                         (mj, lambda t: t.write_text(json.dumps(meta)))):
-        tmp = final.with_suffix(f".{os.getpid()}.tmp")
-        write(tmp)
-        os.replace(tmp, final)
-    return meta, str(pq)
+    if digest is None:
+        return Parsed(meta, None, frame)  # not a regular file (a FIFO, a device): no entry could be trusted
+    try:
+        return Parsed(meta, _write_entry(cache, key, digest, frame, meta))
+    except (OSError, pl.exceptions.PolarsError) as e:  # polars words a full disk as a ComputeError
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        return Parsed(meta, None, frame, reason)
 
 
 def load_one_safe(path: Path, cache: Path):
@@ -77,8 +206,5 @@ def load_one_safe(path: Path, cache: Path):
 
 
 def is_cached(path: Path, cache: Path) -> bool:
-    try:
-        key = _cache_key(path)
-    except OSError:
-        return False
-    return (cache / f"{key}.parquet").is_file() and (cache / f"{key}.json").is_file()
+    """Whether `path` has a whole, current entry in `cache` (reads and hashes the file and the entry)."""
+    return lookup(path, cache) is not None

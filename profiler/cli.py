@@ -98,11 +98,13 @@ def _run(args: argparse.Namespace) -> int:
     analysis = analyze(traces, rank=args.rank, step=args.step, top_n=args.top)
     report = build_report(analysis)
     if args.hta:
-        report["hta"] = _hta_section(traces, analysis)
+        report["hta"] = _hta_section(traces, analysis, rank=args.rank, step=args.step)
     if not args.quiet:
         _print_lines(format_tables(analysis))
         if args.hta:
             _print_hta(report["hta"])
+    for note in traces.notes:  # on stderr too, so that --quiet still says what was assumed
+        _print_lines(f"ptprof analyze: note: {note}", sys.stderr)
     for problem in traces.problems:
         _print_lines(f"ptprof analyze: skipped {problem}", sys.stderr)
     if args.json:
@@ -115,9 +117,10 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_BAD_INPUT if traces.problems else 0
 
 
-def _hta_section(traces, analysis) -> list[dict]:
-    from profiler.hta import compare_with_hta, hta_breakdown
+def _hta_section(traces, analysis, *, rank: int | None, step: int | None) -> list[dict]:
+    from profiler.hta import compare_with_hta, hta_breakdown, rounded_breakdown
 
+    rounded = rounded_breakdown(traces.rank_events(rank), step=step)
     out = []
     for run in traces.ranks["run"].cast(pl.String).unique(maintain_order=True):
         rows = traces.ranks.filter(pl.col("run") == run)
@@ -128,19 +131,28 @@ def _hta_section(traces, analysis) -> list[dict]:
             out.append({"run": run, "error": str(e)})
             continue
         ours = analysis.breakdown.filter(pl.col("run") == run)
-        out.append({"run": run, "ranks": compare_with_hta(ours, hta).to_dicts()})
+        out.append({"run": run, "ranks": compare_with_hta(ours, hta, rounded.filter(pl.col("run") == run)).to_dicts()})
     return out
 
 
 def _print_hta(section: list[dict]) -> None:
+    from profiler.hta import HTA_ROUNDING
+
     for entry in section:
         _print_lines(f"\n== HTA beside ours: {entry['run']}")
         if "error" in entry:
             _print_lines(f"HTA could not analyze this run: {entry['error']}")
             continue
+        table = pl.DataFrame(entry["ranks"]).drop("cause")
+        rounded = table.filter(pl.col("window_us_rounded").is_not_null())
         with pl.Config(tbl_cols=20, tbl_width_chars=200, float_precision=2, tbl_hide_dataframe_shape=True,
-                       tbl_hide_column_data_types=True):
-            print(pl.DataFrame(entry["ranks"]))
+                       tbl_hide_column_data_types=True, thousands_separator=True):
+            print(table.drop(pl.selectors.contains("_rounded")))
+            if rounded.height:
+                print(f"Why they differ: {HTA_ROUNDING}.")
+                print(rounded.select("rank", "window_us_rounded", "window_us_hta", "compute_us_rounded", "compute_us_hta",
+                                     "non_compute_us_rounded", "non_compute_us_hta", "idle_us_rounded", "idle_us_hta",
+                                     pl.selectors.ends_with("_rounded_diff_pct_of_window")))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,16 @@
 
 GPU (NCCL/RCCL): each communication kernel is one collective. Sizes, dtype and group come from the
 kernel's args where the trace has them (torch >= 2.2 records `Collective name`, `In msg nelems`,
-...); otherwise the kind and dtype are read from the kernel name and the sizes are unknown (null).
+...). Otherwise (older torch, most traces in the wild) they come from the CPU spans around the
+runtime call that launched the kernel (same `correlation`, same thread, the call inside the span):
+`record_param_comms` (its collective args), `nccl:<op>` (the op; `Input Dims` / `Input type` of its
+input) and `c10d::<op>_` (output and input shapes). The collective is the annotation's, not the
+kernel's: NCCL runs an all-to-all as a `SendRecv` kernel (whose name says int8_t). The group size
+is the args', else output/input for all-gather (input/output for reduce-scatter), else the
+process group of that name in the trace's distributedInfo `pg_config`, else its only group;
+otherwise it is unknown (null) and so is busbw. Only then are the kind and dtype read from the
+kernel name. Comm kernels outside every profiled step (launched before profiling: no step from
+`assign_steps`) are left out, as the temporal breakdown leaves them out of comm time.
 
 CPU (gloo): gloo records no collective args. Each collective is a `gloo:<op>` span on a gloo worker
 thread plus the main thread's `c10d::<op>_` enqueue; within a process the k-th enqueue of an op
@@ -34,6 +43,14 @@ KIND_ALIASES = {
     "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoall_base": "all_to_all", "all_to_allv": "all_to_all",
     "sendrecv": "send_recv", "send": "send", "recv": "recv", "barrier": "barrier",
 }
+# Heads of op names (underscores removed) -> kinds; the first head that matches wins.
+OP_HEADS = [("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
+            ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("gather", "gather"), ("scatter", "scatter"),
+            ("reduce", "reduce"), ("sendrecv", "send_recv"), ("send", "send"), ("recv", "recv"), ("barrier", "barrier")]
+# The CPU spans a collective's launch sits in, innermost first (see the module docstring).
+NCCL_ANNOTATION_RE = r"^nccl:"
+C10D_RE = r"^c10d::"
+RECORD_PARAM_COMMS = "record_param_comms"
 # What gloo actually runs for each kind (the name of its gloo:<op> span).
 GLOO_ALGO = {"reduce_scatter": "all_reduce"}
 # c10d enqueue ops whose first argument is both input and output; the rest are (output, input, ...).
@@ -65,6 +82,16 @@ def _kind(name: pl.Expr) -> pl.Expr:
     return name.str.to_lowercase().str.strip_chars("_").replace_strict(KIND_ALIASES, default=None)
 
 
+def _op_kind(name: pl.Expr) -> pl.Expr:
+    """Our kind of an op name in any spelling (`_all_gather_base`, `allgather_into_tensor_coalesced`,
+    `all_to_allv`): by its head with underscores removed, longest heads first."""
+    flat = name.str.to_lowercase().str.replace_all("_", "")
+    out = pl.lit(None, pl.String)
+    for head, kind in reversed(OP_HEADS):
+        out = pl.when(flat.str.starts_with(head)).then(pl.lit(kind)).otherwise(out)
+    return out
+
+
 def _dtype_bytes(dtype: pl.Expr) -> pl.Expr:
     return dtype.str.to_lowercase().str.replace("^c10::", "").replace_strict(DTYPE_BYTES, default=None, return_dtype=pl.Int64)
 
@@ -77,7 +104,7 @@ def collectives(events: pl.DataFrame, ranks: pl.DataFrame | None = None) -> pl.D
     group on every rank is the same collective.
     """
     with_steps = assign_steps(events)
-    frames = [f for f in (_gpu(with_steps), _gloo(with_steps, ranks)) if f.height]
+    frames = [f for f in (_gpu(with_steps, ranks), _gloo(with_steps, ranks)) if f.height]
     if not frames:
         return _empty()
     out = pl.concat([f.select(COLUMNS[:3] + COLUMNS[4:]) for f in frames], how="vertical_relaxed")
@@ -102,25 +129,131 @@ def _size_bytes(kind: pl.Expr, in_b: pl.Expr, out_b: pl.Expr) -> pl.Expr:
     return pl.when(kind.is_in(["all_gather", "gather"])).then(out_b).otherwise(in_b)
 
 
-def _gpu(events: pl.DataFrame) -> pl.DataFrame:
-    k = events.filter((pl.col("device") == "gpu") & (pl.col("kind") == "comm"))
+def _gpu(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
+    # Only kernels in a profiled step: the breakdown's comm time counts exactly these.
+    k = events.filter((pl.col("device") == "gpu") & (pl.col("kind") == "comm") & pl.col("step").is_not_null())
     if k.is_empty():
         return k
+    k = k.join(_launch_context(events, k), on=[*KEYS, "correlation"], how="left")
     name = pl.col("name").cast(pl.String)
-    kind = pl.coalesce(_kind(pl.col("collective").cast(pl.String)), _kind(name.str.extract(NCCL_KERNEL_KIND_RE, 1)))
-    dtype = pl.coalesce(pl.col("dtype").cast(pl.String), name.str.extract(NCCL_KERNEL_DTYPE_RE, 1))
-    size = _dtype_bytes(dtype)
-    return k.with_columns(collective=kind, dtype=dtype).select(
+    c = pl.col
+    kind = pl.coalesce(
+        _op_kind(c("collective").cast(pl.String)), _op_kind(c("rpc_collective")),
+        _op_kind(c("nccl_name").str.replace(NCCL_ANNOTATION_RE, "")), _op_kind(c("c10d_name").str.replace(C10D_RE, "")),
+        _op_kind(name.str.extract(NCCL_KERNEL_KIND_RE, 1)),
+    )
+    dtype = pl.coalesce(c("dtype").cast(pl.String), c("rpc_dtype"), c("nccl_type"), c("c10d_type"),
+                        name.str.extract(NCCL_KERNEL_DTYPE_RE, 1))
+    # c10d ops are (output, input, ...) except the in-place ones; an unrecorded TensorList reads 0.
+    c10d_in_place = _op_kind(c("c10d_name").str.replace(C10D_RE, "")).is_in(list(IN_PLACE_OPS))
+    c10d_out = pl.when(c("c10d_arg0") > 0).then(c("c10d_arg0"))
+    c10d_in = pl.when(c10d_in_place).then(c10d_out).otherwise(pl.when(c("c10d_arg1") > 0).then(c("c10d_arg1")))
+    in_n = pl.coalesce(c("in_nelems"), c("rpc_in_nelems"), c10d_in, c("nccl_nelems"))
+    known_out = pl.coalesce(c("out_nelems"), c("rpc_out_nelems"), c10d_out)
+    group_name = pl.coalesce(c("group_name").cast(pl.String), c("rpc_group_name"))
+    k = k.with_columns(collective=kind, dtype=dtype, _in=in_n, _out=known_out, _gname=group_name)
+    k = _with_group_size(k, ranks)
+    same = pl.col("collective").is_in(["all_reduce", "broadcast", "reduce", "send", "recv", "send_recv"])
+    out_n = pl.coalesce(
+        "_out",
+        pl.when(same).then("_in"),
+        pl.when(c("collective") == "all_gather").then(c("_in") * c("_gsize")),
+        pl.when(c("collective") == "reduce_scatter").then(c("_in") // c("_gsize")),
+    )
+    size = _dtype_bytes(pl.col("dtype"))
+    return k.select(
         *KEYS, "step", "collective",
         algo=pl.col("collective"),
-        group=pl.coalesce(pl.col("group_ranks").cast(pl.String), pl.col("group_name").cast(pl.String)),
-        group_size=pl.col("group_size").cast(pl.Int64),
+        group=pl.coalesce(c("group_ranks").cast(pl.String), c("rpc_group_ranks"), c("_granks"), "_gname"),
+        group_size="_gsize",
         dtype=pl.col("dtype"),
-        in_bytes=pl.col("in_nelems") * size,
-        out_bytes=pl.col("out_nelems") * size,
+        in_bytes=c("_in") * size,
+        out_bytes=out_n * size,
         start_us="ts_us", end_us="end_us", dur_us="dur_us",
         source=pl.lit("nccl"), note=pl.lit(None, pl.String),
     ).with_columns(size_bytes=_size_bytes(pl.col("collective"), pl.col("in_bytes"), pl.col("out_bytes")))
+
+
+def _launch_context(events: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
+    """(run, rank, correlation) of each kernel's launch -> the collective args of the CPU spans
+    around that launch: `rpc_*` (record_param_comms), `nccl_*` (nccl:<op>), `c10d_*` (c10d::<op>_).
+
+    A span holds the launch when it is on the launch's thread and the call starts inside it; of
+    each kind the latest-starting such span is taken (they nest c10d > record_param_comms > nccl).
+    """
+    thread = [*KEYS, "pid", "tid"]
+    launches = (
+        events.filter((pl.col("device") == "cpu") & (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+        .join(kernels.select(*KEYS, "correlation").unique(), on=[*KEYS, "correlation"], how="semi")
+        .group_by(*KEYS, "correlation").agg(pl.col("pid", "tid", "ts_us").first())
+        .sort("ts_us")
+    )
+    spans = events.filter(pl.col("kind") == "enqueue").with_columns(_name=pl.col("name").cast(pl.String))
+    first_arg = pl.col("arg_nelems").list.get(0, null_on_oob=True)
+    real_type = pl.col("arg_types").list.eval(pl.element().filter(~pl.element().is_in(["", "Scalar", "TensorList"]))).list.first()
+    kinds = {
+        "rpc": (pl.col("_name") == RECORD_PARAM_COMMS, {
+            "rpc_collective": pl.col("collective").cast(pl.String), "rpc_in_nelems": pl.col("in_nelems"),
+            "rpc_out_nelems": pl.col("out_nelems"), "rpc_dtype": pl.col("dtype").cast(pl.String),
+            "rpc_group_name": pl.col("group_name").cast(pl.String), "rpc_group_ranks": pl.col("group_ranks").cast(pl.String),
+            "rpc_group_size": pl.col("group_size").cast(pl.Int64)}),
+        "nccl": (pl.col("_name").str.contains(NCCL_ANNOTATION_RE), {
+            "nccl_name": pl.col("_name"), "nccl_nelems": first_arg, "nccl_type": real_type}),
+        "c10d": (pl.col("_name").str.contains(C10D_RE), {
+            "c10d_name": pl.col("_name"), "c10d_arg0": first_arg,
+            "c10d_arg1": pl.col("arg_nelems").list.get(1, null_on_oob=True), "c10d_type": real_type}),
+    }
+    out = launches
+    for prefix, (is_kind, cols) in kinds.items():
+        table = spans.filter(is_kind).select(*thread, **{f"{prefix}_ts": "ts_us", f"{prefix}_end": "end_us"}, **cols)
+        out = out.join_asof(table.sort(f"{prefix}_ts"), left_on="ts_us", right_on=f"{prefix}_ts", by=thread,
+                            strategy="backward", check_sortedness=False)
+        inside = pl.col(f"{prefix}_end") >= pl.col("ts_us")
+        out = out.with_columns([pl.when(inside).then(pl.col(c)).alias(c) for c in [*cols, f"{prefix}_ts"]])
+        # A span around several comm launches (a coalesced group) gives no one kernel its sizes.
+        shared = pl.col(f"{prefix}_ts").is_not_null() & (pl.len().over(*thread, f"{prefix}_ts") > 1)
+        sizes = [c for c in cols if "nelems" in c or "_arg" in c]
+        out = out.with_columns([pl.when(~shared).then(pl.col(c)).alias(c) for c in sizes]).drop(f"{prefix}_ts", f"{prefix}_end")
+    return out.drop("pid", "tid", "ts_us")
+
+
+def _with_group_size(k: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
+    """`_gsize` and `_granks`: the group size from the args, from output/input (gathers and
+    scatters), from pg_config by the group's name, or from pg_config's only group; else null."""
+    c = pl.col
+    ratio = (
+        pl.when((c("collective") == "all_gather") & (c("_in") > 0) & (c("_out") % c("_in") == 0)).then(c("_out") // c("_in"))
+        .when((c("collective") == "reduce_scatter") & (c("_out") > 0) & (c("_in") % c("_out") == 0)).then(c("_in") // c("_out"))
+    )
+    pgs = _process_groups(ranks, k.select(KEYS).unique())
+    named = pgs.select(*KEYS, _gname="pg_name", _named_size="pg_size", _named_ranks="pg_ranks")
+    only = pgs.filter(pl.len().over(KEYS) == 1).select(*KEYS, _only_size="pg_size", _only_ranks="pg_ranks")
+    k = k.join(named, on=[*KEYS, "_gname"], how="left").join(only, on=KEYS, how="left")
+    by_pg = pl.coalesce("_named_size", pl.when(c("_gname").is_null()).then(c("_only_size")))
+    return k.with_columns(
+        _gsize=pl.coalesce(c("group_size").cast(pl.Int64), c("rpc_group_size"), ratio, by_pg),
+        _granks=pl.coalesce("_named_ranks", pl.when(c("_gname").is_null()).then(c("_only_ranks"))),
+    )
+
+
+def _process_groups(ranks: pl.DataFrame | None, here: pl.DataFrame) -> pl.DataFrame:
+    """(run, rank, pg_name, pg_size, pg_ranks) of every group in the distributedInfo of these ranks."""
+    schema = {"run": pl.Categorical, "rank": pl.Int32, "pg_name": pl.String, "pg_size": pl.Int64, "pg_ranks": pl.String}
+    if ranks is None or "pg_config" not in ranks.columns:
+        return pl.DataFrame(schema=schema)
+    wanted = {(str(r), int(k)) for r, k in here.iter_rows()}
+    rows = []
+    for run, rank, cfg in ranks.select("run", "rank", "pg_config").iter_rows():
+        if (str(run), rank) not in wanted or not cfg:
+            continue
+        pgs = json.loads(cfg)
+        for pg in pgs if isinstance(pgs, list) else []:
+            if isinstance(pg, dict):
+                size = pg.get("pg_size")
+                rows.append((run, rank, None if pg.get("pg_name") is None else str(pg.get("pg_name")),
+                             size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None,
+                             None if pg.get("ranks") is None else str(pg.get("ranks"))))
+    return pl.DataFrame(rows, schema=schema, orient="row")
 
 
 def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
@@ -191,13 +324,12 @@ def _single_groups(ranks: pl.DataFrame | None) -> pl.DataFrame:
     if ranks is None or "pg_config" not in ranks.columns:
         return pl.DataFrame(schema=schema)
 
+    # Without pg_config the group is unknown: the world size is not assumed (sub-groups are common).
     rows = []
-    for run, rank, cfg, world in ranks.select("run", "rank", "pg_config", "world_size").iter_rows():
+    for run, rank, cfg in ranks.select("run", "rank", "pg_config").iter_rows():
         pgs = json.loads(cfg) if cfg else []
-        if len(pgs) == 1:
+        if isinstance(pgs, list) and len(pgs) == 1 and isinstance(pgs[0], dict):
             rows.append((run, rank, str(pgs[0].get("ranks")), pgs[0].get("pg_size")))
-        elif not pgs and world:
-            rows.append((run, rank, None, world))
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
@@ -224,8 +356,9 @@ def collective_skew(colls: pl.DataFrame) -> pl.DataFrame:
 
     Instances are matched by (run, group, algo, seq): the k-th collective of a group is the same
     one on every rank that ran it. Point-to-point send/recv (pipelines) are left out: the k-th
-    send of two ranks are different transfers. Clocks of ranks on different hosts are only
-    NTP-aligned.
+    send of two ranks are different transfers. An all-to-all is matched like any collective,
+    also where NCCL ran it as a SendRecv kernel (its kind is the annotation's). Clocks of ranks on
+    different hosts are only NTP-aligned.
     """
     by = ["run", "group", "algo", "seq"]
     return (

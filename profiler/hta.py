@@ -3,6 +3,11 @@
 HTA is imported only here and only when asked (it is slow to import and pulls in plotly). HTA 0.5.0
 needs pandas < 3 (its parser fails with a dtype error under pandas 3); we check that up front and
 turn any HTA failure into a TraceError naming the folder, since HTA's own tracebacks say little.
+
+Nanosecond timestamps: HTA rounds every event of a trace with fractional µs inward to whole µs
+(start up, end down: its `trace_parser.round_down_time_stamps`), which on busy traces turns up to
+2 % of the window from busy into idle. ptprof keeps the exact times; `rounded_breakdown` recomputes
+ours with HTA's rounding, so a difference from HTA can be told apart as the rounding's.
 """
 
 from __future__ import annotations
@@ -13,7 +18,13 @@ from pathlib import Path
 
 import polars as pl
 
+from profiler.breakdown import temporal_breakdown
 from profiler.errors import TraceError
+from profiler.steps import profiler_steps
+
+HTA_ROUNDING = ("nanosecond timestamps: HTA rounds each event inward to whole µs (start up, end down), ptprof keeps "
+                "the exact times; the *_rounded columns are ptprof's with HTA's rounding")
+BREAKDOWN = ("window_us", "compute_us", "non_compute_us", "idle_us")
 
 
 def hta_breakdown(trace_files: dict[int, str | Path]) -> pl.DataFrame:
@@ -59,12 +70,58 @@ def hta_breakdown(trace_files: dict[int, str | Path]) -> pl.DataFrame:
     )
 
 
-def compare_with_hta(breakdown: pl.DataFrame, hta: pl.DataFrame) -> pl.DataFrame:
-    """Ours beside HTA's per rank, with differences in % of the window (overlap in points)."""
+def hta_rounding(events: pl.DataFrame) -> pl.DataFrame:
+    """`events` with HTA's rounding of nanosecond traces: start up and end down to whole µs.
+
+    An event shorter than that becomes empty (HTA leaves it a negative duration, which its interval
+    merge absorbs; an empty one adds no time either way).
+    """
+    start, end = pl.col("ts_us").ceil(), pl.col("end_us").floor()
+    return events.with_columns(ts_us=start, end_us=pl.max_horizontal(start, end), dur_us=(end - start).clip(0))
+
+
+def has_sub_us_times(events: pl.DataFrame) -> bool:
+    """True when some start or duration has a fraction of a µs (the traces HTA rounds)."""
+    return bool(events.select(((pl.col("ts_us") % 1 != 0) | (pl.col("dur_us") % 1 != 0)).any()).item())
+
+
+def rounded_breakdown(rank_events, *, step: int | None = None) -> pl.DataFrame:
+    """Per (run, rank) with sub-µs times: our temporal breakdown recomputed with HTA's rounding.
+
+    rank_events: an iterable of one-rank event frames (`Traces.rank_events()`); step: only that
+    ProfilerStep, as `analyze(step=...)`. Columns run, rank and BREAKDOWN, each suffixed `_rounded`.
+    """
+    rows = []
+    for events in rank_events:
+        if not has_sub_us_times(events):
+            continue
+        rounded = hta_rounding(events)
+        steps = profiler_steps(rounded)
+        if step is not None:
+            steps = steps.filter(pl.col("step") == step)
+        rows.append(temporal_breakdown(rounded, steps=steps).select("run", "rank", *BREAKDOWN))
+    schema = {"run": pl.Categorical, "rank": pl.Int32, **{c: pl.Float64 for c in BREAKDOWN}}
+    frame = pl.concat(rows, how="vertical_relaxed") if rows else pl.DataFrame(schema=schema)
+    return frame.rename({c: f"{c}_rounded" for c in BREAKDOWN})
+
+
+def compare_with_hta(breakdown: pl.DataFrame, hta: pl.DataFrame, rounded: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Ours beside HTA's per rank, with differences in % of the window (overlap in points).
+
+    rounded: `rounded_breakdown` of the same ranks. Where a rank has a row there, its `cause`
+    names HTA's rounding and `<c>_rounded` / `<c>_rounded_diff_pct_of_window` give ours with that
+    rounding and its difference from HTA; elsewhere those are null.
+    """
     ours = breakdown.select("rank", "window_us", "compute_us", "non_compute_us", "idle_us", "overlap_pct")
     joined = ours.join(hta, on="rank", suffix="_hta")
+    rounded = (rounded if rounded is not None else rounded_breakdown([])).drop("run", strict=False)
+    joined = joined.join(rounded, on="rank", how="left")
+    window = pl.col("window_us_hta")
     return joined.with_columns(
-        [(100 * (pl.col(c) - pl.col(f"{c}_hta")) / pl.col("window_us_hta")).alias(f"{c}_diff_pct_of_window")
+        [(100 * (pl.col(c) - pl.col(f"{c}_hta")) / window).alias(f"{c}_diff_pct_of_window")
          for c in ("compute_us", "non_compute_us", "idle_us")]
         + [(pl.col("overlap_pct") - pl.col("overlap_pct_hta")).alias("overlap_diff_points")]
+        + [(100 * (pl.col(f"{c}_rounded") - pl.col(f"{c}_hta")) / window).alias(f"{c}_rounded_diff_pct_of_window")
+           for c in ("compute_us", "non_compute_us", "idle_us")]
+        + [pl.when(pl.col("window_us_rounded").is_not_null()).then(pl.lit(HTA_ROUNDING)).alias("cause")]
     )

@@ -15,12 +15,13 @@ import dataclasses
 import json
 import re
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import polars as pl
 
-from profiler.cache import cache_dir
-from profiler.discover import find_sources, read_manifest
+from profiler.cache import CacheUnusable, Parsed, cache_dir, unstored_note
+from profiler.discover import JobFacts, find_sources, read_manifest, split_jobs
 from profiler.errors import TraceError, path_text
 from profiler.parse import DAMAGED, MAX_RANK, SCHEMA, _as_int
 from profiler.pool import load_all
@@ -31,15 +32,17 @@ RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 @dataclasses.dataclass(frozen=True)
 class RankPart:
-    """One loaded trace file: its run and rank, and its parsed events in a parquet file."""
+    """One loaded trace file: its run and rank, and its parsed events in a parquet file (or in memory)."""
 
     run: str
     rank: int
-    parquet: str
+    parquet: str | None
+    # The parsed events themselves, where they could not be written (a full disk; parquet is None).
+    frame: pl.DataFrame | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def events(self) -> pl.DataFrame:
         """This file's rows of the event frame (SCHEMA). The parquet already has SCHEMA's types."""
-        frame = pl.read_parquet(self.parquet)
+        frame = self.frame if self.parquet is None else pl.read_parquet(self.parquet)
         return frame.with_columns(run=pl.lit(self.run, pl.Categorical), rank=pl.lit(self.rank, pl.Int32)).select(list(SCHEMA))
 
 
@@ -50,17 +53,22 @@ class Traces:
     events: the event frame (SCHEMA), every loaded rank of every run; built on first access
         from `parts` (so a load that is only analyzed rank by rank never holds it whole).
     ranks: one row per loaded trace file: run, rank, file, backend, world_size, has_gpu,
-        device_name, pg_config (JSON text of distributedInfo's process groups), n_events,
-        dropped (struct: events dropped for impossible values, by why: profiler.parse.DAMAGED).
+        device_kind ("cuda", "rocm", "mtia" or "cpu": profiler.classify.device_kind), device_name,
+        pg_config (JSON text of distributedInfo's process groups), n_events, unknown_categories
+        (event categories no rule knows, with counts: "hpu_op (12), ..."; null when none), dropped
+        (struct: events dropped for impossible values, by why: profiler.parse.DAMAGED).
     runs: run id -> the parsed run.json of that run, or None where the run has none.
     problems: files that could not be used (one TraceError each); the rest loaded.
     parts: one RankPart per row of `ranks`, in the same order.
+    notes: warnings about the load itself (the cache could not be used, a folder split into its
+        jobs, a file naming no rank taken as rank 0); every rank still loaded.
     """
 
     ranks: pl.DataFrame
     runs: dict[str, dict | None]
     problems: list[TraceError]
     parts: tuple[RankPart, ...]
+    notes: list[str] = dataclasses.field(default_factory=list)
     _memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     # load_traces(cache=False): the private folder holding `parts`' parquet, removed with the Traces
     _scratch: object = dataclasses.field(default=None, repr=False, compare=False)
@@ -88,19 +96,28 @@ def rank_from_filename(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _resolve_rank(path: Path, meta: dict, *, prefer_filename: bool, default_rank: int | None) -> int:
+def _resolve_rank(path: Path, meta: dict, *, prefer_filename: bool, default_rank: int | None, alone: bool) -> tuple[int, str | None]:
+    """(rank, note): the rank of one file, and a note when it was assumed.
+
+    alone: the file is its run's only one. Such a file naming no rank is the common one-GPU trace
+    (a plain `torch.profiler` run records no distributedInfo): rank 0, with a note. Among several
+    files of a run it would collide with the others, so it is an error.
+    """
     info = meta.get("distributed_info") or {}
     from_info = _as_int(info.get("rank"))
     from_name = rank_from_filename(path)
     for r in ((from_name, from_info) if prefer_filename else (from_info, from_name)):
         if r is not None:
-            return r
+            return r, None
     if default_rank is not None:
-        return default_rank
+        return default_rank, None
+    if alone:
+        return 0, f"{path}: no rank in the trace (no distributedInfo) nor in its file name; analysed as rank 0 (--trace-rank R to set it)"
     raise TraceError(
         path,
-        "no rank: the trace has no distributedInfo and its file name has none (rank<R>...); "
-        "rename it (e.g. rank0.json.gz) or pass --trace-rank R",
+        "no rank: the trace has no distributedInfo and its file name has none (rank<R>...), and it is not the only "
+        "file of its run, so it cannot be taken as rank 0 (the files would collide); rename it (e.g. rank0.json.gz), "
+        "or pass it alone (it is then rank 0, or --trace-rank R)",
     )
 
 
@@ -116,20 +133,35 @@ def load_traces(
     """Load trace files / run folders into one event frame, every rank of every run.
 
     rank_from_filename_first: take the rank from the file name even where distributedInfo has one.
-    default_rank: the rank of a trace that names none (only sensible for a single file).
+    default_rank: the rank of a trace that names none (only sensible for a single file). Without
+    it, a run's only file naming no rank is rank 0 (said in `notes`); several such files are errors.
     Raises TraceError when nothing usable is left; otherwise bad files are listed in `problems`.
     """
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if not paths:
         raise TraceError(None, "no trace paths given")
     sources = find_sources(paths)
+    notes: list[str] = []
+    cache_path = None
+    if cache:
+        try:
+            cache_path = cache_dir()
+        except CacheUnusable as e:
+            notes.append(str(e))
     # Without the cache, files are parsed into a private folder that lives as long as the Traces,
     # so every load is analyzed one rank at a time from parquet either way.
-    scratch = None if cache else tempfile.TemporaryDirectory(prefix="ptprof-nocache-")
-    cache_path = cache_dir() if cache else Path(scratch.name)
+    scratch = None if cache_path else tempfile.TemporaryDirectory(prefix="ptprof-nocache-")
+    cache_path = cache_path or Path(scratch.name)
     results = load_all([s.path for s in sources], cache_path, workers=workers, progress=progress)
+    unstored = [r.unstored for r in results if not isinstance(r, TraceError) and r.unstored]
+    if unstored:
+        notes.append(unstored_note(cache_path, unstored, len(results)))
+    # A folder (or command) holding files of several jobs: one run per job, never one merged run.
+    sources, split_notes = split_jobs(sources, [None if isinstance(r, TraceError) else _job_facts(r) for r in results])
+    notes += split_notes
 
     problems: list[TraceError] = []
+    files_per_run = Counter(src.run for src in sources)
     parts: list[RankPart] = []
     rows: list[dict] = []
     seen: dict[tuple[str, int], Path] = {}
@@ -138,16 +170,19 @@ def load_traces(
         if isinstance(res, TraceError):
             problems.append(res)
             continue
-        meta, parquet = res
+        meta = res.meta
         try:
             if src.run not in runs:
                 runs[src.run] = read_manifest(src.run_dir)
-            rank = _resolve_rank(src.path, meta, prefer_filename=rank_from_filename_first, default_rank=default_rank)
+            rank, note = _resolve_rank(src.path, meta, prefer_filename=rank_from_filename_first, default_rank=default_rank,
+                                       alone=files_per_run[src.run] == 1)
             if not 0 <= rank <= MAX_RANK:  # from a file name or default_rank (distributedInfo's is checked in parse)
                 raise TraceError(src.path, f"rank {rank} is not a rank (a whole number from 0 to {MAX_RANK:,})")
         except TraceError as e:
             problems.append(e)
             continue
+        if note:
+            notes.append(note)
         if (src.run, rank) in seen:
             problems.append(TraceError(src.path, f"duplicate rank {rank} in run {src.run!r} (also {seen[(src.run, rank)]}); "
                                                  "pass the files of one run only, or --rank-from-filename"))
@@ -156,16 +191,28 @@ def load_traces(
         info = meta.get("distributed_info") or {}
         rows.append({
             "run": src.run, "rank": rank, "file": path_text(src.path), "backend": info.get("backend"),
-            "world_size": _as_int(info.get("world_size")), "has_gpu": meta["has_gpu"],
+            "world_size": _as_int(info.get("world_size")), "has_gpu": meta["has_gpu"], "device_kind": meta["device_kind"],
             "device_name": meta.get("device_name"), "pg_config": json.dumps(info.get("pg_config")) if info.get("pg_config") else None,
             "n_events": meta["n_events"], "dropped": {k: meta["dropped"].get(k, 0) for k in DAMAGED},
+            "unknown_categories": ", ".join(f"{c} ({n})" for c, n in meta["unknown_categories"].items()) or None,
         })
-        parts.append(RankPart(src.run, rank, parquet))
+        parts.append(RankPart(src.run, rank, res.parquet, res.frame))
     if not parts:
         if len(problems) == 1:
             raise problems[0]
         raise TraceError(None, "no usable traces:\n  " + "\n  ".join(str(p) for p in problems))
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["run"], rows[i]["rank"]))
-    ranks = pl.DataFrame([rows[i] for i in order]).with_columns(pl.col("run").cast(pl.Categorical))
+    ranks = pl.DataFrame([rows[i] for i in order], schema_overrides={"unknown_categories": pl.String}).with_columns(
+        pl.col("run").cast(pl.Categorical))
     runs = {r: m for r, m in runs.items() if r in set(ranks["run"].cast(pl.String))}
-    return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order), _scratch=scratch)
+    return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order), notes=notes,
+                  _scratch=scratch)
+
+
+def _job_facts(parsed: Parsed) -> JobFacts:
+    """The facts `split_jobs` needs of one parsed file: distributedInfo's and its clock's span."""
+    info = parsed.meta.get("distributed_info") or {}
+    backend = info.get("backend")
+    frame = pl.scan_parquet(parsed.parquet) if parsed.parquet is not None else parsed.frame.lazy()
+    span = frame.select(pl.col("ts_us").min(), pl.col("end_us").max()).collect().row(0)
+    return JobFacts(backend if isinstance(backend, str) else None, _as_int(info.get("world_size")), *span)

@@ -17,15 +17,22 @@ from profiler.steps import KEYS, assign_steps
 PERSISTENT_FIELDS = ["params_bytes", "params_at_rest_bytes", "grads_bytes", "optimizer_bytes", "max_memory_allocated_bytes"]
 
 
+# `Device Type` of `[memory]` events is torch's c10::DeviceType. ROCm builds record their GPU as
+# HIP (6), which torch itself calls "cuda" (torch.device("cuda:0") on ROCm): so do we.
+DEVICE_TYPES = {1: "cuda", 6: "cuda", 12: "xpu", 13: "mps", 15: "hpu", 19: "mtia"}
+
+
 def memory_timeline(events: pl.DataFrame) -> pl.DataFrame:
     """Per (run, rank, mem_device): ts_us, delta_bytes, allocated_bytes, reserved_bytes, step.
 
-    mem_device is "cpu" or "cuda:<id>" (ROCm reports as CUDA).
+    mem_device is "cpu" or "<type>:<id>" (DEVICE_TYPES: "cuda:0" for CUDA and ROCm GPUs,
+    "mtia:0", ...); an unknown type is "device<type>".
     """
     mem = events.lazy().filter(pl.col("kind") == "memory_event").select("kind").head(1).collect()
+    device_type = pl.col("mem_device_type").replace_strict(DEVICE_TYPES, default=None, return_dtype=pl.String)
     device = (
         pl.when(pl.col("mem_device_type") == 0).then(pl.lit("cpu"))
-        .when(pl.col("mem_device_type") == 1).then(pl.lit("cuda:") + pl.col("mem_device_id").cast(pl.String))
+        .when(device_type.is_not_null()).then(device_type + pl.lit(":") + pl.col("mem_device_id").cast(pl.String))
         .otherwise(pl.lit("device") + pl.col("mem_device_type").cast(pl.String))
     )
     if mem.is_empty():

@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from profiler.classify import classify
+from profiler.classify import classify, device_kind, unknown_categories
 from profiler.errors import TraceError
 from profiler.steps import PROFILER_STEP_RE
 
@@ -281,6 +281,29 @@ def _as_int(v) -> int | None:
     return None
 
 
+# torch < 1.10 (Kineto of 2021) writes a GPU event's tid as the text "stream 7" (and a CPU thread's
+# as "5555", which the lenient cast reads): the stream number is the tid, as in later traces.
+STREAM_TID_RE = r"^stream ([0-9]+)$"
+
+
+def _tid_column(tids: list) -> pl.Series:
+    """The tid column: integers, numeric strings, and "stream <N>" (torch 1.8/1.9) as N."""
+    tid = pl.Series(tids, dtype=pl.Int64, strict=False)
+    if not tid.null_count():
+        return tid
+    text = pl.Series([t if isinstance(t, str) else None for t in tids], dtype=pl.String)
+    return pl.select(pl.coalesce(tid, text.str.extract(STREAM_TID_RE, 1).cast(pl.Int64, strict=False))).to_series()
+
+
+_STREAM_TID = re.compile(STREAM_TID_RE)
+
+
+def _as_tid(v) -> int | None:
+    """A thread-name metadata tid, as `_as_int` but also "stream <N>" (the rows' own tids read so)."""
+    m = _STREAM_TID.fullmatch(v) if isinstance(v, str) else None
+    return _as_int(int(m.group(1))) if m else _as_int(v)
+
+
 _COMM_NAME_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
 _KEPT_PH = {"X": "X", "i": "i", "I": "i"}
 _FLOW_PH = ("s", "f", "t")
@@ -338,6 +361,8 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
         "dropped": dropped,
         "n_events": frame.height,
         "has_gpu": bool((frame["device"] == "gpu").any()),
+        "device_kind": device_kind(frame),
+        "unknown_categories": unknown_categories(frame),
     }
     return frame.select([c for c in SCHEMA if c in frame.columns]), meta
 
@@ -449,7 +474,7 @@ def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], 
     ph_all = [e.ph for e in events]
     n_flow = sum(ph_all.count(f) for f in _FLOW_PH)
     thread_names = {
-        (_as_int(e.pid), _as_int(e.tid)): e.args.name
+        (_as_int(e.pid), _as_tid(e.tid)): e.args.name
         for e in events
         if e.ph == "M" and e.name == "thread_name" and e.args is not None and isinstance(e.args.name, str)
     }
@@ -464,7 +489,7 @@ def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], 
 
     cols = {
         "pid": column(kept, "pid", pl.Int64()),
-        "tid": column(kept, "tid", pl.Int64()),
+        "tid": _tid_column(list(map(attrgetter("tid"), kept))),
         "ph": column(kept, "ph", pl.String()).replace_strict(_KEPT_PH),
         "cat": column(kept, "cat", pl.String()),
         "name": column(kept, "name", pl.String()),

@@ -61,23 +61,34 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         if ranks.is_empty():
             raise ValueError(f"rank {rank} is not in the traces (have: {sorted(set(traces.ranks['rank']))})")
     per_rank = [_analyze_rank(events, ranks, traces.runs, step=step, top_n=top_n) for events in traces.rank_events(rank)]
-    out = {k: _concat([r[k] for r in per_rank]) for k in per_rank[0]}
-    steps = out["steps"]
-    if step is not None and steps.is_empty():
+    # --step S: a rank without step S is left out (and named); no rank with it is an error.
+    have_step = [r for r in per_rank if "breakdown" in r]
+    if not have_step:
         have = sorted(set(pl.concat([r["all_steps"] for r in per_rank])["step"]))
-        raise ValueError(f"step {step} is not in the traces (have: {have})")
+        raise ValueError(f"step {step} is not in the traces (steps there: {', '.join(map(str, have)) or 'none'})")
+    missing = [r["all_steps"] for r in per_rank if "breakdown" not in r]
+    out = {k: _concat([r[k] for r in have_step]) for k in have_step[0]}
+    steps = out["steps"]
     colls, actions = out["collectives"], out["actions"]
     pipeline = pipeline_summary(actions, traces.runs)
     skew = collective_skew(colls)
-    warnings = [
+    warnings = list(traces.notes)  # the load's own (cache unusable, a folder split into its jobs, rank 0 assumed)
+    warnings += [
         f"run {run} rank {r}: no ProfilerStep spans; the whole trace is one window (step {NO_STEP})"
         for run, r in steps.filter(~pl.col("has_profiler_steps")).select("run", "rank").iter_rows()
     ]
+    warnings += [f"run {f['run'][0]} rank {f['rank'][0]}: no step {step} (its steps: {', '.join(map(str, f['step']))}); left out"
+                 for f in missing if f.height]
     for run, r, has_gpu, backend in ranks.select("run", "rank", "has_gpu", "backend").iter_rows():
         if backend == "nccl" and not has_gpu:
             warnings.append(f"run {run} rank {r}: an NCCL job's trace with no GPU activity; "
                             "breakdown and collectives use CPU events only")
     warnings += dropped_warnings(ranks)
+    # Never a silent CPU accounting of a device's activity: categories no rule knows are named.
+    unknown = ranks.filter(pl.col("unknown_categories").is_not_null()).select("run", "rank", "unknown_categories")
+    for run, r, cats in unknown.iter_rows():
+        warnings.append(f"run {run} rank {r}: events of categories ptprof does not know, counted as CPU operators: {cats}; "
+                        "if they are a device's activity, that device is not supported (its time is not device time here)")
     if colls.filter(pl.col("note").is_not_null()).height:
         warnings.append(colls.filter(pl.col("note").is_not_null())["note"][0])
     return Analysis(
@@ -120,12 +131,14 @@ def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dic
     """The per-rank analyses of one (run, rank)'s events."""
     all_steps = profiler_steps(events)
     steps = all_steps if step is None else all_steps.filter(pl.col("step") == step)
+    if steps.is_empty():  # --step S and this rank has no step S: nothing to analyze
+        return {"all_steps": all_steps.select("run", "rank", "step")}
     # Which step each event is in, once for every analysis below (they reuse the column).
     events = assign_steps(events, steps)
     if step is not None:
         events = events.filter(pl.col("step").is_not_null() | (pl.col("kind") == "memory_event"))
     return {
-        "all_steps": all_steps.select("step"),
+        "all_steps": all_steps.select("run", "rank", "step"),
         "steps": steps,
         "breakdown": temporal_breakdown(events, steps=steps),
         "breakdown_steps": temporal_breakdown(events, per_step=True, steps=steps),
@@ -177,7 +190,7 @@ def build_report(a: Analysis) -> dict:
             "paradigm": manifest_field(manifest, "paradigm"),
             "world_size": manifest_field(manifest, "world_size") or _first(a.ranks.filter(sel)["world_size"]),
             "backend": manifest_field(manifest, "backend") or _first(a.ranks.filter(sel)["backend"]),
-            "files": _records(a.ranks.filter(sel).select("rank", "file", "device_name", "has_gpu", "n_events", "dropped")),
+            "files": _records(a.ranks.filter(sel).select("rank", "file", "device_kind", "device_name", "has_gpu", "n_events", "dropped")),
             "ranks": _records(per_rank, drop=("run",)),
             "steps": _records(a.breakdown_steps.filter(sel), drop=("run",)),
             "collectives": _records(a.collective_stats.filter(sel), drop=("run",)),

@@ -63,7 +63,9 @@ def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.
     was launched before profiling began (an iteration that was not traced): it has no step, as in
     HTA (`_filter_irrelevant_gpu_kernels`), so the first step's window does not absorb the previous
     iteration's tail (4.5 % of the window on ../shared/traces/single/v100_rank1_of_2). Activity
-    with no correlation at all (some ROCm and annotation events) goes by its own start.
+    with no correlation at all (some ROCm and annotation events) goes by its own start. A rank
+    with fewer than two ProfilerSteps keeps all its device activity in its one window, as HTA
+    does (`_single_window`).
 
     Events that already carry a `step` column (an earlier assign_steps) are returned as they are,
     so one assignment of a large frame serves every analysis.
@@ -83,14 +85,43 @@ def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.
     )
     step = (
         narrow.join(launches, on=[*KEYS, "correlation"], how="left", maintain_order="left")
+        .join(_single_window(events, steps), on=KEYS, how="left", maintain_order="left")
         .select(
-            pl.when((pl.col("device") == "gpu") & pl.col("correlation").is_not_null())
+            pl.when((pl.col("device") == "gpu") & pl.col("_single"))
+            .then(pl.col("_only_step"))
+            .when((pl.col("device") == "gpu") & pl.col("correlation").is_not_null())
             .then(pl.when(pl.col("_launched")).then(pl.col("launch_step")))
             .otherwise(pl.col("step"))
         )
         .to_series()
     )
     return events.with_columns(step=step)
+
+
+def _single_window(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """(run, rank, _single, _only_step) for ranks whose trace has fewer than two ProfilerSteps.
+
+    HTA drops device activity launched outside the profiled steps only when the trace has two or
+    more ProfilerSteps (`Trace._filter_irrelevant_gpu_kernels`); with one or none it cannot tell
+    which iteration launched what, and keeps all of it. So do we: all of such a rank's device
+    activity belongs to its one window (`_only_step`), whether or not its launch is in the trace.
+    Counted on the events, not on `steps`, which may hold only the step an analysis selected.
+    """
+    names = names_matching(events, PROFILER_STEP_RE)
+    counts = (
+        events.lazy()
+        .filter(pl.col("name").is_in(names) & (pl.col("device") == "cpu") & (pl.col("ph") == "X"))
+        .group_by(KEYS)
+        .agg(n=pl.col("name").n_unique())
+    )
+    return (
+        events.lazy().select(KEYS).unique()
+        .join(counts, on=KEYS, how="left")
+        .filter(pl.col("n").fill_null(0) < 2)
+        .join(steps.lazy().group_by(KEYS).agg(_only_step=pl.col("step").first()), on=KEYS, how="left")
+        .select(*KEYS, "_only_step", _single=pl.lit(True))
+        .collect()
+    )
 
 
 def _step_at(points: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:

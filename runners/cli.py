@@ -14,6 +14,7 @@ in pyproject.toml require.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -22,8 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv, validate
-from runners.paradigms import PARADIGMS, check_flags
+from runners.launch import describe_failures, launch
+from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv
+from runners.paradigms import DEFAULT_MODEL_CANDIDATES, PARADIGMS, default_model, problem_with
+
+__all__ = ["describe_failures", "find_runs", "main"]
 
 EXIT_USAGE = 2  # bad arguments or an impossible request: nothing was started
 EXIT_FAILED = 1  # the run started and a rank failed
@@ -81,8 +85,12 @@ def _add_run_parser(sub) -> None:
     add_run_arguments(run)
 
 
-def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str]:
-    """Validate everything that can be checked before a process starts. Returns (opts, device)."""
+def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str, bool]:
+    """Validate everything that can be checked before a process starts.
+
+    Returns (opts, device, model_chosen): model_chosen is True when --model was not given and the
+    smallest preset that fits the paradigm and ranks was picked.
+    """
     if ns.paradigm not in PARADIGMS:
         raise UsageError(f"unknown paradigm {ns.paradigm!r}; choose one of: {', '.join(PARADIGMS)}")
     if ns.gpus < 1:
@@ -93,18 +101,61 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str]:
         raise UsageError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT reachable from every node")
     if ns.nnodes > 1 and not ns.name:
         raise UsageError("--nnodes > 1 needs --name RUN_ID, the same on every node, so all nodes write one run")
-    device = _pick_device(ns.device, ns.gpus)
     name = ns.name or f"{ns.paradigm}-{ns.gpus * ns.nnodes}r-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    if "/" in name or name.startswith("."):
-        raise UsageError(f"--name {name!r} must be a plain folder name (no '/', not starting with '.')")
-    opts = options_from_namespace(ns, device=device, run_id=name)
-    paradigm = PARADIGMS[opts.paradigm]
-    problem = check_flags(opts) or validate(opts, paradigm.data_parallel(opts)) or paradigm.check(opts)
+    _check_name(name)
+    opts = options_from_namespace(ns, run_id=name)
+    chosen = ns.model is None
+    if chosen:  # the smallest preset that fits; if none does, tiny's problem is reported below
+        opts = dataclasses.replace(opts, model=default_model(opts) or opts.model)
+    problem = problem_with(opts)
+    if problem and chosen and "model" in problem:  # the model is at fault, and no candidate fits
+        problem += f"; no default preset ({', '.join(DEFAULT_MODEL_CANDIDATES)}) fits: give --model"
     if problem:
         raise UsageError(problem)
-    if (Path(opts.out) / name).exists():
-        raise UsageError(f"{Path(opts.out) / name} already exists; choose another --name or remove it")
-    return opts, device
+    if not opts.out.strip():  # Path("") is ".": an empty --out would silently mean this folder
+        raise UsageError("--out is empty: give the folder that receives <run-id>/ (default traces)")
+    _check_out(Path(opts.out), name)
+    device = _pick_device(ns.device, ns.gpus)
+    return dataclasses.replace(opts, device=device), device, chosen
+
+
+# A run folder is created as .<name>.tmp and as <name> (and .failed/<name>): the longest, plus the
+# filesystem's 255-byte limit on one name, bounds --name.
+_NAME_MAX_BYTES = 255 - len("..tmp")
+
+
+def _check_name(name: str) -> None:
+    if "/" in name or name.startswith(".") or not name:
+        raise UsageError(f"--name {name!r} must be a plain folder name (no '/', not starting with '.')")
+    if not name.isprintable():
+        raise UsageError(f"--name {name!r} has control characters (newline, escape, ...): use a plain folder name")
+    try:
+        size = len(os.fsencode(name))
+    except UnicodeError:
+        raise UsageError(f"--name {name!r} cannot be encoded as a file name on this system") from None
+    if size > _NAME_MAX_BYTES:
+        raise UsageError(f"--name is {size} bytes long; a run name may have at most {_NAME_MAX_BYTES}")
+
+
+def _check_out(out: Path, name: str) -> None:
+    """--out must be (or be creatable as) a writable folder, and <out>/<name> must not exist yet."""
+    try:
+        existing = out
+        while not existing.exists():  # the nearest existing ancestor decides whether we can create out
+            if existing.parent == existing:
+                break
+            existing = existing.parent
+        if not existing.is_dir():
+            what = "--out" if existing == out else f"--out's parent {existing}"
+            raise UsageError(f"{what} is not a folder ({out}); give a folder to write <run-id>/ into")
+        # os.access honours read-only filesystems; root passes it elsewhere, and a later mkdir
+        # failure is still turned into a one-line error by cmd_run.
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {out} is not writable (no write permission on {existing})")
+        if (out / name).exists() or (out / name).is_symlink():
+            raise UsageError(f"{out / name} already exists; choose another --name or remove it")
+    except OSError as err:  # e.g. ENAMETOOLONG for the whole path, EACCES on an ancestor
+        raise UsageError(f"--out {out}: {err.strerror or err}") from None
 
 
 def _pick_device(requested: str, n: int) -> str:
@@ -141,25 +192,61 @@ def _torchrun_argv(ns: argparse.Namespace, opts: RunOptions, log_dir: Path) -> l
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    opts, device = _check_request(ns)
+    opts, device, model_chosen = _check_request(ns)
     out = Path(opts.out)
     tmp = out / f".{opts.run_id}.tmp"
-    final = out / opts.run_id
+    try:
+        if ns.node_rank == 0:  # node 0 owns the run folder; other nodes only write into it
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        else:
+            tmp.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # what _check_out could not foresee (root on a read-only mount, a race)
+        raise UsageError(f"cannot create {tmp}: {err.strerror or err}") from None
+    published = False
+    try:
+        _print_plan(opts, device, model_chosen)
+        status = _run_and_publish(ns, opts, tmp, model_chosen)
+        published = status == 0 and ns.node_rank == 0
+        return status
+    finally:
+        # Whatever went wrong (even an exception here), no half-written run is left behind.
+        if not published and ns.node_rank == 0 and tmp.exists():
+            _discard_failed(out, tmp, opts.run_id)
+
+
+def _print_plan(opts: RunOptions, device: str, model_chosen: bool) -> None:
+    """What will run: ranks and backend, the model (and why), which steps are profiled."""
     world = opts.world_size
     if device == "cpu":
-        print(f"No GPU in use: running {world} gloo ranks on CPU (timings are indicative only).", flush=True)
+        print(f"No GPU in use: running {world} gloo ranks on CPU (timings are indicative only).")
     else:
-        print(f"Running {world} NCCL ranks, one GPU each.", flush=True)
-    if ns.node_rank == 0:  # node 0 owns the run folder; other nodes only write into it
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-    else:
-        tmp.mkdir(parents=True, exist_ok=True)
+        print(f"Running {world} NCCL ranks, one GPU each.")
+    layers = opts.preset[2]
+    why = f", the smallest preset that fits {opts.paradigm} on {world} ranks (--model to choose)" if model_chosen else ""
+    print(f"Model {opts.model} ({layers} layers, batch {opts.global_batch_size}){why}.")
+    print(f"{_profile_plan(opts)}.", flush=True)
+
+
+def _profile_plan(opts: RunOptions) -> str:
+    """'steps 0-4 (numbered as ProfilerStep#k in the traces): 2-4 profiled after 1 warmup step'."""
+    first = opts.steps - opts.active
+    profiled = f"{first}-{opts.steps - 1}" if opts.active > 1 else f"{first}"
+    warmup = f" after {opts.warmup} warmup step{'s' if opts.warmup != 1 else ''}" if opts.warmup else ", no warmup"
+    return (
+        f"{opts.steps} step{'s' if opts.steps != 1 else ''}, numbered 0-{opts.steps - 1} as ProfilerStep#k in the "
+        f"traces: step{'s' if opts.active > 1 else ''} {profiled} profiled{warmup}"
+    )
+
+
+def _run_and_publish(ns: argparse.Namespace, opts: RunOptions, tmp: Path, model_chosen: bool) -> int:
+    """Launch the ranks; on node 0, publish tmp as <out>/<run-id> when every file is there."""
+    out, world = Path(opts.out), opts.world_size
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores; also silences torchrun's note
     os.environ["PTPROF_RUN_ID"] = opts.run_id  # lets tests (and users) find this run's processes
     started = time.time()
-    failure = _launch(_torchrun_argv(ns, opts, tmp / "logs"))
+    failure = launch(_torchrun_argv(ns, opts, tmp / "logs"))
     if failure:
         print(f"ptprof run: {failure}", file=sys.stderr)
         if ns.node_rank != 0:
@@ -181,86 +268,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
+    final = out / opts.run_id
     os.replace(tmp, final)  # atomic publish: a <run-id>/ folder is always a complete run
-    _print_summary(final, time.time() - started)
+    _print_summary(final, time.time() - started, model_chosen)
     return 0
-
-
-def _launch(argv: list[str]) -> str | None:
-    """Run torch.distributed.run's launcher in this process; return a failure line or None."""
-    import logging
-
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
-    from torch.distributed.run import config_from_args, parse_args
-
-    # torchrun's agent logs every rendezvous step at WARNING/INFO; the failure report below says
-    # what matters.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    config, cmd, cmd_args = config_from_args(parse_args(argv))
-    try:
-        elastic_launch(config, cmd)(*cmd_args)
-    except ChildFailedError as err:
-        return describe_failures({rank: (f.exitcode, f.message) for rank, f in err.failures.items()}, config.nproc_per_node * config.max_nodes)
-    except KeyboardInterrupt:
-        return "interrupted; all ranks stopped"
-    except Exception as err:  # rendezvous or launcher trouble: say what, not a traceback
-        return f"the launcher failed before the ranks finished: {type(err).__name__}: {err}"
-    return None
-
-
-# Errors a rank raises because a *peer* died or hung, not because it failed itself.
-_PEER_SYMPTOMS = (
-    "connection closed by peer",
-    "connection reset",
-    "broken pipe",
-    "timed out",
-    "timeout",
-    "nccl communicator was aborted",
-    "distnetworkerror",
-)
-
-
-def _last_line(message, limit: int = 240) -> str:
-    if isinstance(message, dict):  # torchrun's error file nests {"message": ..., "extraInfo": ...}
-        message = message.get("message", message)
-    lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
-    line = lines[-1] if lines else "no message"
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def describe_failures(failures: dict[int, tuple[int, object]], world_size: int) -> str:
-    """One line naming the failing rank(s) and why, from torchrun's per-rank (exitcode, message).
-
-    Three kinds of failed rank: a *cause* raised its own error or died of a signal other than
-    SIGTERM; a *symptom* raised because a peer went away or a collective timed out; a *stopped*
-    rank was terminated by the launcher (SIGTERM) without an error of its own. When only symptoms
-    and stopped (or absent) ranks remain, the stopped ones are the culprits: they hung.
-    """
-    causes, symptoms, stopped = [], [], []
-    for rank in sorted(failures):
-        exitcode, message = failures[rank]
-        text = str(message).lower()
-        if any(s in text for s in _PEER_SYMPTOMS):
-            symptoms.append(rank)
-        elif exitcode == -15 and "sigterm" in text:
-            stopped.append(rank)
-        else:
-            causes.append(rank)
-    if causes:
-        parts = []
-        for rank in causes:
-            exitcode, message = failures[rank]
-            how = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit {exitcode}"
-            parts.append(f"rank {rank} failed ({how}): {_last_line(message)}")
-        return "; ".join(parts)
-    culprits = stopped + sorted(set(range(world_size)) - set(failures))
-    waiting = ", ".join(map(str, symptoms))
-    first = _last_line(failures[symptoms[0]][1]) if symptoms else "no message"
-    if culprits:
-        who = ", ".join(map(str, sorted(culprits)))
-        return f"rank {who} stopped responding (hung or too slow); rank {waiting} gave up waiting: {first}"
-    return f"rank {waiting} failed in a collective: {first}"
 
 
 def _discard_failed(out: Path, tmp: Path, run_id: str) -> Path:
@@ -277,7 +288,7 @@ def _discard_failed(out: Path, tmp: Path, run_id: str) -> Path:
     return kept
 
 
-def _print_summary(run_dir: Path, elapsed_s: float) -> None:
+def _print_summary(run_dir: Path, elapsed_s: float, model_chosen: bool) -> None:
     manifest = json.loads((run_dir / "run.json").read_text())
     ranks = manifest["ranks"]
     profiled = manifest["profiler"]["profiled_steps"]
@@ -291,7 +302,11 @@ def _print_summary(run_dir: Path, elapsed_s: float) -> None:
     )
     if losses:
         print(f"  loss            {losses[0]:.4f} -> {losses[-1]:.4f} (global batch, all ranks)")
-    print(f"  step time       {sum(step_ms) / len(step_ms):.1f} ms mean over profiled steps {profiled}")
+    model = manifest["model"]
+    how = " (the smallest preset that fits; --model to choose)" if model_chosen else ""
+    print(f"  model           {model['preset']}: {model['n_layers']} layers, {model['n_params']:,} parameters{how}")
+    steps = f"{profiled[0]}-{profiled[-1]}" if len(profiled) > 1 else str(profiled[0])
+    print(f"  step time       {sum(step_ms) / len(step_ms):.1f} ms mean over profiled steps {steps} (ProfilerStep#k)")
     print(
         "  rank 0 holds    "
         + ", ".join(f"{k.removesuffix('_bytes')} {_fmt_bytes(mem[k])}" for k in ("params_bytes", "grads_bytes", "optimizer_bytes"))
@@ -314,41 +329,91 @@ def _fmt_bytes(n: int | None) -> str:
 # ptprof list
 
 
+_MANIFEST_MAX_BYTES = 64 << 20  # a run.json is a few KB; anything this big is not one
+
+
 def find_runs(root: Path) -> list[dict]:
-    """Complete runs under `root` (folders with a run.json), newest first. Hidden folders skipped."""
+    """Complete runs under `root` (folders with a run.json), newest first. Hidden folders skipped.
+
+    A run.json that cannot be listed (unreadable, not JSON, too deep, wrong types) gives a row
+    {"run_id": folder, "error": what is wrong} instead of failing the listing.
+    """
     runs = []
     if not root.is_dir():
         return runs
     for manifest in sorted(root.glob("*/run.json")):
         if manifest.parent.name.startswith("."):
             continue
-        try:
-            data = json.loads(manifest.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            runs.append({"run_id": manifest.parent.name, "error": f"unreadable run.json: {err}"})
+        data, problem = _read_manifest(manifest)
+        if problem:
+            runs.append({"run_id": manifest.parent.name, "error": problem})
             continue
         data["_path"] = str(manifest.parent)
         runs.append(data)
-    return sorted(runs, key=lambda r: r.get("created_at", ""), reverse=True)
+    return sorted(runs, key=lambda r: r["created_at"] if isinstance(r.get("created_at"), str) else "", reverse=True)
+
+
+def _read_manifest(path: Path) -> tuple[dict | None, str | None]:
+    """(run.json's content, None), or (None, a short description of what is wrong with it)."""
+    try:
+        if path.stat().st_size > _MANIFEST_MAX_BYTES:
+            return None, f"run.json is {path.stat().st_size >> 20} MiB, too large for a manifest"
+        data = json.loads(path.read_bytes())
+    except RecursionError:
+        return None, "unreadable run.json: nested too deeply"
+    except (OSError, ValueError) as err:  # ValueError: bad JSON, or bytes that are not UTF-8
+        return None, f"unreadable run.json: {err}"
+    if not isinstance(data, dict):
+        return None, f"run.json holds a JSON {type(data).__name__}, not an object"
+    return data, _manifest_problem(data)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _manifest_problem(data: dict) -> str | None:
+    """The first field `ptprof list` shows that is missing or of the wrong type, or None."""
+    for key, ok, what in (
+        ("paradigm", lambda v: isinstance(v, str), "a string"),
+        ("world_size", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"),
+        ("backend", lambda v: isinstance(v, str), "a string"),
+        ("losses", lambda v: isinstance(v, list) and all(x is None or _is_number(x) for x in v), "a list of numbers"),
+    ):
+        if key not in data:
+            return f"run.json has no {key!r}"
+        if not ok(data[key]):
+            return f"run.json's {key!r} is not {what}: {_printable(json.dumps(data[key])[:40])}"
+    if "created_at" in data and not isinstance(data["created_at"], str):
+        return "run.json's 'created_at' is not a string"
+    return None
+
+
+def _printable(text: str, limit: int = 60) -> str:
+    """`text` for a terminal: control characters and undecodable bytes escaped, long text cut."""
+    text = text if text.isprintable() else repr(text)[1:-1]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def cmd_list(ns: argparse.Namespace) -> int:
     root = Path(ns.traces)
     runs = find_runs(root)
     if not runs:
-        print(f"no runs under {root}/ (make one with `ptprof run ddp --gpus 2`)")
+        print(f"no runs under {_printable(str(root), 200)}/ (make one with `ptprof run ddp --gpus 2`)")
         return 0
-    header = f"{'run':<36} {'paradigm':<10} {'ranks':>5} {'backend':<7} {'steps':>5} {'final loss':>10}  created"
+    # "steps run": every step trained, as in run.json's losses; the traces hold only the profiled ones.
+    header = f"{'run':<36} {'paradigm':<10} {'ranks':>5} {'backend':<7} {'steps run':>9} {'final loss':>10}  created"
     print(header)
     for r in runs:
+        name = _printable(Path(r["_path"]).name if "_path" in r else r["run_id"])
         if "error" in r:
-            print(f"{r['run_id']:<36} {r['error']}")
+            print(f"{name:<36} {_printable(r['error'], 200)}")
             continue
-        losses = [x for x in r.get("losses", []) if x is not None]
+        losses = [x for x in r["losses"] if x is not None]
         final = f"{losses[-1]:.4f}" if losses else "-"
         print(
-            f"{r['run_id']:<36} {r['paradigm']:<10} {r['world_size']:>5} {r['backend']:<7} "
-            f"{len(r.get('losses', [])):>5} {final:>10}  {r.get('created_at', '')}"
+            f"{name:<36} {_printable(r['paradigm'], 20):<10} {r['world_size']:>5} {_printable(r['backend'], 10):<7} "
+            f"{len(r['losses']):>9} {final:>10}  {_printable(r.get('created_at', ''), 40)}"
         )
     return 0
 
@@ -402,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
         prog = "ptprof run" if argv and argv[0] == "run" else "ptprof"
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # outside the launch (which reports its own): cmd_run has cleaned up
+        print("ptprof: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -302,10 +302,14 @@ def train(ctx: Context, par: Parallel) -> dict:
             profiler.step()
             losses.append(None if loss is None else float(loss.detach()))
             if ctx.rank == progress_rank:
-                profiled = step >= opts.steps - opts.active
+                # Steps are numbered from 0, as torch numbers them (ProfilerStep#<step> in the
+                # traces, `ptprof analyze --step`, run.json's profiled_steps), never from 1.
+                phase = "  [profiled]" if step >= opts.steps - opts.active else ""
+                if not phase and step >= opts.wait:
+                    phase = "  [profiler warmup]"
                 print(
-                    f"step {step + 1}/{opts.steps}  loss {losses[-1]:.4f} (rank {ctx.rank})  "
-                    f"{step_times[-1] * 1e3:8.1f} ms{'  [profiled]' if profiled else ''}",
+                    f"step {step}  loss {losses[-1]:.4f} (rank {ctx.rank})  "
+                    f"{step_times[-1] * 1e3:8.1f} ms{phase}",
                     flush=True,
                 )
     if ctx.device.type == "cuda":

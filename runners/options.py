@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass
 
 # Model presets: name -> (vocab_size, d_model, n_layers, n_heads, seq_len, global_batch_size).
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 MODEL_PRESETS: dict[str, tuple[int, int, int, int, int, int]] = {
     "tiny": (256, 64, 2, 4, 32, 8),
     "tiny8": (256, 64, 8, 4, 32, 8),  # tiny with 8 layers: enough stages for pipelines at 4 ranks x 2
+    "tiny16": (256, 64, 16, 4, 32, 16),  # 16 layers, batch 16: pipelines at 8 ranks (x 2 stages, 16 microbatches)
     "small": (4096, 256, 4, 8, 128, 16),
     "medium": (32768, 768, 12, 12, 1024, 32),  # GPT-2 small-like
     "large": (32768, 1536, 24, 16, 2048, 32),
@@ -31,13 +33,13 @@ class RunOptions:
     gpus: int  # ranks per node: one GPU each under NCCL, one CPU process each under gloo
     nnodes: int = 1  # nodes taking part (torchrun --nnodes)
     steps: int = 5  # training steps, all of them run; the profiler records the last `active`
-    model: str = "tiny"  # size preset, a key of MODEL_PRESETS
+    model: str = "tiny"  # size preset, a key of MODEL_PRESETS (`ptprof run` picks the smallest that fits)
     batch_size: int | None = None  # global batch in sequences (all ranks together); None = preset's
     seq_len: int | None = None  # tokens per sequence; None = preset's
     seed: int = 0  # seeds model init and the synthetic data, identical on every rank
     lr: float = 1e-3  # AdamW learning rate
-    warmup: int = 1  # profiler warmup steps (traced but discarded), just before the active ones
-    active: int = 3  # profiled steps at the end of the run, exported to the traces
+    warmup: int | None = None  # profiler warmup steps (traced, discarded) before the active ones; None = from steps
+    active: int | None = None  # profiled steps at the end of the run, exported; None = from steps
     profile_memory: bool = False  # record [memory] events (allocations after profiling starts)
     with_stack: bool = False  # record Python stacks on operators (larger traces)
     device: str = "auto"  # "auto": cuda+NCCL when a GPU is visible, else cpu+gloo
@@ -58,6 +60,12 @@ class RunOptions:
     pp: int | None = None  # pipeline degree (stages over `schedule`); None = 1, no pipeline
     tp: int | None = None  # tensor-parallel degree inside each stage; None = 1, no tensor parallelism
     run_id: str = ""  # filled in by the launcher; the workers write into <out>/.<run_id>.tmp/
+
+    def __post_init__(self) -> None:
+        # Fill the profiler window from --steps where not given, so run.json records what ran.
+        warmup, active = profile_window(self.steps, self.warmup, self.active)
+        object.__setattr__(self, "warmup", warmup)
+        object.__setattr__(self, "active", active)
 
     @property
     def preset(self) -> tuple[int, int, int, int, int, int]:
@@ -81,6 +89,26 @@ class RunOptions:
         return self.steps - self.warmup - self.active
 
 
+DEFAULT_WARMUP = 1  # profiler warmup steps when --warmup is not given (fewer if --steps leaves no room)
+DEFAULT_ACTIVE = 3  # profiled steps when --active is not given (fewer if --steps leaves no room)
+MAX_TIMEOUT_S = 7 * 86400.0  # beyond this a "timeout" is a typo (and 1e300 s overflows timedelta in the ranks)
+
+
+def profile_window(steps: int, warmup: int | None, active: int | None) -> tuple[int, int]:
+    """(warmup, active) of the profiler: given values kept, missing ones derived from `steps`.
+
+    The defaults (1 warmup, 3 active) shrink to fit: --steps 3 profiles the last 2 after 1 warmup,
+    --steps 2 the last 1, --steps 1 that one step without warmup. Explicit values are kept as given,
+    so an impossible pair is still refused by `validate`.
+    """
+    if warmup is None:
+        room = steps - (active if active is not None else 1)  # leave at least one active step
+        warmup = max(0, min(DEFAULT_WARMUP, room))
+    if active is None:
+        active = max(1, min(DEFAULT_ACTIVE, steps - warmup))
+    return warmup, active
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -95,16 +123,37 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _timeout_seconds(text: str) -> float:
+    value = float(text)  # ValueError -> argparse's "invalid _timeout_seconds value"
+    if not math.isfinite(value) or value <= 0 or value > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}], got {text}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+_timeout_seconds.__name__ = "seconds"  # argparse names the type in "invalid <name> value"
+_finite_float.__name__ = "number"
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `ptprof run` that reach the workers (launcher-only flags are added by the CLI)."""
     g = parser.add_argument_group("training")
-    g.add_argument("--steps", type=_positive_int, default=5, help="training steps (default 5)")
+    g.add_argument(
+        "--steps", type=_positive_int, default=5, help="training steps, numbered from 0 as in the traces (default 5)"
+    )
     g.add_argument(
         "--model",
-        choices=sorted(MODEL_PRESETS),
-        default="tiny",
-        help="model size preset: tiny (tests, CPU), tiny8 (tiny with 8 layers, for pipeline stages), "
-        "small (CPU demos), medium/large (GPUs); default tiny",
+        choices=list(MODEL_PRESETS),
+        default=None,
+        help="model size preset: tiny (tests, CPU), tiny8 / tiny16 (tiny with 8 / 16 layers, for pipeline "
+        "stages), small (CPU demos), medium/large (GPUs); default: the smallest of tiny, tiny8, tiny16 and "
+        "small that fits the paradigm and the ranks",
     )
     g.add_argument(
         "--batch-size",
@@ -114,20 +163,21 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (default: the preset's)")
     g.add_argument("--seed", type=int, default=0, help="seed for model init and synthetic data (default 0)")
-    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    g.add_argument("--lr", type=_finite_float, default=1e-3, help="AdamW learning rate (default 1e-3)")
 
     p = parser.add_argument_group("profiler")
     p.add_argument(
         "--warmup",
         type=_non_negative_int,
-        default=1,
-        help="profiler warmup steps, traced then discarded (default 1)",
+        default=None,
+        help="profiler warmup steps, traced then discarded (default 1, 0 when --steps leaves no room)",
     )
     p.add_argument(
         "--active",
         type=_positive_int,
-        default=3,
-        help="profiled steps at the end of the run, exported to the traces (default 3)",
+        default=None,
+        help="profiled steps at the end of the run, exported to the traces (default 3, or what --steps "
+        "leaves after warmup: --steps 3 profiles 2)",
     )
     p.add_argument("--profile-memory", action="store_true", help="record allocator [memory] events")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (bigger traces)")
@@ -154,7 +204,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     tp.add_argument("--experts", type=_positive_int, default=4, help="ep: experts per MoE layer (default 4)")
     tp.add_argument("--top-k", type=_positive_int, default=2, help="ep: experts per token (default 2)")
     tp.add_argument(
-        "--capacity-factor", type=float, default=1.25, help="ep: capacity = factor * tokens * top_k / experts"
+        "--capacity-factor", type=_finite_float, default=1.25, help="ep: capacity = factor * tokens * top_k / experts"
     )
 
     h = parser.add_argument_group("hybrid 3D (dp x pp x tp must equal the ranks; a degree of 1 drops that dimension)")
@@ -172,7 +222,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--timeout",
         dest="timeout_s",
-        type=float,
+        type=_timeout_seconds,
         default=300.0,
         help="seconds a rank may wait in a collective before the run is failed (default 300)",
     )
@@ -181,9 +231,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_namespace(ns: argparse.Namespace, **extra) -> RunOptions:
-    """Build RunOptions from parsed flags, ignoring launcher-only ones."""
+    """Build RunOptions from parsed flags, ignoring launcher-only ones (an unset --model: tiny)."""
     fields = {f.name for f in dataclasses.fields(RunOptions)}
-    values = {k: v for k, v in vars(ns).items() if k in fields}
+    values = {k: v for k, v in vars(ns).items() if k in fields and not (k == "model" and v is None)}
     values.update(extra)
     return RunOptions(**values)
 
@@ -233,6 +283,6 @@ def validate(opts: RunOptions, data_parallel: int) -> str | None:
             f"--batch-size {opts.global_batch_size} is not divisible by the {data_parallel} "
             f"data-parallel ranks; use a multiple of {data_parallel}"
         )
-    if opts.timeout_s <= 0:
-        return f"--timeout must be positive, got {opts.timeout_s}"
+    if not (math.isfinite(opts.timeout_s) and 0 < opts.timeout_s <= MAX_TIMEOUT_S):
+        return f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}], got {opts.timeout_s}"
     return None

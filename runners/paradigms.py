@@ -7,10 +7,11 @@ paradigms (ddp/zero1, zero2/fsdp) branch on `--paradigm`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from runners.options import RunOptions, flag_of
+from runners.options import RunOptions, flag_of, validate
 
 
 def _all_ranks(opts: RunOptions) -> int:
@@ -216,4 +217,27 @@ def check_flags(opts: RunOptions) -> str | None:
     for field, users in PARADIGM_FLAGS.items():
         if opts.paradigm not in users and getattr(opts, field) != getattr(defaults, field):
             return f"{flag_of(field)} does not apply to {opts.paradigm}: it is for {', '.join(sorted(users))}"
+    return None
+
+
+def problem_with(opts: RunOptions) -> str | None:
+    """Every check of a request that needs no process: flags, batch split, the paradigm's own."""
+    paradigm = PARADIGMS[opts.paradigm]
+    return check_flags(opts) or validate(opts, paradigm.data_parallel(opts)) or paradigm.check(opts)
+
+
+# Presets `ptprof run` may choose when --model is not given, smallest first. medium and large are
+# never chosen for the user: on CPU ranks they would take hours and many GB per rank.
+DEFAULT_MODEL_CANDIDATES = ("tiny", "tiny8", "tiny16", "small")
+
+
+def default_model(opts: RunOptions) -> str | None:
+    """The smallest candidate preset with which `opts` passes every check, or None if none does.
+
+    Pipelines need one block per stage (P x V layers) and a batch that splits into their default
+    2 x P microbatches; tensor parallelism needs heads, d_model and vocabulary divisible by the ranks.
+    """
+    for name in DEFAULT_MODEL_CANDIDATES:
+        if problem_with(dataclasses.replace(opts, model=name)) is None:
+            return name
     return None

@@ -2,11 +2,11 @@
 bubble (ZB-H1), ZB-V and DualPipeV, with every microbatch's compute annotated.
 
     ptprof run gpipe --gpus 2 --microbatches 4
-    ptprof run 1f1b --gpus 4 --model tiny8 --microbatches 8
-    ptprof run interleaved-1f1b --gpus 2 --model tiny8 --stages-per-rank 2 --microbatches 4
+    ptprof run 1f1b --gpus 4 --microbatches 8     # no --model: the smallest preset that fits (tiny8)
+    ptprof run interleaved-1f1b --gpus 2 --stages-per-rank 2 --microbatches 4
     ptprof run zero-bubble --gpus 2 --microbatches 4        # one stage per rank: ZB-H1
     ptprof run zbv --gpus 2 --model tiny8 --microbatches 4  # two V-shaped stages per rank
-    ptprof run dualpipev --gpus 2 --model tiny8 --microbatches 4
+    ptprof run dualpipev --gpus 2 --microbatches 4
 
 The model is cut into S = P x V stages of contiguous blocks: embeddings on the first, final norm,
 head and loss on the last. Looped schedules put stage s on rank s % P; the V-shaped ones (zbv,

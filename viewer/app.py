@@ -14,8 +14,9 @@ from pathlib import Path
 
 from dash import Dash, dcc, html, page_container
 
-from viewer.data import MAX_UPLOAD_BYTES, RunStore
+from viewer.data import RunStore
 from viewer.pages import STORE_KEY
+from viewer.upload import MAX_UPLOAD_BYTES
 
 MAX_REQUEST_BYTES = 4 * MAX_UPLOAD_BYTES  # one upload request: base64 (4/3) of a few files at the per-file limit
 

@@ -8,7 +8,11 @@ the size and mtime of every file in it, so a rewritten trace is reloaded and an 
 never parsed twice (the profiler's parquet cache also makes a reload after a restart fast).
 
 A run that fails to load is cached too, as a `RunData` whose `error` says why: pages show that
-error in place of the run's figures and everything else keeps working.
+error in place of the run's figures and everything else keeps working. So is a run refused before
+loading: a run.json that is not a small JSON object, a file linked to outside the root.
+
+The Runs page never waits for analyses: `peek` returns a run only if it is already analysed, and
+`load_in_background` analyses the rest, one at a time, in one thread the page polls.
 """
 
 from __future__ import annotations
@@ -17,10 +21,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
-import re
-import shutil
 import threading
-import zlib
 from pathlib import Path
 
 import polars as pl
@@ -34,10 +35,12 @@ from viewer import aggregate
 
 log = logging.getLogger(__name__)
 
-MAX_UPLOAD_BYTES = 64 * 2**20  # per uploaded file, as sent (compressed if .gz); stated on the Open page
-MAX_UNPACKED_BYTES = 1024 * 2**20  # a .gz upload may expand to this much, no more (gzip bombs)
-SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
-UPLOAD_PREFIX = "upload-"
+MAX_MANIFEST_BYTES = 4 * 2**20  # a run.json is a few KB; a bigger one is not ours (and is not read whole)
+# run.json keys the viewer and the profiler read into, and the JSON type each must have when present
+# (null allowed): {"pipeline": [1]} refuses the run with a reason instead of failing deep inside.
+MANIFEST_TYPES = {**dict.fromkeys(["options", "mesh", "versions", "model", "profiler", "phases", "pipeline", "hybrid"], dict),
+                  **dict.fromkeys(["hosts", "losses", "ranks"], list)}
+PENDING = "analysing…"  # the status of a run whose analysis is not done yet
 
 
 class PathRefused(ValueError):
@@ -61,6 +64,15 @@ def _is_run_folder(p: Path) -> bool:
     return p.is_dir() and not p.name.startswith(".") and (
         (p / RUN_MANIFEST).is_file() or any(is_trace_file(f) for f in p.iterdir())
     )
+
+
+def _links_out(root: Path, folder: Path) -> str | None:
+    """Why a run folder is refused for its files: one linked to outside the root, as a folder
+    link out is (the profiler would follow it and read any file on the server)."""
+    for p in sorted(folder.iterdir()):
+        if p.is_symlink() and not p.resolve().is_relative_to(root):
+            return f"{p.name} links to outside the traces root: refused"
+    return None
 
 
 @dataclasses.dataclass
@@ -120,6 +132,9 @@ class RunStore:
         self._cache: dict[str, tuple[tuple, RunData]] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._queue: list[str] = []  # run ids the background thread analyses next, in order
+        self._worker: threading.Thread | None = None
+        self.uploading: set[str] = set()  # upload folders still being checked (viewer.upload): not listed yet
 
     # -- finding runs ---------------------------------------------------------------------------
 
@@ -127,15 +142,26 @@ class RunStore:
         return resolve_under(self.root, path)
 
     def run_ids(self) -> list[str]:
-        """Run folders directly under the root (and one level below, for grouped runs), sorted."""
+        """Run folders directly under the root (and one level below, for grouped runs), sorted.
+
+        A folder we cannot look into (unreadable, a link to outside the root) is listed too, so
+        its row says why instead of it vanishing or taking the page down.
+        """
         if not self.root.is_dir():
             return []
         found = []
         for d in sorted(self.root.iterdir()):
-            if _is_run_folder(d):
-                found.append(d.name)
-            elif d.is_dir() and not d.name.startswith("."):
-                found += [f"{d.name}/{s.name}" for s in sorted(d.iterdir()) if _is_run_folder(s)]
+            if d.name.startswith(".") or d.name in self.uploading:
+                continue
+            try:
+                if d.is_symlink() and d.is_dir() and not d.resolve().is_relative_to(self.root):
+                    found.append(d.name)  # refused by run_id_of; listed so its row says so
+                elif _is_run_folder(d):
+                    found.append(d.name)
+                elif d.is_dir():
+                    found += [f"{d.name}/{s.name}" for s in sorted(d.iterdir()) if _is_run_folder(s)]
+            except OSError:
+                found.append(d.name)  # unreadable: its row shows the error
         return found
 
     def run_id_of(self, path: str | Path) -> str:
@@ -162,7 +188,7 @@ class RunStore:
             hit = self._cache.get(run_id)
             if hit is not None and hit[0] == key:
                 return hit[1]
-            data = _load_run(run_id, folder)
+            data = _load_run(run_id, folder, self.root)
             self._cache[run_id] = (key, data)
             return data
 
@@ -175,56 +201,46 @@ class RunStore:
                 out.append(RunData(run_id=str(r), folder=self.root, error=str(e)))
         return out
 
-    # -- uploads --------------------------------------------------------------------------------
+    def peek(self, run_id: str) -> RunData | None:
+        """The run if it is analysed and its files are unchanged, else None; never loads.
+        PathRefused for ids get() refuses."""
+        run_id = self.run_id_of(run_id)
+        hit = self._cache.get(run_id)
+        return hit[1] if hit is not None and hit[0] == _folder_key(self.root / run_id) else None
 
-    def save_upload(self, files: list[tuple[str, bytes]]) -> str:
-        """Write uploaded trace files into a new run folder under the root; returns its run id.
+    def forget(self, run_id: str) -> None:
+        """Drop a run from the cache (its folder was removed: a refused upload)."""
+        self._cache.pop(run_id, None)
 
-        Names must be plain file names ending in .json or .json.gz (or run.json); sizes are
-        checked against MAX_UPLOAD_BYTES, and a .gz must unpack to at most MAX_UNPACKED_BYTES.
-        """
-        if not files:
-            raise PathRefused("no files")
-        checked = []
-        for name, blob in files:
-            name = str(name)
-            if not SAFE_NAME_RE.match(name) or not (name == RUN_MANIFEST or name.endswith(TRACE_SUFFIXES)):
-                raise PathRefused(f"{name!r}: expected a plain file name ending in .json or .json.gz")
-            if len(blob) > MAX_UPLOAD_BYTES:
-                raise PathRefused(f"{name}: {len(blob) / 2**20:.1f} MiB is over the {MAX_UPLOAD_BYTES // 2**20} MiB limit")
-            if blob[:2] == b"\x1f\x8b":
-                _check_unpacked_size(name, blob)
-            checked.append((name, blob))
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-        folder = self.root / f"{UPLOAD_PREFIX}{stamp}"
-        try:
-            folder.mkdir(parents=True)
-            for name, blob in checked:
-                target = resolve_under(folder, name)  # belt and braces: the name was validated above
-                target.write_bytes(blob)
-        except OSError as e:  # disk full, read-only root, ...: leave no half-written run behind
-            shutil.rmtree(folder, ignore_errors=True)
-            raise PathRefused(f"could not save the upload: {e.strerror or e}") from None
-        return folder.relative_to(self.root).as_posix()
+    # -- analysing in the background --------------------------------------------------------------
 
+    def load_in_background(self, run_ids: list[str]) -> None:
+        """Analyse these runs, one at a time, in one background thread (replacing its queue);
+        their results appear through `peek`."""
+        with self._guard:
+            self._queue = list(run_ids)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="ptprof-view-runs", daemon=True)
+                self._worker.start()
 
-def _check_unpacked_size(name: str, blob: bytes) -> None:
-    """PathRefused unless the gzip `blob` unpacks to at most MAX_UNPACKED_BYTES, counting every
-    member (a gzip file may be several concatenated members, and gzip.open reads them all)."""
-    total = 0
-    rest = blob
-    try:
-        while rest:
-            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            chunk = d.decompress(rest, 2**20)
-            while chunk:
-                total += len(chunk)
-                if total > MAX_UNPACKED_BYTES:
-                    raise PathRefused(f"{name}: unpacks to more than {MAX_UNPACKED_BYTES // 2**20} MiB")
-                chunk = d.decompress(d.unconsumed_tail, 2**20)
-            rest = d.unused_data.lstrip(b"\0")  # gzip.open skips zero padding between members too
-    except zlib.error as e:
-        raise PathRefused(f"{name}: not a valid gzip file ({e})") from None
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait for the background thread to finish its queue; False if it is still busy."""
+        worker = self._worker
+        if worker is not None:
+            worker.join(timeout)
+        return self._worker is None
+
+    def _work(self) -> None:
+        while True:
+            with self._guard:
+                if not self._queue:
+                    self._worker = None
+                    return
+                run_id = self._queue.pop(0)
+            try:
+                self.get(run_id)
+            except Exception as e:  # noqa: BLE001 -- refused ids show their error through the table's own check
+                log.warning("run %s: %s", run_id, e)
 
 
 def _folder_key(folder: Path) -> tuple:
@@ -234,24 +250,54 @@ def _folder_key(folder: Path) -> tuple:
         return ()
 
 
-def _load_run(run_id: str, folder: Path) -> RunData:
-    data = RunData(run_id=run_id, folder=folder, manifest=_read_manifest(folder))
+def _load_run(run_id: str, folder: Path, root: Path) -> RunData:
+    manifest, problem = read_manifest(folder)
+    data = RunData(run_id=run_id, folder=folder, manifest=manifest)
     try:
+        problem = problem or _links_out(root, folder)
+        if problem:
+            data.error = problem
+            return data
         data.traces = load_traces(folder, progress=False)
+        if len(data.traces.runs) > 1:  # the profiler split the folder into its jobs: one row cannot show them
+            raise TraceError(folder, f"holds the files of {len(data.traces.runs)} different jobs ({', '.join(data.traces.runs)}); "
+                                     "the viewer shows one job per folder: put each job's files in a folder of its own")
         data.analysis = analyze(data.traces)
-    except Exception as e:  # noqa: BLE001 -- any failure is shown on the run's row / panel, never a crash
+    # Any failure is shown on the run's row / panel, never a crash; polars' PanicException is a
+    # BaseException, so it is named here.
+    except (Exception, pl.exceptions.PanicException) as e:  # noqa: BLE001
         log.warning("run %s failed to load: %s", run_id, e)
         data.error = str(e) if isinstance(e, TraceError) else f"{type(e).__name__}: {e}"
         data.traces = data.analysis = None
     return data
 
 
-def _read_manifest(folder: Path) -> dict | None:
+def read_manifest(folder: Path) -> tuple[dict | None, str | None]:
+    """(run.json, None); (None, None) where there is none; (None, why) where it is unusable:
+    not a regular file, over MAX_MANIFEST_BYTES, not JSON, nested too deeply, not an object."""
+    path = folder / RUN_MANIFEST
     try:
-        m = json.loads((folder / RUN_MANIFEST).read_text())
-        return m if isinstance(m, dict) else None
-    except (OSError, ValueError):
-        return None
+        if not path.exists():
+            return None, None
+        if not path.is_file():  # a FIFO or device would block or never end
+            return None, f"{RUN_MANIFEST}: not a regular file"
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            return None, f"{RUN_MANIFEST}: over {MAX_MANIFEST_BYTES // 2**20} MiB, not a run manifest"
+        m = json.loads(path.read_bytes())
+    except RecursionError:  # json recurses per nesting level: [[[[...]]]] 100k deep
+        return None, f"{RUN_MANIFEST}: nested too deeply"
+    except (OSError, ValueError) as e:
+        return None, f"{RUN_MANIFEST}: {getattr(e, 'strerror', None) or e}"
+    if not isinstance(m, dict):
+        return None, f"{RUN_MANIFEST}: expected a JSON object, found {_json_type(m)}"
+    for key, want in MANIFEST_TYPES.items():
+        if m.get(key) is not None and not isinstance(m[key], want):
+            return None, f"{RUN_MANIFEST}: {key!r} should be {_json_type(want())}, found {_json_type(m[key])}"
+    return m, None
+
+
+def _json_type(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(v), "a number")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,18 +308,36 @@ RUN_COLUMNS = ["run", "paradigm", "ranks", "mesh", "device", "steps", "step_ms",
                "bubble_pct", "peak_mib", "peak_mib_per_rank", "status"]
 
 
+def manifest_row(run_id: str, manifest: dict | None, status: str | None) -> dict:
+    """The Runs table's row from run.json alone (each fact only where it has the right type):
+    what the table shows at once, before the analyses are done."""
+    m = manifest or {}
+    row = {c: None for c in RUN_COLUMNS}
+    mesh = m.get("mesh") or {}
+    row.update(
+        run=run_id,
+        paradigm=_text(m.get("paradigm")) or "(foreign traces)",
+        ranks=positive_int(m.get("world_size")),
+        mesh=" x ".join(f"{k}={positive_int(v)}" for k, v in mesh.items() if positive_int(v)) or None,
+        device=_text(m.get("device_name")) or _text(m.get("device")),
+        status=status,
+    )
+    return row
+
+
+def pending_row(run_id: str, folder: Path) -> dict:
+    """The row of a run not analysed yet: run.json's facts, or why run.json is unusable."""
+    manifest, problem = read_manifest(folder)
+    return manifest_row(run_id, manifest, problem or PENDING)
+
+
+def _text(v) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
 def run_row(data: RunData) -> dict:
     """The Runs table's row for a run: run.json facts plus means over ranks of the analyses."""
-    m = data.manifest or {}
-    row = {c: None for c in RUN_COLUMNS}
-    mesh = m.get("mesh") if isinstance(m.get("mesh"), dict) else {}
-    row.update(
-        run=data.run_id,
-        paradigm=m.get("paradigm") or "(foreign traces)",
-        ranks=m.get("world_size"),
-        mesh=" x ".join(f"{k}={v}" for k, v in mesh.items()) or None,
-        device=m.get("device_name") or m.get("device"),
-    )
+    row = manifest_row(data.run_id, data.manifest, None)
     if not data.ok:
         row["status"] = data.error
         return row
@@ -367,7 +431,7 @@ def pipeline_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, pl
     """
     acts, summary = [], []
     ideal = _concat([ideal_orders({d.run_id: d.manifest for d in _ok(runs)})])  # pp coordinates -> global ranks (hybrid runs)
-    for d in _ok(runs):
+    for d in _ok(runs):  # run.json's shape was checked when it was read (MANIFEST_TYPES)
         a = d.pipeline_actions()
         if a.height and d.analysis.steps.height:
             last = d.analysis.steps["step"].max()

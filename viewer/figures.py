@@ -290,6 +290,7 @@ def build_step_time_figure(steps: pl.DataFrame, runs: list[str] | None = None) -
     return fig
 
 
+SKEW_INPUT = {"run": pl.String, "collective": pl.String, "spread_us": pl.Float64}  # what the table reads of the skew frame
 COLLECTIVE_COLUMNS = ["run", "collective", "count", "size_mib", "time_ms", "mean_ms", "busbw_gbps", "skew_mean_ms", "skew_max_ms"]
 
 
@@ -299,6 +300,10 @@ def build_collectives_table(stats: pl.DataFrame, skew: pl.DataFrame) -> list[dic
     if stats.is_empty():
         return []
     c = pl.col
+    # Runs without cross-rank start data (one rank, a pipeline whose ranks share no collective)
+    # have no skew rows, not even columns: an empty frame of the right shape joins as nulls.
+    skew = skew.select(*SKEW_INPUT) if SKEW_INPUT.keys() <= set(skew.columns) else pl.DataFrame(schema=SKEW_INPUT)
+    stats, skew = (f.with_columns(c("run", "collective").cast(pl.String)) for f in (stats, skew))
     per_rank = stats.group_by("run", "rank", "collective").agg(
         count=c("count").sum(), bytes=c("total_bytes").sum(), total_us=c("total_us").sum(),
     )

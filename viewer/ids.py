@@ -5,6 +5,9 @@ RUNS_TABLE = "runs-table"
 RUNS_RELOAD = "runs-reload"
 RUNS_COMPARE_LINK = "runs-compare-link"
 RUNS_HINT = "runs-hint"
+RUNS_PROGRESS = "runs-progress"  # "Analysing runs: 3 of 17 done…"
+RUNS_POLL = "runs-poll"  # dcc.Interval: asks for runs analysed since, while any is pending
+RUNS_DONE = "runs-done"  # dcc.Store: [rows, pending] last shown, so an idle poll changes nothing
 
 # Compare page
 COMPARE_RUNS = "compare-runs"  # dcc.Store: the run ids, in the order picked

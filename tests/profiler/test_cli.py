@@ -54,7 +54,6 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path):
     cases = [
         (empty, "empty file"),
         (nothing, "no trace files"),
-        (SHARED_TRACES / "single" / "no_distributed_info.json.gz", "--trace-rank"),
         (SHARED_TRACES / "single" / "export_memory_timeline.raw.gz", "not a Kineto"),
     ]
     for path, fragment in cases:
@@ -69,6 +68,40 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path):
     assert res.returncode == 2 and "--json: cannot write the report" in res.stderr and "Traceback" not in res.stderr
 
 
+def test_one_file_without_a_rank_is_rank_0_with_a_note(tmp_path):
+    out = tmp_path / "r.json"
+    res = analyze(SHARED_TRACES / "single" / "no_distributed_info.json.gz", "--json", out)
+    assert res.returncode == 0, res.stderr
+    assert "warning: " in res.stdout and "analysed as rank 0" in res.stdout
+    assert "note: " in res.stderr and "analysed as rank 0" in res.stderr  # said with --quiet too
+    report = json.loads(out.read_text())
+    (note,) = [w for w in report["warnings"] if "analysed as rank 0" in w]
+    assert "no_distributed_info.json.gz" in note
+    assert [r["rank"] for r in report["runs"][0]["ranks"]] == [0]
+
+
+def test_several_files_without_a_rank_are_refused(tmp_path):
+    for name in ("a.json.gz", "b.json.gz"):
+        (tmp_path / name).write_bytes((SHARED_TRACES / "single" / "no_distributed_info.json.gz").read_bytes())
+    res = analyze(tmp_path)
+    assert res.returncode == 2 and "not the only file of its run" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_unknown_event_categories_are_a_warning(tmp_path):
+    # A device ptprof does not know (here a made-up `hpu_op`): its events pass as CPU operators, so
+    # the report must say so instead of accounting a device trace as CPU in silence.
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 10},
+              {"ph": "X", "cat": "hpu_op", "name": "matmul", "pid": 7, "tid": 2, "ts": 20, "dur": 30}]
+    f = tmp_path / "rank0.json"
+    f.write_text(json.dumps({"traceEvents": events}))
+    out = tmp_path / "r.json"
+    res = analyze(f, "--json", out, "--quiet")
+    assert res.returncode == 0, res.stderr
+    (warning,) = [w for w in json.loads(out.read_text())["warnings"] if "hpu_op" in w]
+    assert "hpu_op (1)" in warning and "not supported" in warning
+
+
 def test_gpu_analyses_on_a_cpu_trace_fail_clearly():
     res = analyze(SHARED_TRACES / "single" / "cpu_gloo_rank34_of_300.json.gz", "--gpu")
     assert res.returncode == 2 and "no GPU events" in res.stderr and "Traceback" not in res.stderr
@@ -77,3 +110,27 @@ def test_gpu_analyses_on_a_cpu_trace_fail_clearly():
 def test_hta_beside_ours():
     res = analyze(GPU_NCCL, "--hta", "--quiet", "--json", "/dev/null")
     assert res.returncode == 0, res.stderr
+
+
+def test_a_step_not_in_the_traces_is_one_line_naming_the_steps_there():
+    # GPU trace (steps 551, 552) and a CPU trace without [memory] events (step 551): both crashed
+    for path, have in ((GPU_NCCL, "551, 552"), (SHARED_TRACES / "single" / "cpu_gloo_rank34_of_300.json.gz", "551")):
+        res = analyze(path, "--step", "99")
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip() == f"ptprof analyze: error: step 99 is not in the traces (steps there: {have})", res.stderr
+    res = analyze(GPU_NCCL, "--step", "552", "--quiet", "--json", "/dev/null")
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_rank_without_the_step_is_left_out_and_named(tmp_path):
+    from profiler import analyze as analyze_traces
+    from profiler import load_traces
+
+    for rank, steps in ((0, (1, 2)), (1, (1,))):  # rank 1's trace lost step 2
+        events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1,
+                   "ts": 1e15 + 1000 * s, "dur": 1000} for s in steps]
+        doc = {"traceEvents": events, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
+    a = analyze_traces(load_traces(tmp_path), step=2)
+    assert a.breakdown["rank"].to_list() == [0]
+    assert any("rank 1: no step 2 (its steps: 1); left out" in w for w in a.warnings), a.warnings

@@ -5,8 +5,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from profiler import collective_skew, collective_stats, collectives, load_traces, stragglers
-from tests.profiler.conftest import kernel, launch, make_events, step
+from profiler import collective_skew, collective_stats, collectives, load_traces, stragglers, temporal_breakdown
+from tests.profiler.conftest import GPU_NCCL, kernel, launch, make_events, step
 
 RANKS = pl.DataFrame({"run": ["r"], "rank": [0], "pg_config": ['[{"pg_name": "0", "pg_size": 2, "ranks": [0, 1]}]'],
                       "world_size": [2]}).with_columns(pl.col("run").cast(pl.Categorical), pl.col("rank").cast(pl.Int32))
@@ -33,6 +33,10 @@ def test_gloo_pairing_and_bytes():
     assert c["size_bytes"].to_list() == [40, 32]
     assert c["group_size"].to_list() == [2, 2]
     assert c["note"][1] is not None and "all_reduce" in c["note"][1]
+    # no pg_config: the group is unknown (not the world size), so busbw is refused
+    bare = collectives(gloo_rank(0, 0), RANKS.with_columns(pg_config=pl.lit(None, pl.String)))
+    assert bare["group_size"].to_list() == [None, None]
+    assert collective_stats(bare)["busbw_gbps"].to_list() == [None, None]
 
 
 def test_busbw_uses_nccl_tests_factors():
@@ -59,6 +63,83 @@ def test_gpu_collectives_from_kernel_names_and_args():
     assert s["busbw_gbps"] == pytest.approx(1600 / 10 / 1e3 * 3 / 4)
 
 
+SENDRECV = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def nccl_call(op: str, ts: float, corr: int, nelems: int, dtype: str, *, c10d: tuple | None = None, tid: int = 1) -> list[dict]:
+    """An older torch's NCCL collective: `c10d::<op>_` > `nccl:<op>` (Input Dims of the input) >
+    cudaLaunchKernel, and no args on the kernel."""
+    rows = [dict(name=f"nccl:{op}", kind="enqueue", cat="user_annotation", ts_us=ts, dur_us=5, tid=tid,
+                 arg_nelems=[nelems], arg_types=[dtype]),
+            launch(ts + 2, corr, tid=tid)]
+    if c10d:
+        name, nelems_args, types = c10d
+        rows.append(dict(name=name, kind="enqueue", ts_us=ts - 1, dur_us=7, tid=tid, arg_nelems=nelems_args, arg_types=types))
+    return rows
+
+
+def test_gpu_collectives_from_the_annotation_around_the_launch():
+    # A SendRecv kernel (no args) inside nccl:all_to_all is an all-to-all of the annotation's 100 floats
+    # over the trace's 4-rank group; an all-gather's group is its output / input (pg_config is silent
+    # when it lists two groups); a kernel with no annotation keeps what its name says.
+    ranks = pl.DataFrame({"run": ["r"], "rank": [0], "world_size": [8],
+                          "pg_config": ['[{"pg_name": "0", "pg_size": 4, "ranks": [0, 1, 2, 3]}]']}).with_columns(
+        pl.col("run").cast(pl.Categorical), pl.col("rank").cast(pl.Int32))
+    ev = make_events([
+        step(1, 0, 1000),
+        *nccl_call("all_to_all", 10, 1, 100, "float", c10d=("c10d::alltoall_base_", [120, 100, None], ["float", "float", "Scalar"])),
+        kernel(SENDRECV, "comm", 20, 10, 1),
+        *nccl_call("_all_gather_base", 100, 2, 50, "c10::BFloat16", c10d=("c10d::_allgather_base_", [400, 50], ["c10::BFloat16"] * 2)),
+        kernel(SENDRECV, "comm", 120, 20, 2),
+        launch(300, 3), kernel(SENDRECV, "comm", 310, 10, 3),
+    ])
+    c = collectives(ev, ranks).sort("start_us")
+    assert c["collective"].to_list() == ["all_to_all", "all_gather", "send_recv"]
+    assert c["dtype"].to_list() == ["float", "c10::BFloat16", "int8_t"]
+    assert c["in_bytes"].to_list() == [400, 100, None]
+    assert c["out_bytes"].to_list() == [480, 800, None]
+    assert c["size_bytes"].to_list() == [400, 800, None]  # all-to-all: what it sends; all-gather: its output
+    assert c["group_size"].to_list() == [4, 8, 4]  # the trace's only group, else the all-gather's own
+    s = collective_stats(c)
+    a2a = s.filter(pl.col("collective") == "all_to_all").row(0, named=True)
+    assert a2a["busbw_gbps"] == pytest.approx(400 / 10 / 1e3 * 3 / 4)
+    ag = s.filter(pl.col("collective") == "all_gather").row(0, named=True)
+    assert ag["busbw_gbps"] == pytest.approx(800 / 20 / 1e3 * 7 / 8)
+    # one nccl:all_reduce around two comm launches (a coalesced group): the op, but no sizes
+    group = make_events([
+        step(1, 0, 1000), *nccl_call("all_reduce", 10, 1, 100, "float"), launch(13, 2),
+        kernel(SENDRECV, "comm", 20, 10, 1), kernel(SENDRECV, "comm", 40, 10, 2),
+    ])
+    g = collectives(group, ranks)
+    assert g["collective"].to_list() == ["all_reduce"] * 2 and g["in_bytes"].to_list() == [None, None]
+    # two groups in pg_config and no name on the call: the all-to-all's group is unknown (never the
+    # world size guessed), and so is its busbw
+    two = ranks.with_columns(pg_config=pl.lit('[{"pg_name": "0", "pg_size": 4}, {"pg_name": "1", "pg_size": 2}]'))
+    c2 = collectives(ev, two).sort("start_us")
+    assert c2["group_size"].to_list() == [None, 8, None]
+    assert collective_stats(c2).filter(pl.col("collective") == "all_to_all")["busbw_gbps"].to_list() == [None]
+
+
+def test_sizes_of_an_older_nccl_trace_match_an_independent_count():
+    # gpu_nccl_2_of_128 rank 0: NCCL kernels without args, all of them SendRecv; counted by hand
+    # from its nccl:<op> / c10d annotations (issue 12).
+    traces = load_traces(GPU_NCCL)
+    stats = collective_stats(collectives(traces.events, traces.ranks)).filter(pl.col("rank") == 0)
+    by = stats.group_by("collective").agg(pl.col("total_bytes", "total_us").sum(), pl.col("group_size").first())
+    got = {r["collective"]: r for r in by.iter_rows(named=True)}
+    assert set(got) == {"all_gather", "all_reduce", "all_to_all"}  # no send_recv left
+    assert got["all_gather"]["total_bytes"] == 2_147_483_648 and got["all_gather"]["total_us"] == 106_140
+    assert got["all_gather"]["group_size"] == 64
+    ag = stats.filter(pl.col("collective") == "all_gather").row(0, named=True)
+    assert ag["busbw_gbps"] == pytest.approx(19.9, abs=0.05)
+    assert got["all_reduce"]["total_bytes"] == 314_195_708
+    assert got["all_to_all"]["total_bytes"] == 850_250_752
+    assert "int8_t" not in stats["dtype"].to_list()
+    # the all-to-alls are matched across the two ranks (they were point-to-point send_recv before)
+    skew = collective_skew(collectives(traces.events, traces.ranks))
+    assert skew.filter(pl.col("algo") == "all_to_all").height == 4
+
+
 def test_skew_and_straggler():
     both = pl.concat([gloo_rank(0, 0), gloo_rank(1, 7)])
     ranks = pl.concat([RANKS, RANKS.with_columns(rank=pl.lit(1, pl.Int32))])
@@ -66,6 +147,46 @@ def test_skew_and_straggler():
     assert skew["spread_us"].to_list() == [7, 7] and skew["last_rank"].to_list() == [1, 1]
     s = stragglers(skew).row(0, named=True)
     assert (s["rank"], s["times_last"], s["share_pct"]) == (1, 2, 100.0)
+
+
+def test_comm_kernels_count_alike_in_the_breakdown_and_the_collectives():
+    # Three NCCL kernels without args: one launched in the step, one with no correlation at all
+    # (placed by its start), and one whose launch is not in the trace (launched before profiling:
+    # no step, as in HTA, with two steps or more). The breakdown's comm time and the collectives
+    # table hold the same two.
+    ev = make_events([
+        step(1, 0, 1000), step(2, 1000, 1000),
+        launch(10, 1), kernel(SENDRECV, "comm", 20, 10, 1),
+        kernel(SENDRECV, "comm", 100, 30, None),
+        kernel(SENDRECV, "comm", 500, 70, 99),
+        launch(600, 2), kernel("void gemm()", "compute", 900, 50, 2),
+    ])
+    comm_us = temporal_breakdown(ev)["comm_us"].to_list()
+    c = collectives(ev)
+    assert comm_us == [40.0]
+    assert c["dur_us"].sum() == 40.0 and c.height == 2
+    assert collective_stats(c)["total_us"].sum() == 40.0
+
+
+def test_stragglers_cover_all_to_all_run_as_send_recv():
+    # Two ranks, five all-to-alls that NCCL runs as SendRecv kernels (no kernel args): rank 1
+    # starts four of them last, by up to 7.6 ms; rank 0 starts the third last.
+    late = [1000, 7600, -300, 2500, 400]  # rank 1's delay per all-to-all, µs
+
+    def rank(r: int) -> pl.DataFrame:
+        rows = [step(1, 0, 100_000)]
+        for i, d in enumerate(late):
+            t = 10_000 * (i + 1) + (d if r == 1 else 0)
+            rows += [*nccl_call("all_to_all", t - 10, i + 1, 1000, "float"), kernel(SENDRECV, "comm", t, 500, i + 1)]
+        return make_events(rows, rank=r)
+
+    ranks = pl.concat([RANKS, RANKS.with_columns(rank=pl.lit(1, pl.Int32))])
+    skew = collective_skew(collectives(pl.concat([rank(0), rank(1)]), ranks))
+    assert skew["algo"].to_list() == ["all_to_all"] * 5
+    assert skew["last_rank"].to_list() == [1, 1, 0, 1, 1]
+    assert skew["spread_us"].max() == 7600
+    s = stragglers(skew).row(0, named=True)
+    assert (s["rank"], s["times_last"], s["share_pct"]) == (1, 4, 80.0)
 
 
 @pytest.mark.multirank

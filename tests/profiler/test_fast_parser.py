@@ -140,6 +140,41 @@ def test_same_frame_on_hand_made_quirks(tmp_path, form):
         assert meta["distributed_info"] == {"rank": 3, "world_size": 4} and meta["device_name"] == "MI250"
 
 
+# torch 1.8/1.9 Kineto: string tids, "stream <N>" on GPU activity, capitalised categories.
+TORCH18 = [
+    {"ph": "X", "cat": "Operator", "name": "aten::mm", "pid": 5555, "tid": "5555", "ts": 10, "dur": 5},
+    {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 5555, "tid": "5555", "ts": 11, "dur": 1,
+     "args": {"correlation": 3, "external id": 1}},
+    {"ph": "X", "cat": "Kernel", "name": "gemm", "pid": 0, "tid": "stream 7", "ts": 12, "dur": 4,
+     "args": {"device": 0, "stream": 7, "correlation": 3}},
+    {"ph": "X", "cat": "Memset", "name": "Memset (Device)", "pid": 0, "tid": "stream 13", "ts": 17, "dur": 1},
+    {"ph": "X", "cat": "Kernel", "name": "past int64", "pid": 0, "tid": "stream 99999999999999999999", "ts": 18, "dur": 1},
+    {"ph": "M", "name": "thread_name", "pid": 5555, "tid": "5555", "args": {"name": "thread 5555 (python)"}},
+    {"ph": "M", "name": "thread_name", "pid": 0, "tid": "stream 13", "args": {"name": "copy stream"}},
+    {"ph": "M", "name": "thread_name", "pid": 0, "tid": "007", "args": {"name": "int() refuses a leading zero"}},
+    {"ph": "M", "name": "thread_name", "pid": 0, "tid": "00", "args": {"name": "zero"}},
+]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_torch18_stream_tids_are_read(tmp_path, fast):
+    # Both parsers read "stream 7" as tid 7 (before, every GPU event was dropped for a null tid);
+    # the C parser takes the file itself.
+    f = _write(tmp_path, {"traceEvents": TORCH18})
+    if fast:
+        if parse._kineto is None:
+            pytest.skip("the C parser is not built")
+        assert _c_parses(f)
+        _assert_same(f)
+    frame, meta = parse_trace_file(f, fast=fast)
+    rows = {r["name"]: r for r in frame.to_dicts()}
+    assert (rows["gemm"]["tid"], rows["gemm"]["stream"], rows["gemm"]["device"], rows["gemm"]["kind"]) == (7, 7, "gpu", "compute")
+    assert (rows["Memset (Device)"]["stream"], rows["Memset (Device)"]["kind"], rows["Memset (Device)"]["thread"]) == (13, "memory", "copy stream")
+    assert rows["aten::mm"]["tid"] == 5555 and rows["aten::mm"]["thread"] == "thread 5555 (python)"
+    assert rows["cudaLaunchKernel"]["kind"] == "runtime"
+    assert "past int64" not in rows and meta["dropped"]["string_pid"] == 1 and meta["has_gpu"]
+
+
 # Input the C parser leaves to msgspec: it must decline (not guess), and the result must not change.
 DECLINED = {
     "escaped key": b'{"traceEvents": [{"p\\u0068": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1}]}',

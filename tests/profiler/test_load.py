@@ -1,34 +1,39 @@
-"""The loader on every real trace we have, on bad input, and its cache."""
+"""The loader on every real trace we have, and on bad input (its cache: test_cache.py)."""
 
 from __future__ import annotations
 
 import gzip
 import shutil
-from pathlib import Path
 
 import msgspec
 import polars as pl
 import pytest
 
 from profiler import SCHEMA, TraceError, load_traces
-from profiler.cache import cache_dir
 from profiler.parse import parse_trace_file
 from tests.conftest import SHARED_TRACES
 from tests.profiler.conftest import GPU_NCCL
 
 SINGLE = SHARED_TRACES / "single"
-# file -> (rank, has_gpu) for those that load; a message fragment for those that must not.
+# file -> (rank, has_gpu, device_kind) for those that load; a message fragment for those that must not.
 LOADS = {
-    "a100_cudagraphs_rank0_of_16.json.gz": (0, True),
-    "a100_rank3_of_8.json.gz": (3, True),
-    "cpu_gloo_rank34_of_300.json.gz": (34, False),
-    "nccl_args_rank0_of_2.json.gz": (0, True),
-    "v100_nccl_memory_rank1.json.gz": (1, True),
-    "v100_rank1_of_2.json.gz": (1, True),
+    "a100_cudagraphs_rank0_of_16.json.gz": (0, True, "cuda"),
+    "a100_rank3_of_8.json.gz": (3, True, "cuda"),
+    "cpu_gloo_rank34_of_300.json.gz": (34, False, "cpu"),
+    "nccl_args_rank0_of_2.json.gz": (0, True, "cuda"),
+    "v100_nccl_memory_rank1.json.gz": (1, True, "cuda"),
+    "v100_rank1_of_2.json.gz": (1, True, "cuda"),
+    "v100_ns_resolution_rank0.json.gz": (0, True, "cuda"),
+    "mtia_rank0.json.gz": (0, True, "mtia"),
+    # torch 1.8: GPU tids "stream 7" (every GPU event was dropped: analysed as CPU)
+    "torch18_v100_resnet50_rank0.json.gz": (0, True, "cuda"),
+    # no rank anywhere: each is its run's only file here, so rank 0 with a note
+    "mi250_rocm_single.json.gz": (0, True, "rocm"),
+    "mi300_timesformer_memory.json.gz": (0, True, "rocm"),
+    "no_distributed_info.json.gz": (0, False, "cpu"),  # an A100 host's trace recorded without CUDA activity
 }
+NO_RANK = {"mi250_rocm_single.json.gz", "mi300_timesformer_memory.json.gz", "no_distributed_info.json.gz"}
 FAILS = {
-    "no_distributed_info.json.gz": "--trace-rank",
-    "mi250_rocm_single.json.gz": "--trace-rank",
     "export_memory_timeline.raw.gz": "not a Kineto/Chrome trace",
 }
 
@@ -40,12 +45,18 @@ def test_every_shared_trace_is_listed():
 @pytest.mark.parametrize("name", sorted(LOADS))
 def test_shared_trace_loads(name):
     traces = load_traces(SINGLE / name)
-    rank, has_gpu = LOADS[name]
+    rank, has_gpu, kind = LOADS[name]
     assert traces.ranks["rank"].to_list() == [rank]
     assert traces.ranks["has_gpu"].to_list() == [has_gpu]
+    assert traces.ranks["device_kind"].to_list() == [kind]
+    assert traces.ranks["unknown_categories"].to_list() == [None]  # every event's category is known
     assert traces.events.schema == pl.Schema(SCHEMA)
     assert traces.events.height > 0
     assert traces.events.filter(pl.col("dur_us") < 0).is_empty()
+    if name in NO_RANK:
+        assert len(traces.notes) == 1 and name in traces.notes[0] and "rank 0" in traces.notes[0]
+    else:
+        assert traces.notes == []
 
 
 @pytest.mark.parametrize("name", sorted(FAILS))
@@ -57,9 +68,30 @@ def test_shared_trace_fails_clearly(name):
 
 def test_missing_rank_can_be_supplied():
     traces = load_traces(SINGLE / "mi250_rocm_single.json.gz", default_rank=5)
-    assert traces.ranks["rank"].to_list() == [5]
+    assert traces.ranks["rank"].to_list() == [5] and traces.notes == []
     kinds = set(traces.events.filter(pl.col("device") == "gpu")["kind"].cast(pl.String))
     assert {"compute", "memory"} <= kinds  # ROCm kernels classified like CUDA ones
+
+
+def test_several_files_without_a_rank_in_one_run_are_errors(tmp_path):
+    # Two rankless files of one run would both be rank 0: neither is guessed, and the message says why.
+    for name in ("a.json.gz", "b.json.gz"):
+        shutil.copy(SINGLE / "no_distributed_info.json.gz", tmp_path / name)
+    with pytest.raises(TraceError) as err:
+        load_traces(tmp_path)
+    assert "a.json.gz" in str(err.value) and "b.json.gz" in str(err.value) and "not the only file of its run" in str(err.value)
+
+
+def test_a_rankless_file_beside_ranked_ones_is_an_error(tmp_path):
+    # One job (no distributedInfo in either, overlapping clocks): rank 1 by its name, and a file
+    # naming none, which as rank 0 would be a guess among the job's ranks.
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1e15, "dur": 1000},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1e15 + 10, "dur": 500}]
+    for name in ("rank1.json", "trace.json"):
+        _write(tmp_path / name, msgspec.json.encode({"traceEvents": events}))
+    traces = load_traces(tmp_path)
+    assert traces.ranks["rank"].to_list() == [1] and not any("rank 0" in n for n in traces.notes)
+    assert len(traces.problems) == 1 and "trace.json: no rank" in str(traces.problems[0])
 
 
 def test_normalized_columns_on_a_gpu_trace():
@@ -143,14 +175,6 @@ def test_rank_from_filename_and_chrome_array_form(tmp_path):
     assert traces.events.filter(pl.col("name") == "mark")["dur_us"].item() == 0.0
 
 
-def test_second_load_reads_the_cache():
-    f = GPU_NCCL / "rank1.json.gz"
-    first = load_traces(f)
-    assert any(cache_dir().glob("*.parquet"))
-    second = load_traces(f)
-    assert second.events.equals(first.events)
-
-
 def test_several_files_in_parallel_match_one_by_one():
     both = load_traces(GPU_NCCL, cache=False, workers=2, progress=False)
     one = pl.concat([load_traces(GPU_NCCL / f"rank{r}.json.gz", cache=False).events for r in (0, 1)])
@@ -222,26 +246,3 @@ def test_a_parser_crash_names_the_file(tmp_path, monkeypatch):
     with pytest.raises(TraceError) as err:
         load_traces(f, cache=False)
     assert "rank0.json.gz" in str(err.value) and "RuntimeError: unexpected shape" in str(err.value)
-
-
-def test_a_half_written_cache_entry_is_parsed_again(tmp_path):
-    f = shutil.copy(GPU_NCCL / "rank0.json.gz", tmp_path / "rank0.json.gz")
-    first = load_traces(f)
-    meta_file = next(cache_dir().glob(f"{Path(first.parts[0].parquet).stem}.json"))
-    meta_file.write_text('{"distributed_info": {"ra')  # a process killed mid-write
-    again = load_traces(f)
-    assert again.ranks["n_events"].to_list() == first.ranks["n_events"].to_list()
-    assert again.events.equals(first.events)
-
-
-def test_no_cache_keeps_ranks_on_disk_until_the_traces_go(tmp_path):
-    traces = load_traces(GPU_NCCL, cache=False)
-    folders = {Path(p.parquet).parent for p in traces.parts}
-    assert len(folders) == 1 and cache_dir() not in folders
-    (folder,) = folders
-    assert folder.is_dir() and traces.events.height == traces.ranks["n_events"].sum()
-    del traces
-    import gc
-
-    gc.collect()
-    assert not folder.exists()

@@ -53,3 +53,20 @@ def test_persistent_memory_from_run_json():
     }
     p = persistent_memory(runs)
     assert p.select("run", "rank", "params_bytes", "optimizer_bytes", "max_memory_allocated_bytes").rows() == [("a", 0, 10, 20, None)]
+
+
+def test_rocm_memory_events_are_the_gpu():
+    # ROCm records its GPU's allocations with Device Type 6 (HIP); torch calls that device cuda:<id>.
+    tl = memory_timeline(make_events([step(1, 0, 100), mem(10, 100, 100, device_type=6, device_id=2),
+                                      mem(20, 8, 8, device_type=19), mem(30, 8, 8, device_type=42)]))
+    assert sorted(set(tl["mem_device"])) == ["cuda:2", "device42", "mtia:0"]
+
+
+def test_rocm_memory_on_a_real_mi300_trace():
+    from profiler import load_traces
+    from tests.conftest import SHARED_TRACES
+
+    ev = load_traces(SHARED_TRACES / "single" / "mi300_timesformer_memory.json.gz").events
+    peaks = memory_peaks(memory_timeline(ev))
+    assert sorted(peaks["mem_device"]) == ["cpu", "cuda:0"]
+    assert peaks.filter(pl.col("mem_device") == "cuda:0")["n_events"].item() == 1302  # Device Type 6 events in the file

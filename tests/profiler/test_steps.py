@@ -45,6 +45,18 @@ def test_cpu_events_by_start_gpu_activity_by_its_launch():
                    "orphan": None, "uncorrelated": 2, "aten::add": None}
 
 
+def test_single_step_rank_keeps_its_device_activity_in_its_step():
+    # HTA's rule (Trace._filter_irrelevant_gpu_kernels): with fewer than two ProfilerSteps, no
+    # device activity is dropped for its launch. Per rank: rank 1 has two steps and keeps the filter.
+    single = make_events([step(5, 0, 50), launch(60, 7), kernel("late", "compute", 70, 5, 7),
+                          kernel("orphan", "compute", 80, 5, 99), dict(name="aten::add", kind="op", ts_us=90, dur_us=1)], rank=0)
+    double = make_events([step(5, 0, 50), step(6, 50, 50), launch(120, 7), kernel("late", "compute", 130, 5, 7),
+                          kernel("orphan", "compute", 80, 5, 99)], rank=1)
+    got = {(r, n): s for r, n, s in assign_steps(pl.concat([single, double])).select("rank", pl.col("name").cast(pl.String), "step").iter_rows()}
+    assert (got[(0, "late")], got[(0, "orphan")], got[(0, "aten::add")]) == (5, 5, None)  # CPU events still by their start
+    assert (got[(1, "late")], got[(1, "orphan")]) == (None, None)
+
+
 def test_step_time_stats():
     ev = make_events([step(1, 0, 10), step(2, 10, 20), step(3, 30, 60)])
     row = step_time_stats(profiler_steps(ev)).row(0, named=True)

@@ -24,6 +24,17 @@ from tests.conftest import ptprof
         (["run", "fsdp", "--gpus", "2", "--pp", "2"], "--pp does not apply to fsdp: it is for hybrid"),
         (["run", "ddp", "--gpus", "2", "--microbatches", "4"], "--microbatches does not apply to ddp"),
         (["run", "ddp", "--gpus", "2", "--experts", "8"], "--experts does not apply to ddp: it is for ep"),
+        # a timeout must be a finite, positive number of seconds (nan would never fire, 1e300 overflows)
+        (["run", "ddp", "--gpus", "2", "--timeout", "nan"], "--timeout: must be a number of seconds"),
+        (["run", "ddp", "--gpus", "2", "--timeout", "inf"], "--timeout: must be a number of seconds"),
+        (["run", "ddp", "--gpus", "2", "--timeout", "0"], "--timeout: must be a number of seconds"),
+        (["run", "ddp", "--gpus", "2", "--timeout", "-5"], "--timeout: must be a number of seconds"),
+        (["run", "ddp", "--gpus", "2", "--timeout", "1e300"], "--timeout: must be a number of seconds"),
+        (["run", "ddp", "--gpus", "2", "--lr", "nan"], "--lr: must be a finite number"),
+        # run names the filesystem cannot hold, or that would garble a terminal
+        (["run", "ddp", "--gpus", "2", "--name", "n" * 300], "--name is 300 bytes long; a run name may have at most 250"),
+        (["run", "ddp", "--gpus", "2", "--name", "a\nb"], "has control characters"),
+        (["run", "ddp", "--gpus", "2", "--name", "a/b"], "must be a plain folder name"),
     ],
 )
 def test_bad_requests_are_one_line_exit_2(tmp_path, args, needle):
@@ -33,6 +44,65 @@ def test_bad_requests_are_one_line_exit_2(tmp_path, args, needle):
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith("ptprof run: error:") and needle in lines[0], lines[0]
     assert not list(tmp_path.iterdir()), "nothing may be written for a rejected request"
+
+
+@pytest.mark.parametrize(
+    "out, needle",
+    [
+        ("file", "--out is not a folder"),
+        ("file/sub", "--out's parent"),
+        ("", "--out is empty"),
+        ("/proc/1/sub", "is not writable"),  # unwritable even for root
+        ("/proc/nosuch-ptprof", "cannot create"),  # passes the checks, fails at mkdir: still one line
+    ],
+)
+def test_unusable_out_is_one_line_exit_2(tmp_path, out, needle):
+    (tmp_path / "file").write_text("not a folder")
+    target = str(tmp_path / out) if out.startswith("file") else out
+    res = ptprof("run", "ddp", "--gpus", "2", "--out", target, "--name", "r")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ptprof run: error:") and needle in lines[0], res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_default_model_is_the_smallest_that_fits_every_pipeline():
+    """Computed here from the schedules' definitions: P x V stages need as many layers, and the
+    default 2 x P microbatches must split the preset's batch."""
+    from runners.options import MODEL_PRESETS, RunOptions
+    from runners.paradigms import PIPELINE_SCHEDULES, default_model, problem_with
+
+    stages_per_rank = {"gpipe": 1, "1f1b": 1, "zero-bubble": 1, "interleaved-1f1b": 2, "zbv": 2, "dualpipev": 2}
+    assert set(stages_per_rank) == set(PIPELINE_SCHEDULES)
+    by_size = ["tiny", "tiny8", "tiny16", "small"]  # n_params increasing
+    for name, v in stages_per_rank.items():
+        for ranks in (2, 4, 8):
+            fits = [m for m in by_size if MODEL_PRESETS[m][2] >= ranks * v and MODEL_PRESETS[m][5] % (2 * ranks) == 0]
+            opts = RunOptions(paradigm=name, gpus=ranks)
+            chosen = default_model(opts)
+            assert chosen == fits[0], (name, ranks, chosen)
+            assert problem_with(RunOptions(paradigm=name, gpus=ranks, model=chosen)) is None
+
+
+def test_run_needs_only_gpus_and_steps(tmp_path):
+    """Every paradigm is accepted with --gpus 2 (and 4) alone; any --steps >= 1 fits the profiler defaults."""
+    from runners.cli import _check_request, build_parser
+    from runners.paradigms import PARADIGMS
+
+    def check(*args):
+        return _check_request(build_parser().parse_args(["run", *args, "--out", str(tmp_path)]))
+
+    for paradigm in PARADIGMS:
+        for ranks in ("2", "4"):
+            opts, _device, chosen = check(paradigm, "--gpus", ranks)
+            assert chosen and opts.model in ("tiny", "tiny8")
+    for steps, (warmup, active) in {1: (0, 1), 2: (1, 1), 3: (1, 2), 4: (1, 3), 5: (1, 3), 9: (1, 3)}.items():
+        opts, _, _ = check("ddp", "--gpus", "2", "--steps", str(steps))
+        assert (opts.warmup, opts.active, opts.wait) == (warmup, active, steps - warmup - active)
+    opts, _, _ = check("ddp", "--gpus", "2", "--steps", "3", "--active", "3")  # explicit active: no room for warmup
+    assert (opts.warmup, opts.active) == (0, 3)
+    opts, _, chosen = check("zbv", "--gpus", "2", "--model", "small")  # an explicit model is kept
+    assert opts.model == "small" and not chosen
 
 
 def test_existing_run_folder_is_not_overwritten(tmp_path):
@@ -70,6 +140,11 @@ def test_describe_failures_tells_causes_from_symptoms():
     # Ranks absent from the failures (never failed, stopped silently) are the suspects too.
     line = describe_failures({0: timeout}, 3)
     assert line.startswith("rank 1, 2 stopped responding")
+    # A rank seen stopped (SIGSTOP) and then killed by the launcher did not crash: it did not respond.
+    killed = (-9, "Signal 9 (SIGKILL) received by PID 9")
+    line = describe_failures({0: timeout, 1: killed}, 2, stopped=frozenset({1}))
+    assert line.startswith("rank 1 stopped responding (rank 1's process was stopped: SIGSTOP")
+    assert "rank 0 gave up waiting" in line and "signal 9" not in line
 
 
 def test_list_shows_runs_and_skips_hidden(tmp_path):
@@ -90,6 +165,41 @@ def test_list_shows_runs_and_skips_hidden(tmp_path):
     assert "r1" in res.stdout and "fsdp" in res.stdout and "4.5000" in res.stdout
     assert ".x" not in res.stdout
     assert "broken" in res.stdout and "unreadable run.json" in res.stdout
+    assert "steps run" in res.stdout.splitlines()[0]  # all steps trained, not only the profiled ones
+
+
+def test_list_survives_any_run_json(tmp_path):
+    import json
+
+    bad = {
+        "a-list": "[1, 2]",
+        "deep": "[" * 100_000 + "]" * 100_000,
+        "wrong-types": json.dumps({"pipeline": [1]}),
+        "bool-ranks": json.dumps({"paradigm": "ddp", "world_size": True, "backend": "gloo", "losses": []}),
+        "str-losses": json.dumps({"paradigm": "ddp", "world_size": 2, "backend": "gloo", "losses": "1,2"}),
+        "int-date": json.dumps({"paradigm": "ddp", "world_size": 2, "backend": "gloo", "losses": [], "created_at": 5}),
+        "not-utf8": b"\xff\xfe\xfa",
+    }
+    for name, text in bad.items():
+        (tmp_path / name).mkdir()
+        path = tmp_path / name / "run.json"
+        path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "run.json").write_text(json.dumps(
+        {"paradigm": "ddp\x1b[31m", "world_size": 2, "backend": "gloo", "losses": [5.0, None, 4.25]}))
+    res = ptprof("list", "--traces", str(tmp_path))
+    assert res.returncode == 0 and not res.stderr, res.stderr
+    rows = {line.split()[0]: line for line in res.stdout.splitlines()[1:]}
+    assert set(rows) == set(bad) | {"good"}
+    assert "holds a JSON list, not an object" in rows["a-list"]
+    assert "nested too deeply" in rows["deep"]
+    assert "run.json has no 'paradigm'" in rows["wrong-types"]
+    assert "'world_size' is not a positive integer" in rows["bool-ranks"]
+    assert "'losses' is not a list of numbers" in rows["str-losses"]
+    assert "'created_at' is not a string" in rows["int-date"]
+    assert "unreadable run.json" in rows["not-utf8"]
+    assert "\x1b" not in res.stdout and "ddp\\x1b[31m" in rows["good"]  # escapes shown, not obeyed
+    assert rows["good"].split()[4:6] == ["3", "4.2500"]
 
 
 def test_view_is_a_clear_placeholder_until_the_viewer_lands():

@@ -71,7 +71,7 @@ def test_killed_rank_stops_the_run(tmp_path):
     try:
         # Wait until training runs (rank 0 printed a step), then SIGKILL rank 1.
         for line in proc.stdout:
-            if line.startswith("step 2/"):
+            if line.startswith("step 1 "):
                 break
         victims = [p for p in run_processes(run_id) if p.environ().get("RANK") == "1"]
         assert len(victims) == 1
@@ -82,6 +82,69 @@ def test_killed_rank_stops_the_run(tmp_path):
             proc.kill()
     assert proc.returncode == 1
     assert "rank 1 failed (killed by signal 9)" in stderr
+    assert_nothing_left(tmp_path, run_id)
+
+
+def test_stopped_rank_is_reported_as_not_responding(tmp_path):
+    """A rank frozen by SIGSTOP hangs the run like a deadlock: report it so, not as killed by signal 9."""
+    import signal
+
+    run_id = "stopped"
+    cmd = [sys.executable, "-m", "runners.cli", "run", "ddp", "--gpus", "2", "--steps", "500", "--timeout", "5",
+           "--out", str(tmp_path), "--name", run_id]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 1 "):
+                break
+        victims = [p for p in run_processes(run_id) if p.environ().get("RANK") == "1"]
+        assert len(victims) == 1
+        victims[0].send_signal(signal.SIGSTOP)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "rank 1 stopped responding (rank 1's process was stopped: SIGSTOP" in stderr, stderr
+    assert "killed by signal" not in stderr
+    assert "rank 0 gave up waiting" in stderr
+    assert_nothing_left(tmp_path, run_id)
+
+
+# Runs `ptprof run` with torch's process creation failing after two ranks were started, as fork
+# fails (EAGAIN) at a user process limit. Each started rank first leaves a child in a session of
+# its own (setsid), out of reach of its process group: only the process tree finds it.
+SPAWN_FAILS_AFTER_TWO = """
+import errno, sys
+from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler as sh
+real, started = sh.SubprocessHandler._popen, []
+def popen(self, args, env):
+    if len(started) == 2:
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+    started.append(args)
+    return real(self, ("sh", "-c", 'setsid sleep 300 & exec "$0" "$@"', *args), env)
+sh.SubprocessHandler._popen = popen
+from runners.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_failed_process_creation_leaves_no_process(tmp_path):
+    run_id = "spawn-fails"
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", SPAWN_FAILS_AFTER_TWO, "run", "ddp", "--gpus", "4", "--steps", "2", "--warmup", "1",
+             "--active", "1", "--out", str(tmp_path), "--name", run_id],
+            cwd=REPO, capture_output=True, text=True, timeout=90,  # orphans holding stdout would block it
+        )
+    finally:
+        leftovers = [(proc, proc.cmdline()[:3]) for proc in run_processes(run_id)]
+        for proc, _ in leftovers:  # never leave them running, even when the test fails
+            proc.kill()
+    assert not leftovers, f"orphans: {[cmd for _, cmd in leftovers]}"
+    assert res.returncode == 1, res.stderr
+    assert "could not start the rank processes: Resource temporarily unavailable (EAGAIN)" in res.stderr
+    assert "Traceback" not in res.stderr
     assert_nothing_left(tmp_path, run_id)
 
 

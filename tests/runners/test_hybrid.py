@@ -126,11 +126,12 @@ def test_traces_show_the_collectives_each_degree_implies(runs, dp, pp, tp, extra
     [
         (["--gpus", "4", "--dp", "2", "--pp", "2", "--tp", "2"], "dp 2 x pp 2 x tp 2 = 8, but --gpus 4 gives 4 ranks"),
         (["--gpus", "6", "--dp", "1", "--pp", "2", "--tp", "3"],
-         "tp 3 needs attention heads (4, model 'tiny') divisible by 3"),
+         "tp 3 needs attention heads (4, model 'tiny') divisible by 3; "
+         "no default preset (tiny, tiny8, tiny16, small) fits: give --model"),
         (["--gpus", "4", "--dp", "2", "--pp", "2", "--microbatches", "3"],
          "a dp replica's batch of 4 (--batch-size 8 / dp 2) does not split into 3 equal microbatches; "
          "use --microbatches dividing 4"),
-        (["--gpus", "4", "--dp", "1", "--pp", "4", "--tp", "1"],
+        (["--gpus", "4", "--dp", "1", "--pp", "4", "--tp", "1", "--model", "tiny"],
          "1f1b over pp 4 x 1 stage(s) per rank needs 4 layers, but model 'tiny' has 2; "
          "use a deeper --model (tiny8 has 8)"),
     ],

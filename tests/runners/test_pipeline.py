@@ -161,7 +161,7 @@ def test_spans_hold_compute_only(runs, schedule):
          "interleaved-1f1b needs --microbatches divisible by its 2 rounds (max(1, M // 2 ranks)), got 5"),
         (["gpipe", "--gpus", "2", "--microbatches", "3"],
          "--batch-size 8 does not split into 3 equal microbatches; use --microbatches dividing 8"),
-        (["zbv", "--gpus", "2"],
+        (["zbv", "--gpus", "2", "--model", "tiny"],
          "zbv over 2 ranks x 2 stage(s) per rank needs 4 layers, but model 'tiny' has 2; use a deeper --model (tiny8 has 8)"),
         (["zbv", "--gpus", "2", "--model", MODEL, "--stages-per-rank", "3"],
          "zbv runs exactly 2 stage(s) per rank, got --stages-per-rank 3"),

@@ -58,5 +58,6 @@ def test_tp_degree_must_divide_heads(tmp_path):
     res = ptprof("run", "tp", "--gpus", "3", "--out", str(tmp_path))
     assert res.returncode == 2
     assert res.stderr.strip() == (
-        "ptprof run: error: tp over 3 ranks needs attention heads (4, model 'tiny') divisible by 3"
+        "ptprof run: error: tp over 3 ranks needs attention heads (4, model 'tiny') divisible by 3; "
+        "no default preset (tiny, tiny8, tiny16, small) fits: give --model"
     )

@@ -64,3 +64,25 @@ def pages(app):
     from viewer.pages import compare, open as open_page, runs
 
     return types.SimpleNamespace(runs=runs, compare=compare, open=open_page)
+
+
+def dash_post(app, output: str, *values, state=(), changed: int = 0):
+    """POST to /_dash-update-component as the browser does: the callback whose output names
+    `output` (e.g. "compare-timeline.figure"), its inputs set to `values` and its state to `state`.
+    Returns the Flask response; `changed` is the index of the input that fired."""
+    client = app.server.test_client()
+    client.get("/")  # first request: dash registers the callbacks
+    deps = client.get("/_dash-dependencies").get_json()
+    (dep,) = [d for d in deps if (output in d["output"].strip(".").split("...") or d["output"].split("@")[0] == output)
+              and len(d["inputs"]) == len(values) and len(d["state"]) == len(state)]  # two callbacks may share an output
+    if dep["output"].startswith(".."):
+        outputs = [dict(zip(("id", "property"), o.split(".", 1))) for o in dep["output"][2:-2].split("...")]
+    else:
+        outputs = dict(zip(("id", "property"), dep["output"].split(".", 1)))
+    body = {
+        "output": dep["output"], "outputs": outputs,
+        "inputs": [{**i, "value": v} for i, v in zip(dep["inputs"], values, strict=True)],
+        "state": [{**s, "value": v} for s, v in zip(dep["state"], state, strict=True)],
+        "changedPropIds": [f"{dep['inputs'][changed]['id']}.{dep['inputs'][changed]['property']}"],
+    }
+    return client.post("/_dash-update-component", json=body)

@@ -1,10 +1,11 @@
 """One real-browser smoke test: `python -m viewer view` on the samples, driven by headless Chromium.
 
-Ticks two runs on the Runs page, follows Compare, and checks that the timeline, breakdown and
-memory graphs were drawn with data. Then zooms the timeline and checks the server re-binned it.
-Saves test-artifacts/viewer-compare.png (and -zoomed.png). Needs Debian's
-`chromium` and `chromium-driver` (installed by .ci/run); skipped where they are absent, except on
-CI (CI set in the environment), where a missing browser is a failure rather than a silent skip.
+Waits for the Runs page to finish analysing (it polls), ticks two runs, follows Compare, and
+checks that the timeline, breakdown and memory graphs were drawn with data. Then zooms the
+timeline and checks the server re-binned it. Saves test-artifacts/viewer-compare.png (and
+-zoomed.png). Needs Debian's `chromium` and `chromium-driver` (installed by .ci/run); skipped
+where they are absent, except on CI (CI set in the environment), where a missing browser is a
+failure rather than a silent skip.
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ def test_compare_two_runs_in_a_browser(server, browser):
     url, log = server
     wait = WebDriverWait(browser, 40)
     browser.get(url + "/")
+    # The table shows at once and fills in as the runs are analysed in the background.
+    wait.until(EC.presence_of_element_located((By.XPATH, "//td[@data-dash-column='run']")))
+    WebDriverWait(browser, 180).until(EC.text_to_be_present_in_element((By.ID, ids.RUNS_PROGRESS), " runs."),
+                                      message="the analyses never finished")
     for run in ("sample-ddp-2r", "sample-fsdp-2r"):
         row = wait.until(EC.presence_of_element_located((By.XPATH, f"//tr[td[@data-dash-column='run'][.//*[text()='{run}'] or text()='{run}']]")))
         row.find_element(By.CSS_SELECTOR, "input[type=checkbox]").click()

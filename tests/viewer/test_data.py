@@ -18,7 +18,7 @@ from profiler import SCHEMA
 from profiler.pipeline import ACTION_COLUMNS
 
 from tests.viewer.conftest import BROKEN
-from viewer import data
+from viewer import data, upload
 from viewer.__main__ import main, parse_args
 from viewer.data import PathRefused, RunStore, resolve_under
 
@@ -87,8 +87,18 @@ def test_traversal_refused_over_http(app, traces_root):
 # Runs, bad data, cache
 
 
+def analysed_rows(store, pages) -> list[dict]:
+    """The Runs table once the background analyses are done (what the page shows after its polls)."""
+    _, pending = pages.runs.runs_table_rows(store)
+    store.load_in_background(pending)
+    assert store.wait_idle(timeout=300)
+    rows, pending = pages.runs.runs_table_rows(store)
+    assert not pending
+    return rows
+
+
 def test_runs_table_lists_every_run_and_shows_errors_in_place(store, pages):
-    rows = {r["run"]: r for r in pages.runs.runs_table_rows(store)}
+    rows = {r["run"]: r for r in analysed_rows(store, pages)}
     assert set(rows) == {"sample-ddp-2r", "sample-fsdp-2r", "sample-1f1b-2r", "sample-zbv-2r", "foreign-trace", BROKEN}
     assert rows[BROKEN]["status"] != "ok" and "gzip" in rows[BROKEN]["status"]
     assert rows["foreign-trace"]["status"] == "ok" and rows["foreign-trace"]["paradigm"] == "(foreign traces)"
@@ -157,7 +167,7 @@ def test_upload_makes_a_run(tmp_path, traces_root, pages):
     out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank0.json.gz"]))
     assert "1 rank(s) loaded" in out
     (run_id,) = store.run_ids()
-    assert run_id.startswith(data.UPLOAD_PREFIX) and store.get(run_id).ok
+    assert run_id.startswith(upload.UPLOAD_PREFIX) and store.get(run_id).ok
 
 
 @pytest.mark.parametrize("name", ["../rank0.json.gz", "/tmp/rank0.json", "rank0.txt", ".hidden.json", "a/b.json", "..json.gz"])
@@ -169,10 +179,10 @@ def test_upload_names_are_checked(tmp_path, pages, name):
 
 def test_upload_limits(tmp_path, pages, monkeypatch):
     store = RunStore(tmp_path)
-    monkeypatch.setattr(data, "MAX_UPLOAD_BYTES", 1000)
+    monkeypatch.setattr(upload, "MAX_UPLOAD_BYTES", 1000)
     assert "over the" in str(pages.open.open_upload(store, [_data_url(b"x" * 1001)], ["rank0.json"]))
-    monkeypatch.setattr(data, "MAX_UPLOAD_BYTES", 10**6)
-    monkeypatch.setattr(data, "MAX_UNPACKED_BYTES", 10**6)
+    monkeypatch.setattr(upload, "MAX_UPLOAD_BYTES", 10**6)
+    monkeypatch.setattr(upload, "MAX_UNPACKED_BYTES", 10**6)
     bomb = gzip.compress(b"\0" * (5 * 10**6))  # 5 MB of zeros in a few KB
     assert len(bomb) < 10**5
     assert "unpacks to more than" in str(pages.open.open_upload(store, [_data_url(bomb)], ["rank0.json.gz"]))
@@ -184,12 +194,12 @@ def test_upload_limits(tmp_path, pages, monkeypatch):
 def test_upload_limit_counts_every_gzip_member(tmp_path, pages, monkeypatch):
     """gzip.open reads concatenated members: their sizes add up against the limit."""
     store = RunStore(tmp_path)
-    monkeypatch.setattr(data, "MAX_UPLOAD_BYTES", 10**6)
-    monkeypatch.setattr(data, "MAX_UNPACKED_BYTES", 10**6)
+    monkeypatch.setattr(upload, "MAX_UPLOAD_BYTES", 10**6)
+    monkeypatch.setattr(upload, "MAX_UNPACKED_BYTES", 10**6)
     member = gzip.compress(b"\0" * (6 * 10**5))  # each alone is under the limit, both are over it
     assert "unpacks to more than" in str(pages.open.open_upload(store, [_data_url(member * 2)], ["rank0.json.gz"]))
     assert not list(tmp_path.iterdir())
-    data._check_unpacked_size("ok.json.gz", gzip.compress(b"{}") * 3 + b"\0" * 8)  # small members, zero padding: fine
+    upload.check_unpacked_size("ok.json.gz", gzip.compress(b"{}") * 3 + b"\0" * 8)  # small members, zero padding: fine
 
 
 def test_a_failed_upload_write_leaves_nothing_behind(tmp_path, pages, monkeypatch):
@@ -208,10 +218,11 @@ def test_a_failed_upload_write_leaves_nothing_behind(tmp_path, pages, monkeypatc
     assert not list(tmp_path.iterdir())  # the first file was written, then removed with its folder
 
 
-def test_an_uploaded_non_trace_shows_its_error(tmp_path, pages):
+def test_an_uploaded_non_trace_shows_its_error_and_is_not_kept(tmp_path, pages):
     store = RunStore(tmp_path)
     out = str(pages.open.open_upload(store, [_data_url(b'{"hello": 1}')], ["rank0.json"]))
-    assert "could not load" in out and "not a Kineto/Chrome trace" in out
+    assert "Upload refused" in out and "not a Kineto/Chrome trace" in out
+    assert not list(tmp_path.iterdir()) and not store._cache  # no upload-* folder left behind
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from viewer.data import RunStore
 
 STORE_KEY = "PTPROF_RUN_STORE"
 MAX_COMPARE = 4  # runs side by side: the Runs page's limit on ticks, the Compare page's on ids
+MAX_RUN_ID_CHARS = 1000  # a run id is a folder path under the root; longer is no id of ours
 FONT = "system-ui, -apple-system, Segoe UI, sans-serif"  # of the pages' tables
 
 
@@ -20,3 +21,19 @@ def compare_href(run_ids: list[str]) -> str:
     from urllib.parse import quote
 
     return "/compare?runs=" + quote(",".join(run_ids), safe=",/-_.")
+
+
+def run_id_list(value, limit: int | None = MAX_COMPARE) -> list[str]:
+    """Run ids as a callback received them (from the browser: anything), checked: a list of
+    non-empty strings, duplicates dropped, at most `limit`. ValueError saying what is wrong."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"refused: run ids must be a list, not {type(value).__name__}")
+    bad = [v for v in value if not isinstance(v, str) or not v.strip() or len(v) > MAX_RUN_ID_CHARS]
+    if bad:
+        raise ValueError(f"refused: {len(bad)} run id(s) are not folder names, e.g. {str(bad[0])[:60]!r}")
+    ids = list(dict.fromkeys(value))
+    if limit is not None and len(ids) > limit:
+        raise ValueError(f"refused: at most {limit} runs side by side ({len(ids)} sent)")
+    return ids

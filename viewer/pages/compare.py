@@ -3,6 +3,7 @@ collectives and step times. `/compare?runs=a,b` (run ids are folders under the t
 
 from __future__ import annotations
 
+import math
 import re
 
 import dash
@@ -11,7 +12,7 @@ from dash import Input, Output, callback, ctx, dash_table, dcc, html
 from viewer import data, figures, ids
 from viewer.data import RunStore
 from viewer.figures import COLLECTIVE_COLUMNS
-from viewer.pages import FONT, MAX_COMPARE, current_store
+from viewer.pages import FONT, MAX_COMPARE, current_store, run_id_list
 
 GRAPH_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 _RANGE_KEY = re.compile(r"^xaxis\d*\.range(\[[01]\])?$")
@@ -19,12 +20,12 @@ _RANGE_KEY = re.compile(r"^xaxis\d*\.range(\[[01]\])?$")
 
 def parse_runs(runs: str | None) -> list[str]:
     """Run ids from the `runs` query parameter: comma separated, duplicates dropped, at most MAX_COMPARE."""
-    picked = []
-    for r in (runs or "").split(","):
-        r = r.strip()
-        if r and r not in picked:
-            picked.append(r)
-    return picked[:MAX_COMPARE]
+    return _query_runs(runs)[:MAX_COMPARE]
+
+
+def _query_runs(runs) -> list[str]:
+    text = ",".join(map(str, runs)) if isinstance(runs, list) else runs if isinstance(runs, str) else ""
+    return list(dict.fromkeys(r.strip() for r in text.split(",") if r.strip()))
 
 
 def _card(title: str, hint: str, *children):
@@ -36,7 +37,7 @@ def _graph(id_: str):
 
 
 def layout(runs: str | None = None, **_query):
-    picked = parse_runs(runs)
+    picked, asked = parse_runs(runs), _query_runs(runs)
     if not picked:
         return html.Div(className="page", children=[
             html.H2("Compare"),
@@ -46,6 +47,7 @@ def layout(runs: str | None = None, **_query):
     return html.Div(className="page", children=[
         dcc.Store(id=ids.COMPARE_RUNS, data=picked),
         html.H2("Compare: " + " · ".join(picked)),
+        html.Div(f"Showing the first {MAX_COMPARE} of the {len(asked)} runs asked for.", className="error") if len(asked) > len(picked) else None,
         html.Div(id=ids.COMPARE_STATUS),
         _card("Timeline", "One lane per rank and thread / GPU stream, runs aligned at their first profiled step. Drag to zoom "
               "(double-click to reset): the server re-bins the visible range, so zooming in reveals single operators.",
@@ -102,57 +104,100 @@ def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None =
 
 
 def visible_range(relayout: dict | None) -> tuple[float, float] | None:
-    """The x range a zoom asked for (plotly's relayoutData, any of the shared x axes), None to reset."""
-    if not relayout:
+    """The x range a zoom asked for (plotly's relayoutData, any of the shared x axes), low to
+    high; None to reset, and for anything that is not two different finite numbers (the browser
+    may send anything)."""
+    if not isinstance(relayout, dict):
         return None
     for key, value in relayout.items():
-        if _RANGE_KEY.match(key) and key.endswith(".range") and isinstance(value, (list, tuple)) and len(value) == 2:
-            return float(value[0]), float(value[1])
-        if _RANGE_KEY.match(key) and key.endswith("[0]"):
-            hi = relayout.get(key[:-3] + "[1]")
-            if hi is not None:
-                return float(value), float(hi)
+        if not isinstance(key, str) or not _RANGE_KEY.match(key):
+            continue
+        if key.endswith(".range"):
+            pair = value if isinstance(value, (list, tuple)) and len(value) == 2 else (None, None)
+        elif key.endswith("[0]"):
+            pair = (value, relayout.get(key[:-3] + "[1]"))
+        else:
+            continue
+        lo, hi = (_finite(v) for v in pair)
+        if lo is not None and hi is not None and lo != hi:
+            return min(lo, hi), max(lo, hi)
     return None
+
+
+def _finite(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _checked(run_ids) -> tuple[list[str], str | None]:
+    """(run ids, None) as a Compare callback may use them (run_id_list), or ([], why refused)."""
+    try:
+        return run_id_list(run_ids), None
+    except ValueError as e:
+        return [], str(e)
 
 
 # ---------------------------------------------------------------------------------------------
 # Callbacks: unpack, fetch the analyses (cached per run), build the figure
 
 
+# The run ids come from a dcc.Store the browser holds: each callback checks them (_checked) and
+# answers a refusal with an empty figure saying why (the status line says it too), never a 500.
+
+
 @callback(Output(ids.COMPARE_STATUS, "children"), Input(ids.COMPARE_RUNS, "data"))
 def show_status(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
+        return html.Div(why, className="error")
     return status_children(current_store(), run_ids)
 
 
 @callback(Output(ids.COMPARE_TIMELINE, "figure"), Input(ids.COMPARE_RUNS, "data"), Input(ids.COMPARE_TIMELINE, "relayoutData"))
 def show_timeline(run_ids, relayout):
+    run_ids, why = _checked(run_ids)
+    if why:
+        return figures._empty(why)
     if ctx.triggered_id == ids.COMPARE_TIMELINE and not _is_zoom(relayout):
-        raise dash.exceptions.PreventUpdate  # a resize or legend click: nothing to re-bin
+        raise dash.exceptions.PreventUpdate  # a resize, a legend click, a malformed range: nothing to re-bin
     return timeline_figure(current_store(), run_ids, relayout if ctx.triggered_id == ids.COMPARE_TIMELINE else None)
 
 
-def _is_zoom(relayout: dict | None) -> bool:
-    return bool(relayout) and any(_RANGE_KEY.match(k) or k.endswith(".autorange") for k in relayout)
+def _is_zoom(relayout) -> bool:
+    """A usable x range, or a reset (autorange) of an x axis."""
+    return visible_range(relayout) is not None or (
+        isinstance(relayout, dict) and any(isinstance(k, str) and re.match(r"^xaxis\d*\.autorange$", k) for k in relayout))
 
 
 @callback(Output(ids.COMPARE_BREAKDOWN, "figure"), Input(ids.COMPARE_RUNS, "data"))
 def show_breakdown(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
+        return figures._empty(why)
     return figures.build_breakdown_figure(data.breakdown_frame(current_store().get_many(run_ids)), run_ids)
 
 
 @callback(Output(ids.COMPARE_STEPS, "figure"), Input(ids.COMPARE_RUNS, "data"))
 def show_steps(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
+        return figures._empty(why)
     return figures.build_step_time_figure(data.steps_frame(current_store().get_many(run_ids)), run_ids)
 
 
 @callback(Output(ids.COMPARE_PIPELINE, "figure"), Input(ids.COMPARE_RUNS, "data"))
 def show_pipeline(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
+        return figures._empty(why)
     actions, ideal, summary = data.pipeline_frames(current_store().get_many(run_ids))
     return figures.build_pipeline_figure(actions, ideal, summary, run_ids)
 
 
 @callback(Output(ids.COMPARE_MEMORY, "figure"), Output(ids.COMPARE_PERSISTENT, "figure"), Input(ids.COMPARE_RUNS, "data"))
 def show_memory(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
+        return figures._empty(why), figures._empty(why)
     runs = current_store().get_many(run_ids)
     curves, peaks = data.memory_frames(runs)
     return figures.build_memory_figure(curves, peaks, run_ids), figures.build_persistent_figure(data.persistent_frame(runs), run_ids)
@@ -160,4 +205,7 @@ def show_memory(run_ids):
 
 @callback(Output(ids.COMPARE_COLLECTIVES, "data"), Input(ids.COMPARE_RUNS, "data"))
 def show_collectives(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
+        return []
     return figures.build_collectives_table(*data.collectives_frames(current_store().get_many(run_ids)))

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-
 import dash
 from dash import Input, Output, State, callback, dcc, html
 
-from viewer import ids
-from viewer.data import MAX_UPLOAD_BYTES, PathRefused, RunStore
+from viewer import ids, upload
+from viewer.data import PathRefused, RunStore
 from viewer.pages import compare_href, current_store
-
-
-MAX_UPLOAD_MIB = MAX_UPLOAD_BYTES // 2**20
 
 
 def layout(**_query):
@@ -34,10 +28,12 @@ def layout(**_query):
             html.H3("Upload trace files"),
             html.P(className="hint", children=(
                 f"Drop the trace files of one run (rank<R>.json or .json.gz, optionally its run.json): "
-                f"at most {MAX_UPLOAD_MIB} MiB per file as sent, and a .gz may unpack to at most 1 GiB. "
-                "They are saved as a new run folder under the traces root."
+                f"at most {upload.MAX_UPLOAD_FILES} files, each at most {upload.MAX_UPLOAD_BYTES // 2**20} MiB as sent, "
+                f"and a .gz may unpack to at most {upload.MAX_UNPACKED_BYTES // 2**20} MiB. They are saved as a new run "
+                "folder under the traces root if every file parses; otherwise nothing is saved and the reasons are shown. "
+                "Bigger traces: copy them under the traces root and open the folder above."
             )),
-            dcc.Upload(id=ids.OPEN_UPLOAD, multiple=True, max_size=MAX_UPLOAD_BYTES, className="upload",
+            dcc.Upload(id=ids.OPEN_UPLOAD, multiple=True, max_size=upload.MAX_UPLOAD_BYTES, className="upload",
                        children=html.Div(["Drag and drop trace files here, or ", html.A("pick files")])),
         ]),
         dcc.Loading(html.Div(id=ids.OPEN_RESULT)),
@@ -49,7 +45,7 @@ dash.register_page(__name__, path="/open", name="Open", title="ptprof · open", 
 
 def open_folder(store: RunStore, path: str | None):
     """Children for the result area: a link to the run, its load error, or why the path was refused."""
-    if not path:
+    if not isinstance(path, str) or not path.strip():
         return html.Div("Type a folder under the traces root.", className="hint")
     try:
         run_id = store.run_id_of(path.strip())
@@ -58,28 +54,15 @@ def open_folder(store: RunStore, path: str | None):
     return _result(store, run_id)
 
 
-def open_upload(store: RunStore, contents: list[str] | None, names: list[str] | None):
+def open_upload(store: RunStore, contents, names):
+    """Children for the result area: a link to the new run, or every reason the upload was refused."""
     if not contents:
         raise dash.exceptions.PreventUpdate
     try:
-        files = [(name, _decode(blob)) for name, blob in zip(names or [], contents)]
-        run_id = store.save_upload(files)
+        run_id = upload.save_upload(store, upload.decode_upload(contents, names))
     except PathRefused as e:
-        return html.Div(f"Upload refused: {e}", className="error")
+        return html.Div(f"Upload refused, nothing was saved: {e}", className="error")
     return _result(store, run_id)
-
-
-def _decode(data_url: str) -> bytes:
-    # dcc.Upload sends "data:<mime>;base64,<payload>"; anything else is refused, not guessed at.
-    head, sep, payload = str(data_url).partition(",")
-    if not sep or not head.endswith(";base64"):
-        raise PathRefused("malformed upload")
-    if len(payload) > MAX_UPLOAD_BYTES * 4 // 3 + 4:
-        raise PathRefused(f"a file is over the {MAX_UPLOAD_MIB} MiB limit")
-    try:
-        return base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise PathRefused("malformed upload (bad base64)") from None
 
 
 def _result(store: RunStore, run_id: str):
@@ -101,5 +84,5 @@ def open_path(_clicks, path):
 
 @callback(Output(ids.OPEN_RESULT, "children"), Input(ids.OPEN_UPLOAD, "contents"), State(ids.OPEN_UPLOAD, "filename"),
           prevent_initial_call=True)
-def upload(contents, names):
+def upload_files(contents, names):
     return open_upload(current_store(), contents, names)

@@ -1,17 +1,24 @@
-"""Runs: every run under the traces root in one sortable, filterable table; pick 2-4 to compare."""
+"""Runs: every run under the traces root in one sortable, filterable table; pick 2-4 to compare.
+
+The table shows at once, from run.json and the runs already analysed; the others are analysed in
+the background (RunStore.load_in_background) and a dcc.Interval fills their columns in as they
+finish, with a progress line, until none is left.
+"""
 
 from __future__ import annotations
 
 import dash
-from dash import Input, Output, callback, dash_table, dcc, html
+from dash import Input, Output, State, callback, ctx, dash_table, dcc, html
 
 from viewer import ids
-from viewer.data import RUN_COLUMNS, RunStore, run_row
-from viewer.pages import FONT, MAX_COMPARE, compare_href, current_store
+from viewer.data import PENDING, RUN_COLUMNS, PathRefused, RunStore, manifest_row, pending_row, run_row
+from viewer.pages import FONT, MAX_COMPARE, compare_href, current_store, run_id_list
 
+POLL_MS = 1000  # how often the page asks for runs analysed since
 
+# `ptprof list` counts every step a run ran; this table only the profiled ones (the analyses' steps).
 COLUMN_NAMES = {
-    "run": "run", "paradigm": "paradigm", "ranks": "ranks", "mesh": "mesh", "device": "device", "steps": "steps",
+    "run": "run", "paradigm": "paradigm", "ranks": "ranks", "mesh": "mesh", "device": "device", "steps": "profiled steps",
     "step_ms": "mean step (ms)", "exposed_comm_pct": "exposed comm %", "overlap_pct": "overlap %", "bubble_pct": "bubble %",
     "peak_mib": "peak MiB (max rank)", "peak_mib_per_rank": "peak MiB per rank", "status": "status",
 }
@@ -30,7 +37,10 @@ def layout(**_query):
             html.Button("Reload", id=ids.RUNS_RELOAD, className="button secondary"),
             html.Span(id=ids.RUNS_HINT, className="hint"),
         ]),
-        dcc.Loading(html.Div(className="card", children=dash_table.DataTable(
+        html.Div(id=ids.RUNS_PROGRESS, className="hint"),
+        dcc.Interval(id=ids.RUNS_POLL, interval=POLL_MS, disabled=True),
+        dcc.Store(id=ids.RUNS_DONE),
+        html.Div(className="card", children=dash_table.DataTable(
             id=ids.RUNS_TABLE,
             columns=[{"name": COLUMN_NAMES[c], "id": c, "type": "numeric" if c in NUMERIC else "text"} for c in RUN_COLUMNS],
             data=[],
@@ -48,16 +58,42 @@ def layout(**_query):
                 {"if": {"filter_query": '{status} != "ok"', "column_id": "status"}, "color": "#b91c1c"},
             ],
             tooltip_duration=None,
-        ))),
+        )),
     ])
 
 
 dash.register_page(__name__, path="/", name="Runs", title="ptprof · runs", order=0, layout=layout)
 
 
-def runs_table_rows(store: RunStore) -> list[dict]:
-    """One row per run (viewer.data.run_row), with the run id as the row id for selection."""
-    return [{**run_row(store.get(r)), "id": r} for r in store.run_ids()]
+def runs_table_rows(store: RunStore) -> tuple[list[dict], list[str]]:
+    """(rows, pending): one row per run, with the run id as the row id for selection, at once:
+    analysed runs in full (viewer.data.run_row), the others from run.json (pending), a folder we
+    refuse or cannot read with its error. Nothing is loaded here."""
+    rows, pending = [], []
+    for r in store.run_ids():
+        try:
+            data = store.peek(r)
+            if data is None:
+                row = pending_row(r, store.root / r)
+                if row["status"] == PENDING:
+                    pending.append(r)
+            else:
+                row = run_row(data)
+        except PathRefused as e:
+            row = manifest_row(r, None, str(e))
+        except Exception as e:  # noqa: BLE001 -- one odd folder shows its error in its row, never a 500
+            row = manifest_row(r, None, f"{type(e).__name__}: {e}")
+        rows.append({**row, "id": r})
+    return rows, pending
+
+
+def progress_line(rows: list[dict], pending: list[str]) -> str:
+    """The line over the table: how many runs are analysed, while any is pending."""
+    if not rows:
+        return "No runs under the traces root yet."
+    if pending:
+        return f"Analysing runs: {len(rows) - len(pending)} of {len(rows)} done…"
+    return f"{len(rows)} runs."
 
 
 def compare_link(selected: list[str] | None) -> tuple[str, str, str]:
@@ -70,13 +106,28 @@ def compare_link(selected: list[str] | None) -> tuple[str, str, str]:
     return compare_href(selected), "button", f"{len(selected)} runs: " + ", ".join(selected)
 
 
-@callback(Output(ids.RUNS_TABLE, "data"), Output(ids.RUNS_TABLE, "tooltip_data"), Input(ids.RUNS_RELOAD, "n_clicks"))
-def fill_table(_clicks):
-    rows = runs_table_rows(current_store())
-    return rows, [{"status": {"value": str(r["status"]), "type": "text"}} for r in rows]
+@callback(Output(ids.RUNS_TABLE, "data"), Output(ids.RUNS_TABLE, "tooltip_data"), Output(ids.RUNS_PROGRESS, "children"),
+          Output(ids.RUNS_POLL, "disabled"), Output(ids.RUNS_DONE, "data"),
+          Input(ids.RUNS_RELOAD, "n_clicks"), Input(ids.RUNS_POLL, "n_intervals"), State(ids.RUNS_DONE, "data"))
+def fill_table(_clicks, _ticks, shown):
+    store = current_store()
+    rows, pending = runs_table_rows(store)
+    if pending:
+        store.load_in_background(pending)
+    state = [len(rows), len(pending)]
+    if ctx.triggered_id == ids.RUNS_POLL and state == shown:
+        # Nothing finished since the last poll: leave the table alone (re-rendering it would
+        # flicker and could swallow a click on a row).
+        return dash.no_update, dash.no_update, dash.no_update, False, dash.no_update
+    tips = [{"status": {"value": str(r["status"]), "type": "text"}} for r in rows]
+    return rows, tips, progress_line(rows, pending), not pending, state
 
 
 @callback(Output(ids.RUNS_COMPARE_LINK, "href"), Output(ids.RUNS_COMPARE_LINK, "className"), Output(ids.RUNS_HINT, "children"),
           Input(ids.RUNS_TABLE, "selected_row_ids"))
 def update_compare_link(selected):
+    try:
+        selected = run_id_list(selected, limit=None)
+    except ValueError as e:
+        return "/compare", "button disabled", str(e)
     return compare_link(selected)

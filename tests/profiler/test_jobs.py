@@ -1,0 +1,87 @@
+"""Files of different jobs in one folder or one command are separate runs, never one merged run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import polars as pl
+
+from profiler import analyze, load_traces
+from tests.conftest import SHARED_TRACES
+
+
+def write_trace(path, *, rank: int, world: int | None, t0: float, backend: str = "gloo") -> None:
+    """A tiny Kineto trace: one ProfilerStep of 1 ms at t0 (µs) holding one operator."""
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": t0, "dur": 1000},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t0 + 10, "dur": 500},
+    ]}
+    if world is not None:
+        doc["distributedInfo"] = {"backend": backend, "rank": rank, "world_size": world}
+    path.write_text(json.dumps(doc))
+
+
+def runs_of(traces) -> dict[str, list[int]]:
+    return {r: sorted(traces.ranks.filter(pl.col("run") == r)["rank"].to_list()) for r in traces.runs}
+
+
+def test_one_job_stays_one_run(tmp_path):
+    for r in (0, 1):
+        write_trace(tmp_path / f"rank{r}.json", rank=r, world=2, t0=1e15 + 3 * r)
+    traces = load_traces(tmp_path)
+    assert runs_of(traces) == {tmp_path.name: [0, 1]} and traces.notes == []
+
+
+def test_different_world_sizes_are_different_runs(tmp_path):
+    write_trace(tmp_path / "rank0.json", rank=0, world=2, t0=1e15)
+    write_trace(tmp_path / "rank1.json", rank=1, world=2, t0=1e15)
+    write_trace(tmp_path / "other_rank0.json", rank=0, world=8, t0=1e15)  # same clock, another job
+    traces = load_traces(tmp_path)
+    name = tmp_path.name
+    assert runs_of(traces) == {f"{name}/other_rank0": [0], f"{name}/rank0..rank1": [0, 1]}
+    assert not traces.problems  # rank 0 twice is two jobs, not a duplicate
+    (note,) = traces.notes
+    assert "2 different jobs" in note and f"{name}/other_rank0" in note
+
+
+def test_backends_and_clocks_that_never_overlap_split_too(tmp_path):
+    write_trace(tmp_path / "a_rank0.json", rank=0, world=2, t0=1e15)
+    write_trace(tmp_path / "a_rank1.json", rank=1, world=2, t0=1e15 + 400)  # overlaps a_rank0: same job
+    write_trace(tmp_path / "b_rank0.json", rank=0, world=2, t0=2e15)  # a day later: another job
+    write_trace(tmp_path / "c_rank1.json", rank=1, world=2, t0=1e15, backend="nccl")
+    traces = load_traces(tmp_path)
+    name = tmp_path.name
+    assert runs_of(traces) == {f"{name}/a_rank0..a_rank1": [0, 1], f"{name}/b_rank0": [0], f"{name}/c_rank1": [1]}
+    # no skew across jobs: each run's ranks share a clock
+    a = analyze(traces)
+    assert a.skew.filter(pl.col("spread_us") > 1000).is_empty()
+
+
+def test_two_folders_of_one_name_are_two_runs(tmp_path):
+    for parent, t0 in (("x", 1e15), ("y", 1e15)):
+        (tmp_path / parent / "job").mkdir(parents=True)
+        write_trace(tmp_path / parent / "job" / "rank0.json", rank=0, world=1, t0=t0)
+    traces = load_traces([tmp_path / "x" / "job", tmp_path / "y" / "job"])
+    assert runs_of(traces) == {"job": [0], "y/job": [0]} and not traces.problems
+
+
+def test_the_shared_single_folder_is_one_run_per_job():
+    # 14 files of at least 12 jobs: merged, they made one run with a 930,797,661,766,480 µs skew
+    traces = load_traces(SHARED_TRACES / "single")
+    assert "single" not in traces.runs
+    assert traces.ranks.group_by("run").len()["len"].max() == 1  # every file there is its own job
+    assert any("different jobs" in n for n in traces.notes)
+    a = analyze(traces)
+    assert a.skew.is_empty() and a.stragglers.is_empty()
+    assert any("different jobs" in w for w in a.warnings)
+
+
+def test_a_run_folder_with_a_foreign_trace_keeps_run_json_for_its_own_job(tmp_path):
+    for r in (0, 1):
+        write_trace(tmp_path / f"rank{r}.json", rank=r, world=2, t0=1e15)
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "mine", "world_size": 2}))
+    shutil.copy(SHARED_TRACES / "gpu_nccl_2_of_128" / "rank0.json.gz", tmp_path / "theirs_rank0.json.gz")
+    traces = load_traces(tmp_path)
+    assert runs_of(traces) == {"mine/rank0..rank1": [0, 1], "mine/theirs_rank0": [0]}
+    assert traces.runs["mine/rank0..rank1"]["run_id"] == "mine" and traces.runs["mine/theirs_rank0"] is None

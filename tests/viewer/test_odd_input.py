@@ -1,0 +1,356 @@
+"""The viewer on odd runs and odd requests: every callback answers (a figure, a table or a message
+saying what was refused), never an HTTP 500, and one bad run never takes the others down."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import resource
+import shutil
+import threading
+
+import pytest
+
+from tests.viewer.conftest import dash_post
+from viewer import data, figures, ids, upload
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectives table without cross-rank start data
+
+
+@pytest.mark.parametrize("runs", [["sample-1f1b-2r", "sample-zbv-2r"], ["sample-1f1b-2r"], ["sample-ddp-2r", "sample-zbv-2r"]])
+def test_collectives_table_renders_without_skew_data(store, app, runs):
+    stats, skew = data.collectives_frames(store.get_many(runs))
+    rows = figures.build_collectives_table(stats, skew)
+    assert {r["run"] for r in rows} == set(runs) and all(r["count"] > 0 for r in rows)
+    pipeline_rows = [r for r in rows if r["run"] != "sample-ddp-2r"]
+    assert pipeline_rows and all(r["skew_max_ms"] is None for r in pipeline_rows)  # no start data: no skew, not zero
+    res = dash_post(app, f"{ids.COMPARE_COLLECTIVES}.data", runs)
+    assert res.status_code == 200, res.get_data(as_text=True)[-300:]
+
+
+def test_collectives_table_from_stats_alone():
+    import polars as pl
+
+    stats = pl.DataFrame({"run": ["a", "a"], "rank": [0, 1], "collective": ["all_reduce"] * 2, "count": [2, 2],
+                          "total_bytes": [8 * 2**20, 8 * 2**20], "total_us": [1000.0, 3000.0], "busbw_gbps": [1.0, 3.0]})
+    (row,) = figures.build_collectives_table(stats, pl.DataFrame(schema={"run": pl.String}))
+    # means over ranks: count 2, 8 MiB, 2 ms total, 1 ms each; busbw weighted by time: (1*1 + 3*3) / 4
+    assert (row["count"], row["size_mib"], row["time_ms"], row["mean_ms"], row["busbw_gbps"]) == (2.0, 8.0, 2.0, 1.0, 2.5)
+    assert row["skew_mean_ms"] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Odd run folders: each shows its error in its own row
+
+
+def _trace_folder(folder, src):
+    folder.mkdir(parents=True)
+    shutil.copy(src / "rank0.json.gz", folder / "rank0.json.gz")
+    return folder
+
+
+@pytest.fixture()
+def odd_root(tmp_path, traces_root):
+    """A root with one good run and one of each odd run folder; the name -> what its row must say."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    src = traces_root / "sample-ddp-2r"
+    shutil.copytree(src, root / "good")
+    _trace_folder(outside / "run", src)
+    (root / "linked-out").symlink_to(outside / "run")  # a folder link out of the root
+    for name, text in [("nested", "[" * 100_000 + "]" * 100_000), ("a-list", "[1]"), ("wrong-types", '{"pipeline": [1]}'),
+                       ("not-json", "{nope")]:
+        _trace_folder(root / name, src)
+        (root / name / "run.json").write_text(text)
+    _trace_folder(root / "fifo-manifest", src)
+    os.mkfifo(root / "fifo-manifest" / "run.json")  # reading it would block forever
+    _trace_folder(root / "file-link-out", src)
+    (root / "file-link-out" / "rank1.json.gz").symlink_to(outside / "run" / "rank0.json.gz")
+    inside = _trace_folder(root / "file-link-in", src)
+    (inside / "rank1.json.gz").symlink_to(root / "good" / "rank1.json.gz")  # inside the root: fine
+    return root, {"linked-out": "outside the traces root", "nested": "nested too deeply", "a-list": "expected a JSON object",
+                  "wrong-types": "'pipeline' should be an object", "not-json": "run.json", "fifo-manifest": "not a regular file",
+                  "file-link-out": "rank1.json.gz links to outside the traces root"}
+
+
+def test_odd_run_folders_show_their_error_in_their_row(odd_root, pages):
+    root, errors = odd_root
+    store = data.RunStore(root)
+    rows, pending = pages.runs.runs_table_rows(store)
+    assert {r["run"] for r in rows} == {"good", "file-link-in", *errors}
+    store.load_in_background(pending)
+    assert store.wait_idle(timeout=300)
+    rows = {r["run"]: r for r in pages.runs.runs_table_rows(store)[0]}
+    assert rows["good"]["status"] == "ok" and rows["file-link-in"]["status"] == "ok"
+    for name, error in errors.items():
+        assert error in rows[name]["status"], (name, rows[name]["status"])
+    assert rows["file-link-out"]["step_ms"] is None  # refused, not analysed from the file outside
+    json.dumps(list(rows.values()))
+
+
+def test_a_file_link_out_of_the_root_is_refused_everywhere(odd_root, pages):
+    root, _ = odd_root
+    store = data.RunStore(root)
+    run = store.get("file-link-out")
+    assert not run.ok and "links to outside" in run.error and run.traces is None
+    assert "links to outside" in str(pages.compare.status_children(store, ["file-link-out"]))
+    assert "links to outside" in str(pages.open.open_folder(store, "file-link-out"))
+    assert store.get("file-link-in").ok
+
+
+def test_the_runs_page_answers_with_odd_folders(odd_root, app, monkeypatch):
+    from viewer.pages import STORE_KEY
+
+    root, errors = odd_root
+    monkeypatch.setitem(app.server.config, STORE_KEY, data.RunStore(root))
+    res = dash_post(app, f"{ids.RUNS_TABLE}.data", None, None, state=[None])
+    assert res.status_code == 200, res.get_data(as_text=True)[-300:]
+    body = res.get_json()["response"]
+    assert {r["run"] for r in body[ids.RUNS_TABLE]["data"]} >= set(errors)
+    app.server.config[STORE_KEY].wait_idle(timeout=300)
+
+
+def test_wrong_types_in_run_json_are_left_out_of_the_row():
+    row = data.manifest_row("r", {"paradigm": 5, "world_size": "x", "mesh": {"dp": "2", "tp": 2}, "device": ["gpu"]}, None)
+    assert (row["paradigm"], row["ranks"], row["mesh"], row["device"]) == ("(foreign traces)", None, "tp=2", None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Callback inputs: whatever the browser sends, an answer (never a 500), refusals said
+
+
+COMPARE_OUTPUTS = [f"{ids.COMPARE_STATUS}.children", f"{ids.COMPARE_BREAKDOWN}.figure", f"{ids.COMPARE_STEPS}.figure",
+                   f"{ids.COMPARE_PIPELINE}.figure", f"{ids.COMPARE_MEMORY}.figure", f"{ids.COMPARE_COLLECTIVES}.data"]
+BAD_RUN_IDS = [None, 5, "sample-ddp-2r", {"a": 1}, [1, 2], [None], ["sample-ddp-2r", 3], [""], ["x" * 5000], [[]]]
+
+
+@pytest.mark.parametrize("run_ids", BAD_RUN_IDS, ids=repr)
+def test_compare_callbacks_refuse_malformed_run_ids(app, run_ids):
+    for output in [*COMPARE_OUTPUTS, f"{ids.COMPARE_TIMELINE}.figure"]:
+        values = [run_ids, None] if "timeline" in output else [run_ids]
+        res = dash_post(app, output, *values)
+        assert res.status_code == 200, (output, res.get_data(as_text=True)[-300:])
+        if output.startswith(ids.COMPARE_STATUS) and run_ids is not None:
+            assert "refused" in res.get_data(as_text=True)
+
+
+def test_compare_callbacks_take_at_most_four_runs(app, store):
+    many = [f"run-{i}" for i in range(200)]
+    for output in COMPARE_OUTPUTS:
+        res = dash_post(app, output, many)
+        assert res.status_code == 200
+    res = dash_post(app, f"{ids.COMPARE_STATUS}.children", many)
+    assert "at most 4 runs side by side (200 sent)" in res.get_data(as_text=True)
+    assert not any(k.startswith("run-") for k in store._cache)  # nothing was looked up
+
+
+@pytest.mark.parametrize("relayout", [
+    {"xaxis.range[0]": "abc", "xaxis.range[1]": 2}, {"xaxis.range": [None, 1]}, {"xaxis.range": "x"}, {"xaxis.range": [1, 2, 3]},
+    {"xaxis.range[0]": 1}, {"xaxis.range[0]": True, "xaxis.range[1]": 3}, {"xaxis.range": [1, 1]}, [1, 2], "zoom", 7,
+    {"5": 1}, {"xaxis.range[0]": 1e308, "xaxis.range[1]": -1e308}, {"xaxis.range[0]": [1], "xaxis.range[1]": {"a": 2}},
+], ids=repr)
+def test_timeline_takes_any_relayout(app, relayout):
+    res = dash_post(app, f"{ids.COMPARE_TIMELINE}.figure", ["sample-ddp-2r"], relayout, changed=1)
+    assert res.status_code in (200, 204), res.get_data(as_text=True)[-300:]
+
+
+def test_timeline_refuses_non_finite_ranges(pages):
+    # NaN and Infinity are not JSON, but Python's parser (Flask's) takes them.
+    for relayout in ({"xaxis.range[0]": 0, "xaxis.range[1]": float("inf")}, {"xaxis.range": [float("nan"), 2.0]}):
+        assert pages.compare.visible_range(relayout) is None
+
+
+def test_reversed_range_is_put_in_order(pages):
+    assert pages.compare.visible_range({"xaxis.range[0]": 3, "xaxis.range[1]": 1}) == (1.0, 3.0)
+
+
+@pytest.mark.parametrize("output, values", [
+    (f"{ids.RUNS_COMPARE_LINK}.href", [5]), (f"{ids.RUNS_COMPARE_LINK}.href", [[1, None]]),
+    (f"{ids.RUNS_COMPARE_LINK}.href", ["sample-ddp-2r"]), (f"{ids.OPEN_RESULT}.children", [1, 5]),
+    (f"{ids.OPEN_RESULT}.children", [1, ["a"]]), (f"{ids.OPEN_RESULT}.children", [1, {"a": 1}]),
+], ids=repr)
+def test_other_callbacks_take_any_input(app, output, values):
+    res = dash_post(app, output, *values)
+    assert res.status_code in (200, 204), res.get_data(as_text=True)[-300:]
+
+
+@pytest.mark.parametrize("contents, names", [(5, None), (["x"], [1]), ("data:x;base64,e30=", 5), ([5], ["rank0.json"]),
+                                             ({"a": 1}, {"b": 2})], ids=repr)
+def test_upload_callback_takes_any_input(app, traces_root, contents, names):
+    before = set(traces_root.iterdir())
+    res = dash_post(app, f"{ids.OPEN_RESULT}.children", contents, state=[names])
+    assert res.status_code in (200, 204), res.get_data(as_text=True)[-300:]
+    assert set(traces_root.iterdir()) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Uploads: all or nothing, memory bounded before parsing, every refusal said
+
+
+def _data_url(blob: bytes) -> str:
+    return "data:application/gzip;base64," + base64.b64encode(blob).decode()
+
+
+def _gzip_bomb(unpacked_mib: int) -> bytes:
+    """A valid trace whose one event name is `unpacked_mib` MiB of "a", as concatenated gzip
+    members (gzip reads them all as one stream): the same 1 KB member for every MiB."""
+    mib = gzip.compress(b"a" * 2**20)
+    head = gzip.compress(b'{"traceEvents":[{"ph":"X","cat":"cpu_op","pid":1,"tid":1,"ts":0,"dur":1,"name":"')
+    return head + mib * unpacked_mib + gzip.compress(b'"}]}')
+
+
+def test_more_files_than_names_are_refused(tmp_path, traces_root, pages):
+    store = data.RunStore(tmp_path)
+    blob = _data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
+    out = str(pages.open.open_upload(store, [blob, blob], ["rank0.json.gz"]))
+    assert "Upload refused" in out and "2 files but 1 names" in out and not list(tmp_path.iterdir())
+
+
+def test_duplicate_names_are_refused(tmp_path, traces_root, pages):
+    store = data.RunStore(tmp_path)
+    rank0, rank1 = (_data_url((traces_root / "sample-ddp-2r" / f"rank{r}.json.gz").read_bytes()) for r in (0, 1))
+    out = str(pages.open.open_upload(store, [rank0, rank1], ["rank0.json.gz", "rank0.json.gz"]))
+    assert "Upload refused" in out and "rank0.json.gz: sent twice" in out and not list(tmp_path.iterdir())
+
+
+def test_every_problem_is_named(tmp_path, pages):
+    out = str(pages.open.open_upload(data.RunStore(tmp_path), [_data_url(b"{}"), "junk", _data_url(b"{}")],
+                                     ["../x.json", "rank1.json", "rank2.txt"]))
+    assert "../x.json: expected a plain file name" in out and "rank1.json: malformed upload" in out and "rank2.txt" in out
+
+
+def test_a_gzip_bomb_is_refused_before_parsing_and_memory_stays_bounded(tmp_path, pages):
+    """1 MB that unpacks to 1,000 MiB: refused while streaming, never held unpacked (peak RSS
+    barely moves; parsing it took 5 GB and 100 s)."""
+    store = data.RunStore(tmp_path)
+    bomb = _gzip_bomb(1000)
+    assert len(bomb) < 2 * 2**20
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = str(pages.open.open_upload(store, [_data_url(bomb)], ["rank0.json.gz"]))
+    peak_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert "Upload refused" in out and f"unpacks to more than {upload.MAX_UNPACKED_BYTES // 2**20} MiB" in out
+    assert peak_after - peak_before < 64 * 2**20 and not list(tmp_path.iterdir())
+
+
+def test_a_truncated_gzip_is_refused(tmp_path, traces_root, pages):
+    blob = (traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes()
+    out = str(pages.open.open_upload(data.RunStore(tmp_path), [_data_url(blob[: len(blob) // 2])], ["rank0.json.gz"]))
+    assert "Upload refused" in out and "truncated" in out and not list(tmp_path.iterdir())
+
+
+def test_uploads_are_parsed_in_a_child_process(tmp_path, traces_root, pages, monkeypatch):
+    """The server never parses the JSON: with in-process parsing broken, the upload still loads
+    (from the cache the child filled); with the child starved of memory, it is refused cleanly."""
+    import profiler.cache
+    import profiler.parse
+
+    def no_parsing_here(*_a, **_k):
+        raise AssertionError("parsed in the server process")
+
+    store = data.RunStore(tmp_path)
+    blob = (traces_root / "sample-fsdp-2r" / "rank1.json.gz").read_bytes()
+    monkeypatch.setattr(upload, "PARSE_MEMORY_BYTES", 200 * 2**20)  # not even enough to start python + polars
+    out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank1.json.gz"]))
+    assert "Upload refused" in out and not list(tmp_path.iterdir()) and not store._cache
+    monkeypatch.undo()
+    monkeypatch.setattr(profiler.parse, "parse_trace_file", no_parsing_here)
+    monkeypatch.setattr(profiler.cache, "parse_trace_file", no_parsing_here, raising=False)
+    out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank1.json.gz"]))
+    assert "1 rank(s) loaded" in out, out
+
+
+def test_a_partly_bad_upload_keeps_nothing(tmp_path, traces_root, pages):
+    store = data.RunStore(tmp_path)
+    good = _data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
+    out = str(pages.open.open_upload(store, [good, _data_url(b"[1, 2")], ["rank0.json.gz", "rank1.json"]))
+    assert "Upload refused" in out and "rank1.json: not valid JSON" in out and not list(tmp_path.iterdir())
+    assert str(tmp_path) not in out  # file names, not the server's paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Cold load: the Runs table shows at once and fills in as analyses finish
+
+
+@pytest.fixture()
+def cold_root(tmp_path, traces_root):
+    for name in ("sample-ddp-2r", "sample-1f1b-2r"):
+        shutil.copytree(traces_root / name, tmp_path / name)
+    return tmp_path
+
+
+def test_runs_table_shows_at_once_and_fills_in_the_background(cold_root, pages, monkeypatch):
+    gate, loaders = threading.Event(), []
+    real_load = data._load_run
+
+    def held_load(*args):
+        loaders.append(threading.current_thread())
+        gate.wait(10)  # analyses "take long" until the test lets them finish
+        return real_load(*args)
+
+    monkeypatch.setattr(data, "_load_run", held_load)
+    store = data.RunStore(cold_root)
+    rows, pending = pages.runs.runs_table_rows(store)
+    assert threading.current_thread() not in loaders  # the page's request analysed nothing
+    assert pending == ["sample-1f1b-2r", "sample-ddp-2r"]
+    by_run = {r["run"]: r for r in rows}
+    assert by_run["sample-ddp-2r"]["paradigm"] == "ddp" and by_run["sample-ddp-2r"]["mesh"] == "dp=2"  # from run.json
+    assert all(r["status"] == data.PENDING and r["step_ms"] is None for r in rows)
+    store.load_in_background(pending)
+    gate.set()
+    assert store.wait_idle(timeout=300)
+    rows, pending = pages.runs.runs_table_rows(store)
+    assert not pending and all(r["status"] == "ok" and r["step_ms"] > 0 for r in rows)
+    assert threading.current_thread() not in loaders
+
+
+def test_runs_page_polls_until_every_run_is_analysed(cold_root, app, monkeypatch):
+    from viewer.pages import STORE_KEY
+
+    store = data.RunStore(cold_root)
+    monkeypatch.setitem(app.server.config, STORE_KEY, store)
+    first = dash_post(app, f"{ids.RUNS_TABLE}.data", None, None, state=[None]).get_json()["response"]
+    assert first[ids.RUNS_POLL]["disabled"] is False and "of 2 done" in first[ids.RUNS_PROGRESS]["children"]
+    assert store.wait_idle(timeout=300)
+    done = dash_post(app, f"{ids.RUNS_TABLE}.data", None, 1, state=[first[ids.RUNS_DONE]["data"]], changed=1).get_json()["response"]
+    assert done[ids.RUNS_POLL]["disabled"] is True and done[ids.RUNS_PROGRESS]["children"] == "2 runs."
+    assert all(r["status"] == "ok" for r in done[ids.RUNS_TABLE]["data"])
+    idle = dash_post(app, f"{ids.RUNS_TABLE}.data", None, 2, state=[done[ids.RUNS_DONE]["data"]], changed=1).get_json()["response"]
+    assert ids.RUNS_TABLE not in idle  # nothing new: the table is left alone
+
+
+def test_runs_table_columns_say_profiled_steps(pages):
+    assert pages.runs.COLUMN_NAMES["steps"] == "profiled steps"
+
+
+def test_an_upload_is_not_listed_until_it_is_checked(tmp_path, traces_root, pages, monkeypatch):
+    store = data.RunStore(tmp_path)
+    listed = []
+    real_parse = upload.parse_in_child
+    monkeypatch.setattr(upload, "parse_in_child", lambda folder: (listed.append(store.run_ids()), real_parse(folder))[1])
+    blob = _data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
+    assert "1 rank(s) loaded" in str(pages.open.open_upload(store, [blob], ["rank0.json.gz"]))
+    assert listed == [[]] and len(store.run_ids()) == 1  # hidden while parsed, listed once loaded
+
+
+def test_an_unreadable_folder_shows_its_error(tmp_path, traces_root, pages, monkeypatch):
+    shutil.copytree(traces_root / "sample-ddp-2r", tmp_path / "good")
+    (tmp_path / "locked").mkdir()
+    real = data._is_run_folder
+
+    def is_run_folder(p):
+        if p.name == "locked":  # what a folder without read permission does (tests may run as root)
+            raise PermissionError(13, "Permission denied", str(p))
+        return real(p)
+
+    monkeypatch.setattr(data, "_is_run_folder", is_run_folder)
+    rows = {r["run"]: r for r in pages.runs.runs_table_rows(data.RunStore(tmp_path))[0]}
+    assert set(rows) == {"good", "locked"} and "Permission denied" in rows["locked"]["status"]
+
+
+def test_compare_says_when_it_shows_fewer_runs_than_asked(pages):
+    page = str(pages.compare.layout(runs="a,b,c,d,e,a"))
+    assert "Compare: a · b · c · d" in page and "first 4 of the 5 runs" in page
+    assert "first 4" not in str(pages.compare.layout(runs="a,b"))
