@@ -295,6 +295,28 @@ def test_a_gzip_bomb_is_refused_before_it_fills_memory(analyze, tmp_path):
     refused(analyze(f), str(f), "gzip bomb", "100x")
 
 
+def test_the_issues_bomb_1_mb_holding_a_1_gib_name_is_refused(analyze, tmp_path):
+    # Made without compressing 1 GiB: after a full flush deflate starts afresh, so each 1 MiB block
+    # of "a" compresses to the same bytes, repeated. CRC and size are the real ones.
+    co = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = b'{"distributedInfo": {"rank": 0}, "traceEvents": [{"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 1, "name": "'
+    tail = b'"}]}'
+    block, n = b"a" * (1 << 20), 1024
+    body = co.compress(head) + co.flush(zlib.Z_FULL_FLUSH)
+    one = co.compress(block) + co.flush(zlib.Z_FULL_FLUSH)
+    end = co.compress(tail) + co.flush()
+    crc = zlib.crc32(head)
+    for _ in range(n):
+        crc = zlib.crc32(block, crc)
+    crc = zlib.crc32(tail, crc)
+    size = len(head) + n * len(block) + len(tail)
+    f = tmp_path / "rank0.json.gz"
+    f.write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff" + body + one * n + end
+                  + crc.to_bytes(4, "little") + (size % 2**32).to_bytes(4, "little"))
+    assert f.stat().st_size < 1_100_000 and size > 2**30
+    refused(analyze(f), str(f), "gzip bomb")
+
+
 def test_a_huge_name_is_refused(analyze, tmp_path):
     f = write(tmp_path / "rank0.json", trace(op(50, 1, name="x" * (2 << 20))))
     refused(analyze(f), str(f), "name is 2,097,152 bytes long, over the 1,048,576-byte limit")
