@@ -18,7 +18,7 @@
  *                 1/0; digits-only string (optional sign) -> its value, null if outside int64;
  *                 string without digits or "0x..." -> null; null/missing -> null. The tid column also
  *                 reads torch 1.8/1.9's "stream <N>" as N (parse.py's STREAM_TID_RE).
- *   float columns int/float -> double (correctly rounded); true/false -> 1/0; string without
+ *   float columns int/float -> double (correctly rounded); true/false -> null; string without
  *                 digits nor inf/nan -> null; null/missing -> null.
  *   text columns  string -> itself (interned); null/missing -> null.
  *   Anything else is a Fallback.
@@ -558,11 +558,8 @@ static int to_float(const Val *v, double *out) {
         *out = v->d;
         return 1;
     case V_TRUE:
-        *out = 1.0;
-        return 1;
     case V_FALSE:
-        *out = 0.0;
-        return 1;
+        return 0; /* a boolean is not a time: null, so parse.py drops the event (as the Python parser) */
     case V_STR:
         if (v->esc || has_digit(v) || ci_contains(v->vs + 1, v->ve - 1, "inf") || ci_contains(v->vs + 1, v->ve - 1, "nan"))
             return FAIL;

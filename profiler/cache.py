@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 
 import polars as pl
+from polars.exceptions import PanicException
 
 from profiler.errors import TraceError
 from profiler.parse import parse_trace_file
 
-LOADER_VERSION = 8  # bump when the frame's schema, parsing or the entry format changes: invalidates every entry
+LOADER_VERSION = 9  # bump when the frame's schema, parsing or the entry format changes: invalidates every entry
 CACHE_ENV = "PTPROF_CACHE_DIR"
 
 
@@ -208,5 +209,7 @@ def load_one_safe(path: Path, cache: Path, ident: Identity | None = None):
         return e
     except MemoryError:
         return TraceError(path, "out of memory while parsing")
-    except Exception as e:  # noqa: BLE001
-        return TraceError(path, f"could not parse ({type(e).__name__}: {e})")
+    except RecursionError:
+        return TraceError(path, "could not parse: JSON nested too deeply")
+    except (Exception, PanicException) as e:  # noqa: BLE001 (a polars panic is a BaseException)
+        return TraceError(path, f"could not parse ({type(e).__name__}: {str(e)[:200]})")

@@ -3,9 +3,10 @@
     python -m profiler analyze traces/ddp-2r-20261122-210000 --json report.json
 
 Bad input (empty, truncated or non-Kineto files, folders without traces, duplicate ranks, a rank
-that cannot be told, GPU analyses on CPU-only traces) ends with one line per problem and exit
-status 2, never a traceback. Where some ranks load and others do not, the report covers the good
-ones and names the bad ones.
+that cannot be told, GPU analyses on CPU-only traces, odd paths and values: docs/profiler.md, "Odd
+input") ends with one line per problem and exit status 2, never a traceback. Where some ranks load
+and others do not, the report covers the good ones and names the bad ones. Names from the outside
+(files, runs, events) are printed with their control characters escaped (`errors.printable`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,24 @@ from pathlib import Path
 
 import polars as pl
 
-from profiler.errors import TraceError
+from profiler.errors import TraceError, printable
 
 EXIT_BAD_INPUT = 2
+MAX_RANK = 2**31 - 1  # ranks are Int32 (profiler.parse.MAX_RANK; not imported: parse pulls in polars)
+MAX_TOP = 100_000
+
+
+def _whole_number(low: int, high: int):
+    """An argparse type: a whole number in [low, high], else argparse's one-line error (exit 2)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"{n} is outside {low}..{high:,}")
+        return n
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,16 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace files or run folders")
     p.add_argument("--json", metavar="FILE", help="write the JSON report (schema ptprof.report/1, docs/report.md) here")
-    p.add_argument("--rank", type=int, metavar="R", help="analyze only rank R")
-    p.add_argument("--step", type=int, metavar="S", help="analyze only ProfilerStep#S")
+    p.add_argument("--rank", type=_whole_number(0, MAX_RANK), metavar="R", help="analyze only rank R")
+    p.add_argument("--step", type=_whole_number(-1, 2**63 - 1), metavar="S",
+                   help="analyze only ProfilerStep#S (-1: the single window of a trace without steps)")
     p.add_argument("--hta", action="store_true",
                    help="also run HolisticTraceAnalysis (GPU traces) and show its breakdown and overlap beside ours")
     p.add_argument("--gpu", action="store_true", help="require GPU activity in every trace (fail clearly if there is none)")
-    p.add_argument("--trace-rank", type=int, metavar="R",
+    p.add_argument("--trace-rank", type=_whole_number(0, MAX_RANK), metavar="R",
                    help="rank of a trace that names none (no distributedInfo, no rank in its file name)")
     p.add_argument("--rank-from-filename", action="store_true",
                    help="take ranks from file names (rank<R>...) even where distributedInfo has one")
-    p.add_argument("--top", type=int, default=15, metavar="N", help="rows of the top operator/kernel tables (default 15)")
+    p.add_argument("--top", type=_whole_number(1, MAX_TOP), default=15, metavar="N",
+                   help="rows of the top operator/kernel tables (default 15)")
     p.add_argument("--no-cache", action="store_true", help="parse every trace again, ignoring the parquet cache")
     p.add_argument("--quiet", action="store_true", help="no tables on stdout (with --json)")
     return p
@@ -54,8 +72,13 @@ def analyze_main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except (TraceError, ValueError) as e:  # ValueError: --rank / --step not in the traces
-        print(f"ptprof analyze: error: {e}", file=sys.stderr)
+        _print_lines(f"ptprof analyze: error: {e}", sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def _print_lines(text: str, file=None) -> None:
+    # Each line printable: a file, run or event name may hold newlines or terminal escapes.
+    print("\n".join(printable(line) for line in text.split("\n")), file=file)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -77,20 +100,20 @@ def _run(args: argparse.Namespace) -> int:
     if args.hta:
         report["hta"] = _hta_section(traces, analysis, rank=args.rank, step=args.step)
     if not args.quiet:
-        print(format_tables(analysis))
+        _print_lines(format_tables(analysis))
         if args.hta:
             _print_hta(report["hta"])
     for note in traces.notes:  # on stderr too, so that --quiet still says what was assumed
-        print(f"ptprof analyze: note: {note}", file=sys.stderr)
+        _print_lines(f"ptprof analyze: note: {note}", sys.stderr)
     for problem in traces.problems:
-        print(f"ptprof analyze: skipped {problem}", file=sys.stderr)
+        _print_lines(f"ptprof analyze: skipped {problem}", sys.stderr)
     if args.json:
         try:
             Path(args.json).write_text(json.dumps(report, indent=1))
         except OSError as e:
             raise TraceError(Path(args.json), f"--json: cannot write the report ({e.strerror})") from None
         if not args.quiet:
-            print(f"\nreport: {args.json}")
+            _print_lines(f"\nreport: {args.json}")
     return EXIT_BAD_INPUT if traces.problems else 0
 
 
@@ -116,9 +139,9 @@ def _print_hta(section: list[dict]) -> None:
     from profiler.hta import HTA_ROUNDING
 
     for entry in section:
-        print(f"\n== HTA beside ours: {entry['run']}")
+        _print_lines(f"\n== HTA beside ours: {entry['run']}")
         if "error" in entry:
-            print(f"HTA could not analyze this run: {entry['error']}")
+            _print_lines(f"HTA could not analyze this run: {entry['error']}")
             continue
         table = pl.DataFrame(entry["ranks"]).drop("cause")
         rounded = table.filter(pl.col("window_us_rounded").is_not_null())
@@ -139,6 +162,6 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m profiler analyze PATH... [options]   (see: python -m profiler analyze --help)")
         return 0 if argv else EXIT_BAD_INPUT
     if argv[0] != "analyze":
-        print(f"python -m profiler: unknown command {argv[0]!r}; the command is 'analyze'", file=sys.stderr)
+        _print_lines(f"python -m profiler: unknown command {argv[0]!r}; the command is 'analyze'", sys.stderr)
         return EXIT_BAD_INPUT
     return analyze_main(argv[1:])

@@ -2,19 +2,24 @@
 
 A file belongs to the run of its folder; a folder holding traces is one run; a folder holding
 only run folders (our `traces/`) is one run per sub-folder. The run id is run.json's `run_id`,
-else the folder's name.
+else the folder's name. Odd paths (empty, devices, FIFOs, unreadable folders, names too long or
+not UTF-8) and damaged run.json files end in one TraceError naming the path (docs/profiler.md,
+"Odd input").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from pathlib import Path
 
-from profiler.errors import TraceError
+from profiler.errors import TraceError, path_text
 
 RUN_MANIFEST = "run.json"
 TRACE_SUFFIXES = (".json", ".json.gz")
+MAX_MANIFEST_BYTES = 64 << 20  # ours are a few KB; 10k ranks x 100 steps of losses is ~10 MB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,20 +35,35 @@ def is_trace_file(p: Path) -> bool:
     return p.is_file() and not p.name.startswith(".") and p.name != RUN_MANIFEST and p.name.endswith(TRACE_SUFFIXES)
 
 
+def _list(folder: Path) -> list[Path]:
+    try:
+        return sorted(folder.iterdir())
+    except OSError as e:
+        raise TraceError(folder, f"cannot list this folder: {e.strerror or e}") from None
+
+
 def _trace_files_in(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if is_trace_file(p))
+    return [p for p in _list(folder) if is_trace_file(p)]
 
 
 def _run_name(folder: Path) -> str:
-    manifest = folder / RUN_MANIFEST
-    if manifest.is_file():
-        try:
-            run_id = json.loads(manifest.read_text()).get("run_id")
-            if isinstance(run_id, str) and run_id:
-                return run_id
-        except (OSError, ValueError):
-            pass  # an unreadable manifest is reported by read_manifest
-    return folder.resolve().name
+    try:
+        run_id = (read_manifest(folder) or {}).get("run_id")
+    except TraceError:
+        run_id = None  # a damaged manifest is reported by read_manifest when the run loads
+    # Valid text: polars and terminals take no undecodable bytes of a non-UTF-8 folder name.
+    return run_id if isinstance(run_id, str) and run_id else path_text(folder.resolve().name)
+
+
+def _kind(p: Path) -> str:
+    """"file", "folder" or "other" for a path the user named (links followed); TraceError if none."""
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise TraceError(p, "no such file or folder") from None
+    except OSError as e:  # a name too long, a loop of links, a folder we may not enter
+        raise TraceError(p, f"cannot open: {e.strerror or e}") from None
+    return "file" if stat.S_ISREG(mode) else "folder" if stat.S_ISDIR(mode) else "other"
 
 
 def find_sources(paths: list[str | Path]) -> list[Source]:
@@ -63,7 +83,7 @@ def find_sources(paths: list[str | Path]) -> list[Source]:
         if key not in names:
             name, taken = _run_name(folder), set(names.values())
             if name in taken:
-                name = f"{key.parent.name}/{name}"
+                name = f"{path_text(key.parent.name)}/{name}"
             base, k = name, 2
             while name in taken:
                 name, k = f"{base}#{k}", k + 1
@@ -71,17 +91,20 @@ def find_sources(paths: list[str | Path]) -> list[Source]:
         return Source(names[key], f, folder)
 
     for raw in paths:
+        if isinstance(raw, str) and not raw:  # Path("") is the current folder: never what was meant
+            raise TraceError(None, 'an empty path ("") names no trace; give a file or folder (e.g. ".")')
         p = Path(raw)
-        if not p.exists():
-            raise TraceError(p, "no such file or folder")
-        if p.is_file():
+        kind = _kind(p)
+        if kind == "other":  # never opened: a FIFO would block, /dev/zero would never end
+            raise TraceError(p, "not a trace file or folder (a device, FIFO or socket)")
+        if kind == "file":
             sources.append(source(p.parent, p))
             continue
         files = _trace_files_in(p)
         if files:
             sources += [source(p, f) for f in files]
             continue
-        subdirs = sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith("."))
+        subdirs = [d for d in _list(p) if d.is_dir() and not d.name.startswith(".")]
         nested = [(d, _trace_files_in(d)) for d in subdirs]
         nested = [(d, fs) for d, fs in nested if fs]
         if not nested:
@@ -122,7 +145,7 @@ def split_jobs(sources: list[Source], facts: list[JobFacts | None]) -> tuple[lis
         taken: set[str] = set()
         labels = []
         for job in jobs:
-            stems = sorted(_stem(sources[i].path) for i in job)
+            stems = sorted(path_text(_stem(sources[i].path)) for i in job)
             name = f"{run}/{stems[0]}" if len(stems) == 1 else f"{run}/{stems[0]}..{stems[-1]}"
             base, k = name, 2
             while name in taken:
@@ -178,10 +201,101 @@ def _manifest_dir(run_dir: Path | None, facts: JobFacts) -> Path | None:
 
 
 def read_manifest(run_dir: Path | None) -> dict | None:
-    if run_dir is None or not (run_dir / RUN_MANIFEST).is_file():
+    """The run's run.json as a dict, None where there is none; TraceError where it is damaged:
+    not a regular file, over MAX_MANIFEST_BYTES, not JSON, nested too deeply, not an object, or
+    a field the profiler reads with the wrong type (`manifest_problem`)."""
+    if run_dir is None:
         return None
+    path = run_dir / RUN_MANIFEST
     try:
-        manifest = json.loads((run_dir / RUN_MANIFEST).read_text())
-    except (OSError, ValueError) as e:
-        raise TraceError(run_dir / RUN_MANIFEST, f"unreadable run manifest: {e}") from None
-    return manifest if isinstance(manifest, dict) else None
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise TraceError(path, f"unreadable run manifest: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):  # never opened: a FIFO would block
+        raise TraceError(path, "run manifest is not a regular file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as e:
+        raise TraceError(path, f"unreadable run manifest: {e.strerror or e}") from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise TraceError(path, f"run manifest over {MAX_MANIFEST_BYTES >> 20} MiB: not one ptprof wrote")
+    try:
+        manifest = json.loads(data)
+    except RecursionError:
+        raise TraceError(path, "unreadable run manifest: JSON nested too deeply") from None
+    except ValueError as e:
+        raise TraceError(path, f"unreadable run manifest: {e}") from None
+    if not isinstance(manifest, dict):
+        raise TraceError(path, f"run manifest is a JSON {type(manifest).__name__}, not an object (docs/run-layout.md)")
+    problem = manifest_problem(manifest)
+    if problem:
+        raise TraceError(path, f"run manifest: {problem} (docs/run-layout.md)")
+    return manifest
+
+
+def manifest_field(manifest: dict | None, *keys: str):
+    """manifest[k1][k2]... or None where a level is absent or not an object (run.json is user data)."""
+    value = manifest
+    for k in keys:
+        value = value.get(k) if isinstance(value, dict) else None
+    return value
+
+
+def _is_whole(v, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _is_action(a) -> bool:
+    return isinstance(a, list) and len(a) == 3 and isinstance(a[0], str) and _is_whole(a[1], 0) and _is_whole(a[2], 0)
+
+
+# The run.json fields the profiler reads, and what each must be when present and not null.
+_FIELDS = {
+    ("run_id",): (lambda v: isinstance(v, str), "a string"),
+    ("paradigm",): (lambda v: isinstance(v, str), "a string"),
+    ("backend",): (lambda v: isinstance(v, str), "a string"),
+    ("world_size",): (lambda v: _is_whole(v, 1), "a whole number ≥ 1"),
+    ("ranks",): (lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v), "a list of objects"),
+    ("pipeline",): (lambda v: isinstance(v, dict), "an object"),
+    ("pipeline", "span_format"): (lambda v: isinstance(v, str), "a string"),
+    ("pipeline", "schedule"): (lambda v: isinstance(v, str), "a string"),
+    ("pipeline", "ranks"): (lambda v: _is_whole(v, 1), "a whole number ≥ 1"),
+    ("pipeline", "stages_per_rank"): (lambda v: _is_whole(v, 1), "a whole number ≥ 1"),
+    ("pipeline", "microbatches"): (lambda v: _is_whole(v, 1), "a whole number ≥ 1"),
+    ("pipeline", "loss_stage"): (lambda v: _is_whole(v, 0), "a whole number ≥ 0"),
+    ("pipeline", "ideal_order"): (lambda v: isinstance(v, list) and all(isinstance(r, list) and all(map(_is_action, r)) for r in v),
+                                  "a list (per rank) of [kind, stage, microbatch] lists"),
+    ("hybrid",): (lambda v: isinstance(v, dict), "an object"),
+    ("hybrid", "groups"): (lambda v: isinstance(v, dict), "an object"),
+    ("hybrid", "groups", "pp"): (lambda v: isinstance(v, list) and all(isinstance(g, list) and all(_is_whole(r, 0) for r in g) for g in v),
+                                 "a list of lists of ranks"),
+}
+_RANK_FIELDS = {
+    "rank": (lambda v: _is_whole(v, 0), "a whole number ≥ 0"),
+    "memory": (lambda v: isinstance(v, dict) and all(x is None or _is_whole(x, 0) for x in v.values()),
+               "an object of byte counts (whole numbers ≥ 0 or null)"),
+}
+
+
+def manifest_problem(manifest: dict) -> str | None:
+    """The first run.json field the profiler reads that has the wrong type, said in words; None if
+    every one is absent, null or right (a wrong one would be a wrong number or a crash later)."""
+    for keys, (ok, what) in _FIELDS.items():
+        v = manifest_field(manifest, *keys)
+        if v is not None and not ok(v):
+            return f"`{'.'.join(keys)}` is {_shown(v)}, not {what}"
+    for i, r in enumerate(manifest.get("ranks") or []):
+        for key, (ok, what) in _RANK_FIELDS.items():
+            if r.get(key) is not None and not ok(r[key]):
+                return f"`ranks[{i}].{key}` is {_shown(r[key])}, not {what}"
+    return None
+
+
+def _shown(v) -> str:
+    if isinstance(v, (dict, list)):
+        return f"a JSON {'object' if isinstance(v, dict) else 'list'} of {len(v)}"
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:40] + "..."

@@ -1,18 +1,49 @@
-"""The one exception the profiler raises for bad input, and the warnings it attaches to results."""
+"""The one exception the profiler raises for bad input, and how names from the outside are printed."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# C0/C1 control characters (newlines, ANSI escapes) and the bidirectional overrides that make
+# text display other than it reads: in a file, run or event name they are escaped when printed.
+_CONTROLS = [chr(c) for c in (*range(0x20), *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F),
+                               *range(0x2066, 0x206A))]
+CONTROL_ESCAPES = {c: c.encode("unicode_escape").decode("ascii") for c in _CONTROLS}
+_TRANSLATE = str.maketrans(CONTROL_ESCAPES)
+
+
+def path_text(path: str | Path) -> str:
+    """A path as valid UTF-8 text: bytes of a non-UTF-8 file name become `\\xNN` (polars and
+    terminals take only valid text)."""
+    text = os.fspath(path)
+    try:
+        raw = text.encode("utf-8", "surrogateescape")  # the file system's undecodable bytes, back as bytes
+    except UnicodeEncodeError:  # other lone surrogates (from an escaped JSON string)
+        raw = text.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def printable(text: str) -> str:
+    """`text` safe to print on one terminal line: control characters (newline, ESC) and the bytes
+    of non-UTF-8 names as escapes (`\\n`, `\\x1b`, `\\xff`)."""
+    return path_text(text).translate(_TRANSLATE)
+
+
+def _shortened(text: str, limit: int = 300) -> str:
+    # A 5,000-character path would make the one-line message a screenful: its head and tail name it.
+    return text if len(text) <= limit else f"{text[:150]}...({len(text) - 250:,} characters)...{text[-100:]}"
 
 
 class TraceError(Exception):
     """A trace (or a set of traces) the profiler cannot use: which file, and what is wrong with it.
 
     `str(err)` is the message the CLI prints as is (exit status 2, no traceback), so `problem`
-    should say what is wrong *and* what to do about it where there is something to do.
+    should say what is wrong *and* what to do about it where there is something to do. The path
+    is kept printable (its odd characters escaped), so the message never garbles a terminal.
     """
 
     def __init__(self, path: str | Path | None, problem: str):
-        self.path = None if path is None else str(path)
+        self.path = None if path is None else _shortened(printable(str(path)))
         self.problem = problem
         super().__init__(f"{self.path}: {problem}" if self.path else problem)

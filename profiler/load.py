@@ -22,8 +22,8 @@ import polars as pl
 
 from profiler.cache import CacheUnusable, Parsed, cache_dir, unstored_note
 from profiler.discover import JobFacts, find_sources, read_manifest, split_jobs
-from profiler.errors import TraceError
-from profiler.parse import SCHEMA, _as_int
+from profiler.errors import TraceError, path_text
+from profiler.parse import DAMAGED, MAX_RANK, SCHEMA, _as_int
 from profiler.pool import load_all
 
 # rank3.json.gz (ours), rank3_trace.json.gz (torchtitan), rank-3 / rank_3 (others)
@@ -55,7 +55,8 @@ class Traces:
     ranks: one row per loaded trace file: run, rank, file, backend, world_size, has_gpu,
         device_kind ("cuda", "rocm", "mtia" or "cpu": profiler.classify.device_kind), device_name,
         pg_config (JSON text of distributedInfo's process groups), n_events, unknown_categories
-        (event categories no rule knows, with counts: "hpu_op (12), ..."; null when none).
+        (event categories no rule knows, with counts: "hpu_op (12), ..."; null when none), dropped
+        (struct: events dropped for impossible values, by why: profiler.parse.DAMAGED).
     runs: run id -> the parsed run.json of that run, or None where the run has none.
     problems: files that could not be used (one TraceError each); the rest loaded.
     parts: one RankPart per row of `ranks`, in the same order.
@@ -175,6 +176,8 @@ def load_traces(
                 runs[src.run] = read_manifest(src.run_dir)
             rank, note = _resolve_rank(src.path, meta, prefer_filename=rank_from_filename_first, default_rank=default_rank,
                                        alone=files_per_run[src.run] == 1)
+            if not 0 <= rank <= MAX_RANK:  # from a file name or default_rank (distributedInfo's is checked in parse)
+                raise TraceError(src.path, f"rank {rank} is not a rank (a whole number from 0 to {MAX_RANK:,})")
         except TraceError as e:
             problems.append(e)
             continue
@@ -187,10 +190,10 @@ def load_traces(
         seen[(src.run, rank)] = src.path
         info = meta.get("distributed_info") or {}
         rows.append({
-            "run": src.run, "rank": rank, "file": str(src.path), "backend": info.get("backend"),
+            "run": src.run, "rank": rank, "file": path_text(src.path), "backend": info.get("backend"),
             "world_size": _as_int(info.get("world_size")), "has_gpu": meta["has_gpu"], "device_kind": meta["device_kind"],
             "device_name": meta.get("device_name"), "pg_config": json.dumps(info.get("pg_config")) if info.get("pg_config") else None,
-            "n_events": meta["n_events"],
+            "n_events": meta["n_events"], "dropped": {k: meta["dropped"].get(k, 0) for k in DAMAGED},
             "unknown_categories": ", ".join(f"{c} ({n})" for c, n in meta["unknown_categories"].items()) or None,
         })
         parts.append(RankPart(src.run, rank, res.parquet, res.frame))

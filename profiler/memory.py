@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from profiler.discover import manifest_field
 from profiler.steps import KEYS, assign_steps
 
 PERSISTENT_FIELDS = ["params_bytes", "params_at_rest_bytes", "grads_bytes", "optimizer_bytes", "max_memory_allocated_bytes"]
@@ -69,7 +70,8 @@ def persistent_memory(runs: dict[str, dict | None]) -> pl.DataFrame:
     a manifest, or ranks without a `memory` block, are left out."""
     rows = []
     for run, manifest in runs.items():
-        for r in (manifest or {}).get("ranks") or []:
+        ranks = manifest_field(manifest, "ranks")
+        for r in ranks if isinstance(ranks, list) else []:
             mem = r.get("memory") if isinstance(r, dict) else None
             if isinstance(mem, dict) and isinstance(r.get("rank"), int):
                 rows.append({"run": run, "rank": r["rank"], **{f: _int_or_none(mem.get(f)) for f in PERSISTENT_FIELDS}})

@@ -12,10 +12,10 @@ the same frame (the rules that make them agree are in _kineto.c).
 from __future__ import annotations
 
 import gc
-import gzip
 import math
 import os
 import re
+import stat
 import zlib
 from operator import attrgetter
 from pathlib import Path
@@ -27,6 +27,7 @@ import polars as pl
 
 from profiler.classify import classify, device_kind, unknown_categories
 from profiler.errors import TraceError
+from profiler.steps import PROFILER_STEP_RE
 
 try:  # the C parser, built by `pip install` where a C compiler exists (pyproject.toml)
     from profiler import _kineto
@@ -134,22 +135,68 @@ _DOC_DECODER = msgspec.json.Decoder(_Doc | list[msgspec.Raw])
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 BATCH_EVENTS = 20_000  # events decoded at once: bounds a worker's memory to the bytes plus one batch
 
+# Limits on damaged or hostile input (docs/profiler.md, "Odd input"). Real Kineto JSON gzips 10-30x.
+MAX_INFLATE_RATIO = 100  # a gzip may hold at most 100x its size in JSON ...
+INFLATE_FLOOR_BYTES = 64 << 20  # ... or 64 MiB, whichever is more; past that it is refused as a bomb
+MAX_TEXT_BYTES = 1 << 20  # one name, category or other text value: 1 MiB (kernel names run to ~10 KB)
+MAX_TS_US = 2.0**53  # past this float64 no longer holds whole µs (285 years from the clock's zero); Kineto's clocks start at 0
+MAX_DUR_US = 7 * 24 * 3600 * 1e6  # one week: no profiled span lasts longer
+MAX_RANK = 2**31 - 1  # ranks are Int32 in the frame
+# Events dropped because a value is impossible (counted per file, reported as a warning), by why.
+DAMAGED = {
+    "no_ts": "without a timestamp (ts missing, null, boolean or not a number)",
+    "bad_ts": "with a timestamp that is NaN, infinite, negative or past 2**53 µs",
+    "no_dur": "complete (X) events without dur",
+    "bad_dur": "with a dur that is negative, NaN, infinite or over a week",
+    "bad_step": "ProfilerStep#N spans whose N does not fit 64 bits",
+}
+
 
 def _read_bytes(path: Path) -> bytes:
     try:
-        raw = path.read_bytes()
+        # Non-blocking open: a FIFO named like a trace must not wait for a writer. Only a regular
+        # file is read (a link to /dev/zero would never end).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TraceError(path, "not a regular file (a device, FIFO or socket); give a trace file")
+        try:
+            raw = f.read()
+        except OSError as e:
+            raise TraceError(path, f"cannot read: {e.strerror or e}") from None
     if not raw:
         raise TraceError(path, "empty file")
     if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as e:
-            raise TraceError(path, f"truncated or corrupt gzip ({e})") from None
+        raw = _gunzip(raw, path)
         if not raw:
             raise TraceError(path, "empty file (inside the gzip)")
     return raw
+
+
+def _gunzip(raw: bytes, path: Path) -> bytes:
+    """The gzip's content (every member), refused past MAX_INFLATE_RATIO x its size: a 1 MB bomb
+    holding 1 GiB is stopped after inflating the limit, not after filling memory."""
+    limit = max(INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO * len(raw))
+    parts, size, data = [], 0, raw
+    try:
+        while data:
+            if data[:2] != b"\x1f\x8b":
+                raise TraceError(path, "truncated or corrupt gzip (bytes after the gzip data that are not gzip)")
+            d = zlib.decompressobj(wbits=31)
+            part = d.decompress(data, limit - size + 1)  # one buffer, grown as needed, never past the limit
+            size += len(part)
+            if size > limit:
+                raise TraceError(path, f"gzip bomb: it inflates past {limit:,} bytes, over {MAX_INFLATE_RATIO}x its "
+                                       f"{len(raw):,} bytes (the limit for a gzipped trace; gunzip it to read it anyway)")
+            if not d.eof:
+                raise TraceError(path, "truncated or corrupt gzip (Compressed file ended before the end-of-stream marker was reached)")
+            parts.append(part)
+            data = d.unused_data
+    except zlib.error as e:
+        raise TraceError(path, f"truncated or corrupt gzip ({e})") from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _decode(raw: bytes, path: Path) -> _Doc:
@@ -159,13 +206,22 @@ def _decode(raw: bytes, path: Path) -> _Doc:
     except msgspec.ValidationError as e:
         raise TraceError(path, f"not a Kineto/Chrome trace: {_what_json(raw)} ({e})") from None
     except msgspec.DecodeError as e:
-        hint = " (truncated?)" if "truncated" in str(e) else ""
-        raise TraceError(path, f"not valid JSON{hint}: {e}") from None
+        raise TraceError(path, f"not valid JSON{_json_hint(raw, str(e))}: {e}") from None
     if isinstance(doc, list):
         return _Doc(traceEvents=doc)
     if doc.traceEvents is None:
         raise TraceError(path, f"not a Kineto/Chrome trace: {_what_json(raw)}")
     return doc
+
+
+def _json_hint(raw: bytes, error: str) -> str:
+    if "truncated" in error:
+        return " (truncated?)"
+    at = re.search(r"\(byte (\d+)\)", error)
+    token = re.match(rb"-?[A-Za-z]+", raw[int(at.group(1)):int(at.group(1)) + 12]) if at else None
+    if token and token.group().lstrip(b"-").lower().startswith((b"nan", b"inf")):  # as Python's json.dumps writes
+        return f" ({token.group().decode()} is not a JSON number)"
+    return ""
 
 
 def _decode_batch(events: list[msgspec.Raw], first: int, path: Path) -> list[_Event]:
@@ -268,15 +324,23 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
     if fast is None:
         fast = not os.environ.get(PURE_PARSER_ENV)
     parsed = _fast_parse(raw) if fast and _kineto is not None else None
-    if parsed is not None:
-        slices = _raw_slices(parsed, raw)  # the few raw JSON values still needed, so the bytes can go
-        del raw
-        frame, thread_names, dropped = _fast_columns(parsed, slices)
-        info, devices = (msgspec.json.decode(parsed[k]) if parsed[k] is not None else None for k in ("distributedInfo", "deviceProperties"))
-        del parsed
-    else:
-        frame, thread_names, dropped, info, devices = _python_columns(raw, path)
-        del raw
+    try:
+        if parsed is not None:
+            slices = _raw_slices(parsed, raw)  # the few raw JSON values still needed, so the bytes can go
+            del raw
+            frame, thread_names, dropped = _fast_columns(parsed, slices)
+            info, devices = (_decode_header(parsed[k]) for k in ("distributedInfo", "deviceProperties"))
+            del parsed
+        else:
+            frame, thread_names, dropped, info, devices = _python_columns(raw, path)
+            del raw
+    except TraceError as e:  # from the steps shared by both parsers, which do not know the file
+        raise e if e.path else TraceError(path, e.problem) from None
+    if frame.is_empty():
+        raise TraceError(path, _nothing_usable(dropped))
+    if any(len(t) > MAX_TEXT_BYTES for t in thread_names.values()):
+        raise TraceError(path, f"a thread name over the {MAX_TEXT_BYTES:,}-byte limit on one text value (a damaged file?)")
+    info = _checked_distributed_info(info, path)
     # Thread names from metadata, looked up on the two key columns only (a join of the whole
     # frame would copy every column).
     threads = pl.DataFrame(
@@ -291,7 +355,7 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
         stream=pl.when(pl.col("device") == "gpu").then(pl.coalesce("stream", "tid")).otherwise(pl.col("stream"))
     )
     meta = {
-        "distributed_info": info if isinstance(info, dict) else None,
+        "distributed_info": info,
         "device_name": ", ".join(sorted({str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name") is not None}))
         if isinstance(devices, list) else None,
         "dropped": dropped,
@@ -301,6 +365,67 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
         "unknown_categories": unknown_categories(frame),
     }
     return frame.select([c for c in SCHEMA if c in frame.columns]), meta
+
+
+def _decode_header(raw: bytes | None):
+    return None if raw is None else msgspec.json.decode(raw)
+
+
+def _nothing_usable(dropped: dict[str, int]) -> str:
+    why = [f"{n:,} {DAMAGED[k]}" for k, n in dropped.items() if n and k in DAMAGED]
+    why += [f"{dropped[k]:,} {what}" for k, what in (("string_pid", "without a numeric pid/tid"), ("flow", "flow events"),
+                                                     ("other_ph", "of other ph kinds")) if dropped.get(k)]
+    return ("no usable events: none is a complete (X) or instant (i) event with a numeric pid, tid and timestamp"
+            + (f" (dropped: {', '.join(why)})" if why else " (the trace has no events but metadata)"))
+
+
+def _whole(v) -> int | None:
+    """A whole number from JSON: an int, an integral float or a string of digits; else None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str) and v.strip().isdigit():
+        return int(v)
+    return None
+
+
+def _checked_distributed_info(info, path: Path) -> dict | None:
+    """distributedInfo with `rank` and `world_size` as ints; TraceError where either is impossible
+    (negative, fractional, not a number, past Int32, a rank not below world_size, world_size 0)."""
+    if not isinstance(info, dict):
+        return None
+    info = dict(info)
+    for key, low, high in (("rank", 0, MAX_RANK), ("world_size", 1, MAX_RANK + 1)):
+        v = info.get(key)
+        if v is None:
+            continue
+        n = _whole(v)
+        if n is None or not low <= n <= high:
+            shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "..."
+            raise TraceError(path, f"distributedInfo.{key} is {shown}: not a {key.replace('_', ' ')} "
+                                   f"(a whole number from {low} to {high:,}); the file is damaged")
+        info[key] = n
+    if info.get("rank") is not None and info.get("world_size") is not None and info["rank"] >= info["world_size"]:
+        raise TraceError(path, f"distributedInfo.rank {info['rank']} is not below its world_size {info['world_size']}; "
+                               "the file is damaged")
+    if info.get("backend") is not None and not isinstance(info["backend"], str):
+        raise TraceError(path, f"distributedInfo.backend is a JSON {type(info['backend']).__name__}, not a string; the file is damaged")
+    if info.get("pg_config") is not None and not _is_pg_config(info["pg_config"]):
+        raise TraceError(path, "distributedInfo.pg_config is not a list of process groups ({pg_size, ...}); "
+                               "the file is damaged")
+    if info.get("pg_config") is not None:
+        info["pg_config"] = [{**g, "pg_size": _whole(g.get("pg_size"))} for g in info["pg_config"]]
+    return info
+
+
+def _is_pg_config(groups) -> bool:
+    # What collectives.py reads: a list of objects whose pg_size is a whole number (or absent).
+    return isinstance(groups, list) and all(
+        isinstance(g, dict) and (g.get("pg_size") is None or 1 <= (_whole(g["pg_size"]) or 0) <= MAX_RANK + 1) for g in groups
+    )
 
 
 def _fast_parse(raw: bytes) -> dict | None:
@@ -328,7 +453,7 @@ def _python_columns(raw: bytes, path: Path):
         del raw  # the raw events below still view it; it goes with them
         info, devices, events = doc.distributedInfo, doc.deviceProperties, doc.traceEvents
         del doc
-        frames, thread_names, dropped = [], {}, dict.fromkeys(["flow", "string_pid", "no_ts", "other_ph"], 0)
+        frames, thread_names, dropped = [], {}, dict.fromkeys(["flow", "string_pid", *DAMAGED, "other_ph"], 0)
         for first in range(0, len(events), BATCH_EVENTS):
             batch = _decode_batch(events[first:first + BATCH_EVENTS], first, path)
             f, names, counts = _columns(batch)
@@ -368,8 +493,8 @@ def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], 
         "ph": column(kept, "ph", pl.String()).replace_strict(_KEPT_PH),
         "cat": column(kept, "cat", pl.String()),
         "name": column(kept, "name", pl.String()),
-        "ts_us": column(kept, "ts", pl.Float64()),
-        "dur_us": column(kept, "dur", pl.Float64()).fill_null(0.0),
+        "ts_us": _times(kept, "ts"),
+        "dur_us": _times(kept, "dur"),
         "stream": column(args, "stream", pl.Int64()),  # ROCm "0x0" -> null
     }
     for f in _ARG_FIELDS:
@@ -380,6 +505,14 @@ def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], 
     cols["arg_nelems"], cols["arg_types"] = _arg_shapes(len(kept), [(i, args[i].input_dims, args[i].input_type) for i in comm])
     frame, dropped = _finish(cols)
     return frame, thread_names, {"flow": n_flow, **dropped, "other_ph": other_ph}
+
+
+def _times(events: list[_Event], field: str) -> pl.Series:
+    """A time column: numbers (and numeric strings) as Float64; a boolean is no time (null), not 1 or 0."""
+    values = list(map(attrgetter(field), events))
+    if bool in set(map(type, values)):  # rare: only then a Python pass over the values
+        values = [None if type(v) is bool else v for v in values]
+    return pl.Series(values, dtype=pl.Float64, strict=False)
 
 
 def _group_ranks_text(r) -> str | None:
@@ -402,16 +535,49 @@ def _arg_shapes(n: int, comm: list[tuple[int, bytes, bytes]]) -> tuple[pl.Series
 
 
 def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
-    """Both parsers' last step: drop rows the frame cannot place, count them, type the text."""
+    """Both parsers' last step: drop rows the frame cannot place or whose values are impossible,
+    count them by why (DAMAGED), type the text. Raises TraceError (no path) for text over MAX_TEXT_BYTES.
+
+    The rules, in the order an event is counted: a numeric pid and tid (else Kineto's own "Spans"
+    pseudo-process: string_pid); a timestamp (no_ts) that is finite and in [0, 2**53] µs (bad_ts);
+    for complete (X) events a dur (no_dur) that is finite, ≥ 0 and at most a week (bad_dur); a
+    ProfilerStep#N whose N fits the step column (bad_step). Instants take dur 0.
+    """
     frame = pl.DataFrame(cols)
-    # One filter (one copy): dropped are events without a numeric pid/tid (Kineto's own "Spans"
-    # pseudo-process), then, of the rest, those without a timestamp.
-    has_ids = pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
-    no_ts = pl.col("ts_us").is_null()
-    string_pid, n_no_ts = frame.select(a=(~has_ids).sum(), b=(has_ids & no_ts).sum()).row(0)
-    frame = frame.filter(has_ids & ~no_ts)
+    _check_text_sizes(frame)
+    ts, dur, instant = pl.col("ts_us"), pl.col("dur_us"), pl.col("ph") == "i"
+    ok = [
+        pl.col("pid").is_not_null() & pl.col("tid").is_not_null(),
+        ts.is_not_null(),
+        (ts.is_finite() & (ts >= 0) & (ts <= MAX_TS_US)).fill_null(False),
+        instant | dur.is_not_null(),
+        instant | (dur.is_finite() & (dur >= 0) & (dur <= MAX_DUR_US)).fill_null(False),
+        ~pl.col("name").is_in(_bad_step_names(frame["name"])),
+    ]
+    passed = [ok[0]]
+    for rule in ok[1:]:
+        passed.append(passed[-1] & rule)
+    n_passed = frame.select([p.sum().alias(str(i)) for i, p in enumerate(passed)]).row(0)
+    counts = [frame.height - n_passed[0]] + [a - b for a, b in zip(n_passed, n_passed[1:])]
+    frame = frame.filter(passed[-1]).with_columns(dur_us=pl.when(instant).then(0.0).otherwise(dur))
     cast = {c: SCHEMA[c] for c in frame.columns if SCHEMA[c] == pl.Categorical()}
-    return frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()]), {"string_pid": string_pid, "no_ts": n_no_ts}
+    frame = frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()])
+    return frame, dict(zip(["string_pid", *DAMAGED], counts))
+
+
+def _bad_step_names(names: pl.Series) -> list[str]:
+    """`ProfilerStep#N` names whose N does not fit the Int64 step column (steps.profiler_steps)."""
+    steps = names.filter(names.str.starts_with("ProfilerStep")).unique()
+    number = steps.str.extract(PROFILER_STEP_RE, 1)
+    return steps.filter(number.is_not_null() & number.cast(pl.Int64, strict=False).is_null()).to_list()
+
+
+def _check_text_sizes(frame: pl.DataFrame) -> None:
+    longest = frame.select(pl.col(pl.String).str.len_bytes().max()).row(0, named=True)
+    for column, size in longest.items():
+        if size is not None and size > MAX_TEXT_BYTES:
+            raise TraceError(None, f"an event's {column} is {size:,} bytes long, over the {MAX_TEXT_BYTES:,}-byte limit "
+                                   "on one text value (a damaged file?)")
 
 
 def _raw_slices(parsed: dict, raw: bytes) -> dict[str, tuple[list[int], list[bytes]]]:
@@ -441,7 +607,6 @@ def _fast_columns(parsed: dict, slices: dict) -> tuple[pl.DataFrame, dict[tuple[
         cols[name] = masked(name, np.frombuffer(vals, np.int64), ok, SCHEMA[name])
     for name, (vals, ok) in parsed["floats"].items():
         cols[name] = masked(name, np.frombuffer(vals, np.float64), ok, pl.Float64)
-    cols["dur_us"] = cols["dur_us"].fill_null(0.0)
     cols["ph"] = pl.Series("ph", np.frombuffer(parsed["ph"], np.uint8)).replace_strict({0: "X", 1: "i"}, return_dtype=pl.String)
     texts = {name: pl.Series(name, np.frombuffer(codes, np.int32)) for name, codes in parsed["strs"].items()}
     for name, codes in texts.items():

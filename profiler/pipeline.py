@@ -32,6 +32,7 @@ import re
 
 import polars as pl
 
+from profiler.discover import manifest_field
 from profiler.intervals import union
 from profiler.steps import KEYS, assign_steps, names_matching, profiler_steps
 
@@ -247,7 +248,8 @@ def pipeline_summary(actions: pl.DataFrame, runs: dict[str, dict | None]) -> pl.
 def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
     """Rows of (run, rank, step) -> shape, theory_pct, ideal_pct, order facts for one run
     (actions with the `_pipe` and `_coord` columns of pipeline_summary)."""
-    cfg = manifest.get("pipeline") or {}
+    cfg = manifest_field(manifest, "pipeline")
+    cfg = cfg if isinstance(cfg, dict) else {}  # run.json is user data: a list here is no pipeline block
     pipes: dict[int, dict[int, int]] = {}  # replica -> pp coordinate -> global rank
     for r, k, c in actions.select("rank", "_pipe", "_coord").unique().iter_rows():
         pipes.setdefault(k, {})[c] = r
@@ -284,7 +286,7 @@ def pp_coordinates(manifest: dict | None) -> dict[int, tuple[int, int]] | None:
     """A hybrid run's global rank -> (pipeline replica, pp coordinate), from run.json's
     `hybrid.groups.pp` (docs/run-layout.md: each group lists its global ranks by pp coordinate);
     None for runs without one (there the rank is the coordinate)."""
-    groups = (((manifest or {}).get("hybrid") or {}).get("groups") or {}).get("pp")
+    groups = manifest_field(manifest, "hybrid", "groups", "pp")
     if not isinstance(groups, list) or not all(isinstance(g, list) and all(isinstance(r, int) for r in g) for g in groups):
         return None
     return {r: (k, c) for k, g in enumerate(groups) for c, r in enumerate(g)}
@@ -307,7 +309,7 @@ def _durations(acts: pl.DataFrame, plan: list[list[tuple[str, int, int]]], last_
 
 
 def _ideal_order(manifest: dict | None) -> list[list[tuple[str, int, int]]] | None:
-    order = ((manifest or {}).get("pipeline") or {}).get("ideal_order")
+    order = manifest_field(manifest, "pipeline", "ideal_order")
     try:
         return [[(str(a), int(s), int(i)) for a, s, i in rank] for rank in order]
     except (TypeError, ValueError):
@@ -317,7 +319,7 @@ def _ideal_order(manifest: dict | None) -> list[list[tuple[str, int, int]]] | No
 def _span_formats(events: pl.DataFrame, runs: dict[str, dict | None]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for run in events.get_column("run").unique().cast(pl.String).to_list():
-        fmt = (((runs.get(run) or {}).get("pipeline") or {}).get("span_format"))
+        fmt = manifest_field(runs.get(run), "pipeline", "span_format")
         out.setdefault(fmt if isinstance(fmt, str) and _valid_format(fmt) else PP_SPAN_FORMAT, []).append(run)
     return out
 

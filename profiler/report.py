@@ -11,8 +11,11 @@ import polars as pl
 
 from profiler.breakdown import temporal_breakdown
 from profiler.collectives import collective_skew, collective_stats, collectives, stragglers
+from profiler.discover import manifest_field
+from profiler.errors import CONTROL_ESCAPES
 from profiler.load import Traces
 from profiler.memory import memory_peaks, memory_timeline, persistent_memory
+from profiler.parse import DAMAGED
 from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
 from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
 from profiler.top_ops import top_kernels, top_operators
@@ -80,6 +83,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         if backend == "nccl" and not has_gpu:
             warnings.append(f"run {run} rank {r}: an NCCL job's trace with no GPU activity; "
                             "breakdown and collectives use CPU events only")
+    warnings += dropped_warnings(ranks)
     # Never a silent CPU accounting of a device's activity: categories no rule knows are named.
     unknown = ranks.filter(pl.col("unknown_categories").is_not_null()).select("run", "rank", "unknown_categories")
     for run, r, cats in unknown.iter_rows():
@@ -108,6 +112,18 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         warnings=warnings,
         problems=[str(p) for p in traces.problems],
     )
+
+
+def dropped_warnings(ranks: pl.DataFrame) -> list[str]:
+    """One warning per trace file that had events with impossible values (dropped, so the numbers
+    cover the rest): how many, and why (profiler.parse.DAMAGED)."""
+    out = []
+    for run, r, file, dropped in ranks.select("run", "rank", "file", "dropped").iter_rows():
+        why = [f"{n:,} {DAMAGED[k]}" for k, n in (dropped or {}).items() if n]
+        if why:
+            out.append(f"run {run} rank {r}: dropped {sum((dropped or {}).values()):,} events with impossible values "
+                       f"from {file}: {'; '.join(why)}")
+    return out
 
 
 def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict | None], *, step: int | None,
@@ -163,7 +179,7 @@ def build_report(a: Analysis) -> dict:
     runs = []
     for run in a.ranks["run"].cast(pl.String).unique(maintain_order=True):
         sel = pl.col("run") == run
-        manifest = a.runs.get(run) or {}
+        manifest = a.runs.get(run)
         per_rank = a.breakdown.filter(sel).join(a.step_stats.filter(sel).drop("has_profiler_steps"), on=["run", "rank"], how="left")
         per_rank = per_rank.join(
             a.memory_peaks.filter(sel).group_by("run", "rank").agg(peak_allocated_bytes=pl.col("peak_allocated_bytes").max()),
@@ -171,10 +187,10 @@ def build_report(a: Analysis) -> dict:
         )
         runs.append({
             "run": run,
-            "paradigm": manifest.get("paradigm"),
-            "world_size": manifest.get("world_size") or _first(a.ranks.filter(sel)["world_size"]),
-            "backend": manifest.get("backend") or _first(a.ranks.filter(sel)["backend"]),
-            "files": _records(a.ranks.filter(sel).select("rank", "file", "device_kind", "device_name", "has_gpu", "n_events")),
+            "paradigm": manifest_field(manifest, "paradigm"),
+            "world_size": manifest_field(manifest, "world_size") or _first(a.ranks.filter(sel)["world_size"]),
+            "backend": manifest_field(manifest, "backend") or _first(a.ranks.filter(sel)["backend"]),
+            "files": _records(a.ranks.filter(sel).select("rank", "file", "device_kind", "device_name", "has_gpu", "n_events", "dropped")),
             "ranks": _records(per_rank, drop=("run",)),
             "steps": _records(a.breakdown_steps.filter(sel), drop=("run",)),
             "collectives": _records(a.collective_stats.filter(sel), drop=("run",)),
@@ -223,7 +239,7 @@ def compare_runs(a: Analysis) -> pl.DataFrame:
 def format_tables(a: Analysis) -> str:
     """Readable tables, one per analysis."""
     sections: list[tuple[str, pl.DataFrame | None]] = [
-        ("Traces", a.ranks.drop("pg_config")),
+        ("Traces", a.ranks.drop("pg_config", "dropped")),
         ("Step times (µs)", a.step_stats),
         ("Temporal breakdown per rank (µs; HTA's definition)", a.breakdown.drop("has_profiler_steps")),
         ("Temporal breakdown per step (µs)", a.breakdown_steps.drop("has_profiler_steps")),
@@ -254,5 +270,10 @@ def format_tables(a: Analysis) -> str:
 
 def _shorten(frame: pl.DataFrame) -> pl.DataFrame:
     # Kernel and operator names run to hundreds of characters; the table shows their head. A
-    # pipeline grid's action order is shown whole.
-    return frame.with_columns(pl.col(pl.String, pl.Categorical).exclude("order").cast(pl.String).str.slice(0, 60))
+    # pipeline grid's action order is shown whole. Control characters in names (a newline, a
+    # terminal escape) are shown escaped, so a cell stays one line and the terminal untouched.
+    text = pl.col(pl.String, pl.Categorical).cast(pl.String).str.replace_many(list(CONTROL_ESCAPES), list(CONTROL_ESCAPES.values()))
+    return frame.with_columns(text).with_columns(
+        pl.col(pl.String).exclude("order", "file").str.slice(0, 60),
+        *([pl.col("file").str.slice(-60)] if "file" in frame.columns else []),  # a path's tail names the file
+    )

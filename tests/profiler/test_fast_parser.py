@@ -98,7 +98,8 @@ QUIRKS = [
     # text with escapes and non-ASCII, empty strings, nested unknown args
     {"ph": "X", "cat": "cpu_op", "name": "void f<\"x\\\\y\">(\u00e9\u4e2d\U0001F600)\n", "pid": 12, "tid": 3, "ts": 9, "dur": 1,
      "args": {"nested": {"a": [1, {"b": [None, True, False, -0.0, 1e308]}]}, "": ""}},
-    {"ph": "X", "cat": "", "name": "", "pid": 12, "tid": 3, "ts": 10, "dur": None, "args": None},
+    {"ph": "X", "cat": "", "name": "", "pid": 12, "tid": 3, "ts": 10, "dur": 0, "args": None},
+    {"ph": "X", "cat": "", "name": "null dur", "pid": 12, "tid": 3, "ts": 10, "dur": None},  # no_dur: dropped, counted
     # dropped kinds: other ph, no ts, flows, metadata (thread names, float tid)
     {"ph": "B", "name": "begin", "pid": 12, "tid": 3, "ts": 5},
     {"ph": "X", "name": "no time", "pid": 12, "tid": 3},
@@ -133,7 +134,8 @@ def test_same_frame_on_hand_made_quirks(tmp_path, form):
     assert rows["aten::add"]["arg_nelems"] is None and rows["Memcpy HtoD"]["correlation"] == 1
     assert rows["Memcpy HtoD"]["mem_device_id"] is None  # outside int32
     assert rows["void f<\"x\\\\y\">(\u00e9\u4e2d\U0001F600)\n"]["thread"] == "pt_main_thread"
-    assert meta["dropped"] == {"flow": 2, "string_pid": 1, "no_ts": 1, "other_ph": 4}
+    assert meta["dropped"] == {"flow": 2, "string_pid": 1, "no_ts": 1, "bad_ts": 0, "no_dur": 1, "bad_dur": 0, "bad_step": 0,
+                               "other_ph": 4}
     if form != "array":
         assert meta["distributed_info"] == {"rank": 3, "world_size": 4} and meta["device_name"] == "MI250"
 
@@ -201,7 +203,7 @@ DECLINED = {
 
 @needs_c
 def test_escaped_surrogate_pairs_are_read(tmp_path):
-    f = _write(tmp_path, b'{"traceEvents": [{"ph": "X", "name": "smile \\ud83d\\ude00", "pid": 1, "tid": 1, "ts": 1,'
+    f = _write(tmp_path, b'{"traceEvents": [{"ph": "X", "name": "smile \\ud83d\\ude00", "pid": 1, "tid": 1, "ts": 1, "dur": 1,'
                          b' "args": {"skipped": "\\uD83D\\uDE00"}}]}')
     assert _c_parses(f)
     _assert_same(f)

@@ -208,7 +208,8 @@ def test_loose_field_types_are_normalized(tmp_path):
     assert (rows["gemm"]["device"], rows["gemm"]["stream"], rows["gemm"]["correlation"]) == ("gpu", 7, 7)
     assert rows["c10d::allreduce_"]["arg_nelems"] == [2 * 3 + 4, None]
     assert rows["c10d::allreduce_"]["group_ranks"] == "[0, 1]"
-    assert meta["dropped"] == {"flow": 0, "string_pid": 0, "no_ts": 1, "other_ph": 1}
+    assert meta["dropped"] == {"flow": 0, "string_pid": 0, "no_ts": 1, "bad_ts": 0, "no_dur": 0, "bad_dur": 0, "bad_step": 0,
+                               "other_ph": 1}
 
 
 @pytest.mark.parametrize("doc, fragment", [
