@@ -25,7 +25,7 @@ from polars.exceptions import PanicException
 from profiler.errors import TraceError
 from profiler.parse import parse_trace_file
 
-LOADER_VERSION = 9  # bump when the frame's schema, parsing or the entry format changes: invalidates every entry
+LOADER_VERSION = 10  # bump when the frame's schema, parsing or the entry format changes: invalidates every entry
 CACHE_ENV = "PTPROF_CACHE_DIR"
 
 

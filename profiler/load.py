@@ -213,6 +213,6 @@ def _job_facts(parsed: Parsed) -> JobFacts:
     """The facts `split_jobs` needs of one parsed file: distributedInfo's and its clock's span."""
     info = parsed.meta.get("distributed_info") or {}
     backend = info.get("backend")
-    frame = pl.scan_parquet(parsed.parquet) if parsed.parquet is not None else parsed.frame.lazy()
-    span = frame.select(pl.col("ts_us").min(), pl.col("end_us").max()).collect().row(0)
-    return JobFacts(backend if isinstance(backend, str) else None, _as_int(info.get("world_size")), *span)
+    meta = parsed.meta
+    return JobFacts(backend if isinstance(backend, str) else None, _as_int(info.get("world_size")),
+                    meta["first_ts_us"], meta["last_end_us"])

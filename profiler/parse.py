@@ -363,6 +363,8 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
         "has_gpu": bool((frame["device"] == "gpu").any()),
         "device_kind": device_kind(frame),
         "unknown_categories": unknown_categories(frame),
+        # The clock's span, for telling jobs apart (discover.split_jobs) without reading the frame again.
+        **dict(zip(("first_ts_us", "last_end_us"), frame.select(pl.col("ts_us").min(), pl.col("end_us").max()).row(0))),
     }
     return frame.select([c for c in SCHEMA if c in frame.columns]), meta
 
