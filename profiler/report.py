@@ -121,7 +121,8 @@ def dropped_warnings(ranks: pl.DataFrame) -> list[str]:
     for run, r, file, dropped in ranks.select("run", "rank", "file", "dropped").iter_rows():
         why = [f"{n:,} {DAMAGED[k]}" for k, n in (dropped or {}).items() if n]
         if why:
-            out.append(f"run {run} rank {r}: dropped {sum((dropped or {}).values()):,} events with impossible values "
+            n = sum(dropped.values())
+            out.append(f"run {run} rank {r}: dropped {n:,} event{'s' if n != 1 else ''} with impossible values "
                        f"from {file}: {'; '.join(why)}")
     return out
 
