@@ -193,7 +193,7 @@ def _gunzip(raw: bytes, path: Path) -> bytes:
             if not d.eof:
                 raise TraceError(path, "truncated or corrupt gzip (Compressed file ended before the end-of-stream marker was reached)")
             parts.append(part)
-            data = d.unused_data
+            data = d.unused_data.lstrip(b"\0")  # zero padding after a member is read as gzip -dc and CPython do
     except zlib.error as e:
         raise TraceError(path, f"truncated or corrupt gzip ({e})") from None
     return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -382,14 +382,14 @@ def _nothing_usable(dropped: dict[str, int]) -> str:
 
 
 def _whole(v) -> int | None:
-    """A whole number from JSON: an int, an integral float or a string of digits; else None."""
+    """A whole number from JSON: an int, an integral float or a string of ASCII digits; else None."""
     if isinstance(v, bool):
         return None
     if isinstance(v, int):
         return v
     if isinstance(v, float) and v.is_integer():
         return int(v)
-    if isinstance(v, str) and v.strip().isdigit():
+    if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit():  # not "²" (int() fails) or "٣" (int() reads 3)
         return int(v)
     return None
 
@@ -554,7 +554,7 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
         (ts.is_finite() & (ts >= 0) & (ts <= MAX_TS_US)).fill_null(False),
         instant | dur.is_not_null(),
         instant | (dur.is_finite() & (dur >= 0) & (dur <= MAX_DUR_US)).fill_null(False),
-        ~pl.col("name").is_in(_bad_step_names(frame["name"])),
+        ~pl.col("name").is_in(_bad_step_names(frame["name"])).fill_null(False),  # a nameless event is no step: kept
     ]
     passed = [ok[0]]
     for rule in ok[1:]:

@@ -348,3 +348,33 @@ def test_a_polars_panic_in_the_parser_names_the_file(tmp_path, monkeypatch):
     f = write(tmp_path / "rank0.json", trace())
     err = cache_module.load_one_safe(f, tmp_path)
     assert isinstance(err, TraceError) and str(f) in str(err) and "PanicException: capacity overflow" in str(err)
+
+
+# ---- review fixes (issue 12 B, second pass) ------------------------------------------------------
+
+
+def test_an_event_without_a_name_is_kept_not_counted_as_a_bad_step(analyze, tmp_path):
+    # A nameless event is no ProfilerStep#N: it stays (an idle-time-neutral instant here) and no
+    # warning is given. The clean numbers are the hand-computed ones above.
+    nameless = {"ph": "i", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 150}
+    code, _, err, report = analyze(write(tmp_path / "rank0.json", trace(nameless)))
+    assert code == 0, err
+    assert {k: ranks_of(report)[0][k] for k in CLEAN} == CLEAN
+    assert report["runs"][0]["files"][0]["dropped"]["bad_step"] == 0
+    assert not [w for w in report["warnings"] if "dropped" in w]
+
+
+def test_a_gzip_followed_by_zero_padding_reads_as_gzip_dc_does(tmp_path):
+    from profiler.parse import parse_trace_file
+
+    raw = json.dumps(trace()).encode()
+    padded = gzip.compress(raw) + b"\0" * 512
+    assert gzip.decompress(padded) == raw  # CPython reads it (and so does `gzip -dc`)
+    (tmp_path / "rank0.json.gz").write_bytes(padded)
+    assert parse_trace_file(tmp_path / "rank0.json.gz")[0].height == 4
+
+
+@pytest.mark.parametrize("rank", ["\u00b2", "\u0663", "1\u0663"], ids=["superscript two", "arabic-indic three", "mixed"])
+def test_a_rank_of_non_ascii_digits_is_refused(analyze, tmp_path, rank):
+    f = write(tmp_path / "t.json", trace(info={"rank": rank, "world_size": 8}))
+    refused(analyze(f), str(f), "distributedInfo.rank is")
