@@ -72,13 +72,19 @@ def analyze_main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except (TraceError, ValueError) as e:  # ValueError: --rank / --step not in the traces
-        _print_lines(f"ptprof analyze: error: {e}", sys.stderr)
+        _print_line(f"ptprof analyze: error: {e}", sys.stderr)
         return EXIT_BAD_INPUT
 
 
-def _print_lines(text: str, file=None) -> None:
-    # Each line printable: a file, run or event name may hold newlines or terminal escapes.
-    print("\n".join(printable(line) for line in text.split("\n")), file=file)
+def _print_line(text: str, file=None) -> None:
+    # One message, one line: a newline from a file, run, key or event name is printed as `\n`
+    # (else it would start a line that poses as ours), terminal escapes escaped too.
+    print(printable(text), file=file)
+
+
+def _print_table(text: str) -> None:
+    # The tables' own newlines are kept; each line is made printable (format_tables escapes cells).
+    print("\n".join(printable(line) for line in text.split("\n")))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -100,20 +106,20 @@ def _run(args: argparse.Namespace) -> int:
     if args.hta:
         report["hta"] = _hta_section(traces, analysis, rank=args.rank, step=args.step)
     if not args.quiet:
-        _print_lines(format_tables(analysis))
+        _print_table(format_tables(analysis))
         if args.hta:
             _print_hta(report["hta"])
     for note in traces.notes:  # on stderr too, so that --quiet still says what was assumed
-        _print_lines(f"ptprof analyze: note: {note}", sys.stderr)
+        _print_line(f"ptprof analyze: note: {note}", sys.stderr)
     for problem in traces.problems:
-        _print_lines(f"ptprof analyze: skipped {problem}", sys.stderr)
+        _print_line(f"ptprof analyze: skipped {problem}", sys.stderr)
     if args.json:
         try:
             Path(args.json).write_text(json.dumps(report, indent=1))
         except OSError as e:
             raise TraceError(Path(args.json), f"--json: cannot write the report ({e.strerror})") from None
         if not args.quiet:
-            _print_lines(f"\nreport: {args.json}")
+            print("\nreport: " + printable(args.json))
     return EXIT_BAD_INPUT if traces.problems else 0
 
 
@@ -139,9 +145,9 @@ def _print_hta(section: list[dict]) -> None:
     from profiler.hta import HTA_ROUNDING
 
     for entry in section:
-        _print_lines(f"\n== HTA beside ours: {entry['run']}")
+        print("\n== HTA beside ours: " + printable(str(entry["run"])))
         if "error" in entry:
-            _print_lines(f"HTA could not analyze this run: {entry['error']}")
+            _print_line(f"HTA could not analyze this run: {entry['error']}")
             continue
         table = pl.DataFrame(entry["ranks"]).drop("cause")
         rounded = table.filter(pl.col("window_us_rounded").is_not_null())
@@ -162,6 +168,6 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m profiler analyze PATH... [options]   (see: python -m profiler analyze --help)")
         return 0 if argv else EXIT_BAD_INPUT
     if argv[0] != "analyze":
-        _print_lines(f"python -m profiler: unknown command {argv[0]!r}; the command is 'analyze'", sys.stderr)
+        _print_line(f"python -m profiler: unknown command {argv[0]!r}; the command is 'analyze'", sys.stderr)
         return EXIT_BAD_INPUT
     return analyze_main(argv[1:])

@@ -12,7 +12,7 @@ import polars as pl
 from profiler.breakdown import temporal_breakdown
 from profiler.collectives import collective_skew, collective_stats, collectives, stragglers
 from profiler.discover import manifest_field
-from profiler.errors import CONTROL_ESCAPES
+from profiler.errors import CONTROL_ESCAPES, printable
 from profiler.load import Traces
 from profiler.memory import memory_peaks, memory_timeline, persistent_memory
 from profiler.parse import DAMAGED
@@ -262,10 +262,12 @@ def format_tables(a: Analysis) -> str:
             if frame is None or frame.is_empty():
                 continue
             out.append(f"\n== {title}\n{_shorten(frame)}")
+    # One line each, whatever a trace or folder name in them holds (a newline would start a line
+    # that poses as ours).
     for w in a.warnings:
-        out.append(f"warning: {w}")
+        out.append(printable(f"warning: {w}"))
     for p in a.problems:
-        out.append(f"skipped: {p}")
+        out.append(printable(f"skipped: {p}"))
     return "\n".join(out)
 
 

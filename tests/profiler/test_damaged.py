@@ -378,3 +378,41 @@ def test_a_gzip_followed_by_zero_padding_reads_as_gzip_dc_does(tmp_path):
 def test_a_rank_of_non_ascii_digits_is_refused(analyze, tmp_path, rank):
     f = write(tmp_path / "t.json", trace(info={"rank": rank, "world_size": 8}))
     refused(analyze(f), str(f), "distributedInfo.rank is")
+
+
+FORGED = "ptprof analyze: error: FORGED"
+
+
+def no_forged_line(*texts: str) -> None:
+    # Text from a trace or a folder name never starts a line of its own (it could pose as ours).
+    for text in texts:
+        assert not [line for line in text.splitlines() if line.startswith(("FORGED", FORGED))], text
+
+
+def test_a_newline_in_a_json_key_stays_in_its_one_line(analyze, tmp_path):
+    f = write(tmp_path / "rank0.json", {f"a\n{FORGED}": 1})
+    line = refused(analyze(f), str(f), "keys: a\\nptprof analyze: error: FORGED")
+    assert line.startswith("ptprof analyze: error: ")
+
+
+def test_a_newline_in_a_category_stays_in_its_warning_line(analyze, tmp_path):
+    odd = op(150, 5, cat=f"weird\n{FORGED}")
+    code, out, err, _ = analyze(write(tmp_path / "rank0.json", trace(odd)))
+    assert code == 0, err
+    no_forged_line(out, err)
+    (warning,) = [line for line in out.splitlines() if "categories ptprof does not know" in line]
+    assert "weird\\nptprof analyze: error: FORGED" in warning
+
+
+def test_a_newline_in_a_folder_name_stays_in_its_warning_and_skipped_lines(analyze, tmp_path):
+    folder = tmp_path / f"ctl\n{FORGED}"
+    folder.mkdir()
+    write(folder / "rank0.json", trace(op(50, -20), info={"rank": 0, "world_size": 2}))
+    write(folder / "rank1.json", {"hello": 1})
+    code, out, err, _ = analyze(folder)
+    assert code == 2, err
+    no_forged_line(out, err)
+    (dropped,) = [line for line in out.splitlines() if line.startswith("warning:") and "dropped 1 event" in line]
+    assert "ctl\\nptprof analyze: error: FORGED" in dropped
+    (skipped,) = err.strip().splitlines()
+    assert skipped.startswith("ptprof analyze: skipped ") and "ctl\\nptprof analyze: error: FORGED/rank1.json" in skipped
