@@ -32,7 +32,7 @@ class Source:
 
 
 def is_trace_file(p: Path) -> bool:
-    return p.is_file() and not p.name.startswith(".") and p.name != RUN_MANIFEST and p.name.endswith(TRACE_SUFFIXES)
+    return p.is_file() and _trace_named(p)
 
 
 def _list(folder: Path) -> list[Path]:
@@ -42,8 +42,28 @@ def _list(folder: Path) -> list[Path]:
         raise TraceError(folder, f"cannot list this folder: {e.strerror or e}") from None
 
 
+def _trace_named(p: Path) -> bool:
+    return not p.name.startswith(".") and p.name != RUN_MANIFEST and p.name.endswith(TRACE_SUFFIXES)
+
+
 def _trace_files_in(folder: Path) -> list[Path]:
-    return [p for p in _list(folder) if is_trace_file(p)]
+    # Every entry named like a trace but a folder: a FIFO or a dangling link named rank1.json is
+    # reported (not_a_regular_file), not skipped in silence, or a rank would vanish unsaid.
+    return [p for p in _list(folder) if _trace_named(p) and not p.is_dir()]
+
+
+def not_a_regular_file(p: Path) -> str | None:
+    """Why `p` (found in a folder) is no trace file to open, or None for a regular file: never opened."""
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        return "not a regular file (a link to nothing); skipped"
+    except OSError as e:
+        return f"cannot open: {e.strerror or e}; skipped"
+    if stat.S_ISREG(mode):
+        return None
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return f"not a regular file ({kind}{', through a link' if p.is_symlink() else ''}); skipped"
 
 
 def _run_name(folder: Path) -> str:

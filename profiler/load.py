@@ -21,7 +21,7 @@ from pathlib import Path
 import polars as pl
 
 from profiler.cache import CacheUnusable, Parsed, cache_dir, unstored_note
-from profiler.discover import JobFacts, find_sources, read_manifest, split_jobs
+from profiler.discover import JobFacts, find_sources, not_a_regular_file, read_manifest, split_jobs
 from profiler.errors import TraceError, path_text
 from profiler.parse import DAMAGED, MAX_RANK, SCHEMA, _as_int
 from profiler.pool import load_all
@@ -152,7 +152,12 @@ def load_traces(
     # so every load is analyzed one rank at a time from parquet either way.
     scratch = None if cache_path else tempfile.TemporaryDirectory(prefix="ptprof-nocache-")
     cache_path = cache_path or Path(scratch.name)
-    results = load_all([s.path for s in sources], cache_path, workers=workers, progress=progress)
+    # Files in a folder that are no regular file (FIFO, device, dangling link) are never opened:
+    # each is a problem of its own, so the rank is named as missing.
+    odd = {i: TraceError(s.path, why) for i, s in enumerate(sources) if (why := not_a_regular_file(s.path))}
+    loaded = iter(load_all([s.path for i, s in enumerate(sources) if i not in odd], cache_path, workers=workers,
+                           progress=progress))
+    results = [odd[i] if i in odd else next(loaded) for i in range(len(sources))]
     unstored = [r.unstored for r in results if not isinstance(r, TraceError) and r.unstored]
     if unstored:
         notes.append(unstored_note(cache_path, unstored, len(results)))
@@ -200,7 +205,7 @@ def load_traces(
     if not parts:
         if len(problems) == 1:
             raise problems[0]
-        raise TraceError(None, "no usable traces:\n  " + "\n  ".join(str(p) for p in problems))
+        raise TraceError(None, "no usable traces: " + "; ".join(str(p) for p in problems))  # one line (cli prints it so)
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["run"], rows[i]["rank"]))
     ranks = pl.DataFrame([rows[i] for i in order], schema_overrides={"unknown_categories": pl.String}).with_columns(
         pl.col("run").cast(pl.Categorical))

@@ -416,3 +416,14 @@ def test_a_newline_in_a_folder_name_stays_in_its_warning_and_skipped_lines(analy
     assert "ctl\\nptprof analyze: error: FORGED" in dropped
     (skipped,) = err.strip().splitlines()
     assert skipped.startswith("ptprof analyze: skipped ") and "ctl\\nptprof analyze: error: FORGED/rank1.json" in skipped
+
+
+def test_trace_named_entries_that_are_not_files_are_named_not_skipped_in_silence(tmp_path):
+    write(tmp_path / "rank0.json", trace(info={"rank": 0, "world_size": 3}))
+    os.mkfifo(tmp_path / "rank1.json")
+    (tmp_path / "rank2.json").symlink_to(tmp_path / "gone.json")
+    res = cli_subprocess(tmp_path, "--quiet", timeout=60)  # the FIFO is never opened: no hang
+    lines = res.stderr.decode().strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 2, lines  # exit 2 as for any skipped rank; rank 0 analysed
+    assert lines[0].startswith(f"ptprof analyze: skipped {tmp_path / 'rank1.json'}: not a regular file (a FIFO)")
+    assert lines[1].startswith(f"ptprof analyze: skipped {tmp_path / 'rank2.json'}: not a regular file (a link to nothing)")
