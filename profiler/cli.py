@@ -38,8 +38,15 @@ def _whole_number(low: int, high: int):
     return parse
 
 
+class _Parser(argparse.ArgumentParser):
+    # argparse prints its usage block before the error; a bad option value gets one line, as
+    # `ptprof run` does (runners/cli.py). --help still prints the whole help.
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, printable(f"{self.prog}: error: {message} (see `{self.prog} --help`)") + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="ptprof analyze",
         description="Analyze PyTorch profiler (Kineto) traces of a distributed job: step times, temporal breakdown, "
                     "comm/compute overlap, collectives and stragglers, pipeline bubbles, memory, top operators.",

@@ -139,14 +139,14 @@ BATCH_EVENTS = 20_000  # events decoded at once: bounds a worker's memory to the
 MAX_INFLATE_RATIO = 100  # a gzip may hold at most 100x its size in JSON ...
 INFLATE_FLOOR_BYTES = 64 << 20  # ... or 64 MiB, whichever is more; past that it is refused as a bomb
 MAX_TEXT_BYTES = 1 << 20  # one name, category or other text value: 1 MiB (kernel names run to ~10 KB)
-MAX_TS_US = 2.0**53  # past this float64 no longer holds whole µs (285 years from the clock's zero); Kineto's clocks start at 0
+MAX_TS_US = 2.0**53  # past this float64 no longer holds whole µs; Kineto's clock is epoch µs (~1.7e15 in 2023), 2**53 µs is ~year 2255
 MAX_DUR_US = 7 * 24 * 3600 * 1e6  # one week: no profiled span lasts longer
 MAX_RANK = 2**31 - 1  # ranks are Int32 in the frame
 # Events dropped because a value is impossible (counted per file, reported as a warning), by why.
 DAMAGED = {
     "no_ts": "without a timestamp (ts missing, null, boolean or not a number)",
     "bad_ts": "with a timestamp that is NaN, infinite, negative or past 2**53 µs",
-    "no_dur": "complete (X) events without dur",
+    "no_dur": "complete (X) events without dur (missing, null, boolean or not a number)",
     "bad_dur": "with a dur that is negative, NaN, infinite or over a week",
     "bad_step": "ProfilerStep#N spans whose N does not fit 64 bits",
 }
@@ -224,12 +224,18 @@ def _json_hint(raw: bytes, error: str) -> str:
     return ""
 
 
-def _decode_batch(events: list[msgspec.Raw], first: int, path: Path) -> list[_Event]:
+def _decode_batch(events: list[msgspec.Raw], first: int, path: Path, *, bare: bool = False) -> list[_Event]:
+    """Events first.. of the file; bare: the file is a top-level list of events (no traceEvents key to name)."""
     try:
         return _EVENTS_DECODER.decode(b"[" + b",".join(events) + b"]")
     except msgspec.ValidationError as e:
-        where = re.sub(r"^\$\[(\d+)\]", lambda m: f"$.traceEvents[{first + int(m.group(1))}]", str(e).split(" - at `")[-1].rstrip("`"))
-        raise TraceError(path, f"not a Kineto/Chrome trace: malformed event at `{where}` ({str(e).split(' - at ')[0]})") from None
+        why, _, at = str(e).partition(" - at `")
+        m = re.match(r"\$\[(\d+)\](.*)", at.rstrip("`"))
+        item, rest = first + int(m.group(1)), m.group(2)
+        if bare:
+            where = f"item {item} of the top-level list " + (f"is a malformed event (at `{rest}`)" if rest else "is not an event object")
+            raise TraceError(path, f"not a Kineto/Chrome trace: {where} ({why})") from None
+        raise TraceError(path, f"not a Kineto/Chrome trace: malformed event at `$.traceEvents[{item}]{rest}` ({why})") from None
     except UnicodeDecodeError as e:
         raise TraceError(path, f"not UTF-8 text: {e.reason} at byte {e.start} of events {first}..{first + len(events) - 1}") from None
 
@@ -452,12 +458,13 @@ def _python_columns(raw: bytes, path: Path):
     gc.disable()  # hundreds of thousands of small objects: the cyclic GC would rescan them for nothing
     try:
         doc = _decode(raw, path)
+        bare = raw.lstrip()[:1] == b"["  # the JSON-array form: errors name items, not $.traceEvents
         del raw  # the raw events below still view it; it goes with them
         info, devices, events = doc.distributedInfo, doc.deviceProperties, doc.traceEvents
         del doc
         frames, thread_names, dropped = [], {}, dict.fromkeys(["flow", "string_pid", *DAMAGED, "other_ph"], 0)
         for first in range(0, len(events), BATCH_EVENTS):
-            batch = _decode_batch(events[first:first + BATCH_EVENTS], first, path)
+            batch = _decode_batch(events[first:first + BATCH_EVENTS], first, path, bare=bare)
             f, names, counts = _columns(batch)
             del batch
             frames.append(f)

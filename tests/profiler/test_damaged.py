@@ -427,3 +427,37 @@ def test_trace_named_entries_that_are_not_files_are_named_not_skipped_in_silence
     assert res.returncode == 2 and len(lines) == 2, lines  # exit 2 as for any skipped rank; rank 0 analysed
     assert lines[0].startswith(f"ptprof analyze: skipped {tmp_path / 'rank1.json'}: not a regular file (a FIFO)")
     assert lines[1].startswith(f"ptprof analyze: skipped {tmp_path / 'rank2.json'}: not a regular file (a link to nothing)")
+
+
+@pytest.mark.parametrize("args", [["--top", "x"], ["--rank", "-1"], ["--bogus"]], ids=["not a number", "negative", "unknown"])
+def test_a_bad_option_is_one_line_not_the_usage_block(capsys, tmp_path, args):
+    f = write(tmp_path / "t.json", trace())
+    with pytest.raises(SystemExit) as exit_:
+        main(["analyze", str(f), *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("ptprof analyze: error: ") and "ptprof analyze --help" in err
+
+
+def test_help_is_still_the_whole_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["analyze", "--help"])
+    assert exit_.value.code == 0 and "usage: ptprof analyze" in capsys.readouterr().out
+
+
+def test_dur_true_is_counted_as_no_dur_and_worded_so(analyze, tmp_path):
+    code, _, err, report = analyze(write(tmp_path / "rank0.json", trace(op(50, True))))
+    assert code == 0, err
+    (warning,) = [w for w in report["warnings"] if "dropped" in w]
+    assert "without dur (missing, null, boolean or not a number)" in warning
+
+
+@pytest.mark.parametrize("doc, fragment", [
+    ([1, 2, 3], "item 0 of the top-level list is not an event object"),
+    ([op(0, 1), {"ph": "X", "args": 5}], "item 1 of the top-level list is a malformed event (at `.args`)"),
+    ({"traceEvents": [op(0, 1), 7]}, "malformed event at `$.traceEvents[1]`"),
+], ids=["bare list of ints", "bare list, bad args", "traceEvents"])
+def test_a_malformed_event_is_named_by_where_it_is(analyze, tmp_path, doc, fragment):
+    f = write(tmp_path / "rank0.json", doc)
+    line = refused(analyze(f), str(f), fragment)
+    assert ("traceEvents" in line) == isinstance(doc, dict)
