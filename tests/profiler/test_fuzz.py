@@ -31,6 +31,8 @@ import pytest
 
 import profiler.report
 from profiler.cli import main
+from profiler.parse import DAMAGED, PURE_PARSER_ENV
+from profiler.steps import NO_STEP
 from tests.conftest import REPO, SHARED_TRACES
 
 N_CASES = int(os.environ.get("PTPROF_FUZZ_CASES", "320"))
@@ -180,15 +182,27 @@ class Cases:
         return m
 
 
+# Numbers that can never be negative: times, sizes, bandwidths and counts (`n_events`, the dropped
+# counts by why, ...), ranks and group sizes. `step` may be -1: steps.NO_STEP, the single window of
+# a trace without ProfilerStep spans (docs/report.md); below that it is impossible.
+_NON_NEGATIVE_SUFFIXES = ("_us", "_bytes", "_gbps")
+_NON_NEGATIVE_KEYS = {"count", "rank", "world_size", "group_size", "microbatches", "pp_ranks", "stages_per_rank", *DAMAGED}
+
+
 def _check_numbers(node, where: str = "$") -> None:
-    """No impossible number anywhere in the report: times finite and ≥ 0, shares in 0-100 %."""
+    """No impossible number anywhere in the report: every number finite; times, sizes, bandwidths
+    and counts ≥ 0; steps ≥ NO_STEP; shares in 0-100 %."""
     if isinstance(node, dict):
         for k, v in node.items():
-            if isinstance(v, float) and (k.endswith("_us") or (k.endswith("_pct") and not k.endswith("_diff_pct"))):
-                assert math.isfinite(v), f"{where}.{k} = {v}"
-                assert v >= -1e-6, f"{where}.{k} = {v}"
-                if k.endswith("_pct"):
-                    assert v <= 100 + 1e-6, f"{where}.{k} = {v}"
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                at = f"{where}.{k} = {v}"
+                assert math.isfinite(v), at
+                if k.endswith(_NON_NEGATIVE_SUFFIXES) or k.startswith("n_") or k in _NON_NEGATIVE_KEYS:
+                    assert v >= -1e-6, at
+                if k == "step":
+                    assert v >= NO_STEP, at
+                if k.endswith("_pct") and not k.endswith("_diff_pct"):
+                    assert -1e-6 <= v <= 100 + 1e-6, at
             _check_numbers(v, f"{where}.{k}")
     elif isinstance(node, list):
         for i, v in enumerate(node):
@@ -209,7 +223,7 @@ def keep_nan(monkeypatch):
     monkeypatch.setattr(profiler.report, "_clean", lambda v: v)
 
 
-def test_fuzz_analyze_in_process(tmp_path, capsys, keep_nan):
+def test_fuzz_analyze_in_process(tmp_path, capsys, keep_nan, monkeypatch):
     cases = Cases(SEED)
     outcomes: dict[str, dict[int, int]] = {}
     old = signal.signal(signal.SIGALRM, _alarm)
@@ -222,7 +236,14 @@ def test_fuzz_analyze_in_process(tmp_path, capsys, keep_nan):
             if manifest is not None:
                 (folder / "run.json").write_text(manifest)
             report = folder / "report.json"
-            label = f"case {i} ({kind}, seed {SEED}): {folder}"
+            # Every 4th case through the msgspec parser (what runs where the C parser is not built,
+            # or declines a file); the others through the C parser where it is built.
+            pure = i % 4 == 3
+            if pure:
+                monkeypatch.setenv(PURE_PARSER_ENV, "1")
+            else:
+                monkeypatch.delenv(PURE_PARSER_ENV, raising=False)
+            label = f"case {i} ({kind}, seed {SEED}{', pure parser' if pure else ''}): {folder}"
             signal.alarm(CASE_TIMEOUT_S)
             try:
                 code = main(["analyze", str(folder / name if manifest is None else folder), "--no-cache", "--quiet",
@@ -236,6 +257,7 @@ def test_fuzz_analyze_in_process(tmp_path, capsys, keep_nan):
             if code == 2:
                 assert err.strip() and "Traceback" not in err, f"{label}: {err}"
                 assert len(err.strip().splitlines()) == 1, f"{label}: {err}"
+                assert str(folder) in err, f"{label}: the line names neither the file nor its folder: {err}"
             else:
                 _check_numbers(json.loads(report.read_text(), parse_constant=float), label)
             outcomes.setdefault(kind, {}).setdefault(code, 0)
