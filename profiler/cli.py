@@ -21,7 +21,7 @@ import polars as pl
 from profiler.errors import TraceError, printable
 
 EXIT_BAD_INPUT = 2
-MAX_RANK = 2**31 - 1  # ranks are Int32 (profiler.parse.MAX_RANK; not imported: parse pulls in polars)
+MAX_RANK = 2**31 - 1  # ranks are Int32 (profiler.damaged.MAX_RANK; not imported: it pulls in polars)
 MAX_TOP = 100_000
 
 

@@ -21,9 +21,10 @@ from pathlib import Path
 import polars as pl
 
 from profiler.cache import CacheUnusable, Parsed, cache_dir, unstored_note
+from profiler.damaged import DAMAGED, MAX_RANK
 from profiler.discover import JobFacts, find_sources, not_a_regular_file, read_manifest, split_jobs
 from profiler.errors import TraceError, path_text
-from profiler.parse import DAMAGED, MAX_RANK, SCHEMA, _as_int
+from profiler.parse import SCHEMA, _as_int
 from profiler.pool import load_all
 
 # rank3.json.gz (ours), rank3_trace.json.gz (torchtitan), rank-3 / rank_3 (others)
@@ -56,7 +57,7 @@ class Traces:
         device_kind ("cuda", "rocm", "mtia" or "cpu": profiler.classify.device_kind), device_name,
         pg_config (JSON text of distributedInfo's process groups), n_events, unknown_categories
         (event categories no rule knows, with counts: "hpu_op (12), ..."; null when none), dropped
-        (struct: events dropped for impossible values, by why: profiler.parse.DAMAGED).
+        (struct: events dropped for impossible values, by why: profiler.damaged.DAMAGED).
     runs: run id -> the parsed run.json of that run, or None where the run has none.
     problems: files that could not be used (one TraceError each); the rest loaded.
     parts: one RankPart per row of `ranks`, in the same order.

@@ -6,7 +6,8 @@ Chrome trace, Kineto's string pseudo-processes (`"Spans"`, `"Traces"`), `ph` kin
 and runtime calls already carry `correlation`), missing `dur`/`args`, integer or fractional
 microsecond timestamps. Parsing is done by the C module `_kineto` (JSON straight into column
 buffers) where it is built, and by msgspec where it is not or where it declines a file; both give
-the same frame (the rules that make them agree are in _kineto.c).
+the same frame (the rules that make them agree are in _kineto.c). What damaged or hostile input
+is refused or dropped, and the limits, are in damaged.py.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import gc
 import math
 import os
 import re
-import stat
-import zlib
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,9 @@ import numpy as np
 import polars as pl
 
 from profiler.classify import classify, device_kind, unknown_categories
+from profiler.damaged import (DAMAGED, MAX_DUR_US, MAX_TEXT_BYTES, MAX_TS_US, bad_step_names, check_text_sizes,
+                              checked_distributed_info, json_hint, nothing_usable, read_bytes, what_json)
 from profiler.errors import TraceError
-from profiler.steps import PROFILER_STEP_RE
 
 try:  # the C parser, built by `pip install` where a C compiler exists (pyproject.toml)
     from profiler import _kineto
@@ -135,68 +135,6 @@ _DOC_DECODER = msgspec.json.Decoder(_Doc | list[msgspec.Raw])
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 BATCH_EVENTS = 20_000  # events decoded at once: bounds a worker's memory to the bytes plus one batch
 
-# Limits on damaged or hostile input (docs/profiler.md, "Odd input"). Real Kineto JSON gzips 10-30x.
-MAX_INFLATE_RATIO = 100  # a gzip may hold at most 100x its size in JSON ...
-INFLATE_FLOOR_BYTES = 64 << 20  # ... or 64 MiB, whichever is more; past that it is refused as a bomb
-MAX_TEXT_BYTES = 1 << 20  # one name, category or other text value: 1 MiB (kernel names run to ~10 KB)
-MAX_TS_US = 2.0**53  # past this float64 no longer holds whole µs; Kineto's clock is epoch µs (~1.7e15 in 2023), 2**53 µs is ~year 2255
-MAX_DUR_US = 7 * 24 * 3600 * 1e6  # one week: no profiled span lasts longer
-MAX_RANK = 2**31 - 1  # ranks are Int32 in the frame
-# Events dropped because a value is impossible (counted per file, reported as a warning), by why.
-DAMAGED = {
-    "no_ts": "without a timestamp (ts missing, null, boolean or not a number)",
-    "bad_ts": "with a timestamp that is NaN, infinite, negative or past 2**53 µs",
-    "no_dur": "complete (X) events without dur (missing, null, boolean or not a number)",
-    "bad_dur": "with a dur that is negative, NaN, infinite or over a week",
-    "bad_step": "ProfilerStep#N spans whose N does not fit 64 bits",
-}
-
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        # Non-blocking open: a FIFO named like a trace must not wait for a writer. Only a regular
-        # file is read (a link to /dev/zero would never end).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise TraceError(path, "not a regular file (a device, FIFO or socket); give a trace file")
-        try:
-            raw = f.read()
-        except OSError as e:
-            raise TraceError(path, f"cannot read: {e.strerror or e}") from None
-    if not raw:
-        raise TraceError(path, "empty file")
-    if raw[:2] == b"\x1f\x8b":
-        raw = _gunzip(raw, path)
-        if not raw:
-            raise TraceError(path, "empty file (inside the gzip)")
-    return raw
-
-
-def _gunzip(raw: bytes, path: Path) -> bytes:
-    """The gzip's content (every member), refused past MAX_INFLATE_RATIO x its size: a 1 MB bomb
-    holding 1 GiB is stopped after inflating the limit, not after filling memory."""
-    limit = max(INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO * len(raw))
-    parts, size, data = [], 0, raw
-    try:
-        while data:
-            if data[:2] != b"\x1f\x8b":
-                raise TraceError(path, "truncated or corrupt gzip (bytes after the gzip data that are not gzip)")
-            d = zlib.decompressobj(wbits=31)
-            part = d.decompress(data, limit - size + 1)  # one buffer, grown as needed, never past the limit
-            size += len(part)
-            if size > limit:
-                raise TraceError(path, f"gzip bomb: it inflates past {limit:,} bytes, over {MAX_INFLATE_RATIO}x its "
-                                       f"{len(raw):,} bytes (the limit for a gzipped trace; gunzip it to read it anyway)")
-            if not d.eof:
-                raise TraceError(path, "truncated or corrupt gzip (Compressed file ended before the end-of-stream marker was reached)")
-            parts.append(part)
-            data = d.unused_data.lstrip(b"\0")  # zero padding after a member is read as gzip -dc and CPython do
-    except zlib.error as e:
-        raise TraceError(path, f"truncated or corrupt gzip ({e})") from None
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _decode(raw: bytes, path: Path) -> _Doc:
@@ -204,24 +142,14 @@ def _decode(raw: bytes, path: Path) -> _Doc:
     try:
         doc = _DOC_DECODER.decode(raw)
     except msgspec.ValidationError as e:
-        raise TraceError(path, f"not a Kineto/Chrome trace: {_what_json(raw)} ({e})") from None
+        raise TraceError(path, f"not a Kineto/Chrome trace: {what_json(raw)} ({e})") from None
     except msgspec.DecodeError as e:
-        raise TraceError(path, f"not valid JSON{_json_hint(raw, str(e))}: {e}") from None
+        raise TraceError(path, f"not valid JSON{json_hint(raw, str(e))}: {e}") from None
     if isinstance(doc, list):
         return _Doc(traceEvents=doc)
     if doc.traceEvents is None:
-        raise TraceError(path, f"not a Kineto/Chrome trace: {_what_json(raw)}")
+        raise TraceError(path, f"not a Kineto/Chrome trace: {what_json(raw)}")
     return doc
-
-
-def _json_hint(raw: bytes, error: str) -> str:
-    if "truncated" in error:
-        return " (truncated?)"
-    at = re.search(r"\(byte (\d+)\)", error)
-    token = re.match(rb"-?[A-Za-z]+", raw[int(at.group(1)):int(at.group(1)) + 12]) if at else None
-    if token and token.group().lstrip(b"-").lower().startswith((b"nan", b"inf")):  # as Python's json.dumps writes
-        return f" ({token.group().decode()} is not a JSON number)"
-    return ""
 
 
 def _decode_batch(events: list[msgspec.Raw], first: int, path: Path, *, bare: bool = False) -> list[_Event]:
@@ -238,21 +166,6 @@ def _decode_batch(events: list[msgspec.Raw], first: int, path: Path, *, bare: bo
         raise TraceError(path, f"not a Kineto/Chrome trace: malformed event at `$.traceEvents[{item}]{rest}` ({why})") from None
     except UnicodeDecodeError as e:
         raise TraceError(path, f"not UTF-8 text: {e.reason} at byte {e.start} of events {first}..{first + len(events) - 1}") from None
-
-
-def _what_json(raw: bytes) -> str:
-    # Only on the error path: what the JSON is instead, for the message.
-    try:
-        doc = msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:  # the type check stopped before a later syntax error
-        return f"not valid JSON either ({e})"
-    if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
-        return "its traceEvents are not all event objects"
-    if isinstance(doc, dict):
-        return "a JSON dict without a traceEvents list (keys: " + ", ".join(list(doc)[:6]) + ")"
-    if isinstance(doc, list):
-        return "a JSON list whose items are not event objects"
-    return f"a JSON {type(doc).__name__}"
 
 
 _NOT_TENSOR_TYPES = {"", "Scalar", "ScalarList", "GenericList", "None", None}
@@ -326,7 +239,7 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
     the errors. Both give the same frame (tests/profiler/test_fast_parser.py).
     """
     path = Path(path)
-    raw = _read_bytes(path)
+    raw = read_bytes(path)
     if fast is None:
         fast = not os.environ.get(PURE_PARSER_ENV)
     parsed = _fast_parse(raw) if fast and _kineto is not None else None
@@ -343,10 +256,10 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
     except TraceError as e:  # from the steps shared by both parsers, which do not know the file
         raise e if e.path else TraceError(path, e.problem) from None
     if frame.is_empty():
-        raise TraceError(path, _nothing_usable(dropped))
+        raise TraceError(path, nothing_usable(dropped))
     if any(len(t) > MAX_TEXT_BYTES for t in thread_names.values()):
         raise TraceError(path, f"a thread name over the {MAX_TEXT_BYTES:,}-byte limit on one text value (a damaged file?)")
-    info = _checked_distributed_info(info, path)
+    info = checked_distributed_info(info, path)
     # Thread names from metadata, looked up on the two key columns only (a join of the whole
     # frame would copy every column).
     threads = pl.DataFrame(
@@ -377,63 +290,6 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
 
 def _decode_header(raw: bytes | None):
     return None if raw is None else msgspec.json.decode(raw)
-
-
-def _nothing_usable(dropped: dict[str, int]) -> str:
-    why = [f"{n:,} {DAMAGED[k]}" for k, n in dropped.items() if n and k in DAMAGED]
-    why += [f"{dropped[k]:,} {what}" for k, what in (("string_pid", "without a numeric pid/tid"), ("flow", "flow events"),
-                                                     ("other_ph", "of other ph kinds")) if dropped.get(k)]
-    return ("no usable events: none is a complete (X) or instant (i) event with a numeric pid, tid and timestamp"
-            + (f" (dropped: {', '.join(why)})" if why else " (the trace has no events but metadata)"))
-
-
-def _whole(v) -> int | None:
-    """A whole number from JSON: an int, an integral float or a string of ASCII digits; else None."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit():  # not "²" (int() fails) or "٣" (int() reads 3)
-        return int(v)
-    return None
-
-
-def _checked_distributed_info(info, path: Path) -> dict | None:
-    """distributedInfo with `rank` and `world_size` as ints; TraceError where either is impossible
-    (negative, fractional, not a number, past Int32, a rank not below world_size, world_size 0)."""
-    if not isinstance(info, dict):
-        return None
-    info = dict(info)
-    for key, low, high in (("rank", 0, MAX_RANK), ("world_size", 1, MAX_RANK + 1)):
-        v = info.get(key)
-        if v is None:
-            continue
-        n = _whole(v)
-        if n is None or not low <= n <= high:
-            shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "..."
-            raise TraceError(path, f"distributedInfo.{key} is {shown}: not a {key.replace('_', ' ')} "
-                                   f"(a whole number from {low} to {high:,}); the file is damaged")
-        info[key] = n
-    if info.get("rank") is not None and info.get("world_size") is not None and info["rank"] >= info["world_size"]:
-        raise TraceError(path, f"distributedInfo.rank {info['rank']} is not below its world_size {info['world_size']}; "
-                               "the file is damaged")
-    if info.get("backend") is not None and not isinstance(info["backend"], str):
-        raise TraceError(path, f"distributedInfo.backend is a JSON {type(info['backend']).__name__}, not a string; the file is damaged")
-    if info.get("pg_config") is not None and not _is_pg_config(info["pg_config"]):
-        raise TraceError(path, "distributedInfo.pg_config is not a list of process groups ({pg_size, ...}); "
-                               "the file is damaged")
-    if info.get("pg_config") is not None:
-        info["pg_config"] = [{**g, "pg_size": _whole(g.get("pg_size"))} for g in info["pg_config"]]
-    return info
-
-
-def _is_pg_config(groups) -> bool:
-    # What collectives.py reads: a list of objects whose pg_size is a whole number (or absent).
-    return isinstance(groups, list) and all(
-        isinstance(g, dict) and (g.get("pg_size") is None or 1 <= (_whole(g["pg_size"]) or 0) <= MAX_RANK + 1) for g in groups
-    )
 
 
 def _fast_parse(raw: bytes) -> dict | None:
@@ -553,7 +409,7 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
     ProfilerStep#N whose N fits the step column (bad_step). Instants take dur 0.
     """
     frame = pl.DataFrame(cols)
-    _check_text_sizes(frame)
+    check_text_sizes(frame)
     ts, dur, instant = pl.col("ts_us"), pl.col("dur_us"), pl.col("ph") == "i"
     ok = [
         pl.col("pid").is_not_null() & pl.col("tid").is_not_null(),
@@ -561,7 +417,7 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
         (ts.is_finite() & (ts >= 0) & (ts <= MAX_TS_US)).fill_null(False),
         instant | dur.is_not_null(),
         instant | (dur.is_finite() & (dur >= 0) & (dur <= MAX_DUR_US)).fill_null(False),
-        ~pl.col("name").is_in(_bad_step_names(frame["name"])).fill_null(False),  # a nameless event is no step: kept
+        ~pl.col("name").is_in(bad_step_names(frame["name"])).fill_null(False),  # a nameless event is no step: kept
     ]
     passed = [ok[0]]
     for rule in ok[1:]:
@@ -572,21 +428,6 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
     cast = {c: SCHEMA[c] for c in frame.columns if SCHEMA[c] == pl.Categorical()}
     frame = frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()])
     return frame, dict(zip(["string_pid", *DAMAGED], counts))
-
-
-def _bad_step_names(names: pl.Series) -> list[str]:
-    """`ProfilerStep#N` names whose N does not fit the Int64 step column (steps.profiler_steps)."""
-    steps = names.filter(names.str.starts_with("ProfilerStep")).unique()
-    number = steps.str.extract(PROFILER_STEP_RE, 1)
-    return steps.filter(number.is_not_null() & number.cast(pl.Int64, strict=False).is_null()).to_list()
-
-
-def _check_text_sizes(frame: pl.DataFrame) -> None:
-    longest = frame.select(pl.col(pl.String).str.len_bytes().max()).row(0, named=True)
-    for column, size in longest.items():
-        if size is not None and size > MAX_TEXT_BYTES:
-            raise TraceError(None, f"an event's {column} is {size:,} bytes long, over the {MAX_TEXT_BYTES:,}-byte limit "
-                                   "on one text value (a damaged file?)")
 
 
 def _raw_slices(parsed: dict, raw: bytes) -> dict[str, tuple[list[int], list[bytes]]]:

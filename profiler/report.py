@@ -15,7 +15,7 @@ from profiler.discover import manifest_field
 from profiler.errors import CONTROL_ESCAPES, printable
 from profiler.load import Traces
 from profiler.memory import memory_peaks, memory_timeline, persistent_memory
-from profiler.parse import DAMAGED
+from profiler.damaged import DAMAGED
 from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
 from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
 from profiler.top_ops import top_kernels, top_operators
@@ -116,7 +116,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
 
 def dropped_warnings(ranks: pl.DataFrame) -> list[str]:
     """One warning per trace file that had events with impossible values (dropped, so the numbers
-    cover the rest): how many, and why (profiler.parse.DAMAGED)."""
+    cover the rest): how many, and why (profiler.damaged.DAMAGED)."""
     out = []
     for run, r, file, dropped in ranks.select("run", "rank", "file", "dropped").iter_rows():
         why = [f"{n:,} {DAMAGED[k]}" for k, n in (dropped or {}).items() if n]

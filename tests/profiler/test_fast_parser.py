@@ -18,6 +18,7 @@ from polars.testing import assert_frame_equal
 
 from profiler import TraceError
 from profiler import parse
+from profiler.damaged import read_bytes
 from profiler.parse import parse_trace_file
 from tests.conftest import REPO, SHARED_TRACES
 
@@ -45,7 +46,7 @@ def _assert_same(path: Path):
 def _c_parses(path: Path) -> bool:
     """True when the C parser takes the file itself (False: it declines, msgspec parses it)."""
     try:
-        return parse._fast_parse(parse._read_bytes(path)) is not None
+        return parse._fast_parse(read_bytes(path)) is not None
     except TraceError:  # an empty or unreadable file never reaches a parser
         return False
 

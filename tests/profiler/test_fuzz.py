@@ -31,7 +31,8 @@ import pytest
 
 import profiler.report
 from profiler.cli import main
-from profiler.parse import DAMAGED, PURE_PARSER_ENV
+from profiler.damaged import DAMAGED
+from profiler.parse import PURE_PARSER_ENV
 from profiler.steps import NO_STEP
 from tests.conftest import REPO, SHARED_TRACES
 

@@ -1,0 +1,183 @@
+"""Damaged and hostile input, refused or counted before it reaches a number (docs/profiler.md, "Odd input").
+
+What parse.py must not trust in a trace file: its bytes (not a regular file, a gzip bomb, a cut or
+corrupt gzip), its JSON (what it is instead of a trace, NaN literals), its values (the limits,
+the impossible-value rules counted in DAMAGED, step numbers past 64 bits, text over MAX_TEXT_BYTES)
+and its distributedInfo (ranks, world size, backend and process groups). Each function either
+returns what is safe to use or raises TraceError naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import zlib
+from pathlib import Path
+
+import msgspec
+import polars as pl
+
+from profiler.errors import TraceError
+from profiler.steps import PROFILER_STEP_RE
+
+# Limits on damaged or hostile input (docs/profiler.md, "Odd input"). Real Kineto JSON gzips 10-30x.
+MAX_INFLATE_RATIO = 100  # a gzip may hold at most 100x its size in JSON ...
+INFLATE_FLOOR_BYTES = 64 << 20  # ... or 64 MiB, whichever is more; past that it is refused as a bomb
+MAX_TEXT_BYTES = 1 << 20  # one name, category or other text value: 1 MiB (kernel names run to ~10 KB)
+MAX_TS_US = 2.0**53  # past this float64 no longer holds whole µs; Kineto's clock is epoch µs (~1.7e15 in 2023), 2**53 µs is ~year 2255
+MAX_DUR_US = 7 * 24 * 3600 * 1e6  # one week: no profiled span lasts longer
+MAX_RANK = 2**31 - 1  # ranks are Int32 in the frame
+# Events dropped because a value is impossible (counted per file, reported as a warning), by why.
+DAMAGED = {
+    "no_ts": "without a timestamp (ts missing, null, boolean or not a number)",
+    "bad_ts": "with a timestamp that is NaN, infinite, negative or past 2**53 µs",
+    "no_dur": "complete (X) events without dur (missing, null, boolean or not a number)",
+    "bad_dur": "with a dur that is negative, NaN, infinite or over a week",
+    "bad_step": "ProfilerStep#N spans whose N does not fit 64 bits",
+}
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes (gunzipped where gzip); TraceError for what is not a readable, non-empty regular file."""
+    try:
+        # Non-blocking open: a FIFO named like a trace must not wait for a writer. Only a regular
+        # file is read (a link to /dev/zero would never end).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TraceError(path, "not a regular file (a device, FIFO or socket); give a trace file")
+        try:
+            raw = f.read()
+        except OSError as e:
+            raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    if not raw:
+        raise TraceError(path, "empty file")
+    if raw[:2] == b"\x1f\x8b":
+        raw = gunzip(raw, path)
+        if not raw:
+            raise TraceError(path, "empty file (inside the gzip)")
+    return raw
+
+
+def gunzip(raw: bytes, path: Path) -> bytes:
+    """The gzip's content (every member), refused past MAX_INFLATE_RATIO x its size: a 1 MB bomb
+    holding 1 GiB is stopped after inflating the limit, not after filling memory."""
+    limit = max(INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO * len(raw))
+    parts, size, data = [], 0, raw
+    try:
+        while data:
+            if data[:2] != b"\x1f\x8b":
+                raise TraceError(path, "truncated or corrupt gzip (bytes after the gzip data that are not gzip)")
+            d = zlib.decompressobj(wbits=31)
+            part = d.decompress(data, limit - size + 1)  # one buffer, grown as needed, never past the limit
+            size += len(part)
+            if size > limit:
+                raise TraceError(path, f"gzip bomb: it inflates past {limit:,} bytes, over {MAX_INFLATE_RATIO}x its "
+                                       f"{len(raw):,} bytes (the limit for a gzipped trace; gunzip it to read it anyway)")
+            if not d.eof:
+                raise TraceError(path, "truncated or corrupt gzip (Compressed file ended before the end-of-stream marker was reached)")
+            parts.append(part)
+            data = d.unused_data.lstrip(b"\0")  # zero padding after a member is read as gzip -dc and CPython do
+    except zlib.error as e:
+        raise TraceError(path, f"truncated or corrupt gzip ({e})") from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+def json_hint(raw: bytes, error: str) -> str:
+    """A hint for a JSON syntax error: truncation, or a NaN/Infinity literal at the failing byte."""
+    if "truncated" in error:
+        return " (truncated?)"
+    at = re.search(r"\(byte (\d+)\)", error)
+    token = re.match(rb"-?[A-Za-z]+", raw[int(at.group(1)):int(at.group(1)) + 12]) if at else None
+    if token and token.group().lstrip(b"-").lower().startswith((b"nan", b"inf")):  # as Python's json.dumps writes
+        return f" ({token.group().decode()} is not a JSON number)"
+    return ""
+
+def what_json(raw: bytes) -> str:
+    """What a JSON document that is no trace is instead, for the refusal."""
+    # Only on the error path.
+    try:
+        doc = msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:  # the type check stopped before a later syntax error
+        return f"not valid JSON either ({e})"
+    if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+        return "its traceEvents are not all event objects"
+    if isinstance(doc, dict):
+        return "a JSON dict without a traceEvents list (keys: " + ", ".join(list(doc)[:6]) + ")"
+    if isinstance(doc, list):
+        return "a JSON list whose items are not event objects"
+    return f"a JSON {type(doc).__name__}"
+
+def nothing_usable(dropped: dict[str, int]) -> str:
+    """The refusal of a file with no usable event, with the counts of what was dropped and why."""
+    why = [f"{n:,} {DAMAGED[k]}" for k, n in dropped.items() if n and k in DAMAGED]
+    why += [f"{dropped[k]:,} {what}" for k, what in (("string_pid", "without a numeric pid/tid"), ("flow", "flow events"),
+                                                     ("other_ph", "of other ph kinds")) if dropped.get(k)]
+    return ("no usable events: none is a complete (X) or instant (i) event with a numeric pid, tid and timestamp"
+            + (f" (dropped: {', '.join(why)})" if why else " (the trace has no events but metadata)"))
+
+
+def whole(v) -> int | None:
+    """A whole number from JSON: an int, an integral float or a string of ASCII digits; else None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit():  # not "²" (int() fails) or "٣" (int() reads 3)
+        return int(v)
+    return None
+
+
+def checked_distributed_info(info, path: Path) -> dict | None:
+    """distributedInfo with `rank` and `world_size` as ints; TraceError where either is impossible
+    (negative, fractional, not a number, past Int32, a rank not below world_size, world_size 0)."""
+    if not isinstance(info, dict):
+        return None
+    info = dict(info)
+    for key, low, high in (("rank", 0, MAX_RANK), ("world_size", 1, MAX_RANK + 1)):
+        v = info.get(key)
+        if v is None:
+            continue
+        n = whole(v)
+        if n is None or not low <= n <= high:
+            shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "..."
+            raise TraceError(path, f"distributedInfo.{key} is {shown}: not a {key.replace('_', ' ')} "
+                                   f"(a whole number from {low} to {high:,}); the file is damaged")
+        info[key] = n
+    if info.get("rank") is not None and info.get("world_size") is not None and info["rank"] >= info["world_size"]:
+        raise TraceError(path, f"distributedInfo.rank {info['rank']} is not below its world_size {info['world_size']}; "
+                               "the file is damaged")
+    if info.get("backend") is not None and not isinstance(info["backend"], str):
+        raise TraceError(path, f"distributedInfo.backend is a JSON {type(info['backend']).__name__}, not a string; the file is damaged")
+    if info.get("pg_config") is not None and not is_pg_config(info["pg_config"]):
+        raise TraceError(path, "distributedInfo.pg_config is not a list of process groups ({pg_size, ...}); "
+                               "the file is damaged")
+    if info.get("pg_config") is not None:
+        info["pg_config"] = [{**g, "pg_size": whole(g.get("pg_size"))} for g in info["pg_config"]]
+    return info
+
+
+def is_pg_config(groups) -> bool:
+    """Whether distributedInfo.pg_config is a list of process groups whose pg_size is a whole number."""
+    # What collectives.py reads: a list of objects whose pg_size is a whole number (or absent).
+    return isinstance(groups, list) and all(
+        isinstance(g, dict) and (g.get("pg_size") is None or 1 <= (whole(g["pg_size"]) or 0) <= MAX_RANK + 1) for g in groups
+    )
+
+def bad_step_names(names: pl.Series) -> list[str]:
+    """`ProfilerStep#N` names whose N does not fit the Int64 step column (steps.profiler_steps)."""
+    steps = names.filter(names.str.starts_with("ProfilerStep")).unique()
+    number = steps.str.extract(PROFILER_STEP_RE, 1)
+    return steps.filter(number.is_not_null() & number.cast(pl.Int64, strict=False).is_null()).to_list()
+
+
+def check_text_sizes(frame: pl.DataFrame) -> None:
+    """TraceError (no path) where a text column holds a value over MAX_TEXT_BYTES."""
+    longest = frame.select(pl.col(pl.String).str.len_bytes().max()).row(0, named=True)
+    for column, size in longest.items():
+        if size is not None and size > MAX_TEXT_BYTES:
+            raise TraceError(None, f"an event's {column} is {size:,} bytes long, over the {MAX_TEXT_BYTES:,}-byte limit "
+                                   "on one text value (a damaged file?)")
