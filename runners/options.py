@@ -89,6 +89,12 @@ class RunOptions:
         return self.steps - self.warmup - self.active
 
 
+def default_experts(world_size: int) -> int:
+    """Experts per MoE layer when --experts is not given: 4, or the smallest multiple of the ranks
+    above it (every rank owns the same number of experts)."""
+    return -(-4 // world_size) * world_size
+
+
 DEFAULT_WARMUP = 1  # profiler warmup steps when --warmup is not given (fewer if --steps leaves no room)
 DEFAULT_ACTIVE = 3  # profiled steps when --active is not given (fewer if --steps leaves no room)
 MAX_TIMEOUT_S = 7 * 86400.0  # beyond this a "timeout" is a typo (and 1e300 s overflows timedelta in the ranks)
@@ -201,7 +207,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
     tp = parser.add_argument_group("tensor / sequence / expert parallel (tp, ep, hybrid)")
     tp.add_argument("--sp", action="store_true", help="tp, hybrid: also shard LayerNorm regions on the sequence dim")
-    tp.add_argument("--experts", type=_positive_int, default=4, help="ep: experts per MoE layer (default 4)")
+    tp.add_argument("--experts", type=_positive_int, default=None,
+                    help="ep: experts per MoE layer (default: 4, or the smallest multiple of the ranks above 4)")
     tp.add_argument("--top-k", type=_positive_int, default=2, help="ep: experts per token (default 2)")
     tp.add_argument(
         "--capacity-factor", type=_finite_float, default=1.25, help="ep: capacity = factor * tokens * top_k / experts"
@@ -231,9 +238,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_namespace(ns: argparse.Namespace, **extra) -> RunOptions:
-    """Build RunOptions from parsed flags, ignoring launcher-only ones (an unset --model: tiny)."""
+    """Build RunOptions from parsed flags, ignoring launcher-only ones (an unset --model or --experts: the field's default)."""
     fields = {f.name for f in dataclasses.fields(RunOptions)}
-    values = {k: v for k, v in vars(ns).items() if k in fields and not (k == "model" and v is None)}
+    values = {k: v for k, v in vars(ns).items() if k in fields and not (k in ("model", "experts") and v is None)}
     values.update(extra)
     return RunOptions(**values)
 

@@ -105,6 +105,23 @@ def test_run_needs_only_gpus_and_steps(tmp_path):
     assert opts.model == "small" and not chosen
 
 
+def test_every_paradigm_runs_on_8_ranks_with_only_gpus(tmp_path):
+    """At 8 ranks too: ep gets 8 experts (one per rank; the old default 4 did not split over 8)."""
+    from runners.cli import UsageError, _check_request, build_parser
+    from runners.paradigms import PARADIGMS
+
+    def check(*args):
+        return _check_request(build_parser().parse_args(["run", *args, "--out", str(tmp_path)]))
+
+    for paradigm in PARADIGMS:
+        opts, _device, _chosen = check(paradigm, "--gpus", "8")
+        assert opts.world_size == 8
+    assert check("ep", "--gpus", "8")[0].experts == 8 and check("ep", "--gpus", "2")[0].experts == 4
+    assert check("ep", "--gpus", "2", "--experts", "6")[0].experts == 6  # an explicit count is kept ...
+    with pytest.raises(UsageError, match="--experts 4 must be divisible by the 8 ranks"):
+        check("ep", "--gpus", "8", "--experts", "4")  # ... and refused where it does not split
+
+
 def test_existing_run_folder_is_not_overwritten(tmp_path):
     (tmp_path / "taken").mkdir()
     res = ptprof("run", "ddp", "--gpus", "2", "--out", str(tmp_path), "--name", "taken")
