@@ -109,13 +109,15 @@ def what_json(raw: bytes) -> str:
         return "a JSON list whose items are not event objects"
     return f"a JSON {type(doc).__name__}"
 
-def nothing_usable(dropped: dict[str, int]) -> str:
+def nothing_usable(dropped: dict[str, int], n_meta: int = 0) -> str:
     """The refusal of a file with no usable event, with the counts of what was dropped and why."""
     why = [f"{n:,} {DAMAGED[k]}" for k, n in dropped.items() if n and k in DAMAGED]
     why += [f"{dropped[k]:,} {what}" for k, what in (("string_pid", "without a numeric pid/tid"), ("flow", "flow events"),
                                                      ("other_ph", "of other ph kinds")) if dropped.get(k)]
     return ("no usable events: none is a complete (X) or instant (i) event with a numeric pid, tid and timestamp"
-            + (f" (dropped: {', '.join(why)})" if why else " (the trace has no events but metadata)"))
+            + (f" (dropped: {', '.join(why)})" if why
+               else f" (the trace has only metadata: {n_meta:,} ph M events)" if n_meta
+               else " (the trace has no events at all)"))
 
 
 def whole(v) -> int | None:

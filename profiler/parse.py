@@ -255,8 +255,9 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
             del raw
     except TraceError as e:  # from the steps shared by both parsers, which do not know the file
         raise e if e.path else TraceError(path, e.problem) from None
+    n_meta = dropped.pop("meta", 0)  # said only when nothing else is there; not a drop
     if frame.is_empty():
-        raise TraceError(path, nothing_usable(dropped))
+        raise TraceError(path, nothing_usable(dropped, n_meta))
     if any(len(t) > MAX_TEXT_BYTES for t in thread_names.values()):
         raise TraceError(path, f"a thread name over the {MAX_TEXT_BYTES:,}-byte limit on one text value (a damaged file?)")
     info = checked_distributed_info(info, path)
@@ -318,7 +319,7 @@ def _python_columns(raw: bytes, path: Path):
         del raw  # the raw events below still view it; it goes with them
         info, devices, events = doc.distributedInfo, doc.deviceProperties, doc.traceEvents
         del doc
-        frames, thread_names, dropped = [], {}, dict.fromkeys(["flow", "string_pid", *DAMAGED, "other_ph"], 0)
+        frames, thread_names, dropped = [], {}, dict.fromkeys(["flow", "string_pid", *DAMAGED, "other_ph", "meta"], 0)
         for first in range(0, len(events), BATCH_EVENTS):
             batch = _decode_batch(events[first:first + BATCH_EVENTS], first, path, bare=bare)
             f, names, counts = _columns(batch)
@@ -344,7 +345,8 @@ def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], 
         if e.ph == "M" and e.name == "thread_name" and e.args is not None and isinstance(e.args.name, str)
     }
     kept = [e for e, ph in zip(events, ph_all) if isinstance(ph, str) and ph in _KEPT_PH]  # a list ph is not hashable
-    other_ph = len(events) - len(kept) - n_flow - ph_all.count("M")
+    ph_all_meta = ph_all.count("M")
+    other_ph = len(events) - len(kept) - n_flow - ph_all_meta
     del ph_all
     args = [e.args or _NO_ARGS for e in kept]
 
@@ -369,7 +371,7 @@ def _columns(events: list[_Event]) -> tuple[pl.DataFrame, dict[tuple[int, int], 
     comm = [i for i, e in enumerate(kept) if isinstance(e.name, str) and e.name.startswith(_COMM_NAME_PREFIXES)]
     cols["arg_nelems"], cols["arg_types"] = _arg_shapes(len(kept), [(i, args[i].input_dims, args[i].input_type) for i in comm])
     frame, dropped = _finish(cols)
-    return frame, thread_names, {"flow": n_flow, **dropped, "other_ph": other_ph}
+    return frame, thread_names, {"flow": n_flow, **dropped, "other_ph": other_ph, "meta": ph_all_meta}
 
 
 def _times(events: list[_Event], field: str) -> pl.Series:
@@ -481,4 +483,4 @@ def _fast_columns(parsed: dict, slices: dict) -> tuple[pl.DataFrame, dict[tuple[
     thread_names = {(p if po else None, t if to else None): strings[c]
                     for (p, po, t, to), c in zip(keys, np.frombuffer(name_codes, np.int32).tolist())}
     counts = parsed["counts"]
-    return frame, thread_names, {"flow": counts["flow"], **dropped, "other_ph": counts["other"]}
+    return frame, thread_names, {"flow": counts["flow"], **dropped, "other_ph": counts["other"], "meta": counts["meta"]}

@@ -63,9 +63,16 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path):
     # a report that could not be written is said before the work, not as a traceback after it
     res = analyze(GPU_NCCL, "--json", str(tmp_path / "no" / "such" / "report.json"))
     assert res.returncode == 2 and "--json: its folder does not exist" in res.stderr and "Traceback" not in res.stderr
-    # a folder where the report file should go: the write itself fails, and says so
-    res = analyze(GPU_NCCL, "--quiet", "--json", str(tmp_path))
-    assert res.returncode == 2 and "--json: cannot write the report" in res.stderr and "Traceback" not in res.stderr
+    # a folder where the report file should go: refused up front, one line, nothing analysed
+    res = analyze(GPU_NCCL, "--json", str(tmp_path))
+    assert res.returncode == 2 and res.stdout == "" and "Traceback" not in res.stderr
+    assert res.stderr.count("\n") == 1 and "--json: this is a folder" in res.stderr and str(tmp_path) in res.stderr
+
+
+def test_quiet_without_json_says_nothing_was_written():
+    res = analyze(GPU_NCCL, "--quiet")
+    assert res.returncode == 0 and res.stdout == "" and res.stderr.count("\n") == 1
+    assert "--quiet without --json" in res.stderr and "no report written" in res.stderr
 
 
 def test_one_file_without_a_rank_is_rank_0_with_a_note(tmp_path):

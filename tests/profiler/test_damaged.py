@@ -81,6 +81,15 @@ def test_no_usable_events_is_refused(analyze, tmp_path, doc):
     refused(analyze(f), str(f), "no usable events")
 
 
+@pytest.mark.parametrize("doc, said", [
+    ({"traceEvents": []}, "no events at all"),
+    ({"traceEvents": [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}]}, "only metadata: 1 ph M"),
+], ids=["empty", "only metadata"])
+def test_an_eventless_trace_is_worded_by_what_it_holds(analyze, tmp_path, doc, said):
+    f = write(tmp_path / "rank0.json", doc)
+    refused(analyze(f), str(f), said)
+
+
 # ---- impossible values: dropped, counted, the rest right ----------------------------------------
 
 
