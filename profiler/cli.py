@@ -3,7 +3,7 @@
     python -m profiler analyze traces/ddp-2r-20261122-210000 --json report.json
 
 Bad input (empty, truncated or non-Kineto files, folders without traces, duplicate ranks, a rank
-that cannot be told, GPU analyses on CPU-only traces, odd paths and values: docs/profiler.md, "Odd
+that cannot be told, `--gpu` on CPU-only traces, odd paths and values: docs/profiler.md, "Odd
 input") ends with one line per problem and exit status 2, never a traceback. Where some ranks load
 and others do not, the report covers the good ones and names the bad ones. Names from the outside
 (files, runs, events) are printed with their control characters escaped (`errors.printable`).
@@ -23,6 +23,7 @@ from profiler.errors import TraceError, printable
 EXIT_BAD_INPUT = 2
 MAX_RANK = 2**31 - 1  # ranks are Int32 (profiler.damaged.MAX_RANK; not imported: it pulls in polars)
 MAX_TOP = 100_000
+HTA_SKIPPED = "HTA skipped: no GPU activity"  # the --hta entry of a run without kernels (docs/report.md)
 
 
 def _whole_number(low: int, high: int):
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=_whole_number(-1, 2**63 - 1), metavar="S",
                    help="analyze only ProfilerStep#S (-1: the single window of a trace without steps)")
     p.add_argument("--hta", action="store_true",
-                   help="also run HolisticTraceAnalysis (GPU traces) and show its breakdown and overlap beside ours")
+                   help="also run HolisticTraceAnalysis and show its breakdown and overlap beside ours, on the runs with GPU "
+                        "activity (a run with a rank without kernels is skipped, with a note)")
     p.add_argument("--gpu", action="store_true", help="require GPU activity in every trace (fail clearly if there is none)")
     p.add_argument("--trace-rank", type=_whole_number(0, MAX_RANK), metavar="R",
                    help="rank of a trace that names none (no distributedInfo, no rank in its file name)")
@@ -104,12 +106,11 @@ def _run(args: argparse.Namespace) -> int:
         raise TraceError(Path(args.json), "--json: this is a folder; name the report file (e.g. report.json)")
     traces = load_traces(args.paths, default_rank=args.trace_rank, rank_from_filename_first=args.rank_from_filename,
                          cache=not args.no_cache)
-    if args.gpu or args.hta:
+    if args.gpu:  # --gpu is the demand "every trace is a GPU trace"; --hta skips the runs without GPU activity
         no_gpu = traces.ranks.filter(~pl.col("has_gpu"))
         if no_gpu.height:
             files = ", ".join(no_gpu["file"])
-            raise TraceError(None, f"no GPU events in {files}: GPU analyses (--gpu/--hta) need kernels recorded with "
-                                   "ProfilerActivity.CUDA")
+            raise TraceError(None, f"no GPU events in {files}: --gpu needs kernels recorded with ProfilerActivity.CUDA")
     analysis = analyze(traces, rank=args.rank, step=args.step, top_n=args.top)
     report = build_report(analysis)
     if args.hta:
@@ -118,6 +119,9 @@ def _run(args: argparse.Namespace) -> int:
         _print_table(format_tables(analysis))
         if args.hta:
             _print_hta(report["hta"])
+    for entry in report.get("hta", []):  # said with --quiet too: the run has no HTA column
+        if entry.get("error", "").startswith(HTA_SKIPPED):
+            _print_line(f"ptprof analyze: note: run {entry['run']}: {entry['error']}", sys.stderr)
     for note in traces.notes:  # on stderr too, so that --quiet still says what was assumed
         _print_line(f"ptprof analyze: note: {note}", sys.stderr)
     for problem in traces.problems:
@@ -143,6 +147,11 @@ def _hta_section(traces, analysis, *, rank: int | None, step: int | None) -> lis
     for run in traces.ranks["run"].cast(pl.String).unique(maintain_order=True):
         rows = traces.ranks.filter(pl.col("run") == run)
         files = dict(zip(rows["rank"].to_list(), rows["file"].to_list()))
+        no_gpu = rows.filter(~pl.col("has_gpu"))["rank"].to_list()
+        if no_gpu:  # HTA's breakdown is of GPU kernels; a CPU run (or rank) has none to compare
+            which = "" if len(no_gpu) == rows.height else f" on rank(s) {', '.join(map(str, no_gpu))}"
+            out.append({"run": run, "error": f"{HTA_SKIPPED}{which} (CPU/gloo trace)"})
+            continue
         try:
             hta = hta_breakdown(files)
         except TraceError as e:
@@ -159,7 +168,8 @@ def _print_hta(section: list[dict]) -> None:
     for entry in section:
         print("\n== HTA beside ours: " + printable(str(entry["run"])))
         if "error" in entry:
-            _print_line(f"HTA could not analyze this run: {entry['error']}")
+            skipped = entry["error"].startswith(HTA_SKIPPED)
+            _print_line(entry["error"] if skipped else f"HTA could not analyze this run: {entry['error']}")
             continue
         table = pl.DataFrame(entry["ranks"]).drop("cause")
         rounded = table.filter(pl.col("window_us_rounded").is_not_null())

@@ -119,6 +119,29 @@ def test_hta_beside_ours():
     assert res.returncode == 0, res.stderr
 
 
+def test_hta_skips_a_cpu_run_and_compares_the_gpu_one(tmp_path):
+    # a job folder of one GPU (ROCm) trace and one CPU/gloo trace: two runs; HTA runs on the GPU one
+    import shutil
+    for name in ("mi250_rocm_single.json.gz", "cpu_gloo_rank34_of_300.json.gz"):
+        shutil.copy(SHARED_TRACES / "single" / name, tmp_path / name)
+    out = tmp_path.parent / f"{tmp_path.name}-report.json"
+    res = analyze(tmp_path, "--hta", "--json", out)
+    assert res.returncode == 0, res.stderr
+    assert "Temporal breakdown" in res.stdout and "HTA skipped: no GPU activity (CPU/gloo trace)" in res.stdout
+    assert "HTA skipped" in res.stderr  # said with --quiet too
+    hta = {e["run"].split("/")[-1]: e for e in json.loads(out.read_text())["hta"]}
+    assert hta["cpu_gloo_rank34_of_300"] == {"run": hta["cpu_gloo_rank34_of_300"]["run"],
+                                            "error": "HTA skipped: no GPU activity (CPU/gloo trace)"}
+    (rank,) = hta["mi250_rocm_single"]["ranks"]
+    assert rank["rank"] == 0 and rank["compute_us_hta"] > 0
+
+
+def test_hta_on_a_cpu_trace_alone_is_the_report_and_a_skip():
+    res = analyze(SHARED_TRACES / "single" / "cpu_gloo_rank34_of_300.json.gz", "--hta")
+    assert res.returncode == 0, res.stderr
+    assert "Temporal breakdown" in res.stdout and "HTA skipped: no GPU activity" in res.stdout
+
+
 def test_a_step_not_in_the_traces_is_one_line_naming_the_steps_there():
     # GPU trace (steps 551, 552) and a CPU trace without [memory] events (step 551): both crashed
     for path, have in ((GPU_NCCL, "551, 552"), (SHARED_TRACES / "single" / "cpu_gloo_rank34_of_300.json.gz", "551")):
