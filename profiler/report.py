@@ -208,6 +208,7 @@ def build_report(a: Analysis) -> dict:
     report = {"schema": REPORT_SCHEMA, "runs": runs, "warnings": a.warnings, "problems": a.problems}
     if len(runs) > 1:
         report["comparison"] = _records(compare_runs(a))
+        report["warnings"] = [*a.warnings, *comparison_warnings(a)]
     return report
 
 
@@ -216,21 +217,43 @@ def _first(series: pl.Series):
 
 
 def compare_runs(a: Analysis) -> pl.DataFrame:
-    """Side by side: per metric (mean over ranks), one column per run, and each run's change from
-    the first run (`<run>_diff_pct`)."""
+    """Side by side: per metric (mean over ranks unless its name says `_max`), one column per run,
+    and each run's change from the first run (`<run>_diff_pct`; `<run>_diff_pts` for `_pct` metrics)."""
+    ranks = a.breakdown.select("run", "rank")
     b = a.breakdown.group_by("run").agg(pl.col(RANK_METRICS).mean())
     s = a.step_stats.group_by("run").agg(step_mean_us=pl.col("mean_us").mean())
-    c = a.collective_stats.group_by("run").agg(collective_us=pl.col("total_us").sum())
-    m = a.memory_peaks.group_by("run").agg(peak_allocated_bytes=pl.col("peak_allocated_bytes").max().cast(pl.Float64))
+    # Each rank's total time in collectives (0 for a rank with none), then the mean over ranks.
+    per_rank = a.collective_stats.group_by("run", "rank").agg(collective_us=pl.col("total_us").sum())
+    c = (ranks.join(per_rank, on=["run", "rank"], how="left").fill_null(0.0)
+         .group_by("run").agg(pl.col("collective_us").mean()))
+    # A peak is a high-water mark: the largest over ranks is the one that limits the job.
+    m = a.memory_peaks.group_by("run").agg(peak_allocated_bytes_max=pl.col("peak_allocated_bytes").max().cast(pl.Float64))
     wide = b.join(s, on="run", how="left").join(c, on="run", how="left").join(m, on="run", how="left")
     order = a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
     metrics = [c for c in wide.columns if c != "run"]
     long = wide.with_columns(pl.col("run").cast(pl.String)).unpivot(index="run", on=metrics, variable_name="metric")
     table = long.pivot(on="run", index="metric", values="value").select("metric", *order)
     base = order[0]
+    pct = pl.col("metric").str.ends_with("_pct")  # a percentage's change is in points, not a percent of a percent
     return table.with_columns(
-        [(100 * (pl.col(r) - pl.col(base)) / pl.col(base).abs()).alias(f"{r}_diff_pct") for r in order[1:]]
+        [e for r in order[1:] for e in (
+            # from 0 there is no percent change (it would be inf or NaN): null
+            pl.when(~pct & (pl.col(base) != 0)).then(100 * (pl.col(r) - pl.col(base)) / pl.col(base).abs())
+            .alias(f"{r}_diff_pct"),
+            pl.when(pct).then(pl.col(r) - pl.col(base)).alias(f"{r}_diff_pts"))]
     )
+
+
+def comparison_warnings(a: Analysis) -> list[str]:
+    """A warning where the compared runs profiled different numbers of steps (their `_us` totals differ by that)."""
+    if a.ranks["run"].n_unique() < 2 or a.step_stats.is_empty():
+        return []
+    steps = a.step_stats.group_by("run", maintain_order=True).agg(pl.col("n_steps").unique().sort())
+    if steps["n_steps"].n_unique() < 2:
+        return []
+    said = "; ".join(f"{run}: {'/'.join(map(str, n))}" for run, n in steps.iter_rows())
+    return [f"the compared runs profiled different numbers of steps ({said}): window_us, compute_us, collective_us "
+            "and the other _us totals cover different lengths; compare step_mean_us, or profile the same steps"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +277,9 @@ def format_tables(a: Analysis) -> str:
         ("Top GPU kernels by total time (µs)", a.top_kernels),
     ]
     if a.ranks["run"].n_unique() > 1:
-        sections.append(("Runs side by side (mean over ranks; diff vs the first run)", compare_runs(a)))
+        sections.append(("Runs side by side (mean over ranks, of each rank's total for _us; peak_allocated_bytes_max: "
+                         "max over ranks; diff vs the first run: _diff_pct in %, _diff_pts in points for _pct metrics)",
+                         compare_runs(a)))
     out = []
     with pl.Config(tbl_rows=60, tbl_cols=20, tbl_width_chars=200, fmt_str_lengths=200, float_precision=1,
                    tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True, thousands_separator=True):
@@ -264,7 +289,7 @@ def format_tables(a: Analysis) -> str:
             out.append(f"\n== {title}\n{_shorten(frame)}")
     # One line each, whatever a trace or folder name in them holds (a newline would start a line
     # that poses as ours).
-    for w in a.warnings:
+    for w in [*a.warnings, *comparison_warnings(a)]:
         out.append(printable(f"warning: {w}"))
     for p in a.problems:
         out.append(printable(f"skipped: {p}"))

@@ -1,0 +1,52 @@
+"""`compare_runs`: runs side by side, each metric what its name says; hand-computed tiny values."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+
+from profiler.report import RANK_METRICS, compare_runs, comparison_warnings
+
+
+def two_runs(steps_b: int = 3) -> SimpleNamespace:
+    # run A: ranks 0, 1; run B: ranks 0, 1. Only the frames compare_runs reads.
+    rows = [("A", 0, 100.0, 10.0, 40.0), ("A", 1, 200.0, 30.0, 60.0), ("B", 0, 300.0, 20.0, 55.0), ("B", 1, 300.0, 20.0, 55.0)]
+    breakdown = pl.DataFrame(
+        [{**dict.fromkeys(RANK_METRICS, 0.0), "run": run, "rank": rank, "window_us": w, "compute_us": c, "overlap_pct": o}
+         for run, rank, w, c, o in rows])
+    return SimpleNamespace(
+        ranks=pl.DataFrame({"run": ["A", "A", "B", "B"], "rank": [0, 1, 0, 1]}),
+        breakdown=breakdown,
+        step_stats=pl.DataFrame({"run": ["A", "A", "B", "B"], "rank": [0, 1, 0, 1], "n_steps": [2, 2, steps_b, steps_b],
+                                 "mean_us": [50.0, 100.0, 100.0, 100.0]}),
+        # A: rank 0 has two collectives (10 + 20), rank 1 one (50); B: rank 0 one (40), rank 1 none
+        collective_stats=pl.DataFrame({"run": ["A", "A", "A", "B"], "rank": [0, 0, 1, 0], "total_us": [10.0, 20.0, 50.0, 40.0]}),
+        memory_peaks=pl.DataFrame({"run": ["A", "A", "B", "B"], "rank": [0, 1, 0, 1],
+                                   "peak_allocated_bytes": [1000, 3000, 2000, 2000]}),
+    )
+
+
+def test_each_metric_is_what_its_name_says():
+    t = {r["metric"]: r for r in compare_runs(two_runs()).to_dicts()}
+    assert (t["window_us"]["A"], t["window_us"]["B"], t["window_us"]["B_diff_pct"]) == (150.0, 300.0, 100.0)
+    # mean over ranks of each rank's total: A (30 + 50) / 2, B (40 + 0) / 2 -- not the sums 80 and 40
+    assert (t["collective_us"]["A"], t["collective_us"]["B"], t["collective_us"]["B_diff_pct"]) == (40.0, 20.0, -50.0)
+    # the max over ranks, and named so
+    assert "peak_allocated_bytes" not in t
+    assert (t["peak_allocated_bytes_max"]["A"], t["peak_allocated_bytes_max"]["B"]) == (3000.0, 2000.0)
+    assert t["peak_allocated_bytes_max"]["B_diff_pct"] == pytest.approx(-100 / 3)
+    assert (t["step_mean_us"]["A"], t["step_mean_us"]["B"]) == (75.0, 100.0)
+    # a percentage changes by points: 50 % -> 55 % is +5 points (not +10 %)
+    assert (t["overlap_pct"]["A"], t["overlap_pct"]["B"]) == (50.0, 55.0)
+    assert t["overlap_pct"]["B_diff_pts"] == pytest.approx(5.0) and t["overlap_pct"]["B_diff_pct"] is None
+    assert t["window_us"]["B_diff_pts"] is None
+    # from 0 (idle_us 0 in both runs) there is no percent change: null, not NaN or inf
+    assert (t["idle_us"]["A"], t["idle_us"]["B_diff_pct"]) == (0.0, None)
+
+
+def test_different_step_counts_are_a_warning():
+    (w,) = comparison_warnings(two_runs())
+    assert "different numbers of steps" in w and "A: 2" in w and "B: 3" in w
+    assert comparison_warnings(two_runs(steps_b=2)) == []
