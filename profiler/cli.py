@@ -1,4 +1,4 @@
-"""`ptprof analyze PATH... [--json FILE] [--rank R] [--step S] [--hta]`: tables and a JSON report.
+"""`ptprof analyze PATH... [--json FILE] [--rank R] [--step S] [--hta] [...]`: tables and a JSON report (README).
 
     python -m profiler analyze traces/ddp-2r-20261122-210000 --json report.json
 
