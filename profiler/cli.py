@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=_whole_number(1, MAX_TOP), default=15, metavar="N",
                    help="rows of the top operator/kernel tables (default 15)")
     p.add_argument("--no-cache", action="store_true", help="parse every trace again, ignoring the parquet cache")
-    p.add_argument("--quiet", action="store_true", help="no tables on stdout (with --json FILE; alone, it only checks the traces and says on stderr that nothing was written)")
+    p.add_argument("--quiet", action="store_true", help="no tables on stdout (with --json FILE; alone, it only checks the traces and, when they are fine, warns on stderr that nothing was written)")
     return p
 
 
@@ -133,9 +133,9 @@ def _run(args: argparse.Namespace) -> int:
             raise TraceError(Path(args.json), f"--json: cannot write the report ({e.strerror})") from None
         if not args.quiet:
             print("\nreport: " + printable(args.json))
-    elif args.quiet:  # a silent exit 0 would read as "done" with nothing to show for it
-        _print_line("ptprof analyze: note: --quiet without --json: the traces were checked; no tables printed, no report written",
-                    sys.stderr)
+    elif args.quiet and not traces.problems:  # a silent exit 0 would read as "done" with nothing to show for it
+        _print_line("ptprof analyze: warning: --quiet without --json: the traces were checked; no tables printed, "
+                    "no report written", sys.stderr)
     return EXIT_BAD_INPUT if traces.problems else 0
 
 
