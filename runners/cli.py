@@ -294,7 +294,9 @@ def _print_summary(run_dir: Path, elapsed_s: float, model_chosen: bool) -> None:
     manifest = json.loads((run_dir / "run.json").read_text())
     ranks = manifest["ranks"]
     profiled = manifest["profiler"]["profiled_steps"]
-    step_ms = [1e3 * sum(r["step_time_s"][s] for r in ranks) / len(ranks) for s in profiled]
+    # Each rank's own wall-clock mean over the profiled steps: the progress lines are one rank's,
+    # so the summary names the spread as well as the mean over ranks.
+    rank_ms = [1e3 * sum(r["step_time_s"][s] for s in profiled) / len(profiled) for r in ranks]
     losses = [loss for loss in manifest["losses"] if loss is not None]
     trace_bytes = sum((run_dir / r["trace"]).stat().st_size for r in ranks)
     mem = ranks[0]["memory"]
@@ -308,7 +310,13 @@ def _print_summary(run_dir: Path, elapsed_s: float, model_chosen: bool) -> None:
     how = " (the smallest preset that fits; --model to choose)" if model_chosen else ""
     print(f"  model           {model['preset']}: {model['n_layers']} layers, {model['n_params']:,} parameters{how}")
     steps = f"{profiled[0]}-{profiled[-1]}" if len(profiled) > 1 else str(profiled[0])
-    print(f"  step time       {sum(step_ms) / len(step_ms):.1f} ms mean over profiled steps {steps} (ProfilerStep#k)")
+    spread = ""
+    if len(ranks) > 1:
+        lo, hi = min(range(len(ranks)), key=rank_ms.__getitem__), max(range(len(ranks)), key=rank_ms.__getitem__)
+        spread = (f"; per rank {rank_ms[lo]:.1f} ms (rank {ranks[lo]['rank']}) to "
+                  f"{rank_ms[hi]:.1f} ms (rank {ranks[hi]['rank']})")
+    print(f"  step time       {sum(rank_ms) / len(rank_ms):.1f} ms mean over profiled steps {steps} and "
+          f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} (wall clock{spread})")
     print(
         "  rank 0 holds    "
         + ", ".join(f"{k.removesuffix('_bytes')} {_fmt_bytes(mem[k])}" for k in ("params_bytes", "grads_bytes", "optimizer_bytes"))

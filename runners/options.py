@@ -196,7 +196,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="microbatches per step (hybrid: per dp replica); default 2 x pipeline ranks",
     )
     pp.add_argument(
-        "--stages-per-rank", type=_positive_int, default=None, help="virtual stages per rank (interleaved/V schedules)"
+        "--stages-per-rank", type=_positive_int, default=None, help="virtual stages per rank: interleaved-1f1b (default 2) and zero-bubble (default 1) take any; zbv and dualpipev run 2, gpipe and 1f1b 1"
     )
     pp.add_argument(
         "--schedule",
@@ -211,7 +211,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                     help="ep: experts per MoE layer (default: 4, or the smallest multiple of the ranks above 4)")
     tp.add_argument("--top-k", type=_positive_int, default=2, help="ep: experts per token (default 2)")
     tp.add_argument(
-        "--capacity-factor", type=_finite_float, default=1.25, help="ep: capacity = factor * tokens * top_k / experts"
+        "--capacity-factor", type=_finite_float, default=1.25, help="ep: capacity = factor * tokens * top_k / experts (default 1.25)"
     )
 
     h = parser.add_argument_group("hybrid 3D (dp x pp x tp must equal the ranks; a degree of 1 drops that dimension)")

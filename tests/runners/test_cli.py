@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from runners.cli import describe_failures
@@ -227,3 +229,26 @@ def test_view_is_a_clear_placeholder_until_the_viewer_lands():
     res = ptprof("view")
     assert res.returncode == 2
     assert res.stderr.strip() == "ptprof: `view` is not yet available in this version"
+
+
+def test_summary_step_time_is_the_mean_over_ranks_and_names_the_spread(tmp_path, capsys):
+    """The progress lines are one rank's; the summary's mean is over every rank, and says so."""
+    from runners.cli import _print_summary
+
+    run = tmp_path / "r"
+    run.mkdir()
+    mem = {"params_bytes": 1, "grads_bytes": 1, "optimizer_bytes": 1}
+    ranks = [  # profiled steps 1-2: rank 0 means 20 ms, rank 1 means 50 ms; step 0 (warmup) is left out
+        {"rank": 0, "trace": "rank0.json.gz", "step_time_s": [9.0, 0.010, 0.030], "memory": mem},
+        {"rank": 1, "trace": "rank1.json.gz", "step_time_s": [9.0, 0.040, 0.060], "memory": mem},
+    ]
+    for r in ranks:
+        (run / r["trace"]).write_bytes(b"x")
+    (run / "run.json").write_text(json.dumps({
+        "run_id": "r", "paradigm": "ddp", "world_size": 2, "backend": "gloo", "device": "cpu",
+        "losses": [1.0, 0.9, 0.8], "ranks": ranks, "profiler": {"profiled_steps": [1, 2]},
+        "model": {"preset": "tiny", "n_layers": 2, "n_params": 10},
+    }))
+    _print_summary(run, 1.0, False)
+    out = capsys.readouterr().out
+    assert "35.0 ms mean over profiled steps 1-2 and 2 ranks (wall clock; per rank 20.0 ms (rank 0) to 50.0 ms (rank 1))" in out

@@ -347,6 +347,21 @@ def test_cli_args():
     assert main(["view", "--traces", "/no/such/folder"]) == 2
 
 
+def test_a_port_in_use_is_one_line_before_anything_serves(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["view", "--traces", str(tmp_path), "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+    assert main(["view", "--traces", str(tmp_path), "--port", "70000"]) == 2
+    assert "is not a port" in capsys.readouterr().err
+
+
 def test_ptprof_view_hands_over_to_the_viewer():
     from tests.conftest import ptprof
 
