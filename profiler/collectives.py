@@ -10,8 +10,9 @@ kernel's: NCCL runs an all-to-all as a `SendRecv` kernel (whose name says int8_t
 is the args', else output/input for all-gather (input/output for reduce-scatter), else the
 process group of that name in the trace's distributedInfo `pg_config`, else its only group;
 otherwise it is unknown (null) and so is busbw. Only then are the kind and dtype read from the
-kernel name. Comm kernels outside every profiled step (launched before profiling: no step from
-`assign_steps`) are left out, as the temporal breakdown leaves them out of comm time.
+kernel name. Comm kernels and gloo spans outside every profiled step (no step from `assign_steps`:
+launched before profiling, or run between steps) are left out, as the temporal breakdown leaves
+them out of comm time.
 
 CPU (gloo): gloo records no collective args. Each collective is a `gloo:<op>` span on a gloo worker
 thread plus the main thread's `c10d::<op>_` enqueue; within a process the k-th enqueue of an op
@@ -303,7 +304,9 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
     n = pl.col("g_size")
     own_out = pl.when(pl.col("algo") == "all_gather").then(own * n).otherwise(own)
     size = _dtype_bytes(dtype)
-    return paired.select(
+    # Paired first (the k-th span and enqueue of a kind match), then only spans in a profiled step:
+    # the breakdown's comm time counts exactly these, as for GPU kernels.
+    return paired.filter(pl.col("step").is_not_null()).select(
         *KEYS, "step",
         collective=kind,
         algo="algo",

@@ -169,6 +169,19 @@ def test_comm_kernels_count_alike_in_the_breakdown_and_the_collectives():
     assert collective_stats(c)["total_us"].sum() == 40.0
 
 
+def test_gloo_spans_count_alike_in_the_breakdown_and_the_collectives():
+    # Two gloo all-reduces on gloo's worker thread: one inside the profiled step, one after it
+    # (between steps: no step). Only the first is comm time, and only it is in the table.
+    def gloo(ts):
+        return dict(name="gloo:all_reduce", kind="comm", cat="user_annotation", ts_us=ts, dur_us=30.0, tid=2,
+                    thread="pt_gloo_runloop", arg_nelems=[4], arg_types=["Float"])
+
+    ev = make_events([step(1, 0, 100), dict(name="aten::mm", kind="op", ts_us=5, dur_us=10), gloo(40), gloo(150)])
+    assert temporal_breakdown(ev)["comm_us"].to_list() == [30.0]
+    c = collectives(ev)
+    assert c["dur_us"].to_list() == [30.0] and c["step"].to_list() == [1]
+
+
 def test_stragglers_cover_all_to_all_run_as_send_recv():
     # Two ranks, five all-to-alls that NCCL runs as SendRecv kernels (no kernel args): rank 1
     # starts four of them last, by up to 7.6 ms; rank 0 starts the third last.
