@@ -217,8 +217,8 @@ def load_traces(
 
 def _job_facts(parsed: Parsed) -> JobFacts:
     """The facts `split_jobs` needs of one parsed file: distributedInfo's and its clock's span."""
-    info = parsed.meta.get("distributed_info") or {}
-    backend = info.get("backend")
     meta = parsed.meta
+    info = meta.get("distributed_info") or {}
+    backend = info.get("backend")
     return JobFacts(backend if isinstance(backend, str) else None, _as_int(info.get("world_size")),
                     meta["first_ts_us"], meta["last_end_us"])

@@ -91,7 +91,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
                         "if they are a device's activity, that device is not supported (its time is not device time here)")
     if colls.filter(pl.col("note").is_not_null()).height:
         warnings.append(colls.filter(pl.col("note").is_not_null())["note"][0])
-    return Analysis(
+    analysis = Analysis(
         ranks=ranks,
         runs=traces.runs,
         steps=steps,
@@ -112,6 +112,8 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         warnings=warnings,
         problems=[str(p) for p in traces.problems],
     )
+    analysis.warnings.extend(comparison_warnings(analysis))  # runs side by side: once, for the tables and the JSON
+    return analysis
 
 
 def dropped_warnings(ranks: pl.DataFrame) -> list[str]:
@@ -208,7 +210,6 @@ def build_report(a: Analysis) -> dict:
     report = {"schema": REPORT_SCHEMA, "runs": runs, "warnings": a.warnings, "problems": a.problems}
     if len(runs) > 1:
         report["comparison"] = _records(compare_runs(a))
-        report["warnings"] = [*a.warnings, *comparison_warnings(a)]
     return report
 
 
@@ -289,7 +290,7 @@ def format_tables(a: Analysis) -> str:
             out.append(f"\n== {title}\n{_shorten(frame)}")
     # One line each, whatever a trace or folder name in them holds (a newline would start a line
     # that poses as ours).
-    for w in [*a.warnings, *comparison_warnings(a)]:
+    for w in a.warnings:
         out.append(printable(f"warning: {w}"))
     for p in a.problems:
         out.append(printable(f"skipped: {p}"))

@@ -50,3 +50,17 @@ def test_different_step_counts_are_a_warning():
     (w,) = comparison_warnings(two_runs())
     assert "different numbers of steps" in w and "A: 2" in w and "B: 3" in w
     assert comparison_warnings(two_runs(steps_b=2)) == []
+
+
+def test_the_step_count_warning_is_said_once_in_the_tables_and_the_json(tmp_path):
+    import json
+
+    from tests.conftest import REPO, SHARED_TRACES
+    from tests.profiler.test_cli import analyze
+
+    out = tmp_path / "r.json"
+    # 2 profiled steps per rank beside a trace of 5 steps
+    res = analyze(REPO / "traces" / "sample-ddp-2r", SHARED_TRACES / "single" / "v100_ns_resolution_rank0.json.gz", "--json", out)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("different numbers of steps") == 1
+    assert sum("different numbers of steps" in w for w in json.loads(out.read_text())["warnings"]) == 1
