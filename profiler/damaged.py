@@ -19,7 +19,7 @@ import msgspec
 import polars as pl
 
 from profiler.errors import TraceError
-from profiler.steps import PROFILER_STEP_RE
+from profiler.steps import PROFILER_STEP_RE, names_matching
 
 # Limits on damaged or hostile input (docs/profiler.md, "Odd input"). Real Kineto JSON gzips 10-30x.
 MAX_INFLATE_RATIO = 100  # a gzip may hold at most 100x its size in JSON ...
@@ -169,11 +169,10 @@ def is_pg_config(groups) -> bool:
         isinstance(g, dict) and (g.get("pg_size") is None or 1 <= (whole(g["pg_size"]) or 0) <= MAX_RANK + 1) for g in groups
     )
 
-def bad_step_names(names: pl.Series) -> list[str]:
+def bad_step_names(events: pl.DataFrame) -> list[str]:
     """`ProfilerStep#N` names whose N does not fit the Int64 step column (steps.profiler_steps)."""
-    steps = names.filter(names.str.starts_with("ProfilerStep")).unique()
-    number = steps.str.extract(PROFILER_STEP_RE, 1)
-    return steps.filter(number.is_not_null() & number.cast(pl.Int64, strict=False).is_null()).to_list()
+    steps = pl.Series(names_matching(events, PROFILER_STEP_RE), dtype=pl.String)
+    return steps.filter(steps.str.extract(PROFILER_STEP_RE, 1).cast(pl.Int64, strict=False).is_null()).to_list()
 
 
 def check_text_sizes(frame: pl.DataFrame) -> None:

@@ -419,7 +419,7 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
         (ts.is_finite() & (ts >= 0) & (ts <= MAX_TS_US)).fill_null(False),
         instant | dur.is_not_null(),
         instant | (dur.is_finite() & (dur >= 0) & (dur <= MAX_DUR_US)).fill_null(False),
-        ~pl.col("name").is_in(bad_step_names(frame["name"])).fill_null(False),  # a nameless event is no step: kept
+        ~pl.col("name").is_in(bad_step_names(frame)).fill_null(False),  # a nameless event is no step: kept
     ]
     passed = [ok[0]]
     for rule in ok[1:]:
