@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import stat
 import sys
 import time
 from pathlib import Path
@@ -366,8 +367,11 @@ def find_runs(root: Path) -> list[dict]:
 def _read_manifest(path: Path) -> tuple[dict | None, str | None]:
     """(run.json's content, None), or (None, a short description of what is wrong with it)."""
     try:
-        if path.stat().st_size > _MANIFEST_MAX_BYTES:
-            return None, f"run.json is {path.stat().st_size >> 20} MiB, too large for a manifest"
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # never opened: a FIFO would block the listing forever
+            return None, "run.json is not a regular file"
+        if st.st_size > _MANIFEST_MAX_BYTES:
+            return None, f"run.json is {st.st_size >> 20} MiB, too large for a manifest"
         data = json.loads(path.read_bytes())
     except RecursionError:
         return None, "unreadable run.json: nested too deeply"

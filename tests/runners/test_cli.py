@@ -221,6 +221,15 @@ def test_list_survives_any_run_json(tmp_path):
     assert rows["good"].split()[4:6] == ["3", "4.2500"]
 
 
+def test_list_never_opens_a_run_json_that_is_no_regular_file(tmp_path):
+    import os
+
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "run.json")  # reading it would block the listing forever
+    res = ptprof("list", "--traces", str(tmp_path), timeout=60)
+    assert res.returncode == 0 and "run.json is not a regular file" in res.stdout, res.stdout + res.stderr
+
+
 def test_view_is_a_clear_placeholder_until_the_viewer_lands():
     import importlib.util
 
