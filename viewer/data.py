@@ -27,7 +27,7 @@ from pathlib import Path
 import polars as pl
 
 from profiler import TraceError, Traces, analyze, ideal_orders, load_traces, memory_timeline
-from profiler.discover import RUN_MANIFEST, TRACE_SUFFIXES, find_sources, is_trace_file
+from profiler.discover import MAX_MANIFEST_BYTES, RUN_MANIFEST, TRACE_SUFFIXES, find_sources, is_trace_file, manifest_problem
 from profiler.pipeline import positive_int, schedule_theory_pct
 from profiler.report import Analysis
 
@@ -35,11 +35,11 @@ from viewer import aggregate
 
 log = logging.getLogger(__name__)
 
-MAX_MANIFEST_BYTES = 4 * 2**20  # a run.json is a few KB; a bigger one is not ours (and is not read whole)
-# run.json keys the viewer and the profiler read into, and the JSON type each must have when present
-# (null allowed): {"pipeline": [1]} refuses the run with a reason instead of failing deep inside.
-MANIFEST_TYPES = {**dict.fromkeys(["options", "mesh", "versions", "model", "profiler", "phases", "pipeline", "hybrid"], dict),
-                  **dict.fromkeys(["hosts", "losses", "ranks"], list)}
+# run.json keys the viewer reads, and the JSON type each must have when present (null allowed):
+# {"pipeline": [1]} refuses the run with a reason instead of failing deep inside. Every field the
+# profiler reads is then checked by its own rules (profiler.discover.manifest_problem), so the
+# viewer never shows a run that `ptprof analyze` refuses, nor the other way round.
+MANIFEST_TYPES = {"mesh": dict, "pipeline": dict, "hybrid": dict}
 PENDING = "analysing…"  # the status of a run whose analysis is not done yet
 
 
@@ -293,7 +293,7 @@ def read_manifest(folder: Path) -> tuple[dict | None, str | None]:
             return None, None
         if not path.is_file():  # a FIFO or device would block or never end
             return None, f"{RUN_MANIFEST}: not a regular file"
-        if path.stat().st_size > MAX_MANIFEST_BYTES:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:  # the profiler's limit: the same runs load in both
             return None, f"{RUN_MANIFEST}: over {MAX_MANIFEST_BYTES // 2**20} MiB, not a run manifest"
         m = json.loads(path.read_bytes())
     except RecursionError:  # json recurses per nesting level: [[[[...]]]] 100k deep
@@ -305,7 +305,8 @@ def read_manifest(folder: Path) -> tuple[dict | None, str | None]:
     for key, want in MANIFEST_TYPES.items():
         if m.get(key) is not None and not isinstance(m[key], want):
             return None, f"{RUN_MANIFEST}: {key!r} should be {_json_type(want())}, found {_json_type(m[key])}"
-    return m, None
+    problem = manifest_problem(m)
+    return (None, f"{RUN_MANIFEST}: {problem}") if problem else (m, None)
 
 
 def _json_type(v) -> str:
