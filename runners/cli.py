@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from runners.launch import describe_failures, launch
-from runners.options import RunOptions, add_run_arguments, default_experts, options_from_namespace, options_to_argv
+from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv
 from runners.paradigms import DEFAULT_MODEL_CANDIDATES, PARADIGMS, default_model, problem_with
 
 __all__ = ["describe_failures", "find_runs", "main"]
@@ -105,8 +105,6 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str, bool]:
     name = ns.name or f"{ns.paradigm}-{ns.gpus * ns.nnodes}r-{dt.datetime.now():%Y%m%d-%H%M%S}"
     _check_name(name)
     opts = options_from_namespace(ns, run_id=name)
-    if opts.paradigm == "ep" and getattr(ns, "experts", None) is None:  # `ep --gpus 8` needs 8 experts
-        opts = dataclasses.replace(opts, experts=default_experts(opts.world_size))
     chosen = ns.model is None
     if chosen:  # the smallest preset that fits; if none does, tiny's problem is reported below
         opts = dataclasses.replace(opts, model=default_model(opts) or opts.model)

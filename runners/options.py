@@ -52,7 +52,7 @@ class RunOptions:
     schedule: str = "1f1b"  # hybrid: the pipeline schedule over the pp ranks (a pipeline paradigm's name)
     # Tensor / sequence / expert parallel (runners/tp_sp.py, runners/expert_parallel.py)
     sp: bool = False  # sequence parallelism on the LayerNorm/dropout regions (with tp)
-    experts: int = 4  # experts per MoE layer (ep)
+    experts: int | None = None  # experts per MoE layer (ep); None = default_experts(world size) for ep
     top_k: int = 2  # experts per token (ep)
     capacity_factor: float = 1.25  # expert capacity = factor * tokens * top_k / experts (ep)
     # Hybrid degrees (runners/hybrid.py); dp * pp * tp must equal the world size
@@ -66,6 +66,8 @@ class RunOptions:
         warmup, active = profile_window(self.steps, self.warmup, self.active)
         object.__setattr__(self, "warmup", warmup)
         object.__setattr__(self, "active", active)
+        if self.experts is None and self.paradigm == "ep":  # `ep --gpus 8` needs 8 experts: one per rank
+            object.__setattr__(self, "experts", default_experts(self.world_size))
 
     @property
     def preset(self) -> tuple[int, int, int, int, int, int]:
@@ -238,9 +240,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_namespace(ns: argparse.Namespace, **extra) -> RunOptions:
-    """Build RunOptions from parsed flags, ignoring launcher-only ones (an unset --model or --experts: the field's default)."""
+    """Build RunOptions from parsed flags, ignoring launcher-only ones (an unset --model: tiny)."""
     fields = {f.name for f in dataclasses.fields(RunOptions)}
-    values = {k: v for k, v in vars(ns).items() if k in fields and not (k in ("model", "experts") and v is None)}
+    values = {k: v for k, v in vars(ns).items() if k in fields and not (k == "model" and v is None)}
     values.update(extra)
     return RunOptions(**values)
 

@@ -213,7 +213,7 @@ PARADIGM_FLAGS: dict[str, frozenset[str]] = {
 
 def check_flags(opts: RunOptions) -> str | None:
     """A one-line problem when a flag is given that `opts.paradigm` does not use, else None."""
-    defaults = RunOptions(paradigm=opts.paradigm, gpus=opts.gpus)
+    defaults = RunOptions(paradigm=opts.paradigm, gpus=opts.gpus, nnodes=opts.nnodes)
     for field, users in PARADIGM_FLAGS.items():
         if opts.paradigm not in users and getattr(opts, field) != getattr(defaults, field):
             return f"{flag_of(field)} does not apply to {opts.paradigm}: it is for {', '.join(sorted(users))}"
