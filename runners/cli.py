@@ -232,8 +232,8 @@ def _print_plan(opts: RunOptions, device: str, model_chosen: bool) -> None:
 
 def _profile_plan(opts: RunOptions) -> str:
     """'steps 0-4 (numbered as ProfilerStep#k in the traces): 2-4 profiled after 1 warmup step'."""
-    first = opts.steps - opts.active
-    profiled = f"{first}-{opts.steps - 1}" if opts.active > 1 else f"{first}"
+    steps = opts.profiled_steps
+    profiled = f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else f"{steps[0]}"
     warmup = f" after {opts.warmup} warmup step{'s' if opts.warmup != 1 else ''}" if opts.warmup else ", no warmup"
     return (
         f"{opts.steps} step{'s' if opts.steps != 1 else ''}, numbered 0-{opts.steps - 1} as ProfilerStep#k in the "

@@ -304,7 +304,7 @@ def train(ctx: Context, par: Parallel) -> dict:
             if ctx.rank == progress_rank:
                 # Steps are numbered from 0, as torch numbers them (ProfilerStep#<step> in the
                 # traces, `ptprof analyze --step`, run.json's profiled_steps), never from 1.
-                phase = "  [profiled]" if step >= opts.steps - opts.active else ""
+                phase = "  [profiled]" if step in opts.profiled_steps else ""
                 if not phase and step >= opts.wait:
                     phase = "  [profiler warmup]"
                 print(
@@ -389,7 +389,7 @@ def write_manifest(ctx: Context, par: Parallel, n_params: int, ranks: list[dict]
             "wait": opts.wait,
             "warmup": opts.warmup,
             "active": opts.active,
-            "profiled_steps": list(range(opts.steps - opts.active, opts.steps)),
+            "profiled_steps": list(opts.profiled_steps),
             "profile_memory": opts.profile_memory,
             "with_stack": opts.with_stack,
             "record_shapes": True,

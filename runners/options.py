@@ -90,6 +90,11 @@ class RunOptions:
         """Profiler `wait` steps: everything before warmup + active."""
         return self.steps - self.warmup - self.active
 
+    @property
+    def profiled_steps(self) -> range:
+        """The steps the profiler records (the last `active`), numbered from 0 as ProfilerStep#k."""
+        return range(self.steps - self.active, self.steps)
+
 
 def default_experts(world_size: int) -> int:
     """Experts per MoE layer when --experts is not given: 4, or the smallest multiple of the ranks
