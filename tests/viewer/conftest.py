@@ -7,6 +7,7 @@ uploads and broken runs never touch the repo.
 
 from __future__ import annotations
 
+import base64
 import shutil
 
 import pytest
@@ -86,3 +87,8 @@ def dash_post(app, output: str, *values, state=(), changed: int = 0):
         "changedPropIds": [f"{dep['inputs'][changed]['id']}.{dep['inputs'][changed]['property']}"],
     }
     return client.post("/_dash-update-component", json=body)
+
+
+def data_url(blob: bytes) -> str:
+    """`blob` as dcc.Upload hands a file to a callback."""
+    return "data:application/gzip;base64," + base64.b64encode(blob).decode()

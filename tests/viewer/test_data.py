@@ -3,7 +3,6 @@ the cache, and what each callback returns for the sample runs."""
 
 from __future__ import annotations
 
-import base64
 import errno
 import gzip
 import json
@@ -17,7 +16,7 @@ import pytest
 from profiler import SCHEMA
 from profiler.pipeline import ACTION_COLUMNS
 
-from tests.viewer.conftest import BROKEN
+from tests.viewer.conftest import BROKEN, data_url
 from viewer import data, upload
 from viewer.__main__ import main, parse_args
 from viewer.data import PathRefused, RunStore, resolve_under
@@ -157,14 +156,10 @@ def test_a_name_too_long_is_refused_not_a_traceback(tmp_path, pages):
 # Uploads
 
 
-def _data_url(blob: bytes) -> str:
-    return "data:application/gzip;base64," + base64.b64encode(blob).decode()
-
-
 def test_upload_makes_a_run(tmp_path, traces_root, pages):
     store = RunStore(tmp_path)
     blob = (traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes()
-    out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank0.json.gz"]))
+    out = str(pages.open.open_upload(store, [data_url(blob)], ["rank0.json.gz"]))
     assert "1 rank(s) loaded" in out
     (run_id,) = store.run_ids()
     assert run_id.startswith(upload.UPLOAD_PREFIX) and store.get(run_id).ok
@@ -173,19 +168,19 @@ def test_upload_makes_a_run(tmp_path, traces_root, pages):
 @pytest.mark.parametrize("name", ["../rank0.json.gz", "/tmp/rank0.json", "rank0.txt", ".hidden.json", "a/b.json", "..json.gz"])
 def test_upload_names_are_checked(tmp_path, pages, name):
     store = RunStore(tmp_path)
-    out = str(pages.open.open_upload(store, [_data_url(b"{}")], [name]))
+    out = str(pages.open.open_upload(store, [data_url(b"{}")], [name]))
     assert "Upload refused" in out and not list(tmp_path.iterdir())
 
 
 def test_upload_limits(tmp_path, pages, monkeypatch):
     store = RunStore(tmp_path)
     monkeypatch.setattr(upload, "MAX_UPLOAD_BYTES", 1000)
-    assert "over the" in str(pages.open.open_upload(store, [_data_url(b"x" * 1001)], ["rank0.json"]))
+    assert "over the" in str(pages.open.open_upload(store, [data_url(b"x" * 1001)], ["rank0.json"]))
     monkeypatch.setattr(upload, "MAX_UPLOAD_BYTES", 10**6)
     monkeypatch.setattr(upload, "MAX_UNPACKED_BYTES", 10**6)
     bomb = gzip.compress(b"\0" * (5 * 10**6))  # 5 MB of zeros in a few KB
     assert len(bomb) < 10**5
-    assert "unpacks to more than" in str(pages.open.open_upload(store, [_data_url(bomb)], ["rank0.json.gz"]))
+    assert "unpacks to more than" in str(pages.open.open_upload(store, [data_url(bomb)], ["rank0.json.gz"]))
     assert "malformed" in str(pages.open.open_upload(store, ["data:x;base64,!!!"], ["rank0.json"]))
     assert "malformed" in str(pages.open.open_upload(store, ["not a data url"], ["rank0.json"]))
     assert not list(tmp_path.iterdir())
@@ -197,7 +192,7 @@ def test_upload_limit_counts_every_gzip_member(tmp_path, pages, monkeypatch):
     monkeypatch.setattr(upload, "MAX_UPLOAD_BYTES", 10**6)
     monkeypatch.setattr(upload, "MAX_UNPACKED_BYTES", 10**6)
     member = gzip.compress(b"\0" * (6 * 10**5))  # each alone is under the limit, both are over it
-    assert "unpacks to more than" in str(pages.open.open_upload(store, [_data_url(member * 2)], ["rank0.json.gz"]))
+    assert "unpacks to more than" in str(pages.open.open_upload(store, [data_url(member * 2)], ["rank0.json.gz"]))
     assert not list(tmp_path.iterdir())
     upload.check_unpacked_size("ok.json.gz", gzip.compress(b"{}") * 3 + b"\0" * 8)  # small members, zero padding: fine
 
@@ -213,14 +208,14 @@ def test_a_failed_upload_write_leaves_nothing_behind(tmp_path, pages, monkeypatc
         return Path.open(self, "wb").write(blob)
 
     monkeypatch.setattr(Path, "write_bytes", write_bytes)
-    out = str(pages.open.open_upload(store, [_data_url(b"{}"), _data_url(b"{}")], ["rank0.json", "rank1.json"]))
+    out = str(pages.open.open_upload(store, [data_url(b"{}"), data_url(b"{}")], ["rank0.json", "rank1.json"]))
     assert written and "Upload refused" in out and os.strerror(errno.ENOSPC) in out
     assert not list(tmp_path.iterdir())  # the first file was written, then removed with its folder
 
 
 def test_an_uploaded_non_trace_shows_its_error_and_is_not_kept(tmp_path, pages):
     store = RunStore(tmp_path)
-    out = str(pages.open.open_upload(store, [_data_url(b'{"hello": 1}')], ["rank0.json"]))
+    out = str(pages.open.open_upload(store, [data_url(b'{"hello": 1}')], ["rank0.json"]))
     assert "Upload refused" in out and "not a Kineto/Chrome trace" in out
     assert not list(tmp_path.iterdir()) and not store._cache  # no upload-* folder left behind
 

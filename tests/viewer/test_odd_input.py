@@ -3,7 +3,6 @@ saying what was refused), never an HTTP 500, and one bad run never takes the oth
 
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 import os
@@ -13,7 +12,7 @@ import threading
 
 import pytest
 
-from tests.viewer.conftest import dash_post
+from tests.viewer.conftest import dash_post, data_url
 from viewer import data, figures, ids, upload
 
 
@@ -203,10 +202,6 @@ def test_upload_callback_takes_any_input(app, traces_root, contents, names):
 # Uploads: all or nothing, memory bounded before parsing, every refusal said
 
 
-def _data_url(blob: bytes) -> str:
-    return "data:application/gzip;base64," + base64.b64encode(blob).decode()
-
-
 def _gzip_bomb(unpacked_mib: int) -> bytes:
     """A valid trace whose one event name is `unpacked_mib` MiB of "a", as concatenated gzip
     members (gzip reads them all as one stream): the same 1 KB member for every MiB."""
@@ -217,20 +212,20 @@ def _gzip_bomb(unpacked_mib: int) -> bytes:
 
 def test_more_files_than_names_are_refused(tmp_path, traces_root, pages):
     store = data.RunStore(tmp_path)
-    blob = _data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
+    blob = data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
     out = str(pages.open.open_upload(store, [blob, blob], ["rank0.json.gz"]))
     assert "Upload refused" in out and "2 files but 1 names" in out and not list(tmp_path.iterdir())
 
 
 def test_duplicate_names_are_refused(tmp_path, traces_root, pages):
     store = data.RunStore(tmp_path)
-    rank0, rank1 = (_data_url((traces_root / "sample-ddp-2r" / f"rank{r}.json.gz").read_bytes()) for r in (0, 1))
+    rank0, rank1 = (data_url((traces_root / "sample-ddp-2r" / f"rank{r}.json.gz").read_bytes()) for r in (0, 1))
     out = str(pages.open.open_upload(store, [rank0, rank1], ["rank0.json.gz", "rank0.json.gz"]))
     assert "Upload refused" in out and "rank0.json.gz: sent twice" in out and not list(tmp_path.iterdir())
 
 
 def test_every_problem_is_named(tmp_path, pages):
-    out = str(pages.open.open_upload(data.RunStore(tmp_path), [_data_url(b"{}"), "junk", _data_url(b"{}")],
+    out = str(pages.open.open_upload(data.RunStore(tmp_path), [data_url(b"{}"), "junk", data_url(b"{}")],
                                      ["../x.json", "rank1.json", "rank2.txt"]))
     assert "../x.json: expected a plain file name" in out and "rank1.json: malformed upload" in out and "rank2.txt" in out
 
@@ -242,7 +237,7 @@ def test_a_gzip_bomb_is_refused_before_parsing_and_memory_stays_bounded(tmp_path
     bomb = _gzip_bomb(1000)
     assert len(bomb) < 2 * 2**20
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    out = str(pages.open.open_upload(store, [_data_url(bomb)], ["rank0.json.gz"]))
+    out = str(pages.open.open_upload(store, [data_url(bomb)], ["rank0.json.gz"]))
     peak_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     assert "Upload refused" in out and f"unpacks to more than {upload.MAX_UNPACKED_BYTES // 2**20} MiB" in out
     assert peak_after - peak_before < 64 * 2**20 and not list(tmp_path.iterdir())
@@ -250,7 +245,7 @@ def test_a_gzip_bomb_is_refused_before_parsing_and_memory_stays_bounded(tmp_path
 
 def test_a_truncated_gzip_is_refused(tmp_path, traces_root, pages):
     blob = (traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes()
-    out = str(pages.open.open_upload(data.RunStore(tmp_path), [_data_url(blob[: len(blob) // 2])], ["rank0.json.gz"]))
+    out = str(pages.open.open_upload(data.RunStore(tmp_path), [data_url(blob[: len(blob) // 2])], ["rank0.json.gz"]))
     assert "Upload refused" in out and "truncated" in out and not list(tmp_path.iterdir())
 
 
@@ -266,12 +261,12 @@ def test_uploads_are_parsed_in_a_child_process(tmp_path, traces_root, pages, mon
     store = data.RunStore(tmp_path)
     blob = (traces_root / "sample-fsdp-2r" / "rank1.json.gz").read_bytes()
     monkeypatch.setattr(upload, "PARSE_MEMORY_BYTES", 200 * 2**20)  # not even enough to start python + polars
-    out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank1.json.gz"]))
+    out = str(pages.open.open_upload(store, [data_url(blob)], ["rank1.json.gz"]))
     assert "Upload refused" in out and not list(tmp_path.iterdir()) and not store._cache
     monkeypatch.undo()
     monkeypatch.setattr(profiler.parse, "parse_trace_file", no_parsing_here)
     monkeypatch.setattr(profiler.cache, "parse_trace_file", no_parsing_here, raising=False)
-    out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank1.json.gz"]))
+    out = str(pages.open.open_upload(store, [data_url(blob)], ["rank1.json.gz"]))
     assert "1 rank(s) loaded" in out, out
 
 
@@ -292,7 +287,7 @@ def test_a_parse_timeout_leaves_no_process_behind(tmp_path, traces_root, pages, 
     blob = (traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes()
     monkeypatch.setattr(sys, "executable", str(fake))
     monkeypatch.setattr(upload, "PARSE_TIMEOUT_S", 2)
-    out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank0.json.gz"]))
+    out = str(pages.open.open_upload(store, [data_url(blob)], ["rank0.json.gz"]))
     monkeypatch.undo()
     assert "Upload refused" in out and "parsing took over 2 s" in out and not list(root.iterdir())
     started = [int(p) for p in pids.read_text().split()]
@@ -328,7 +323,7 @@ def test_an_upload_is_refused_when_the_cache_is_unusable(tmp_path, traces_root, 
     root.mkdir()
     store = data.RunStore(root)
     blob = (traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes()
-    out = str(pages.open.open_upload(store, [_data_url(blob)], ["rank0.json.gz"]))
+    out = str(pages.open.open_upload(store, [data_url(blob)], ["rank0.json.gz"]))
     assert "Upload refused" in out and "uploads need the profiler's cache" in out, out
     assert not list(root.iterdir()) and not store._cache
 
@@ -350,7 +345,7 @@ def test_an_upload_never_removes_another_uploads_folder(tmp_path, traces_root, m
     store = data.RunStore(tmp_path)
     blob = (traces_root / "sample-ddp-2r" / "rank1.json.gz").read_bytes()
     try:
-        run_id = upload.save_upload(store, upload.decode_upload([_data_url(blob)], ["rank1.json.gz"]))
+        run_id = upload.save_upload(store, upload.decode_upload([data_url(blob)], ["rank1.json.gz"]))
     except data.PathRefused:
         run_id = None
     assert (other / "rank0.json.gz").is_file()  # the other upload's folder is untouched
@@ -359,8 +354,8 @@ def test_an_upload_never_removes_another_uploads_folder(tmp_path, traces_root, m
 
 def test_a_partly_bad_upload_keeps_nothing(tmp_path, traces_root, pages):
     store = data.RunStore(tmp_path)
-    good = _data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
-    out = str(pages.open.open_upload(store, [good, _data_url(b"[1, 2")], ["rank0.json.gz", "rank1.json"]))
+    good = data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
+    out = str(pages.open.open_upload(store, [good, data_url(b"[1, 2")], ["rank0.json.gz", "rank1.json"]))
     assert "Upload refused" in out and "rank1.json: not valid JSON" in out and not list(tmp_path.iterdir())
     assert str(tmp_path) not in out  # file names, not the server's paths
 
@@ -425,7 +420,7 @@ def test_an_upload_is_not_listed_until_it_is_checked(tmp_path, traces_root, page
     listed = []
     real_parse = upload.parse_in_child
     monkeypatch.setattr(upload, "parse_in_child", lambda folder: (listed.append(store.run_ids()), real_parse(folder))[1])
-    blob = _data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
+    blob = data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
     assert "1 rank(s) loaded" in str(pages.open.open_upload(store, [blob], ["rank0.json.gz"]))
     assert listed == [[]] and len(store.run_ids()) == 1  # hidden while parsed, listed once loaded
 
