@@ -196,17 +196,17 @@ def _child(folder: str, memory_bytes: int) -> None:
     address space and print one JSON line, {"problems": [...]} or {"error": "..."}."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     from profiler import TraceError, load_traces
-    from profiler.cache import CacheUnusable, cache_dir, lookup
-    from profiler.discover import find_sources
+    from profiler.cache import CacheUnusable, cache_dir
 
     try:
         cache = cache_dir()
         # workers=1: parse here, not in one worker per core, each with memory_bytes of its own.
         traces = load_traces(folder, progress=False, workers=1)
         out = {"problems": [str(p) for p in traces.problems]}
-        # The server loads from the cache; a frame the cache could not keep (a full disk) would
-        # be parsed again there, with no memory bound: refused instead.
-        if not out["problems"] and any(lookup(s.path, cache)[0] is None for s in find_sources([folder])):
+        # The server loads from the cache; a frame the cache could not keep (a full disk: the rank's
+        # part holds it in memory, no parquet) would be parsed again there, with no memory bound:
+        # refused instead. (cache_dir() above refused an unusable cache, so a parquet is an entry.)
+        if not out["problems"] and any(part.parquet is None for part in traces.parts):
             out = {"error": f"the parsed traces could not be cached in {cache} ({'; '.join(traces.notes) or 'not written'}); "
                             "uploads need the profiler's cache: free space there or set $PTPROF_CACHE_DIR"}
     except CacheUnusable as e:
