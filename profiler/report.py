@@ -19,6 +19,10 @@ from profiler.damaged import DAMAGED
 from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
 from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
 from profiler.top_ops import top_kernels, top_operators
+from profiler.alphabeta import fit_alpha_beta
+from profiler.findings import FINDING_COLUMNS, findings
+from profiler.theory import predict_comm, theory_check
+from profiler.theory_memory import memory_whatif, predict_memory
 
 REPORT_SCHEMA = "ptprof.report/1"
 RANK_METRICS = ["window_us", "compute_us", "non_compute_us", "idle_us", "comm_us", "overlap_us", "exposed_comm_us", "overlap_pct"]
@@ -47,6 +51,13 @@ class Analysis:
     top_kernels: pl.DataFrame
     warnings: list[str]
     problems: list[str]
+    # Theory beside measurement (issue 13): profiler/theory.py, theory_memory.py, alphabeta.py.
+    theory_comm: pl.DataFrame  # predicted communication per rank, dim, phase and collective
+    theory_memory: pl.DataFrame  # predicted persistent memory per rank
+    memory_whatif: pl.DataFrame  # the same model under each ZeRO stage
+    theory_check: pl.DataFrame  # predicted beside measured, with a verdict
+    alpha_beta: pl.DataFrame  # α and β fitted per (backend, collective, group size)
+    findings: pl.DataFrame  # profiler/findings.py, ranked; filled in last (the rules read the rest)
 
 
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
@@ -111,9 +122,27 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         top_kernels=out["top_kernels"],
         warnings=warnings,
         problems=[str(p) for p in traces.problems],
+        **_theory(traces.runs, ranks, colls, out["memory_peaks"]),
     )
-    analysis.warnings.extend(comparison_warnings(analysis))  # runs side by side: once, for the tables and the JSON
+    analysis.warnings.extend(comparison_warnings(analysis))
+    analysis = dataclasses.replace(analysis, findings=findings(analysis))  # runs side by side: once, for the tables and the JSON
     return analysis
+
+
+def _theory(runs: dict[str, dict | None], ranks: pl.DataFrame, colls: pl.DataFrame, peaks: pl.DataFrame) -> dict:
+    # Predictions for the runs (and ranks) loaded; foreign traces have no run.json and get none.
+    keep = ranks.select(pl.col("run").cast(pl.String), "rank")
+    comm = predict_comm(runs).join(keep, on=["run", "rank"], how="semi")
+    memory = predict_memory(runs).join(keep, on=["run", "rank"], how="semi")
+    persistent = persistent_memory(runs).with_columns(pl.col("run").cast(pl.String)).join(keep, on=["run", "rank"], how="semi")
+    return {
+        "theory_comm": comm,
+        "theory_memory": memory,
+        "memory_whatif": memory_whatif(runs).join(keep.select("run").unique(), on="run", how="semi"),
+        "theory_check": theory_check(runs, comm, colls, memory, persistent),
+        "alpha_beta": fit_alpha_beta(colls, ranks),
+        "findings": pl.DataFrame(schema=FINDING_COLUMNS),
+    }
 
 
 def dropped_warnings(ranks: pl.DataFrame) -> list[str]:
@@ -206,8 +235,17 @@ def build_report(a: Analysis) -> dict:
             },
             "top_operators": _records(a.top_operators.filter(sel), drop=("run",)),
             "top_kernels": _records(a.top_kernels.filter(sel), drop=("run",)),
+            "theory": {
+                "communication": _records(a.theory_comm.filter(sel), drop=("run",)),
+                "memory": _records(a.theory_memory.filter(sel), drop=("run",)),
+                "memory_whatif": _records(a.memory_whatif.filter(sel), drop=("run",)),
+                "check": _records(a.theory_check.filter(sel), drop=("run",)),
+                "alpha_beta": _records(a.alpha_beta.filter(sel), drop=("run",)),
+            },
+            "findings": _records(a.findings.filter(sel), drop=("run",)),
         })
-    report = {"schema": REPORT_SCHEMA, "runs": runs, "warnings": a.warnings, "problems": a.problems}
+    report = {"schema": REPORT_SCHEMA, "findings": _records(a.findings), "runs": runs, "warnings": a.warnings,
+              "problems": a.problems}
     if len(runs) > 1:
         report["comparison"] = _records(compare_runs(a))
     return report
