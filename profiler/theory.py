@@ -32,7 +32,15 @@ def predict_comm(runs: dict[str, dict | None]) -> pl.DataFrame:
     return pl.DataFrame(schema=COMM_COLUMNS)
 
 
+def comm_check(runs: dict[str, dict | None], comm: pl.DataFrame, collectives: pl.DataFrame) -> pl.DataFrame:
+    """CHECK_COLUMNS for communication: bytes per step by collective kind (and dim), volume in Φ."""
+    return pl.DataFrame(schema=CHECK_COLUMNS)
+
+
 def theory_check(runs: dict[str, dict | None], comm: pl.DataFrame, collectives: pl.DataFrame,
                  memory: pl.DataFrame, persistent: pl.DataFrame) -> pl.DataFrame:
-    """CHECK_COLUMNS: each predicted quantity beside its measurement."""
-    return pl.DataFrame(schema=CHECK_COLUMNS)
+    """CHECK_COLUMNS: each predicted quantity beside its measurement (communication, then memory)."""
+    from profiler.theory_memory import memory_check  # theory_memory reads COMM/CHECK schemas from here
+
+    parts = [comm_check(runs, comm, collectives), memory_check(memory, persistent)]
+    return pl.concat([p.select(list(CHECK_COLUMNS)).cast(CHECK_COLUMNS) for p in parts])

@@ -28,3 +28,11 @@ def predict_memory(runs: dict[str, dict | None]) -> pl.DataFrame:
 def memory_whatif(runs: dict[str, dict | None]) -> pl.DataFrame:
     """WHATIF_COLUMNS: ddp, zero1, zero2, zero3/fsdp for each run's model and data-parallel degree."""
     return pl.DataFrame(schema=WHATIF_COLUMNS)
+
+
+def memory_check(memory: pl.DataFrame, persistent: pl.DataFrame) -> pl.DataFrame:
+    """profiler.theory.CHECK_COLUMNS rows: predicted params/grads/optimizer bytes per rank beside
+    run.json's measured ones (profiler.memory.persistent_memory)."""
+    from profiler.theory import CHECK_COLUMNS
+
+    return pl.DataFrame(schema=CHECK_COLUMNS)
