@@ -81,3 +81,49 @@ def persistent_memory(runs: dict[str, dict | None]) -> pl.DataFrame:
 
 def _int_or_none(v) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+CURVE_BUCKETS = 64  # enough for a one-line sparkline; small enough for the JSON report
+CURVE_COLUMNS = {"run": pl.Categorical, "rank": pl.Int32, "mem_device": pl.String, "bucket": pl.Int64,
+                 "start_us": pl.Float64, "allocated_bytes": pl.Int64, "min_allocated_bytes": pl.Int64}
+
+
+def memory_curve(timeline: pl.DataFrame, buckets: int = CURVE_BUCKETS) -> pl.DataFrame:
+    """Per (run, rank, mem_device): allocated bytes over the timeline's span in at most `buckets`
+    equal time buckets; allocated_bytes is the highest level in the bucket, min_allocated_bytes the lowest.
+
+    A bucket without events holds the level the last event before it left (the level is a step
+    function of time), so an idle stretch is drawn at its level, not as a gap or a zero.
+    """
+    if timeline.is_empty():
+        return pl.DataFrame(schema=CURVE_COLUMNS)
+    keys = [*KEYS, "mem_device"]
+    t0, t1 = pl.col("ts_us").min().over(keys), pl.col("ts_us").max().over(keys)
+    n = pl.min_horizontal(pl.lit(buckets), pl.len().over(keys)).cast(pl.Int64)  # no more buckets than events
+    # One instant (or one event): one bucket; never a division by a zero span.
+    n = pl.when(t1 > t0).then(n).otherwise(1)
+    span = pl.when(t1 > t0).then(t1 - t0).otherwise(1.0)
+    bucket = ((pl.col("ts_us") - t0) / span * n).floor().cast(pl.Int64).clip(0, n - 1)
+    per = (
+        timeline.sort(*keys, "ts_us")
+        .with_columns(bucket=bucket, n=n, t0=t0, width=(t1 - t0) / n)
+        .group_by(*keys, "bucket")
+        .agg(pl.col("allocated_bytes").max().alias("hi"), pl.col("allocated_bytes").min().alias("lo"),
+             pl.col("allocated_bytes").last().alias("last"), pl.col("n", "t0", "width").first())
+    )
+    grid = (per.group_by(keys).agg(pl.col("n", "t0", "width").first())
+            .with_columns(bucket=pl.int_ranges(0, pl.col("n"))).explode("bucket"))
+    # The level entering each bucket is the last level of the bucket before it (carried over empty ones).
+    prev = pl.col("last").shift(1).forward_fill().over(keys, order_by="bucket")
+    return (
+        grid.join(per.drop("n", "t0", "width"), on=[*keys, "bucket"], how="left")
+        .sort(*keys, "bucket")
+        .with_columns(prev=prev)
+        .select(
+            *keys, "bucket",
+            start_us=pl.col("t0") + pl.col("bucket") * pl.col("width"),
+            allocated_bytes=pl.max_horizontal("hi", "prev"),
+            min_allocated_bytes=pl.min_horizontal("lo", "prev"),
+        )
+        .cast({k: v for k, v in CURVE_COLUMNS.items() if k != "run"})
+    )

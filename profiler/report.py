@@ -14,7 +14,7 @@ from profiler.collectives import collective_skew, collective_stats, collectives,
 from profiler.discover import manifest_field
 from profiler.errors import CONTROL_ESCAPES, printable
 from profiler.load import Traces
-from profiler.memory import memory_peaks, memory_timeline, persistent_memory
+from profiler.memory import CURVE_COLUMNS, memory_curve, memory_peaks, memory_timeline, persistent_memory
 from profiler.damaged import DAMAGED
 from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
 from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
@@ -58,6 +58,8 @@ class Analysis:
     theory_check: pl.DataFrame  # predicted beside measured, with a verdict
     alpha_beta: pl.DataFrame  # α and β fitted per (backend, collective, group size)
     findings: pl.DataFrame  # profiler/findings.py, ranked; filled in last (the rules read the rest)
+    # allocated bytes over time, ≤ 64 buckets per (rank, device): the sparklines of the text report
+    memory_curve: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=CURVE_COLUMNS))
 
 
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
@@ -114,6 +116,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         skew=skew,
         stragglers=stragglers(skew),
         memory_peaks=out["memory_peaks"],
+        memory_curve=out["memory_curve"],
         persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
         pipeline=pipeline,
         pipeline_grid=pipeline_grid(actions) if pipeline is not None else None,
@@ -176,7 +179,8 @@ def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dic
         "breakdown_steps": temporal_breakdown(events, per_step=True, steps=steps),
         "collectives": collectives(events, ranks),
         "actions": pipeline_actions(events, steps=steps, runs=runs),
-        "memory_peaks": memory_peaks(memory_timeline(events)),
+        "memory_peaks": memory_peaks(timeline := memory_timeline(events)),
+        "memory_curve": memory_curve(timeline),
         "top_operators": top_operators(events, n=top_n),
         "top_kernels": top_kernels(events, n=top_n),
     }
@@ -232,6 +236,7 @@ def build_report(a: Analysis) -> dict:
             "memory": {
                 "peaks": _records(a.memory_peaks.filter(sel), drop=("run",)),
                 "persistent": _records(a.persistent_memory.filter(sel), drop=("run",)),
+                "curve": _records(a.memory_curve.filter(sel), drop=("run",)),
             },
             "top_operators": _records(a.top_operators.filter(sel), drop=("run",)),
             "top_kernels": _records(a.top_kernels.filter(sel), drop=("run",)),
