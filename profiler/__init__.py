@@ -16,8 +16,9 @@ from profiler.overlap import comm_compute_overlap
 from profiler.pipeline import (
     ideal_orders, pipeline_actions, pipeline_grid, pipeline_summary, simulate_order, theory_bubble_pct,
 )
-from profiler.report import REPORT_SCHEMA, analyze, build_report, compare_runs, format_tables
+from profiler.report import REPORT_SCHEMA, analyze, build_report, compare_runs
 from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
+from profiler.text import format_tables
 from profiler.top_ops import self_times, top_kernels, top_operators
 
 __all__ = [

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="take ranks from file names (rank<R>...) even where distributedInfo has one")
     p.add_argument("--top", type=_whole_number(1, MAX_TOP), default=15, metavar="N",
                    help="rows of the top operator/kernel tables (default 15)")
+    p.add_argument("--full", action="store_true",
+                   help="every rank as a row (and every step, collective and operator) instead of min / median / max "
+                        "over ranks naming the ranks at each end")
     p.add_argument("--no-cache", action="store_true", help="parse every trace again, ignoring the parquet cache")
     p.add_argument("--quiet", action="store_true", help="no tables on stdout (with --json FILE; alone, it only checks the traces and, when they are fine, warns on stderr that nothing was written)")
     return p
@@ -98,7 +101,8 @@ def _print_table(text: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from profiler.load import load_traces
-    from profiler.report import analyze, build_report, format_tables
+    from profiler.report import analyze, build_report
+    from profiler.text import format_tables
 
     if args.json and not Path(args.json).resolve().parent.is_dir():  # before the work, not after it
         raise TraceError(Path(args.json), "--json: its folder does not exist")
@@ -116,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.hta:
         report["hta"] = _hta_section(traces, analysis, rank=args.rank, step=args.step)
     if not args.quiet:
-        _print_table(format_tables(analysis))
+        _print_table(format_tables(analysis, full=args.full))
         if args.hta:
             _print_hta(report["hta"])
     for entry in report.get("hta", []):  # said with --quiet too: the run has no HTA column

@@ -1,5 +1,5 @@
-"""All analyses of a set of traces, as frames (`analyze`), as the JSON report (`build_report`,
-schema in docs/report.md) and as text tables (`format_tables`). No I/O here: the CLI writes.
+"""All analyses of a set of traces, as frames (`analyze`) and as the JSON report (`build_report`,
+schema in docs/report.md); the text report is profiler.text. No I/O here: the CLI writes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import polars as pl
 from profiler.breakdown import temporal_breakdown
 from profiler.collectives import collective_skew, collective_stats, collectives, stragglers
 from profiler.discover import manifest_field
-from profiler.errors import CONTROL_ESCAPES, printable
 from profiler.load import Traces
 from profiler.memory import CURVE_COLUMNS, memory_curve, memory_peaks, memory_timeline, persistent_memory
 from profiler.damaged import DAMAGED
@@ -298,54 +297,3 @@ def comparison_warnings(a: Analysis) -> list[str]:
     said = "; ".join(f"{run}: {'/'.join(map(str, n))}" for run, n in steps.iter_rows())
     return [f"the compared runs profiled different numbers of steps ({said}): window_us, compute_us, collective_us "
             "and the other _us totals cover different lengths; compare step_mean_us, or profile the same steps"]
-
-
-# ---------------------------------------------------------------------------------------------
-# Text
-
-
-def format_tables(a: Analysis) -> str:
-    """Readable tables, one per analysis."""
-    sections: list[tuple[str, pl.DataFrame | None]] = [
-        ("Traces", a.ranks.drop("pg_config", "dropped")),
-        ("Step times (µs)", a.step_stats),
-        ("Temporal breakdown per rank (µs; HTA's definition)", a.breakdown.drop("has_profiler_steps")),
-        ("Temporal breakdown per step (µs)", a.breakdown_steps.drop("has_profiler_steps")),
-        ("Collectives (nccl-tests bandwidths, GB/s)", a.collective_stats.drop("note")),
-        ("Stragglers (who starts collectives last)", a.stragglers),
-        ("Pipeline bubbles per rank and step (measured, theory, ideal order replayed; %)", a.pipeline),
-        ("Pipeline grid: actions in the order each rank ran them", a.pipeline_grid),
-        ("Memory peaks ([memory] events)", a.memory_peaks),
-        ("Persistent memory (run.json)", a.persistent_memory),
-        ("Top CPU operators by self time (µs)", a.top_operators),
-        ("Top GPU kernels by total time (µs)", a.top_kernels),
-    ]
-    if a.ranks["run"].n_unique() > 1:
-        sections.append(("Runs side by side (mean over ranks, of each rank's total for _us; peak_allocated_bytes_max: "
-                         "max over ranks; diff vs the first run: _diff_pct in %, _diff_pts in points for _pct metrics)",
-                         compare_runs(a)))
-    out = []
-    with pl.Config(tbl_rows=60, tbl_cols=20, tbl_width_chars=200, fmt_str_lengths=200, float_precision=1,
-                   tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True, thousands_separator=True):
-        for title, frame in sections:
-            if frame is None or frame.is_empty():
-                continue
-            out.append(f"\n== {title}\n{_shorten(frame)}")
-    # One line each, whatever a trace or folder name in them holds (a newline would start a line
-    # that poses as ours).
-    for w in a.warnings:
-        out.append(printable(f"warning: {w}"))
-    for p in a.problems:
-        out.append(printable(f"skipped: {p}"))
-    return "\n".join(out)
-
-
-def _shorten(frame: pl.DataFrame) -> pl.DataFrame:
-    # Kernel and operator names run to hundreds of characters; the table shows their head. A
-    # pipeline grid's action order is shown whole. Control characters in names (a newline, a
-    # terminal escape) are shown escaped, so a cell stays one line and the terminal untouched.
-    text = pl.col(pl.String, pl.Categorical).cast(pl.String).str.replace_many(list(CONTROL_ESCAPES), list(CONTROL_ESCAPES.values()))
-    return frame.with_columns(text).with_columns(
-        pl.col(pl.String).exclude("order", "file").str.slice(0, 60),
-        *([pl.col("file").str.slice(-60)] if "file" in frame.columns else []),  # a path's tail names the file
-    )

@@ -1,0 +1,661 @@
+"""The text report of `ptprof analyze`: findings first, then theory beside measurement, then
+compact tables in human units (ms, MiB, GB/s; 3 significant digits), at most WIDTH columns.
+
+Per-rank tables collapse to min / median / max over ranks and name the rank at each end;
+`full=True` (`ptprof analyze --full`) shows every rank as a row instead. Times are relative to
+the step they fall in, never epoch µs. Memory over time is a one-line sparkline per rank. Warning
+and skipped lines are the one exception to the width: each stays one line, whole, so that it can
+be read (and grepped) as one message. No I/O here: the CLI prints.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import polars as pl
+
+from profiler.errors import printable
+
+WIDTH = 100
+SPARK = "▁▂▃▄▅▆▇█"
+ROWS = 12  # rows per run of a long table (collectives, operators) unless full
+SPARK_RANKS = 16  # sparkline lines per run unless full
+NONE = "—"  # a value that is absent or cannot be a number (never 0, NaN or inf)
+
+
+# ---------------------------------------------------------------------------------------------
+# Units
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def sig3(x) -> str:
+    """`x` to 3 significant digits, trailing zeros kept ("1.50", "12.3", "456", "1230")."""
+    x = _number(x)
+    if x is None:
+        return NONE
+    if x == 0:
+        return "0"
+    digits = 2 - math.floor(math.log10(abs(x)))
+    rounded = round(x, digits)
+    if rounded != 0 and math.floor(math.log10(abs(rounded))) > math.floor(math.log10(abs(x))):
+        digits -= 1  # 9.996 -> "10.0", not "10.00"
+    return f"{rounded:.{max(digits, 0)}f}"
+
+
+def _scaled(x, steps: list[tuple[float, str]], *, zero: int = 0, whole: bool = False) -> str:
+    x = _number(x)
+    if x is None:
+        return NONE
+    for factor, unit in reversed(steps):
+        if abs(x) >= factor * 0.9995:  # what rounds to 1000 of a unit is 1.00 of the next
+            break
+    if x == 0:
+        factor, unit = steps[zero]
+    if factor == 1 and whole:  # bytes: a whole number, not "64.0 B"
+        return f"{round(x):,} {unit}"
+    return f"{sig3(x / factor)} {unit}"
+
+
+def fmt_time(us) -> str:
+    """Microseconds as µs, ms or s, 3 significant digits."""
+    return _scaled(us, [(1.0, "µs"), (1e3, "ms"), (1e6, "s")], zero=1)
+
+
+def fmt_bytes(n) -> str:
+    """Bytes in binary units: B, KiB, MiB, GiB, TiB (1536 KiB -> "1.50 MiB")."""
+    return _scaled(n, [(1.0, "B"), (2.0**10, "KiB"), (2.0**20, "MiB"), (2.0**30, "GiB"), (2.0**40, "TiB")], whole=True)
+
+
+def fmt_bw(gbps) -> str:
+    """A bandwidth given in GB/s (1e9 bytes/s) in the unit that shows it: never "0.0" for a slow link."""
+    x = _number(gbps)
+    return NONE if x is None else _scaled(x * 1e9, [(1.0, "B/s"), (1e3, "kB/s"), (1e6, "MB/s"), (1e9, "GB/s"), (1e12, "TB/s")])
+
+
+def fmt_count(x) -> str:
+    """A count (or a median of counts): whole numbers as such, "1,234"; else 3 significant digits."""
+    x = _number(x)
+    return NONE if x is None else f"{int(x):,}" if x == int(x) else sig3(x)
+
+
+def fmt_pct(p) -> str:
+    """A percentage, 3 significant digits."""
+    return NONE if _number(p) is None else f"{sig3(p)} %"
+
+
+def fmt_unit(x, unit: str | None) -> str:
+    """A theory-check value in its unit (profiler.theory.CHECK_COLUMNS `unit`)."""
+    u = (unit or "").lower()
+    if u in ("bytes", "byte", "b"):
+        return fmt_bytes(x)
+    if u in ("us", "µs"):
+        return fmt_time(x)
+    if u == "ms":
+        return fmt_time(None if _number(x) is None else x * 1e3)
+    if u in ("pct", "%"):
+        return fmt_pct(x)
+    if u in ("gbps", "gb/s"):
+        return fmt_bw(x)
+    if u in ("phi", "φ"):
+        return NONE if _number(x) is None else f"{sig3(x)} Φ"
+    return sig3(x) if not unit or _number(x) is None else f"{sig3(x)} {unit}"
+
+
+def fmt_since(us) -> str:
+    """A time relative to a step's start: "+5.30 ms", or "-1.20 ms" before it."""
+    x = _number(us)
+    return NONE if x is None else ("-" if x < 0 else "+") + fmt_time(abs(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout
+
+
+def truncate(text: str, n: int, *, tail: bool = False) -> str:
+    """`text` in at most n characters, an ellipsis where it was cut (at the end, or the start with tail=True)."""
+    if len(text) <= n:
+        return text
+    if n <= 1:
+        return "…"[:n]
+    return "…" + text[-(n - 1):] if tail else text[:n - 1] + "…"
+
+
+def table(header: list[str], rows: list[list[str]], align: str, *, shrink: int | tuple[int, ...] | None = 0,
+          tail: bool = False, least: int = 8, indent: int = 2, width: int = WIDTH) -> list[str]:
+    """Aligned columns ("l"/"r" per column), cells made printable; the columns `shrink` names are
+    cut in turn (with an ellipsis, down to `least` characters) until the lines fit `width`. Without a
+    column to shrink (None) a table may be wider."""
+    cells = [[printable(str(c)) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    cols = (shrink,) if isinstance(shrink, int) else shrink or ()
+    for col, floor in [(c, f) for f in sorted({least, 8}, reverse=True) for c in cols]:
+        over = indent + sum(widths) + 2 * (len(widths) - 1) - width
+        if over > 0:
+            widths[col] = max(min(len(cells[0][col]), widths[col]), floor, widths[col] - over)
+            cells = [[truncate(c, widths[col], tail=tail) if i == col else c for i, c in enumerate(r)]
+                     for r in cells]
+    lines = []
+    for k, row in enumerate(cells):
+        parts = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)]
+        lines.append((" " * indent + "  ".join(parts)).rstrip())
+        if k == 0:
+            lines.append(" " * indent + "  ".join("─" * w for w in widths))
+    return lines
+
+
+def title(name: str, meaning: str) -> str:
+    """A section title and what its numbers mean, on one line."""
+    return truncate(f"\n== {name}: {meaning}", WIDTH + 1)  # +1: the leading newline is no column
+
+
+def wrap(text: str, first: str, rest: str) -> list[str]:
+    """Text wrapped at WIDTH, made printable first (a name from a trace never starts a line)."""
+    return textwrap.wrap(printable(text), WIDTH, initial_indent=first, subsequent_indent=rest) or [first.rstrip()]
+
+
+def sparkline(values: list[float], *, low: float | None = None, high: float | None = None, width: int = 64) -> str:
+    """One character per value (▁ = low, █ = high; low/high default to the values' own), at most
+    `width` characters: neighbouring values merge by their maximum (a peak is never lost)."""
+    vals = [v for v in values if _number(v) is not None]
+    if not vals:
+        return ""
+    if len(vals) > width:
+        n = len(vals)
+        vals = [max(vals[i * n // width:(i + 1) * n // width]) for i in range(width)]
+    lo = min(vals) if low is None else low
+    hi = max(vals) if high is None else high
+    if hi <= lo:
+        return SPARK[0] * len(vals)
+    return "".join(SPARK[min(7, max(0, round((v - lo) / (hi - lo) * 7)))] for v in vals)
+
+
+# ---------------------------------------------------------------------------------------------
+# Collapsing ranks
+
+
+def collapse(frame: pl.DataFrame, columns: list[str], keys: list[str] | None = None) -> pl.DataFrame:
+    """Per keys (default: run) and column: n ranks, min, min_rank, median, max, max_rank over ranks.
+    Nulls and non-finite values are left out; ties name the lowest rank."""
+    keys = keys or ["run"]
+    long = (frame.select(*keys, "rank", *[pl.col(c).cast(pl.Float64) for c in columns])
+            .unpivot(index=[*keys, "rank"], on=columns, variable_name="metric")
+            .filter(pl.col("value").is_finite())
+            .sort("rank"))
+    return long.group_by(*keys, "metric", maintain_order=True).agg(
+        n=pl.len(),
+        min=pl.col("value").min(), min_rank=pl.col("rank").sort_by("value", maintain_order=True).first(),
+        median=pl.col("value").median(),
+        max=pl.col("value").max(), max_rank=pl.col("rank").sort_by("value", descending=True, maintain_order=True).first(),
+    )
+
+
+def collapsed_table(stats: pl.DataFrame, labels: dict[str, str], fmt) -> list[str]:
+    """A table label | min (rank) | median | max (rank) for the metrics of `labels`, in its order
+    (`fmt` formats the values, or is a dict metric -> formatter); one rank: label | its value."""
+    by = {r["metric"]: r for r in stats.to_dicts()}
+    rows = [(label, by[m], fmt[m] if isinstance(fmt, dict) else fmt) for m, label in labels.items() if m in by]
+    if rows and all(r["n"] == 1 for _, r, _ in rows) and len({r["min_rank"] for _, r, _ in rows}) == 1:
+        return table(["", f"rank {rows[0][1]['min_rank']}"], [[label, f(r["min"])] for label, r, f in rows], "lr", shrink=None)
+    cells = [[label, f"{f(r['min'])} (rank {r['min_rank']})", f(r["median"]), f"{f(r['max'])} (rank {r['max_rank']})"]
+             for label, r, f in rows]
+    return table(["", "min", "median", "max"], cells, "lrrr", shrink=None)
+
+
+MMM = ["min", "median", "max"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections: each returns its lines, [] when it has nothing to show
+
+
+def format_tables(a, *, full: bool = False) -> str:
+    """The text report of an Analysis (profiler.report.analyze): findings first, at most WIDTH
+    columns but for warning/skipped lines; `full` shows every rank instead of min / median / max."""
+    runs = a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
+    out = _overview(a, full)
+    for part in (_findings, _theory_check, _time, _collectives, _stragglers, _pipeline, _memory, _alpha_beta,
+                 _top_operators, _top_kernels):
+        lines = part(a, runs, full)
+        out += lines
+    if len(runs) > 1:
+        out += _comparison(a, runs)
+    # One line each, whatever a trace or folder name in them holds (a newline would start a line
+    # that poses as ours).
+    out += [printable(f"warning: {w}") for w in a.warnings]
+    out += [printable(f"skipped: {p}") for p in a.problems]
+    return "\n".join(out)
+
+
+def _per_run(runs: list[str], frame: pl.DataFrame | None, render) -> list[str]:
+    # A subtitle per run when there are several; a run with no rows is left out.
+    out = []
+    for run in runs:
+        part = None if frame is None else frame.filter(pl.col("run").cast(pl.String) == run)
+        if part is None or part.is_empty():
+            continue
+        lines = render(part)
+        if lines:
+            out += ([printable(truncate(f"  -- run {run}", WIDTH))] if len(runs) > 1 else []) + lines
+    return out
+
+
+def _str(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.with_columns(pl.col(pl.Categorical).cast(pl.String))
+
+
+def _overview(a, full: bool) -> list[str]:
+    steps = a.steps.group_by("run", maintain_order=True).agg(lo=pl.col("step").min(), hi=pl.col("step").max())
+    steps = {str(r): (lo if lo == hi else f"{lo}–{hi}") for r, lo, hi in steps.iter_rows()}
+    rows = []
+    for run in a.ranks["run"].cast(pl.String).unique(maintain_order=True):
+        r = a.ranks.filter(pl.col("run").cast(pl.String) == run)
+        manifest = a.runs.get(run) if isinstance(a.runs.get(run), dict) else {}
+        files = r["file"].to_list()
+        where = files[0] if len(files) == 1 else _common_folder(files) + f"/ ({len(files)} files)"
+        device = ", ".join(sorted({d for d in r["device_kind"].to_list() if d}))
+        rows.append([run, str(manifest.get("paradigm") or "(foreign)"), str(r.height),
+                     "/".join(sorted({b for b in r["backend"].to_list() if b})) or NONE, device or NONE,
+                     str(steps.get(run, NONE)), where])
+    out = [title("Runs", "what was loaded (steps: the profiled ProfilerStep numbers)")]
+    out += table(["run", "paradigm", "ranks", "backend", "device", "steps", "traces"], rows, "llrllll", shrink=(6, 0), tail=True, least=24)
+    if full:
+        files = _str(a.ranks).select("run", "rank", "n_events", "device_name", "file")
+        out.append(title("Trace files", "one per rank"))
+        out += table(["run", "rank", "events", "device", "file"],
+                     [[r, str(k), f"{n:,}", d or NONE, f] for r, k, n, d, f in files.iter_rows()], "lrrll", shrink=4, tail=True)
+    return out
+
+
+def _common_folder(files: list[str]) -> str:
+    import os.path
+
+    try:
+        return os.path.commonpath(files)
+    except ValueError:  # relative beside absolute paths
+        return "."
+
+
+def _findings(a, runs: list[str], full: bool) -> list[str]:
+    if a.findings is None or a.findings.is_empty():
+        return []
+    out = [title("Findings", "what the numbers say and what to try, most important first")]
+    for i, f in enumerate(a.findings.to_dicts(), 1):
+        head = f"{i}. "
+        text = f["text"] or ""
+        if len(runs) > 1 and f.get("run"):
+            text = f"[{f['run']}] {text}"
+        out += wrap(text, f"{head:>4}", "    ")
+        if f.get("evidence"):
+            out += wrap(f"evidence: {f['evidence']}", "    ", "      ")
+        if f.get("change"):
+            out += wrap(f"try: {f['change']}", "    ", "      ")
+    return out
+
+
+def _theory_check(a, runs: list[str], full: bool) -> list[str]:
+    check = a.theory_check
+    if check is None or check.is_empty():
+        return []
+    header = ["quantity", "predicted", "measured", "ratio", "verdict", "rank"]
+
+    def render(part: pl.DataFrame) -> list[str]:
+        rows = []
+        if full:
+            for r in part.to_dicts():
+                rows.append(_check_cells(r) + [NONE if r["rank"] is None else str(r["rank"])])
+            return table(header, rows, "lrrrll", shrink=0)
+        # Collapsed: the rank furthest from its prediction stands for the quantity.
+        far = (pl.col("ratio").log().abs()).fill_nan(None).fill_null(-1.0)
+        for _, g in part.with_columns(far=far).group_by("quantity", "unit", maintain_order=True):
+            worst = g.sort("far", descending=True, maintain_order=True).row(0, named=True)
+            cells = _check_cells(worst)
+            n, agree = g.height, (g["verdict"] == worst["verdict"]).sum()
+            if n > 1 and agree < n:
+                cells[4] += f" ({agree} of {n})"
+            same = g.select(pl.col("predicted", "measured").n_unique()).row(0) == (1, 1)
+            rank = NONE if worst["rank"] is None else str(worst["rank"])
+            rows.append(cells + [f"all {n}" if n > 1 and same else rank])
+        return table(header, rows, "lrrrll", shrink=0)
+
+    out = [title("Theory vs measured", "the textbook formula's prediction beside the traces, per step")]
+    if not full:
+        out.append("  (per quantity, the rank furthest from its prediction; --full: every rank)")
+    return out + _per_run(runs, check, render)
+
+
+def _check_cells(r: dict) -> list[str]:
+    return [r["quantity"] or NONE, fmt_unit(r["predicted"], r["unit"]), fmt_unit(r["measured"], r["unit"]),
+            NONE if _number(r["ratio"]) is None else f"{sig3(r['ratio'])}×", r["verdict"] or NONE]
+
+
+TIME_LABELS = {
+    "mean_us": "step time (mean of the steps)",
+    "window_us": "profiled window (all steps)",
+    "compute_us": "compute",
+    "non_compute_us": "non-compute (comm, copies)",
+    "idle_us": "idle (nothing running)",
+    "comm_us": "communication",
+    "overlap_us": "comm hidden by compute",
+    "exposed_comm_us": "exposed comm (not hidden)",
+    "overlap_pct": "share of comm hidden",
+}
+
+
+def _time(a, runs: list[str], full: bool) -> list[str]:
+    if a.breakdown.is_empty():
+        return []
+    per_rank = a.breakdown.join(a.step_stats.select("run", "rank", "mean_us"), on=["run", "rank"], how="left")
+    fmt = {m: fmt_pct if m.endswith("_pct") else fmt_time for m in TIME_LABELS}
+    out = [title("Where the time goes", "per rank, summed over the profiled steps (HTA's breakdown)")]
+    if full:
+        cols = ["mean_us", "window_us", "compute_us", "non_compute_us", "idle_us", "exposed_comm_us", "overlap_pct"]
+        header = ["rank", "step", "window", "compute", "non-comp", "idle", "exposed", "hidden"]
+        render = lambda p: table(header, [[str(r["rank"]), *[fmt[c](r[c]) for c in cols]]  # noqa: E731
+                                          for r in p.sort("rank").to_dicts()], "r" * 8, shrink=None)
+        out += ["  (step: mean step time; exposed: comm no compute hides; hidden: share of comm hidden)"]
+        out += _per_run(runs, per_rank, render)
+        out.append(title("Each step", "the same per rank and step, times from the step's own start"))
+        steps = a.breakdown_steps
+        header = ["rank", "step", "window", "compute", "non-comp", "idle", "exposed", "hidden"]
+        cols = ["window_us", "compute_us", "non_compute_us", "idle_us", "exposed_comm_us", "overlap_pct"]
+        out += _per_run(runs, steps, lambda p: table(header, [[str(r["rank"]), str(r["step"]), *[fmt[c](r[c]) for c in cols]]
+                                                            for r in p.sort("rank", "step").to_dicts()], "r" * 8, shrink=None))
+        return out
+    stats = collapse(per_rank, list(TIME_LABELS))
+    out += _per_run(runs, stats, lambda p: collapsed_table(p, TIME_LABELS, fmt))
+    return out
+
+
+def _more(n: int, shown: int) -> list[str]:
+    return [f"  … {n - shown} more (ptprof analyze --full)"] if n > shown else []
+
+
+def _collectives(a, runs: list[str], full: bool) -> list[str]:
+    stats = a.collective_stats
+    if stats.is_empty():
+        return []
+    out = [title("Collectives", "time per call and nccl-tests bus bandwidth (busbw), per rank")]
+    if full:
+        header = ["rank", "collective", "group", "size", "calls", "total", "per call", "algbw", "busbw"]
+        render = lambda p: table(header, [  # noqa: E731
+            [str(r["rank"]), r["collective"], r["group"] or NONE, fmt_bytes(r["size_bytes"]), str(r["count"]),
+             fmt_time(r["total_us"]), fmt_time(r["mean_us"]), fmt_bw(r["algbw_gbps"]), fmt_bw(r["busbw_gbps"])]
+            for r in p.sort("rank", pl.col("total_us"), descending=[False, True]).to_dicts()], "rllrrrrrr", shrink=2)
+        return out + _per_run(runs, stats, render)
+    keys = ["run", "collective", "group_size", "dtype", "size_bytes"]
+    s = _str(stats)
+    per = (s.group_by(keys, maintain_order=True)
+           .agg(calls_lo=pl.col("count").min(), calls_hi=pl.col("count").max(), total=pl.col("total_us").median(),
+                busbw=pl.col("busbw_gbps").median())
+           .with_columns(key=pl.concat_str(pl.col(keys[1:]).cast(pl.String).fill_null("?"), separator="|")))
+    spread = collapse(s.with_columns(key=pl.concat_str(pl.col(keys[1:]).cast(pl.String).fill_null("?"), separator="|")),
+                      ["mean_us"], keys=["run", "key"])
+    per = per.join(spread.drop("metric"), on=["run", "key"], how="left").sort("run", "total", descending=[False, True],
+                                                                              maintain_order=True)
+    header = ["collective", "group", "size", "calls", "per call: min", "median", "max", "busbw"]
+
+    def render(p: pl.DataFrame) -> list[str]:
+        rows = []
+        for r in p.head(ROWS).to_dicts():
+            calls = str(r["calls_hi"]) if r["calls_lo"] == r["calls_hi"] else f"{r['calls_lo']}–{r['calls_hi']}"
+            rows.append([r["collective"] or NONE, str(r["group_size"] or NONE), fmt_bytes(r["size_bytes"]), calls,
+                         f"{fmt_time(r['min'])} (rank {r['min_rank']})", fmt_time(r["median"]),
+                         f"{fmt_time(r['max'])} (rank {r['max_rank']})", fmt_bw(r["busbw"])])
+        return table(header, rows, "lrrrrrrr", shrink=0) + _more(p.height, ROWS)
+
+    out.append("  (one row per collective and message size, longest first; busbw: median over ranks)")
+    return out + _per_run(runs, per, render)
+
+
+def _stragglers(a, runs: list[str], full: bool) -> list[str]:
+    s = a.stragglers
+    if s.is_empty():
+        return []
+    out = [title("Stragglers", "the rank that starts a group's collectives last; the others wait for it")]
+    s = _str(s).sort("run", "group", "times_last", "rank", descending=[False, False, True, False], maintain_order=True)
+    if not full:
+        s = s.group_by("run", "group", maintain_order=True).first()
+    header = ["group", "rank", "last in", "mean wait when last"]
+
+    def render(p: pl.DataFrame) -> list[str]:
+        rows = [[r["group"] or NONE, str(r["rank"]), fmt_pct(r["share_pct"]), fmt_time(r["mean_spread_us"])]
+                for r in (p if full else p.head(ROWS)).to_dicts()]
+        return table(header, rows, "lrrr", shrink=0) + ([] if full else _more(p.height, ROWS))
+
+    return out + _per_run(runs, s, render)
+
+
+def _pipeline(a, runs: list[str], full: bool) -> list[str]:
+    if a.pipeline is None or a.pipeline.is_empty():
+        return []
+    out = [title("Pipeline bubble", "share of a rank's step its stages wait (measured, textbook, ideal order)")]
+    labels = {"bubble_pct": "measured bubble", "theory_pct": "textbook (p-1)/(m+p-1)", "ideal_pct": "ideal order replayed"}
+    p = _str(a.pipeline)
+
+    def render(part: pl.DataFrame) -> list[str]:
+        r0 = part.row(0, named=True)
+        head = [f"  {r0['schedule']}: {r0['pp_ranks']} pipeline ranks, {r0['microbatches']} microbatches, "
+                f"{r0['stages_per_rank']} stage(s) per rank"]
+        if full:
+            header = ["rank", "step", "window", "busy", "bubble", "measured", "textbook", "ideal"]
+            rows = [[str(r["rank"]), str(r["step"]), fmt_time(r["window_us"]), fmt_time(r["busy_us"]), fmt_time(r["bubble_us"]),
+                     fmt_pct(r["bubble_pct"]), fmt_pct(r["theory_pct"]), fmt_pct(r["ideal_pct"])]
+                    for r in part.sort("rank", "step").to_dicts()]
+            return head + table(header, rows, "r" * 8, shrink=None)
+        mean = part.group_by("run", "rank").agg(pl.col(list(labels)).mean())  # over the steps
+        return head + collapsed_table(collapse(mean, list(labels)), labels, fmt_pct)
+
+    out += _per_run(runs, p, render)
+    if a.pipeline_grid is not None and not a.pipeline_grid.is_empty():
+        out.append(title("Pipeline order", "the actions each rank ran, in order (F forward, B backward, "
+                                           "I/W input/weight grad)"))
+        grid = _str(a.pipeline_grid).sort("run", "rank", "step")
+        out += _per_run(runs, grid, lambda g: _orders(g, full))
+    return out
+
+
+def _orders(grid: pl.DataFrame, full: bool) -> list[str]:
+    out = []
+    for (rank,), g in grid.group_by("rank", maintain_order=True):
+        orders = g["order"].to_list()
+        if full or len(set(orders)) > 1:
+            for step, order in zip(g["step"], orders):
+                out += wrap(order or NONE, f"  rank {rank} step {step}: ", " " * 10)
+        else:
+            out += wrap(orders[0] or NONE, f"  rank {rank}: ", " " * 10)
+    return out
+
+
+def _memory(a, runs: list[str], full: bool) -> list[str]:
+    out = []
+    peaks = a.memory_peaks
+    if not peaks.is_empty():
+        out.append(title("Memory peaks", "the most allocated at once ([memory] events), and when"))
+        at = _since_step(_str(peaks), a.steps, "peak_ts_us", "peak_step")
+        if full:
+            header = ["rank", "device", "peak allocated", "peak reserved", "when"]
+            rows = lambda p: [[str(r["rank"]), r["mem_device"], fmt_bytes(r["peak_allocated_bytes"]),  # noqa: E731
+                               fmt_bytes(r["peak_reserved_bytes"]), r["when"]] for r in p.sort("rank", "mem_device").to_dicts()]
+            out += _per_run(runs, at, lambda p: table(header, rows(p), "lrrrl", shrink=None))
+        else:
+            def render(p: pl.DataFrame) -> list[str]:
+                rows = []
+                for (dev,), g in p.group_by("mem_device", maintain_order=True):
+                    c = collapse(g, ["peak_allocated_bytes"])
+                    if c.is_empty():  # events without Total Allocated: no peak to name
+                        rows.append([dev, NONE, "", "", NONE])
+                        continue
+                    c = c.row(0, named=True)
+                    when = g.filter(pl.col("rank") == c["max_rank"])["when"][0]
+                    one = c["n"] == 1
+                    rows.append([dev, f"{fmt_bytes(c['min'])} (rank {c['min_rank']})", "" if one else fmt_bytes(c["median"]),
+                                 "" if one else f"{fmt_bytes(c['max'])} (rank {c['max_rank']})", when])
+                return table(["device", *MMM, "max reached at"], rows, "lrrrl", shrink=None)
+            out += _per_run(runs, at.sort("run", "mem_device", "rank"), render)
+    curve = a.memory_curve
+    if curve is not None and not curve.is_empty():
+        out.append(title("Memory over time", "allocated bytes per rank over the recorded span, ▁ low to █ high"))
+        out.append("  (one scale per run and device: ▁ its lowest level, █ its highest)")
+        out += _per_run(runs, _str(curve), lambda p: _sparklines(p, full))
+    persistent = a.persistent_memory
+    if not persistent.is_empty():
+        labels = {"params_bytes": "parameters", "params_at_rest_bytes": "parameters at rest", "grads_bytes": "gradients",
+                  "optimizer_bytes": "optimizer state", "max_memory_allocated_bytes": "max allocated (torch)"}
+        out.append(title("Persistent memory", "what each rank holds through the step (run.json)"))
+        if full:
+            header = ["rank", "params", "at rest", "grads", "optimizer", "max allocated"]
+            out += _per_run(runs, _str(persistent), lambda p: table(header, [
+                [str(r["rank"]), *[fmt_bytes(r[c]) for c in labels]] for r in p.sort("rank").to_dicts()], "r" * 6, shrink=None))
+        else:
+            stats = collapse(_str(persistent), list(labels))
+            out += _per_run(runs, stats, lambda p: collapsed_table(p, labels, fmt_bytes))
+    whatif = a.memory_whatif
+    if whatif is not None and not whatif.is_empty():
+        out.append(title("Memory by layout", "what every rank would hold under each ZeRO stage (theory)"))
+        header = ["layout", "dp", "params", "grads", "optimizer", "total", ""]
+        out += _per_run(runs, whatif, lambda p: table(header, [
+            [r["layout"] or NONE, str(r["dp"]), fmt_bytes(r["params_bytes"]), fmt_bytes(r["grads_bytes"]),
+             fmt_bytes(r["optimizer_bytes"]), fmt_bytes(r["total_bytes"]), "◀ this run" if r["current"] else ""]
+            for r in p.to_dicts()], "lrrrrrl", shrink=0))
+    return out
+
+
+def _since_step(frame: pl.DataFrame, steps: pl.DataFrame, ts: str, step: str) -> pl.DataFrame:
+    """`frame` with `when`: its `ts` column as "step S +t" from the start of that step on its rank
+    (or from the rank's first step when the instant is in none)."""
+    starts = _str(steps).select("run", "rank", pl.col("step").alias(step), step_start=pl.col("start_us"))
+    first = _str(steps).group_by("run", "rank").agg(first_step=pl.col("step").sort_by("start_us").first(),
+                                                     first_start=pl.col("start_us").min())
+    f = frame.join(starts, on=["run", "rank", step], how="left").join(first, on=["run", "rank"], how="left")
+    rows = []
+    for r in f.to_dicts():
+        if r["step_start"] is not None and _number(r[ts]) is not None:
+            rows.append(f"step {r[step]} {fmt_since(r[ts] - r['step_start'])}")
+        elif r["first_start"] is not None and _number(r[ts]) is not None:
+            rows.append(f"step {r['first_step']} {fmt_since(r[ts] - r['first_start'])}")
+        else:
+            rows.append(NONE)
+    return frame.with_columns(when=pl.Series(rows, dtype=pl.String))
+
+
+def _sparklines(curve: pl.DataFrame, full: bool) -> list[str]:
+    out = []
+    for (dev,), g in curve.group_by("mem_device", maintain_order=True):
+        lo, hi = g["min_allocated_bytes"].min(), g["allocated_bytes"].max()
+        ranks = g.partition_by("rank", maintain_order=True)
+        for k, r in enumerate(ranks):
+            if not full and k == SPARK_RANKS:
+                out += _more(len(ranks), SPARK_RANKS)
+                break
+            r = r.sort("bucket")
+            label = f"  rank {r['rank'][0]:<3} {truncate(printable(dev), 8):<8} "
+            tail = f"  min {fmt_bytes(r['min_allocated_bytes'].min())}, peak {fmt_bytes(r['allocated_bytes'].max())}"
+            line = sparkline(r["allocated_bytes"].to_list(), low=lo, high=hi, width=WIDTH - len(label) - len(tail))
+            out.append(label + line + tail)
+    return out
+
+
+def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
+    fit = a.alpha_beta
+    if fit is None or fit.is_empty():
+        return []
+    out = [title("Latency and bandwidth", "a collective of n bytes takes α + n/β (least squares fit)")]
+    header = ["backend", "collective", "ranks", "calls", "sizes", "α", "β", "r²"]
+    return out + _per_run(runs, fit, lambda p: table(header, [
+        [r["backend"] or NONE, r["collective"] or NONE, str(r["group_size"]), str(r["n_calls"]), str(r["n_sizes"]),
+         fmt_time(r["alpha_us"]), fmt_bw(r["beta_gbps"]), sig3(r["r2"])] for r in p.to_dicts()], "llrrrrrr", shrink=1))
+
+
+def _top(a, frame: pl.DataFrame, runs: list[str], full: bool, name: str, meaning: str, value: str,
+         extra: list[tuple[str, str]]) -> list[str]:
+    if frame.is_empty():
+        return []
+    out = [title(name, meaning)]
+    frame = _str(frame)
+    if full:
+        header = ["rank", "name", "calls", *[h for h, _ in extra]]
+        return out + _per_run(runs, frame, lambda p: table(header, [
+            [str(r["rank"]), r["name"], str(r["count"]), *[fmt_time(r[c]) for _, c in extra]] for r in p.to_dicts()],
+            "rlr" + "r" * len(extra), shrink=1))
+    stats = collapse(frame, [value], keys=["run", "name"])
+    calls = frame.group_by("run", "name").agg(calls=pl.col("count").median())
+    stats = stats.join(calls, on=["run", "name"], how="left").sort("run", "max", descending=[False, True], maintain_order=True)
+    header = ["name", "ranks", "calls", "median", "max"]
+
+    def render(p: pl.DataFrame) -> list[str]:
+        rows = [[r["name"], str(r["n"]), fmt_count(r["calls"]), fmt_time(r["median"]), f"{fmt_time(r['max'])} (rank {r['max_rank']})"]
+                for r in p.head(ROWS).to_dicts()]
+        return table(header, rows, "lrrrr", shrink=0) + _more(p.height, ROWS)
+
+    return out + ["  (ranks: how many ranks have it in their top list; median and max over those ranks)"] + _per_run(runs, stats, render)
+
+
+def _top_operators(a, runs: list[str], full: bool) -> list[str]:
+    return _top(a, a.top_operators, runs, full, "Top CPU operators", "self time (not in the operators they call)",
+                "self_us", [("self", "self_us"), ("total", "total_us")])
+
+
+def _top_kernels(a, runs: list[str], full: bool) -> list[str]:
+    return _top(a, a.top_kernels, runs, full, "Top GPU kernels", "total time on the device", "total_us",
+                [("total", "total_us"), ("per call", "mean_us")])
+
+
+COMPARE_LABELS = {
+    "step_mean_us": "step time (mean)",
+    "window_us": "profiled window",
+    "compute_us": "compute",
+    "non_compute_us": "non-compute",
+    "idle_us": "idle",
+    "comm_us": "communication",
+    "overlap_us": "comm hidden by compute",
+    "exposed_comm_us": "exposed comm",
+    "overlap_pct": "share of comm hidden",
+    "collective_us": "time in collectives",
+    "peak_allocated_bytes_max": "memory peak (max rank)",
+}
+
+
+def _comparison(a, runs: list[str]) -> list[str]:
+    from profiler.report import compare_runs
+
+    t = compare_runs(a)
+    if t.is_empty():
+        return []
+    short = all(len(printable(r)) <= 14 for r in runs)
+    names = [printable(r) if short else chr(ord("A") + i) for i, r in enumerate(runs)]
+    out = [title("Runs side by side", "mean over ranks (memory: the largest rank), change vs the first")]
+    if not short:
+        out += [printable(truncate(f"  {n} = {r}", WIDTH)) for n, r in zip(names, runs)]
+    rows = []
+    by = {r["metric"]: r for r in t.to_dicts()}
+    for metric, label in COMPARE_LABELS.items():
+        r = by.get(metric)
+        if r is None:
+            continue
+        fmt = fmt_pct if metric.endswith("_pct") else fmt_bytes if metric.endswith("_bytes_max") else fmt_time
+        diffs = []
+        for run in runs[1:]:
+            if metric.endswith("_pct"):  # points, never a percent of a percent
+                d = r.get(f"{run}_diff_pts")
+                diffs.append(NONE if _number(d) is None else f"{'+' if d >= 0 else ''}{sig3(d)} pts")
+            else:
+                d = r.get(f"{run}_diff_pct")
+                diffs.append(NONE if _number(d) is None else f"{sig3(1 + d / 100)}×" if d >= 100  # 24.7×, not +2370 %
+                             else f"{'+' if d >= 0 else ''}{sig3(d)} %")
+        rows.append([label, *[fmt(r.get(run)) for run in runs], *diffs])
+    # As many runs beside the first as fit the width; the rest in further blocks, each with the first.
+    others = list(range(1, len(runs)))
+    for per in range(len(others), 0, -1):
+        blocks = [others[i:i + per] for i in range(0, len(others), per)]
+        lines = []
+        for block in blocks:
+            header = ["", names[0], *[names[i] for i in block], *[f"{names[i]} vs {names[0]}" for i in block]]
+            cells = [[row[0], row[1], *[row[1 + i] for i in block], *[row[len(runs) + i] for i in block]] for row in rows]
+            lines += ([""] if lines else []) + table(header, cells, "l" + "r" * (len(header) - 1), shrink=None)
+        if per == 1 or max(map(len, lines)) <= WIDTH:
+            return out + lines
+    return out
