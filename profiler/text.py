@@ -195,12 +195,14 @@ def collapse(frame: pl.DataFrame, columns: list[str], keys: list[str] | None = N
 
 def collapsed_table(stats: pl.DataFrame, labels: dict[str, str], fmt) -> list[str]:
     """A table label | min (rank) | median | max (rank) for the metrics of `labels`, in its order
-    (`fmt` formats the values, or is a dict metric -> formatter); one rank: label | its value."""
+    (`fmt` formats the values, or is a dict metric -> formatter); one rank: label | its value;
+    a value the same on every rank (as printed) once."""
     by = {r["metric"]: r for r in stats.to_dicts()}
     rows = [(label, by[m], fmt[m] if isinstance(fmt, dict) else fmt) for m, label in labels.items() if m in by]
     if rows and all(r["n"] == 1 for _, r, _ in rows) and len({r["min_rank"] for _, r, _ in rows}) == 1:
         return table(["", f"rank {rows[0][1]['min_rank']}"], [[label, f(r["min"])] for label, r, f in rows], "lr", shrink=None)
-    cells = [[label, f"{f(r['min'])} (rank {r['min_rank']})", f(r["median"]), f"{f(r['max'])} (rank {r['max_rank']})"]
+    cells = [[label, f"{f(r['min'])} (every rank)", "", ""] if f(r["min"]) == f(r["max"]) else
+             [label, f"{f(r['min'])} (rank {r['min_rank']})", f(r["median"]), f"{f(r['max'])} (rank {r['max_rank']})"]
              for label, r, f in rows]
     return table(["", "min", "median", "max"], cells, "lrrr", shrink=None)
 
@@ -216,8 +218,8 @@ def format_tables(a, *, full: bool = False) -> str:
     """The text report of an Analysis (profiler.report.analyze): findings first, at most WIDTH
     columns but for warning/skipped lines; `full` shows every rank instead of min / median / max."""
     runs = a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
-    out = _overview(a, full)
-    for part in (_findings, _theory_check, _time, _collectives, _stragglers, _pipeline, _memory, _alpha_beta,
+    out = _findings(a, runs, full) + _overview(a, full)
+    for part in (_theory_check, _time, _collectives, _stragglers, _pipeline, _memory, _alpha_beta,
                  _top_operators, _top_kernels):
         lines = part(a, runs, full)
         out += lines
@@ -284,11 +286,10 @@ def _findings(a, runs: list[str], full: bool) -> list[str]:
         return []
     out = [title("Findings", "what the numbers say and what to try, most important first")]
     for i, f in enumerate(a.findings.to_dicts(), 1):
-        head = f"{i}. "
         text = f["text"] or ""
         if len(runs) > 1 and f.get("run"):
             text = f"[{f['run']}] {text}"
-        out += wrap(text, f"{head:>4}", "    ")
+        out += wrap(text, f"  {i}. ", "    ")
         if f.get("evidence"):
             out += wrap(f"evidence: {f['evidence']}", "    ", "      ")
         if f.get("change"):
@@ -653,7 +654,8 @@ def _comparison(a, runs: list[str]) -> list[str]:
         blocks = [others[i:i + per] for i in range(0, len(others), per)]
         lines = []
         for block in blocks:
-            header = ["", names[0], *[names[i] for i in block], *[f"{names[i]} vs {names[0]}" for i in block]]
+            vs = [f"vs {names[0]}" if len(runs) == 2 else f"{names[i]} vs {names[0]}" for i in block]
+            header = ["", names[0], *[names[i] for i in block], *vs]
             cells = [[row[0], row[1], *[row[1 + i] for i in block], *[row[len(runs) + i] for i in block]] for row in rows]
             lines += ([""] if lines else []) + table(header, cells, "l" + "r" * (len(header) - 1), shrink=None)
         if per == 1 or max(map(len, lines)) <= WIDTH:

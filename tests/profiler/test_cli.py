@@ -24,7 +24,7 @@ def test_json_report_on_gpu_trace(tmp_path):
     out = tmp_path / "report.json"
     res = analyze(GPU_NCCL, "--json", out)
     assert res.returncode == 0, res.stderr
-    assert "Temporal breakdown" in res.stdout
+    assert "== Where the time goes" in res.stdout
     report = json.loads(out.read_text())
     assert report["schema"] == "ptprof.report/1"
     (run,) = report["runs"]
@@ -127,7 +127,7 @@ def test_hta_skips_a_cpu_run_and_compares_the_gpu_one(tmp_path):
     out = tmp_path.parent / f"{tmp_path.name}-report.json"
     res = analyze(tmp_path, "--hta", "--json", out)
     assert res.returncode == 0, res.stderr
-    assert "Temporal breakdown" in res.stdout and "HTA skipped: no GPU activity (CPU/gloo trace)" in res.stdout
+    assert "== Where the time goes" in res.stdout and "HTA skipped: no GPU activity (CPU/gloo trace)" in res.stdout
     assert "HTA skipped" in res.stderr  # said with --quiet too
     hta = {e["run"].split("/")[-1]: e for e in json.loads(out.read_text())["hta"]}
     assert hta["cpu_gloo_rank34_of_300"] == {"run": hta["cpu_gloo_rank34_of_300"]["run"],
@@ -139,7 +139,7 @@ def test_hta_skips_a_cpu_run_and_compares_the_gpu_one(tmp_path):
 def test_hta_on_a_cpu_trace_alone_is_the_report_and_a_skip():
     res = analyze(SHARED_TRACES / "single" / "cpu_gloo_rank34_of_300.json.gz", "--hta")
     assert res.returncode == 0, res.stderr
-    assert "Temporal breakdown" in res.stdout and "HTA skipped: no GPU activity" in res.stdout
+    assert "== Where the time goes" in res.stdout and "HTA skipped: no GPU activity" in res.stdout
 
 
 def test_a_step_not_in_the_traces_is_one_line_naming_the_steps_there():

@@ -1,0 +1,259 @@
+"""The text report (profiler.text): units, widths, collapsed ranks, relative times, sparklines and
+the order of its sections, on hand-made frames with hand-computed answers and on real traces."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import polars as pl
+import pytest
+
+from profiler import analyze, load_traces
+from profiler.findings import FINDING_COLUMNS
+from profiler.memory import CURVE_COLUMNS, memory_curve
+from profiler.text import (
+    WIDTH, collapse, fmt_bw, fmt_bytes, fmt_pct, fmt_since, fmt_time, format_tables, sig3, sparkline,
+)
+from profiler.theory import CHECK_COLUMNS
+from tests.conftest import REPO, SHARED_TRACES
+
+SAMPLES = sorted((REPO / "traces").glob("sample-*"))
+T0 = 1.7e12  # an epoch µs step start, as in real traces
+
+
+def too_wide(text: str) -> list[str]:
+    """Lines over WIDTH columns; warning and skipped lines stay whole on one line by design."""
+    return [line for line in text.split("\n") if len(line) > WIDTH and not line.startswith(("warning: ", "skipped: "))]
+
+
+@pytest.fixture(scope="module")
+def ddp():
+    """The analysis of the shipped 2-rank DDP sample, to replace frames of by hand."""
+    return analyze(load_traces([REPO / "traces" / "sample-ddp-2r"]))
+
+
+def section(text: str, name: str) -> list[str]:
+    """The lines of section `name` (its title to the next title)."""
+    lines = text.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"== {name}:"))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("== ")), len(lines))
+    return lines[start:end]
+
+
+# ---- units -----------------------------------------------------------------------------------
+
+
+def test_three_significant_digits():
+    assert [sig3(x) for x in (1.5, 12.345, 456.7, 0.012345, 1234, 9.996, 0)] == ["1.50", "12.3", "457", "0.0123", "1230", "10.0", "0"]
+    assert [sig3(x) for x in (float("nan"), float("inf"), None, True)] == ["—"] * 4
+
+
+def test_human_units():
+    assert fmt_bytes(1536 * 1024) == "1.50 MiB"
+    assert fmt_bytes(64) == "64 B" and fmt_bytes(3 * 2**30) == "3.00 GiB" and fmt_bytes(1023.9 * 2**20) == "1.00 GiB"
+    assert fmt_time(12_345) == "12.3 ms" and fmt_time(569.8) == "570 µs" and fmt_time(2_500_000) == "2.50 s"
+    assert fmt_time(0) == "0 ms" and fmt_time(float("nan")) == "—"
+    assert fmt_pct(4.7812) == "4.78 %"
+
+
+def test_a_slow_bandwidth_is_never_zero():
+    # a gloo busbw of 0.00143 GB/s is 1.43 MB/s; 57 kB/s is not "0.0"
+    assert fmt_bw(0.00143) == "1.43 MB/s" and fmt_bw(0.0014) == "1.40 MB/s"
+    assert fmt_bw(0.0000571) == "57.1 kB/s" and fmt_bw(23.4) == "23.4 GB/s" and fmt_bw(None) == "—"
+
+
+def test_times_relative_to_a_step():
+    assert fmt_since(5300.0) == "+5.30 ms" and fmt_since(-120.0) == "-120 µs"
+
+
+# ---- collapsing ranks ------------------------------------------------------------------------
+
+
+def test_collapse_names_the_ranks_at_each_end():
+    f = pl.DataFrame({"run": ["r"] * 4, "rank": [0, 1, 2, 3], "x_us": [1000.0, 12_300.0, 500.0, 2000.0]})
+    (row,) = collapse(f, ["x_us"]).to_dicts()
+    assert (row["min"], row["min_rank"], row["median"], row["max"], row["max_rank"], row["n"]) == (500, 2, 1500, 12_300, 1, 4)
+    # a tie names the lowest rank; NaN is left out, not a minimum
+    tied = pl.DataFrame({"run": ["r"] * 3, "rank": [2, 0, 1], "x_us": [7.0, 7.0, float("nan")]})
+    (row,) = collapse(tied, ["x_us"]).to_dicts()
+    assert (row["max_rank"], row["min_rank"], row["n"]) == (0, 0, 2)
+
+
+def four_ranks(a):
+    # exposed communication 1.00 / 12.3 / 0.500 / 2.00 ms on ranks 0-3 (median 1.50 ms)
+    exposed = [1000.0, 12_300.0, 500.0, 2000.0]
+    template = a.breakdown.row(0, named=True)
+    breakdown = pl.DataFrame([{**template, "rank": r, "exposed_comm_us": e} for r, e in enumerate(exposed)],
+                             schema=a.breakdown.schema)
+    stats = a.step_stats.row(0, named=True)
+    step_stats = pl.DataFrame([{**stats, "rank": r} for r in range(4)], schema=a.step_stats.schema)
+    return dataclasses.replace(a, breakdown=breakdown, step_stats=step_stats)
+
+
+def test_the_collapsed_table_names_the_worst_rank(ddp):
+    text = format_tables(four_ranks(ddp))
+    (line,) = [line for line in section(text, "Where the time goes") if line.strip().startswith("exposed comm")]
+    assert "500 µs (rank 2)" in line and "1.50 ms" in line and line.endswith("12.3 ms (rank 1)")
+
+
+def test_full_shows_every_rank(ddp):
+    text = format_tables(four_ranks(ddp), full=True)
+    rows = [line.split() for line in section(text, "Where the time goes")[3:]]
+    exposed = {int(r[0]): " ".join(r[-4:-2]) for r in rows if r and r[0].isdigit()}
+    assert exposed == {0: "1.00 ms", 1: "12.3 ms", 2: "500 µs", 3: "2.00 ms"}
+    assert not too_wide(text)
+
+
+# ---- findings and theory first ---------------------------------------------------------------
+
+
+def findings_frame(run: str) -> pl.DataFrame:
+    long = "Exposed communication is 45.0 % of the step on rank 1: the all-reduce of the last bucket " * 4
+    return pl.DataFrame([
+        {"run": run, "rank": 1, "rule": "exposed-comm", "score": 45.0, "text": long.strip(),
+         "evidence": "rank 1, step 2, all_reduce in backward", "change": "bucket gradients earlier (bucket_cap_mb)"},
+        {"run": run, "rank": None, "rule": "straggler", "score": 5.0, "text": "Rank 0 starts collectives last.",
+         "evidence": "rank 0 last in 80 % of collectives", "change": "look at rank 0's data loading"},
+    ], schema=FINDING_COLUMNS)
+
+
+def check_frame(run: str) -> pl.DataFrame:
+    mib = 2.0**20
+    rows = [{"run": run, "rank": r, "quantity": "all_reduce bytes per step", "unit": "bytes", "predicted": 2 * mib,
+             "measured": 3 * mib if r == 3 else 2 * mib, "ratio": 1.5 if r == 3 else 1.0,
+             "verdict": "above" if r == 3 else "match", "note": None} for r in range(4)]
+    return pl.DataFrame(rows, schema=CHECK_COLUMNS)
+
+
+def test_findings_come_first_then_theory_then_tables(ddp):
+    run = ddp.ranks["run"].cast(pl.String)[0]
+    a = dataclasses.replace(ddp, findings=findings_frame(run), theory_check=check_frame(run))
+    text = format_tables(a)
+    titles = [line for line in text.split("\n") if line.startswith("== ")]
+    assert titles[0].startswith("== Findings:") and titles[2].startswith("== Theory vs measured:")
+    assert titles[1].startswith("== Runs:") and titles[3].startswith("== Where the time goes:")
+    findings = section(text, "Findings")
+    assert findings[1].startswith("  1. Exposed communication is 45.0 %") and len(findings) > 5  # wrapped
+    assert any(line.startswith("  2. Rank 0 starts collectives last.") for line in findings)
+    assert "    evidence: rank 1, step 2, all_reduce in backward" in findings
+    assert not too_wide(text)
+
+
+def test_theory_check_collapses_to_the_rank_furthest_from_theory(ddp):
+    run = ddp.ranks["run"].cast(pl.String)[0]
+    a = dataclasses.replace(ddp, theory_check=check_frame(run))
+    (row,) = [line for line in section(format_tables(a), "Theory vs measured") if "all_reduce bytes" in line]
+    assert "2.00 MiB" in row and "3.00 MiB" in row and "1.50×" in row
+    assert "above (1 of 4)" in row and row.rstrip().endswith("3")
+    full = [line for line in section(format_tables(a, full=True), "Theory vs measured") if "all_reduce bytes" in line]
+    assert len(full) == 4 and sum("match" in line for line in full) == 3
+
+
+def test_empty_theory_and_findings_are_no_section(ddp):
+    text = format_tables(ddp)
+    assert "== Findings" not in text and "== Theory vs measured" not in text and "== Latency and bandwidth" not in text
+
+
+# ---- memory over time ------------------------------------------------------------------------
+
+
+def test_sparkline():
+    assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
+    assert sparkline([5, 5, 5]) == "▁▁▁"
+    assert sparkline([0, 7, 0, 0], width=2) == "█▁"  # merged by the maximum: the peak stays
+    assert sparkline([2, 4], low=0, high=8) == "▃▅"  # 2/8*7 = 1.75 -> 2; 4/8*7 = 3.5 -> 4
+    assert sparkline([]) == "" and sparkline([float("nan")]) == ""
+
+
+def timeline(ts: list[float], allocated: list[int], rank: int = 0) -> pl.DataFrame:
+    n = len(ts)
+    return pl.DataFrame({"run": ["r"] * n, "rank": [rank] * n, "mem_device": ["cpu"] * n, "ts_us": ts,
+                         "allocated_bytes": allocated}).with_columns(pl.col("run").cast(pl.Categorical),
+                                                                     pl.col("rank").cast(pl.Int32))
+
+
+def test_memory_curve_buckets_keep_the_highest_and_lowest_level():
+    # 5 buckets of 2 µs over 0-10 µs; the level is a step function: bucket 1 starts at 20 (the
+    # level bucket 0 left), bucket 2-3 have no events and hold 5.
+    c = memory_curve(timeline([0, 1, 2, 9, 10], [10, 20, 5, 50, 0]), buckets=5)
+    assert c["allocated_bytes"].to_list() == [20, 20, 5, 5, 50]
+    assert c["min_allocated_bytes"].to_list() == [10, 5, 5, 5, 0]
+    assert c["start_us"].to_list() == [0, 2, 4, 6, 8] and c["bucket"].to_list() == [0, 1, 2, 3, 4]
+    one = memory_curve(timeline([3.0], [7]))
+    assert one.select("bucket", "allocated_bytes", "min_allocated_bytes").rows() == [(0, 7, 7)]
+    assert memory_curve(timeline([], [])).is_empty() and dict(memory_curve(timeline([], [])).schema) == CURVE_COLUMNS
+
+
+def test_a_sparkline_per_rank_with_min_and_peak(ddp):
+    run = ddp.ranks["run"].cast(pl.String)[0]
+    mib = 2**20
+    rows = [{"run": run, "rank": r, "mem_device": "cpu", "bucket": b, "start_us": T0 + b, "allocated_bytes": v * mib,
+             "min_allocated_bytes": v * mib} for r, vals in ((0, range(8)), (1, [7] * 8)) for b, v in enumerate(vals)]
+    a = dataclasses.replace(ddp, memory_curve=pl.DataFrame(rows, schema=CURVE_COLUMNS))
+    lines = section(format_tables(a), "Memory over time")
+    (r0,) = [line for line in lines if line.startswith("  rank 0 ")]
+    (r1,) = [line for line in lines if line.startswith("  rank 1 ")]
+    assert "▁▂▃▄▅▆▇█" in r0 and r0.endswith("min 0 B, peak 7.00 MiB")
+    assert "████████" in r1 and r1.endswith("min 7.00 MiB, peak 7.00 MiB")  # one scale for the run's ranks
+
+
+def test_the_memory_peak_is_timed_from_its_step(ddp):
+    run = ddp.ranks["run"].cast(pl.String)[0]
+    steps = pl.DataFrame({"run": [run] * 2, "rank": [0, 0], "step": [2, 3], "start_us": [T0, T0 + 100_000.0],
+                          "end_us": [T0 + 100_000.0, T0 + 200_000.0], "dur_us": [100_000.0] * 2, "has_profiler_steps": [True] * 2}
+                         ).cast({"run": pl.Categorical, "rank": pl.Int32})
+    peaks = pl.DataFrame({"run": [run], "rank": [0], "mem_device": ["cpu"], "peak_allocated_bytes": [1536 * 1024],
+                          "peak_ts_us": [T0 + 105_300.0], "peak_step": [3], "peak_reserved_bytes": [0], "n_events": [9]},
+                         schema=ddp.memory_peaks.schema)
+    a = dataclasses.replace(ddp, steps=steps, memory_peaks=peaks)
+    (line,) = [line for line in section(format_tables(a), "Memory peaks") if line.startswith("  cpu")]
+    assert "1.50 MiB" in line and line.endswith("step 3 +5.30 ms") and "1.7e" not in line
+
+
+# ---- real traces: width, comparison, --full --------------------------------------------------
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=[s.name for s in SAMPLES])
+def test_the_shipped_runs_fit_100_columns(sample):
+    a = analyze(load_traces([sample]))
+    for full in (False, True):
+        text = format_tables(a, full=full)
+        assert not too_wide(text), too_wide(text)
+        assert "== Where the time goes" in text and "== Collectives" in text
+
+
+def test_two_runs_side_by_side_in_human_units():
+    a = analyze(load_traces([REPO / "traces" / "sample-ddp-2r", REPO / "traces" / "sample-fsdp-2r"]))
+    text = format_tables(a)
+    assert not too_wide(text), too_wide(text)
+    table = section(text, "Runs side by side")
+    assert table[1].split() == ["sample-ddp-2r", "sample-fsdp-2r", "vs", "sample-ddp-2r"]
+    (hidden,) = [line for line in table if line.strip().startswith("share of comm hidden")]
+    assert hidden.endswith("pts") and hidden.count("%") == 2  # two percentages, their change in points
+    (peak,) = [line for line in table if line.strip().startswith("memory peak")]
+    assert "MiB" in peak or "KiB" in peak
+    assert "  -- run sample-ddp-2r" in section(text, "Where the time goes")
+
+
+def test_warnings_stay_one_printable_line(ddp):
+    text = format_tables(dataclasses.replace(ddp, warnings=["run x: odd\nFORGED line"], problems=["a\x1b[31m.json: bad"]))
+    assert "warning: run x: odd\\nFORGED line" in text.split("\n") and "skipped: a\\x1b[31m.json: bad" in text.split("\n")
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is absent")
+@pytest.mark.parametrize("name", ["gpu_nccl_2_of_128", "single"])
+def test_foreign_traces_fit_100_columns(name):
+    a = analyze(load_traces([SHARED_TRACES / name]))
+    for full in (False, True):
+        text = format_tables(a, full=full)
+        assert not too_wide(text), too_wide(text)
+
+
+def test_the_cli_takes_full():
+    from tests.profiler.test_cli import analyze as cli
+
+    res = cli(REPO / "traces" / "sample-1f1b-2r", "--full")
+    assert res.returncode == 0, res.stderr
+    assert not too_wide(res.stdout)
+    order = [line for line in res.stdout.split("\n") if line.startswith("  rank 0 step ")]
+    assert len(order) == 2  # --full: each rank's order in each step
