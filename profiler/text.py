@@ -379,36 +379,42 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
     stats = a.collective_stats
     if stats.is_empty():
         return []
-    out = [title("Collectives", "time per call and nccl-tests bus bandwidth (busbw), per rank")]
+    out = [title("Collectives", "time per rank in each, and nccl-tests bus bandwidth (busbw)")]
     if full:
-        header = ["rank", "collective", "group", "size", "calls", "total", "per call", "algbw", "busbw"]
+        header = ["rank", "collective", "group", "dtype", "size", "calls", "total", "per call", "algbw", "busbw"]
         render = lambda p: table(header, [  # noqa: E731
-            [str(r["rank"]), r["collective"], r["group"] or NONE, fmt_bytes(r["size_bytes"]), str(r["count"]),
+            [str(r["rank"]), r["collective"], r["group"] or NONE, r["dtype"] or NONE, fmt_bytes(r["size_bytes"]), str(r["count"]),
              fmt_time(r["total_us"]), fmt_time(r["mean_us"]), fmt_bw(r["algbw_gbps"]), fmt_bw(r["busbw_gbps"])]
-            for r in p.sort("rank", pl.col("total_us"), descending=[False, True]).to_dicts()], "rllrrrrrr", shrink=2)
+            for r in p.sort("rank", pl.col("total_us"), descending=[False, True]).to_dicts()], "rlllrrrrrr", shrink=(2, 3))
         return out + _per_run(runs, stats, render)
-    keys = ["run", "collective", "group_size", "dtype", "size_bytes"]
-    s = _str(stats)
-    per = (s.group_by(keys, maintain_order=True)
-           .agg(calls_lo=pl.col("count").min(), calls_hi=pl.col("count").max(), total=pl.col("total_us").median(),
-                busbw=pl.col("busbw_gbps").median())
-           .with_columns(key=pl.concat_str(pl.col(keys[1:]).cast(pl.String).fill_null("?"), separator="|")))
-    spread = collapse(s.with_columns(key=pl.concat_str(pl.col(keys[1:]).cast(pl.String).fill_null("?"), separator="|")),
-                      ["mean_us"], keys=["run", "key"])
-    per = per.join(spread.drop("metric"), on=["run", "key"], how="left").sort("run", "total", descending=[False, True],
-                                                                              maintain_order=True)
-    header = ["collective", "group", "size", "calls", "per call: min", "median", "max", "busbw"]
+    timed = pl.col("total_us").filter(pl.col("busbw_gbps").is_not_null())  # no group size, no busbw: left out
+    # Per rank and collective kind (sizes and dtypes together: MoE all-to-alls differ in size on every rank):
+    # its total time, and the bus bandwidth of all its bytes (busbw x time summed = factor x bytes).
+    keys = ["run", "collective", "group_size"]
+    per_rank = (_str(stats).group_by(*keys, "rank", maintain_order=True)
+                .agg(calls=pl.col("count").sum(), total_us=pl.col("total_us").sum(), lo=pl.col("size_bytes").min(),
+                     hi=pl.col("size_bytes").max(),
+                     busbw=pl.when(timed.sum() > 0).then((pl.col("busbw_gbps") * pl.col("total_us")).sum() / timed.sum()))
+                .with_columns(key=pl.concat_str(pl.col(keys[1:]).cast(pl.String).fill_null("?"), separator="|")))
+    per = (per_rank.group_by("run", "key", *keys[1:], maintain_order=True)
+           .agg(calls_lo=pl.col("calls").min(), calls_hi=pl.col("calls").max(), lo=pl.col("lo").min(), hi=pl.col("hi").max(),
+                busbw=pl.col("busbw").median())
+           .join(collapse(per_rank, ["total_us"], keys=["run", "key"]).drop("metric"), on=["run", "key"], how="left")
+           .sort("run", "median", descending=[False, True], maintain_order=True))
+    header = ["collective (ranks)", "size", "calls", "time: min", "median", "max", "busbw"]
 
     def render(p: pl.DataFrame) -> list[str]:
         rows = []
         for r in p.head(ROWS).to_dicts():
             calls = str(r["calls_hi"]) if r["calls_lo"] == r["calls_hi"] else f"{r['calls_lo']}–{r['calls_hi']}"
-            rows.append([r["collective"] or NONE, str(r["group_size"] or NONE), fmt_bytes(r["size_bytes"]), calls,
+            size = fmt_bytes(r["lo"]) if r["lo"] == r["hi"] else f"{fmt_bytes(r['lo'])}–{fmt_bytes(r['hi'])}"
+            rows.append([f"{r['collective'] or NONE} ({r['group_size'] or '?'})", size, calls,
                          f"{fmt_time(r['min'])} (rank {r['min_rank']})", fmt_time(r["median"]),
                          f"{fmt_time(r['max'])} (rank {r['max_rank']})", fmt_bw(r["busbw"])])
-        return table(header, rows, "lrrrrrrr", shrink=0) + _more(p.height, ROWS)
+        return table(header, rows, "lrrrrrr", shrink=0) + _more(p.height, ROWS)
 
-    out.append("  (one row per collective and message size, longest first; busbw: median over ranks)")
+    out.append("  (per collective and group size: sizes of a call, calls and time per rank over the profiled")
+    out.append("   steps; busbw: of all its bytes, median over ranks; --full: per rank, message size and dtype)")
     return out + _per_run(runs, per, render)
 
 
