@@ -201,10 +201,27 @@ def collapsed_table(stats: pl.DataFrame, labels: dict[str, str], fmt) -> list[st
     rows = [(label, by[m], fmt[m] if isinstance(fmt, dict) else fmt) for m, label in labels.items() if m in by]
     if rows and all(r["n"] == 1 for _, r, _ in rows) and len({r["min_rank"] for _, r, _ in rows}) == 1:
         return table(["", f"rank {rows[0][1]['min_rank']}"], [[label, f(r["min"])] for label, r, f in rows], "lr", shrink=None)
-    cells = [[label, f"{f(r['min'])} (every rank)", "", ""] if f(r["min"]) == f(r["max"]) else
-             [label, f"{f(r['min'])} (rank {r['min_rank']})", f(r["median"]), f"{f(r['max'])} (rank {r['max_rank']})"]
-             for label, r, f in rows]
+    cells = [[label, *min_median_max(r, f)] for label, r, f in rows]
     return table(["", "min", "median", "max"], cells, "lrrr", shrink=None)
+
+
+def min_median_max(r: dict, f) -> list[str]:
+    """Three cells of a collapse() row: "min (rank r)", median, "max (rank r)"; one cell where
+    the ranks agree (as printed): "v (every rank)", or "v (rank r)" for a lone rank."""
+    if r["n"] == 1:
+        return [f"{f(r['min'])} (rank {r['min_rank']})", "", ""]
+    if f(r["min"]) == f(r["max"]):
+        return [f"{f(r['min'])} (every rank)", "", ""]
+    return [f"{f(r['min'])} (rank {r['min_rank']})", f(r["median"]), f"{f(r['max'])} (rank {r['max_rank']})"]
+
+
+def fmt_range(lo, hi, fmt) -> str:
+    """"v" or "lo–hi", the unit said once where both share it ("16.0–96.0 MiB")."""
+    a, b = fmt(lo), fmt(hi)
+    if a == b:
+        return a
+    (x, _, ua), (y, _, ub) = a.partition(" "), b.partition(" ")
+    return f"{x}–{b}" if ua == ub else f"{a}–{b}"
 
 
 MMM = ["min", "median", "max"]
@@ -401,16 +418,14 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
                 busbw=pl.col("busbw").median())
            .join(collapse(per_rank, ["total_us"], keys=["run", "key"]).drop("metric"), on=["run", "key"], how="left")
            .sort("run", "median", descending=[False, True], maintain_order=True))
-    header = ["collective (ranks)", "size", "calls", "time: min", "median", "max", "busbw"]
-
     def render(p: pl.DataFrame) -> list[str]:
+        lone = bool((p["n"] == 1).all())  # one rank: its time, no min / median / max
+        header = ["collective (ranks)", "size", "calls", *(["time"] if lone else ["time: min", "median", "max"]), "busbw"]
         rows = []
         for r in p.head(ROWS).to_dicts():
             calls = str(r["calls_hi"]) if r["calls_lo"] == r["calls_hi"] else f"{r['calls_lo']}–{r['calls_hi']}"
-            size = fmt_bytes(r["lo"]) if r["lo"] == r["hi"] else f"{fmt_bytes(r['lo'])}–{fmt_bytes(r['hi'])}"
-            rows.append([f"{r['collective'] or NONE} ({r['group_size'] or '?'})", size, calls,
-                         f"{fmt_time(r['min'])} (rank {r['min_rank']})", fmt_time(r["median"]),
-                         f"{fmt_time(r['max'])} (rank {r['max_rank']})", fmt_bw(r["busbw"])])
+            rows.append([f"{r['collective'] or NONE} ({r['group_size'] or '?'})", fmt_range(r["lo"], r["hi"], fmt_bytes),
+                         calls, *min_median_max(r, fmt_time)[:1 if lone else 3], fmt_bw(r["busbw"])])
         return table(header, rows, "lrrrrrr", shrink=0) + _more(p.height, ROWS)
 
     out.append("  (per collective and group size: sizes of a call, calls and time per rank over the profiled")
@@ -490,18 +505,17 @@ def _memory(a, runs: list[str], full: bool) -> list[str]:
             out += _per_run(runs, at, lambda p: table(header, rows(p), "lrrrl", shrink=None))
         else:
             def render(p: pl.DataFrame) -> list[str]:
-                rows = []
+                rows, lone = [], p["rank"].n_unique() == 1
                 for (dev,), g in p.group_by("mem_device", maintain_order=True):
                     c = collapse(g, ["peak_allocated_bytes"])
                     if c.is_empty():  # events without Total Allocated: no peak to name
-                        rows.append([dev, NONE, "", "", NONE])
+                        rows.append([dev, NONE, *([] if lone else ["", ""]), NONE])
                         continue
                     c = c.row(0, named=True)
                     when = g.filter(pl.col("rank") == c["max_rank"])["when"][0]
-                    one = c["n"] == 1
-                    rows.append([dev, f"{fmt_bytes(c['min'])} (rank {c['min_rank']})", "" if one else fmt_bytes(c["median"]),
-                                 "" if one else f"{fmt_bytes(c['max'])} (rank {c['max_rank']})", when])
-                return table(["device", *MMM, "max reached at"], rows, "lrrrl", shrink=None)
+                    rows.append([dev, *min_median_max(c, fmt_bytes)[:1 if lone else 3], when])
+                header = ["device", *(["peak"] if lone else MMM), "reached at" if lone else "max reached at"]
+                return table(header, rows, "lrrrl" if not lone else "lrl", shrink=None)
             out += _per_run(runs, at.sort("run", "mem_device", "rank"), render)
     curve = a.memory_curve
     if curve is not None and not curve.is_empty():
