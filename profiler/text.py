@@ -268,8 +268,7 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
 
     out += _per_run(runs, p, render)
     if a.pipeline_grid is not None and not a.pipeline_grid.is_empty():
-        out.append(title("Pipeline order", "the actions each rank ran, in order (F forward, B backward, "
-                                           "I/W input/weight grad)"))
+        out.append(title("Pipeline order", "each rank's actions as run (F forward, B backward, I/W input/weight grad)"))
         grid = _str(a.pipeline_grid).sort("run", "rank", "step")
         out += _per_run(runs, grid, lambda g: _orders(g, full))
     return out

@@ -193,6 +193,8 @@ def collapsed_table(stats: pl.DataFrame, labels: dict[str, str], fmt) -> list[st
     if rows and all(r["n"] == 1 for _, r, _ in rows) and len({r["min_rank"] for _, r, _ in rows}) == 1:
         return table(["", f"rank {rows[0][1]['min_rank']}"], [[label, f(r["min"])] for label, r, f in rows], "lr", shrink=None)
     cells = [[label, *min_median_max(r, f)] for label, r, f in rows]
+    if all(c[2:] == ["", ""] for c in cells):  # every rank agrees on every row
+        return table(["", "value"], [c[:2] for c in cells], "lr", shrink=None)
     return table(["", "min", "median", "max"], cells, "lrrr", shrink=None)
 
 
