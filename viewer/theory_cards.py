@@ -229,7 +229,7 @@ def build_theory_bytes_figure(check: pl.DataFrame | None, runs: list[str] | None
     for i, run in enumerate(runs, start=1):
         part = f.filter(c("run") == run).group_by("quantity", maintain_order=True).agg(
             [getattr(c(col), fn)().alias(f"{col}_{fn}") for col in ("predicted", "measured") for fn in ("median", "min", "max")])
-        for col, color, name in (("predicted", "#9ca3af", "predicted"), ("measured", run_color(i - 1), "measured")):
+        for col, color, name in (("predicted", "#9ca3af", "predicted"), ("measured", run_color(i - 1), f"measured ({run})")):
             mid = part[f"{col}_median"] / 2**20
             fig.add_trace(go.Bar(
                 x=part["quantity"].to_list(), y=mid.to_list(), name=name, marker_color=color, legendgroup=name,
@@ -258,8 +258,8 @@ def theory_children(check: pl.DataFrame | None, has_manifest: dict[str, bool], r
         elif not has_manifest[run]:
             out.append(html.Div(f"{run}: no theory for foreign traces (no run.json says what the run was).", className="hint"))
         else:
-            out.append(html.Div(f"{run}: no predicted quantity for this run (its run.json lacks the facts theory needs).",
-                                className="hint"))
+            out.append(html.Div(f"{run}: no predicted quantity for this run (theory knows no formula for it, or its "
+                                "run.json lacks the facts one needs: see the warnings of `ptprof analyze`).", className="hint"))
     rows = theory_rows(f, runs)
     if not rows:
         return out or [html.P("No theory to compare: no runs.", className="hint")]

@@ -1,5 +1,6 @@
 """Compare: 1-4 runs side by side: findings first, theory vs measured, then on one time axis the
-timeline, breakdown, pipeline, memory, collectives and step times. `/compare?runs=a,b` (run ids are folders under the traces root)."""
+timeline, breakdown, pipeline, memory, collectives and step times. `/compare?runs=a,b` (run ids
+are folders under the traces root)."""
 
 from __future__ import annotations
 
