@@ -473,17 +473,19 @@ def pipeline_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, pl
 def merged_analysis(runs: list[RunData]) -> Analysis:
     """The analyses of several runs as one `Analysis`, labelled by run id, as `ptprof analyze a b`
     makes it: what the findings rules need to compare runs (each run is analysed on its own here)."""
-    frames = {}
+    fields = {}
     for f in dataclasses.fields(Analysis):
         parts = [getattr(d.analysis, f.name) for d in runs]
-        if all(isinstance(p, list) for p in parts):
-            frames[f.name] = [x for p in parts for x in p]
-        elif f.name == "runs":
-            frames[f.name] = {d.run_id: next(iter(d.analysis.runs.values()), None) for d in runs}
-        else:  # frames; pipeline and pipeline_grid may be None for some runs (no pipeline spans)
+        if f.name == "runs":  # one run.json (or None) per folder, under the run id
+            fields[f.name] = {d.run_id: next(iter(d.analysis.runs.values()), None) for d in runs}
+        elif all(isinstance(p, list) for p in parts):  # warnings, problems
+            fields[f.name] = [x for p in parts for x in p]
+        elif all(p is None or isinstance(p, pl.DataFrame) for p in parts):  # pipeline frames are None without pipeline spans
             kept = [_keep_type(d, p) for d, p in zip(runs, parts) if p is not None]
-            frames[f.name] = pl.concat(kept, how="diagonal_relaxed") if kept else None
-    return Analysis(**frames)
+            fields[f.name] = pl.concat(kept, how="diagonal_relaxed") if kept else None
+        else:  # nothing else today; a scalar field added later is the first run's, not a crash
+            fields[f.name] = parts[0]
+    return Analysis(**fields)
 
 
 def _keep_type(d: RunData, frame: pl.DataFrame) -> pl.DataFrame:
@@ -507,8 +509,7 @@ def findings_frame(runs: list[RunData]) -> tuple[pl.DataFrame, str | None]:
     return found.with_columns(pl.col("run").cast(pl.String)), None
 
 
-def theory_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, bool]]:
-    """(theory_check, theory_comm, has run.json per run) of the runs that loaded."""
+def theory_frame(runs: list[RunData]) -> tuple[pl.DataFrame, dict[str, bool]]:
+    """(theory_check of the runs that loaded, whether each has a run.json)."""
     ok = _ok(runs)
-    return (_concat([d.relabel(d.analysis.theory_check) for d in ok]), _concat([d.relabel(d.analysis.theory_comm) for d in ok]),
-            {d.run_id: d.manifest is not None for d in ok})
+    return _concat([d.relabel(d.analysis.theory_check) for d in ok]), {d.run_id: d.manifest is not None for d in ok}

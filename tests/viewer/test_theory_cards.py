@@ -269,3 +269,20 @@ def test_cards_over_http(app, output):
         assert "No findings" in body or '"finding"' in body
     else:
         assert "foreign-trace: no theory for foreign traces" in body
+
+
+def test_theory_card_shows_a_runs_check_under_its_folder_name(store, pages):
+    # A run's theory_check as the profiler labels it (run.json's run_id), carried to the card under
+    # the folder's id, with the foreign run beside it saying why it has none.
+    import dataclasses
+    import types
+
+    ddp = store.get("sample-ddp-2r")
+    check = _check([("run-json-id", k, "all_reduce bytes/step", "bytes", 1.5 * MiB, 1.5 * MiB, 1.0, "match", None) for k in (0, 1)])
+    patched = dataclasses.replace(ddp, analysis=dataclasses.replace(ddp.analysis, theory_check=check), _derived={})
+    fake = types.SimpleNamespace(get_many=lambda ids: [patched if r == "sample-ddp-2r" else store.get(r) for r in ids])
+    body = pages.compare.theory_card(fake, ["sample-ddp-2r", "foreign-trace"])
+    (table,) = [c for c in body if getattr(c, "id", None) == ids.COMPARE_THEORY_TABLE]
+    assert table.data == [dict(run="sample-ddp-2r", quantity="all_reduce bytes/step", ranks="all 2", predicted="1.50 MiB",
+                               measured="1.50 MiB", ratio="1.00×", verdict="match", note="")]
+    assert "foreign-trace: no theory for foreign traces" in _text(body)

@@ -115,7 +115,7 @@ def findings_card(store: RunStore, run_ids: list[str]):
 
 def theory_card(store: RunStore, run_ids: list[str]):
     """The Theory vs measured card's body (viewer.theory_cards.theory_children)."""
-    check, _comm, has_manifest = data.theory_frames(store.get_many(run_ids))
+    check, has_manifest = data.theory_frame(store.get_many(run_ids))
     return theory_cards.theory_children(check, has_manifest, run_ids, table_id=ids.COMPARE_THEORY_TABLE,
                                         graph_config=GRAPH_CONFIG, font=FONT)
 
