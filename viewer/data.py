@@ -30,7 +30,7 @@ from profiler import TraceError, Traces, analyze, ideal_orders, load_traces, mem
 from profiler import findings as profiler_findings
 from profiler.discover import MAX_MANIFEST_BYTES, RUN_MANIFEST, TRACE_SUFFIXES, find_sources, is_trace_file, manifest_problem
 from profiler.pipeline import positive_int, schedule_theory_pct
-from profiler.report import Analysis
+from profiler.report import Analysis, comparison_warnings
 
 from viewer import aggregate
 
@@ -485,7 +485,9 @@ def merged_analysis(runs: list[RunData]) -> Analysis:
             fields[f.name] = pl.concat(kept, how="diagonal_relaxed") if kept else None
         else:  # nothing else today; a scalar field added later is the first run's, not a crash
             fields[f.name] = parts[0]
-    return Analysis(**fields)
+    merged = Analysis(**fields)
+    merged.warnings.extend(comparison_warnings(merged))  # as analyze adds them to a load of several runs
+    return merged
 
 
 def _keep_type(d: RunData, frame: pl.DataFrame) -> pl.DataFrame:
