@@ -168,23 +168,9 @@ def _hta_section(traces, analysis, *, rank: int | None, step: int | None) -> lis
 
 def _print_hta(section: list[dict]) -> None:
     from profiler.hta import HTA_ROUNDING
+    from profiler.text import format_hta
 
-    for entry in section:
-        print("\n== HTA beside ours: " + printable(str(entry["run"])))
-        if "error" in entry:
-            skipped = entry["error"].startswith(HTA_SKIPPED)
-            _print_line(entry["error"] if skipped else f"HTA could not analyze this run: {entry['error']}")
-            continue
-        table = pl.DataFrame(entry["ranks"]).drop("cause")
-        rounded = table.filter(pl.col("window_us_rounded").is_not_null())
-        with pl.Config(tbl_cols=20, tbl_width_chars=200, float_precision=2, tbl_hide_dataframe_shape=True,
-                       tbl_hide_column_data_types=True, thousands_separator=True):
-            print(table.drop(pl.selectors.contains("_rounded")))
-            if rounded.height:
-                print(f"Why they differ: {HTA_ROUNDING}.")
-                print(rounded.select("rank", "window_us_rounded", "window_us_hta", "compute_us_rounded", "compute_us_hta",
-                                     "non_compute_us_rounded", "non_compute_us_hta", "idle_us_rounded", "idle_us_hta",
-                                     pl.selectors.ends_with("_rounded_diff_pct_of_window")))
+    print(format_hta(section, HTA_ROUNDING))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -257,3 +257,24 @@ def test_the_cli_takes_full():
     assert not too_wide(res.stdout)
     order = [line for line in res.stdout.split("\n") if line.startswith("  rank 0 step ")]
     assert len(order) == 2  # --full: each rank's order in each step
+
+
+def test_hta_beside_ours_fits_and_says_each_difference():
+    from profiler.text import format_hta
+
+    # ours 1000.000 ms window with 600 ms compute; HTA 999.000 ms and 590 ms: window +0.10 % of ours
+    # (1/1000), compute given as +1.00 %; HTA's rounding reproduces HTA's numbers exactly.
+    rank = {"rank": 0, "window_us": 1e6, "window_us_hta": 999e3, "compute_us": 600e3, "compute_us_hta": 590e3,
+            "compute_us_diff_pct_of_window": 1.0, "overlap_pct": 14.951, "overlap_pct_hta": 14.95,
+            "overlap_diff_points": 0.001, "window_us_rounded": 999e3, "compute_us_rounded": 590e3,
+            "compute_us_rounded_diff_pct_of_window": 0.0}
+    text = format_hta([{"run": "r", "ranks": [rank]}, {"run": "cpu", "error": "HTA skipped: no GPU activity"}], "why")
+    lines = text.split("\n")
+    assert not too_wide(text)
+    (window,) = [line for line in lines if " window " in line]
+    assert window.split() == ["0", "window", "1,000.000", "ms", "999.000", "ms", "+0.10", "%", "999.000", "ms", "+0.00", "%"]
+    (compute,) = [line for line in lines if " compute " in line]
+    assert "+1.00 %" in compute and compute.endswith("+0.00 %")
+    (hidden,) = [line for line in lines if "comm hidden" in line and "%" in line and "(" not in line]
+    assert "14.95 %" in hidden and "+0.00 pts" in hidden
+    assert "  Why they differ: why." in lines and "HTA skipped: no GPU activity" in lines
