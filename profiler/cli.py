@@ -167,10 +167,9 @@ def _hta_section(traces, analysis, *, rank: int | None, step: int | None) -> lis
 
 
 def _print_hta(section: list[dict]) -> None:
-    from profiler.hta import HTA_ROUNDING
-    from profiler.text import format_hta
+    from profiler.hta import format_hta
 
-    print(format_hta(section, HTA_ROUNDING))
+    print(format_hta(section))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,8 +19,9 @@ from pathlib import Path
 import polars as pl
 
 from profiler.breakdown import temporal_breakdown
-from profiler.errors import TraceError
+from profiler.errors import TraceError, printable
 from profiler.steps import profiler_steps
+from profiler.textfmt import NONE, WIDTH, _number, table, truncate, wrap
 
 HTA_ROUNDING = ("nanosecond timestamps: HTA rounds each event inward to whole µs (start up, end down), ptprof keeps "
                 "the exact times; the *_rounded columns are ptprof's with HTA's rounding")
@@ -125,3 +126,55 @@ def compare_with_hta(breakdown: pl.DataFrame, hta: pl.DataFrame, rounded: pl.Dat
            for c in ("compute_us", "non_compute_us", "idle_us")]
         + [pl.when(pl.col("window_us_rounded").is_not_null()).then(pl.lit(HTA_ROUNDING)).alias("cause")]
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Text (ptprof analyze --hta)
+
+HTA_ROWS = {"window_us": "window", "compute_us": "compute", "non_compute_us": "non-compute", "idle_us": "idle",
+            "overlap_pct": "comm hidden"}
+
+
+def format_hta(section: list[dict], rounding: str = HTA_ROUNDING) -> str:
+    """`ptprof analyze --hta`: HTA's breakdown beside ours per run and rank (ms to the µs, the
+    difference in % of the window, in points for the overlap), and why they differ (`rounding`)."""
+    out = []
+    for entry in section:
+        out += ["", truncate(printable(f"== HTA beside ours: {entry['run']}"), WIDTH)]
+        if "error" in entry:
+            skipped = entry["error"].startswith("HTA skipped")
+            out += wrap(entry["error"] if skipped else f"HTA could not analyze this run: {entry['error']}", "", "  ")
+            continue
+        rows, rounded = [], False
+        for r in entry["ranks"]:
+            for q, label in HTA_ROWS.items():
+                pct = q.endswith("_pct")
+                # to the µs and the hundredth of a point: what a check of two tools needs, not 3 digits
+                f = (lambda x: NONE if _number(x) is None else f"{x:.2f} %") if pct else \
+                    (lambda us: NONE if _number(us) is None else f"{us / 1e3:,.3f} ms")
+                diff = r.get("overlap_diff_points") if pct else r.get(f"{q}_diff_pct_of_window", _pct_of(r, q, ""))
+                rdiff = None if pct else r.get(f"{q}_rounded_diff_pct_of_window", _pct_of(r, q, "_rounded"))
+                rounded = rounded or r.get(f"{q}_rounded") is not None
+                rows.append([str(r["rank"]), label, f(r.get(q)), f(r.get(f"{q}_hta")), _diff(diff, pct),
+                             "" if pct else f(r.get(f"{q}_rounded")), "" if pct or r.get(f"{q}_rounded") is None else _diff(rdiff, False)])
+        header = ["rank", "", "ours", "HTA", "diff", "ours, HTA's rounding", "diff"]
+        keep = 7 if rounded else 5
+        out += table(header[:keep], [row[:keep] for row in rows], "rlrrrrr"[:keep], shrink=None)
+        out.append("  (diff: ours - HTA, in % of the window; for comm hidden in points)")
+        if rounded:  # the JSON's wording names its *_rounded fields; here they are a column
+            why = rounding.replace("the *_rounded columns are", "the column \"ours, HTA's rounding\" is")
+            out += wrap(f"Why they differ: {why}.", "  ", "  ")
+    return "\n".join(out)
+
+
+def _pct_of(r: dict, q: str, ours: str) -> float | None:
+    # The window's own difference (profiler.hta gives the others): ours - HTA in % of ours.
+    a, b = _number(r.get(f"{q}{ours}")), _number(r.get(f"{q}_hta"))
+    return None if a is None or b is None or a == 0 else 100 * (a - b) / a
+
+
+def _diff(x, points: bool) -> str:
+    x = _number(x)
+    if x is None:
+        return NONE
+    return f"{x:+.2f} pts" if points else f"{x:+.2f} %"
