@@ -31,7 +31,7 @@ def format_tables(a, *, full: bool = False) -> str:
     columns but for warning/skipped lines; `full` shows every rank instead of min / median / max."""
     runs = a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
     out = _findings(a, runs, full) + _overview(a, full)
-    for part in (_theory_check, _time, _collectives, _stragglers, _pipeline, _memory, _alpha_beta,
+    for part in (_theory_check, _theory_comm, _time, _collectives, _stragglers, _pipeline, _memory, _alpha_beta,
                  _top_operators, _top_kernels):
         lines = part(a, runs, full)
         out += lines
@@ -379,10 +379,24 @@ def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
     if fit is None or fit.is_empty():
         return []
     out = [title("Latency and bandwidth", "a collective of n bytes takes α + n/β (least squares fit)")]
-    header = ["backend", "collective", "ranks", "calls", "sizes", "α", "β", "r²"]
+    notes = fit["note"].is_not_null().any()
+    header = ["backend", "collective", "ranks", "calls", "sizes", "α", "β", "r²", *(["note"] if notes else [])]
     return out + _per_run(runs, fit, lambda p: table(header, [
-        [r["backend"] or NONE, r["collective"] or NONE, str(r["group_size"]), str(r["n_calls"]), str(r["n_sizes"]),
-         fmt_time(r["alpha_us"]), fmt_bw(r["beta_gbps"]), sig3(r["r2"])] for r in p.to_dicts()], "llrrrrrr", shrink=1))
+        [r["backend"] or NONE, r["collective"] or NONE, str(r["group_size"] or "?"), str(r["n_calls"]), str(r["n_sizes"]),
+         fmt_time(r["alpha_us"]), fmt_bw(r["beta_gbps"]), sig3(r["r2"]), *([r["note"] or ""] if notes else [])]
+        for r in p.to_dicts()], "llrrrrrrl", shrink=(8, 1) if notes else 1))
+
+
+def _theory_comm(a, runs: list[str], full: bool) -> list[str]:
+    comm = a.theory_comm
+    if not full or comm is None or comm.is_empty():  # the default report has it beside measurement (theory check)
+        return []
+    out = [title("Predicted communication", "what the textbook says each rank moves per step")]
+    header = ["rank", "dim", "phase", "collective", "ranks", "calls", "bytes", "ring traffic", "Φ"]
+    return out + _per_run(runs, comm, lambda p: table(header, [
+        [str(r["rank"]), r["dim"] or NONE, r["phase"] or NONE, r["collective"] or NONE, str(r["group_size"] or "?"),
+         fmt_count(r["calls"]), fmt_bytes(r["bytes"]), fmt_bytes(r["traffic_bytes"]), sig3(r["phi"])]
+        for r in p.to_dicts()], "rlllrrrrr", shrink=(3, 2)))
 
 
 def _top(a, frame: pl.DataFrame, runs: list[str], full: bool, name: str, meaning: str, value: str,

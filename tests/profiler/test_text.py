@@ -278,3 +278,39 @@ def test_hta_beside_ours_fits_and_says_each_difference():
     (hidden,) = [line for line in lines if "comm hidden" in line and "%" in line and "(" not in line]
     assert "14.95 %" in hidden and "+0.00 pts" in hidden
     assert "  Why they differ: why." in lines and "HTA skipped: no GPU activity" in lines
+
+
+def test_alpha_beta_whatif_and_predicted_comm_from_their_schemas(ddp):
+    from profiler.alphabeta import FIT_COLUMNS
+    from profiler.theory import COMM_COLUMNS
+    from profiler.theory_memory import WHATIF_COLUMNS
+
+    run = ddp.ranks["run"].cast(pl.String)[0]
+    mib = 2**20
+    fit = pl.DataFrame([{"run": run, "backend": "gloo", "collective": "all_reduce", "group_size": 2, "n_calls": 12,
+                         "n_sizes": 3, "alpha_us": 250.0, "beta_gbps": 0.0021, "r2": 0.9876, "note": None},
+                        {"run": run, "backend": "gloo", "collective": "broadcast", "group_size": 2, "n_calls": 2,
+                         "n_sizes": 1, "alpha_us": None, "beta_gbps": None, "r2": None, "note": "one size: no fit"}],
+                       schema=FIT_COLUMNS)
+    whatif = pl.DataFrame([{"run": run, "layout": layout, "dp": 2, "params_bytes": p * mib, "grads_bytes": g * mib,
+                            "optimizer_bytes": o * mib, "total_bytes": (p + g + o) * mib, "current": layout == "ddp"}
+                           for layout, p, g, o in (("ddp", 4, 4, 8), ("zero1", 4, 4, 4), ("fsdp", 2, 2, 4))],
+                          schema=WHATIF_COLUMNS)
+    comm = pl.DataFrame([{"run": run, "rank": r, "dim": "dp", "phase": "backward", "collective": "all_reduce",
+                          "group_size": 2, "calls": 1, "bytes": 4 * mib, "traffic_bytes": 4.0 * mib, "phi": 2.0,
+                          "formula": "2Φ", "note": None} for r in (0, 1)], schema=COMM_COLUMNS)
+    a = dataclasses.replace(ddp, alpha_beta=fit, memory_whatif=whatif, theory_comm=comm)
+    text = format_tables(a)
+    (ar,) = [line for line in section(text, "Latency and bandwidth") if "all_reduce" in line]
+    assert ar.split()[:5] == ["gloo", "all_reduce", "2", "12", "3"] and "250 µs" in ar and "2.10 MB/s" in ar and "0.988" in ar
+    (bc,) = [line for line in section(text, "Latency and bandwidth") if "broadcast" in line]
+    assert bc.count("—") == 3 and bc.endswith("one size: no fit")
+    layouts = section(text, "Memory by layout")
+    (ddp_row,) = [line for line in layouts if line.startswith("  ddp ")]
+    assert "16.0 MiB  ◀ this run" in ddp_row and "◀" not in "".join(line for line in layouts if "fsdp" in line)
+    assert "== Predicted communication" not in text  # default: beside measurement only
+    full = section(format_tables(a, full=True), "Predicted communication")
+    assert [line.split()[:4] for line in full if "all_reduce" in line] == [["0", "dp", "backward", "all_reduce"],
+                                                                           ["1", "dp", "backward", "all_reduce"]]
+    assert all(line.split()[-5:] == ["4.00", "MiB", "4.00", "MiB", "2.00"] for line in full if "all_reduce" in line), full
+    assert not too_wide(text) and not too_wide(format_tables(a, full=True))
