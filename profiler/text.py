@@ -367,7 +367,7 @@ def _sparklines(curve: pl.DataFrame, full: bool) -> list[str]:
                 out += _more(len(ranks), SPARK_RANKS)
                 break
             r = r.sort("bucket")
-            label = f"  rank {r['rank'][0]:<3} {truncate(printable(dev), 8):<8} "
+            label = f"  rank {r['rank'][0]:<3} {truncate(printable(dev or NONE), 8):<8} "
             tail = f"  min {fmt_bytes(r['min_allocated_bytes'].min())}, peak {fmt_bytes(r['allocated_bytes'].max())}"
             line = sparkline(r["allocated_bytes"].to_list(), low=lo, high=hi, width=WIDTH - len(label) - len(tail))
             out.append(label + line + tail)

@@ -120,7 +120,7 @@ def table(header: list[str], rows: list[list[str]], align: str, *, shrink: int |
     """Aligned columns ("l"/"r" per column), cells made printable; the columns `shrink` names are
     cut in turn (with an ellipsis, down to `least` characters) until the lines fit `width`. Without a
     column to shrink (None) a table may be wider."""
-    cells = [[printable(str(c)) for c in row] for row in [header, *rows]]
+    cells = [[printable(NONE if c is None else str(c)) for c in row] for row in [header, *rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     cols = (shrink,) if isinstance(shrink, int) else shrink or ()
     for col, floor in [(c, f) for f in sorted({least, 8}, reverse=True) for c in cols]:

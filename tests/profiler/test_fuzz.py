@@ -247,14 +247,19 @@ def test_fuzz_analyze_in_process(tmp_path, capsys, keep_nan, monkeypatch):
             label = f"case {i} ({kind}, seed {SEED}{', pure parser' if pure else ''}): {folder}"
             signal.alarm(CASE_TIMEOUT_S)
             try:
-                code = main(["analyze", str(folder / name if manifest is None else folder), "--no-cache", "--quiet",
+                # Every other case prints the text report too (every 4th with --full): it must not
+                # crash on what the JSON survives, and stays 100 columns wide.
+                mode = ["--quiet"] if i % 2 else ["--full"] if i % 4 == 0 else []
+                code = main(["analyze", str(folder / name if manifest is None else folder), "--no-cache", *mode,
                              "--json", str(report)])
             except BaseException as e:  # noqa: BLE001 (a traceback is the failure being looked for)
                 raise AssertionError(f"{label}: {type(e).__name__}: {e}") from e
             finally:
                 signal.alarm(0)
-            err = capsys.readouterr().err
+            out, err = capsys.readouterr()
             assert code in (0, 2), f"{label}: exit {code}"
+            wide = [line for line in out.split("\n") if len(line) > 100 and not line.startswith(("warning: ", "skipped: "))]
+            assert i % 4 == 0 or not wide, f"{label}: lines over 100 columns: {wide}"
             if code == 2:
                 assert err.strip() and "Traceback" not in err, f"{label}: {err}"
                 assert len(err.strip().splitlines()) == 1, f"{label}: {err}"
