@@ -165,18 +165,17 @@ def _time(a, runs: list[str], full: bool) -> list[str]:
     fmt = {m: fmt_pct if m.endswith("_pct") else fmt_time for m in TIME_LABELS}
     out = [title("Where the time goes", "per rank, summed over the profiled steps (HTA's breakdown)")]
     if full:
-        cols = ["mean_us", "window_us", "compute_us", "non_compute_us", "idle_us", "exposed_comm_us", "overlap_pct"]
-        header = ["rank", "step", "window", "compute", "non-comp", "idle", "exposed", "hidden"]
-        render = lambda p: table(header, [[str(r["rank"]), *[fmt[c](r[c]) for c in cols]]  # noqa: E731
-                                          for r in p.sort("rank").to_dicts()], "r" * 8, shrink=None)
+        cols = ["window_us", "compute_us", "non_compute_us", "idle_us", "comm_us", "exposed_comm_us", "overlap_pct"]
+        names = ["window", "compute", "non-comp", "idle", "comm", "exposed", "hidden"]
+        def rows(p: pl.DataFrame, keys: list[str], first: str | None = None) -> list[list[str]]:
+            return [[*[str(r[k]) for k in keys], *([fmt_time(r[first])] if first else []), *[fmt[c](r[c]) for c in cols]]
+                    for r in p.sort(*keys).to_dicts()]
+
+        header = ["rank", "step", *names]
         out += ["  (step: mean step time; exposed: comm no compute hides; hidden: share of comm hidden)"]
-        out += _per_run(runs, per_rank, render)
-        out.append(title("Each step", "the same per rank and step, times from the step's own start"))
-        steps = a.breakdown_steps
-        header = ["rank", "step", "window", "compute", "non-comp", "idle", "exposed", "hidden"]
-        cols = ["window_us", "compute_us", "non_compute_us", "idle_us", "exposed_comm_us", "overlap_pct"]
-        out += _per_run(runs, steps, lambda p: table(header, [[str(r["rank"]), str(r["step"]), *[fmt[c](r[c]) for c in cols]]
-                                                            for r in p.sort("rank", "step").to_dicts()], "r" * 8, shrink=None))
+        out += _per_run(runs, per_rank, lambda p: table(header, rows(p, ["rank"], "mean_us"), "r" * 9, shrink=None))
+        out.append(title("Each step", "the same per rank and step"))
+        out += _per_run(runs, a.breakdown_steps, lambda p: table(header, rows(p, ["rank", "step"]), "r" * 9, shrink=None))
         return out
     stats = collapse(per_rank, list(TIME_LABELS))
     out += _per_run(runs, stats, lambda p: collapsed_table(p, TIME_LABELS, fmt))
@@ -280,9 +279,11 @@ def _orders(grid: pl.DataFrame, full: bool) -> list[str]:
         orders = g["order"].to_list()
         if full or len(set(orders)) > 1:
             for step, order in zip(g["step"], orders):
-                out += wrap(order or NONE, f"  rank {rank} step {step}: ", " " * 10)
+                first = f"  rank {rank} step {step}: "
+                out += wrap(order or NONE, first, " " * len(first))
         else:
-            out += wrap(orders[0] or NONE, f"  rank {rank}: ", " " * 10)
+            first = f"  rank {rank}: "
+            out += wrap(orders[0] or NONE, first, " " * len(first))
     return out
 
 
