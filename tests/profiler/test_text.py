@@ -314,3 +314,17 @@ def test_alpha_beta_whatif_and_predicted_comm_from_their_schemas(ddp):
                                                                            ["1", "dp", "backward", "all_reduce"]]
     assert all(line.split()[-5:] == ["4.00", "MiB", "4.00", "MiB", "2.00"] for line in full if "all_reduce" in line), full
     assert not too_wide(text) and not too_wide(format_tables(a, full=True))
+
+
+def test_long_kernel_names_end_in_an_ellipsis(ddp):
+    run = ddp.ranks["run"].cast(pl.String)[0]
+    name = "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float>>" * 4
+    kernels = pl.DataFrame({"run": [run, run], "rank": [0, 1], "name": [name, name], "kind": ["compute"] * 2,
+                            "count": [10, 10], "total_us": [2000.0, 3000.0], "mean_us": [200.0, 300.0]}
+                           ).cast({"run": pl.Categorical, "rank": pl.Int32, "count": pl.UInt32})
+    a = dataclasses.replace(ddp, top_kernels=kernels)
+    for full in (False, True):
+        rows = [line for line in section(format_tables(a, full=full), "Top GPU kernels") if "vectorized" in line]
+        assert rows and all(len(line) <= WIDTH and "…" in line for line in rows)
+    (row,) = [line for line in section(format_tables(a), "Top GPU kernels") if "vectorized" in line]
+    assert row.endswith("2.50 ms  3.00 ms (rank 1)")  # median of 2 and 3 ms; the max names its rank
