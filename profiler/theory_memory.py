@@ -40,7 +40,7 @@ WHATIF_COLUMNS = {
 # Per (run, rank, mem_device): the activation (transient) share of the allocated-memory peak.
 ACTIVATION_COLUMNS = {
     "run": pl.String, "rank": pl.Int32, "mem_device": pl.String, "peak_allocated_bytes": pl.Int64,
-    "persistent_bytes": pl.Int64, "activation_bytes": pl.Int64, "activation_pct": pl.Float64,
+    "persistent_bytes": pl.Int64, "footprint_bytes": pl.Int64, "activation_bytes": pl.Int64, "activation_pct": pl.Float64,
     "basis": pl.String, "note": pl.String,
 }
 
@@ -344,3 +344,62 @@ def memory_check(memory: pl.DataFrame, persistent: pl.DataFrame) -> pl.DataFrame
                           predicted=pl.col("predicted").cast(pl.Float64), measured=pl.col("measured").cast(pl.Float64))
             .with_columns(quantity=pl.lit("memory.") + pl.col("quantity"))
             .select(list(CHECK_COLUMNS)).cast(CHECK_COLUMNS).sort("run", "rank", "quantity"))
+
+
+# Paradigms whose gradients are views of DDP's buckets (gradient_as_bucket_view=True), allocated
+# when the model is wrapped: never freed by zero_grad, so never in a CPU curve.
+BUCKETED_GRADS = ("ddp", "zero1")
+
+
+def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict[str, dict | None]) -> pl.DataFrame:
+    """ACTIVATION_COLUMNS: how much of each rank's allocated-memory peak is activations (transient).
+
+    The rule depends on what the `[memory]` counter sees (profiler/memory.py):
+    - a device (CUDA, ...): the caching allocator's counter includes everything, so
+      activation = peak − persistent (params + grads + optimizer, predicted), footprint = peak;
+    - CPU: the counter only sees allocations made while profiling ran. Parameters, optimizer state
+      and DDP's gradient buckets were allocated before and are not in the curve; what each step
+      allocates again is (gradients freed by zero_grad(set_to_none=True), FSDP2's gathered
+      parameters). So activation = peak − those re-allocated bytes, and the footprint at the peak
+      = peak + what was allocated before.
+    activation_pct = activation / footprint. A subtraction below 0 is clamped to 0 with a note;
+    without a prediction (no run.json) the share is null. A GPU rank's host (cpu) curve is left out.
+    """
+    if memory_peaks.is_empty():
+        return pl.DataFrame(schema=ACTIVATION_COLUMNS)
+    peaks = memory_peaks.select("run", "rank", "mem_device", "peak_allocated_bytes").cast(
+        {"run": pl.String, "rank": pl.Int32, "peak_allocated_bytes": pl.Int64})
+    # A rank with a device curve: its cpu curve is host memory, not where the model lives.
+    on_device = peaks.filter(pl.col("mem_device") != "cpu").select("run", "rank").unique()
+    peaks = pl.concat([peaks.filter(pl.col("mem_device") != "cpu"),
+                       peaks.filter(pl.col("mem_device") == "cpu").join(on_device, on=["run", "rank"], how="anti")])
+    paradigm = {run: (m or {}).get("paradigm") if isinstance(m, dict) else None for run, m in runs.items()}
+    pred = {(r["run"], r["rank"]): r for r in memory.iter_rows(named=True)}
+    rows = []
+    for run, rank, device, peak in peaks.sort("run", "rank", "mem_device").iter_rows():
+        p = pred.get((run, rank))
+        row = {"run": run, "rank": rank, "mem_device": device, "peak_allocated_bytes": peak, "persistent_bytes": None,
+               "footprint_bytes": None, "activation_bytes": None, "activation_pct": None, "basis": None, "note": None}
+        if p is None or peak is None or peak <= 0:
+            row["note"] = ("no persistent-memory theory for this rank (no run.json dims): no activation share"
+                           if p is None else "no allocation peak")
+            rows.append(row)
+            continue
+        persistent = p["params_bytes"] + p["grads_bytes"] + p["optimizer_bytes"]
+        if device != "cpu":
+            row["basis"] = "device counter (includes everything): activation = peak − persistent"
+            transient, footprint = peak - persistent, peak
+        else:
+            bucketed = paradigm.get(run) in BUCKETED_GRADS
+            again = (0 if bucketed else p["grads_bytes"]) + (p["params_bytes"] - p["params_at_rest_bytes"])
+            before = persistent - again
+            row["basis"] = ("cpu counter (allocations since profiling started): activation = peak − per-step "
+                            "re-allocations (grads, gathered params); footprint = peak + persistent allocated before")
+            transient, footprint = peak - again, peak + before
+        if transient < 0:
+            row["note"] = f"peak below the persistent bytes it should hold ({-transient} B short): activation share 0"
+            transient = 0
+        row.update(persistent_bytes=persistent, footprint_bytes=footprint, activation_bytes=transient,
+                   activation_pct=100.0 * transient / footprint if footprint > 0 else None)
+        rows.append(row)
+    return pl.DataFrame(rows, schema=ACTIVATION_COLUMNS)
