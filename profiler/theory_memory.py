@@ -48,6 +48,7 @@ LAYOUTS = ["ddp", "zero1", "zero2", "fsdp"]  # replicated, ZeRO-1, ZeRO-2, ZeRO-
 STEP_BYTES = 4  # torch AdamW's per-parameter `step`: a float32 scalar tensor
 CHECK_TOLERANCE = 0.01  # persistent memory "match": within 1 % of the theory
 MLP_RATIO, MOE_EVERY = 4, 2  # runners/model.py GPTConfig defaults (run.json's model block may override)
+DTYPE_ALIASES = DTYPE_BYTES | {"fp32": 4, "fp16": 2, "fp64": 8, "fp8": 1}
 FP32_NOTE = "run.json names no dtype: fp32 assumed (every ptprof runner trains in fp32)"
 
 
@@ -181,7 +182,7 @@ def run_dtypes(manifest: dict) -> tuple[Dtypes, str | None]:
     """The run's dtypes from run.json (`dtypes` {param, grad, optimizer, master}, else one `dtype`
     at the top, in `model` or in `options`), else fp32 with a note."""
     def nbytes(name) -> int | None:
-        return DTYPE_BYTES.get(str(name).removeprefix("torch.").lower()) if name else None
+        return DTYPE_ALIASES.get(str(name).removeprefix("torch.").lower()) if name else None
 
     spec = manifest.get("dtypes")
     if isinstance(spec, dict):
