@@ -32,15 +32,20 @@ NO_PAYLOAD = ["barrier"]
 ONE_TO_ONE = ("send", "recv", "send_recv", "broadcast")  # busbw = algbw  # no bytes: nothing for β to describe
 
 
-def _usable(collectives: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
-    """Calls with a size and a positive, finite duration, each with its rank's backend."""
+def _timed(collectives: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+    """Calls with a payload and a positive, finite duration, each with its rank's backend."""
     backend = ranks.select(pl.col("run").cast(pl.String), pl.col("rank").cast(pl.Int32), pl.col("backend").cast(pl.String)).unique(["run", "rank"])
     return (
         collectives.with_columns(pl.col("run").cast(pl.String), pl.col("rank").cast(pl.Int32))
-        .filter(pl.col("size_bytes").is_not_null() & (pl.col("size_bytes") >= 0) & ~pl.col("collective").is_in(NO_PAYLOAD)
-                & pl.col("dur_us").is_not_null() & pl.col("dur_us").is_finite() & (pl.col("dur_us") > 0))
+        .filter(~pl.col("collective").is_in(NO_PAYLOAD) & pl.col("dur_us").is_not_null() & pl.col("dur_us").is_finite()
+                & (pl.col("dur_us") > 0))
         .join(backend, on=["run", "rank"], how="left")
     )
+
+
+def _usable(collectives: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+    """Timed calls whose size is known."""
+    return _timed(collectives, ranks).filter(pl.col("size_bytes").is_not_null() & (pl.col("size_bytes") >= 0))
 
 
 def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
@@ -51,9 +56,13 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFra
     a note says why): fewer than 2 distinct sizes; s ≤ 0 (times do not grow with size, no finite
     positive β); α < 0 (the line crosses zero before n = 0: the sizes do not pin the latency).
     """
-    calls = _usable(collectives, ranks)
+    timed = _timed(collectives, ranks)
+    calls = timed.filter(pl.col("size_bytes").is_not_null() & (pl.col("size_bytes") >= 0))
+    # Kinds the trace timed but never sized (older NCCL traces without args): a row that says so.
+    unsized = (timed.group_by(GROUP).agg(n_calls=pl.len()).join(calls.select(GROUP).unique(), on=GROUP, how="anti", nulls_equal=True)
+               .with_columns(n_sizes=pl.lit(0, pl.Int64), note=pl.lit("the trace gives no message sizes for these calls: no fit")))
     if calls.is_empty():
-        return pl.DataFrame(schema=FIT_COLUMNS)
+        return pl.concat([pl.DataFrame(schema=FIT_COLUMNS), unsized], how="diagonal_relaxed").select(list(FIT_COLUMNS)).cast(FIT_COLUMNS)
     n, t = pl.col("size_bytes").cast(pl.Float64), pl.col("dur_us")
     fits = calls.group_by(GROUP).agg(
         n_calls=pl.len(), n_sizes=pl.col("size_bytes").n_unique(),
@@ -83,6 +92,7 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFra
     ]
     out = out.with_columns(bus_factor=pl.Series(busbw, dtype=pl.Float64)).with_columns(
         beta_busbw_gbps=pl.col("beta_gbps") * pl.col("bus_factor"))
+    out = pl.concat([out.select(list(FIT_COLUMNS)).cast(FIT_COLUMNS), unsized], how="diagonal_relaxed")
     return out.select(list(FIT_COLUMNS)).cast(FIT_COLUMNS).sort(GROUP, nulls_last=True)
 
 
