@@ -244,6 +244,11 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
         if not pipe or not isinstance(pipe.get("stage_layers"), list) or not isinstance(pipe.get("stage_to_rank"), list):
             return [], "run.json's pipeline block has no stage_layers / stage_to_rank: no memory theory"
         stage_layers, stage_to_rank = pipe["stage_layers"], pipe["stage_to_rank"]
+        pairs = all(isinstance(x, list) and len(x) == 2 and all(_int(v) is not None for v in x) for x in stage_layers)
+        if not pairs or len(stage_layers) != len(stage_to_rank):
+            return [], "run.json's pipeline stage_layers / stage_to_rank are not [first, end) pairs, one per stage: no memory theory"
+    if experts and ep > 1 and experts % ep:
+        return [], f"{experts} experts do not divide over {ep} expert-parallel ranks: no memory theory"
     out = []
     for rank in range(world):
         # rank = ((dp_i * pp + pp_i) * tp + tp_i) * ep + ep_i (hybrid's mesh order, tp innermost)
@@ -265,6 +270,17 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
         shapes = [tp_local_shape(t, tp, tp_i) for t in tensors]
         out.append({"rank": rank, "shapes": shapes, "layout": layout, "dp": dp, "dp_rank": dp_i})
     return out, None
+
+
+def memory_notes(runs: dict[str, dict | None]) -> list[str]:
+    """Why a run with a run.json has no memory theory (one line per such run), for the warnings."""
+    notes = []
+    for run, manifest in runs.items():
+        if isinstance(manifest, dict):
+            _, why = rank_layouts(manifest)
+            if why:
+                notes.append(f"run {run}: {why}")
+    return notes
 
 
 def predict_memory(runs: dict[str, dict | None]) -> pl.DataFrame:

@@ -14,7 +14,7 @@ import pytest
 from profiler.memory import persistent_memory
 from profiler.theory_memory import (
     ACTIVATION_COLUMNS, MEMORY_COLUMNS, WHATIF_COLUMNS, Dtypes, activation_peak, layout_bytes, memory_check,
-    memory_whatif, predict_memory, run_dtypes, zero1_partition, zero_table,
+    memory_notes, memory_whatif, predict_memory, run_dtypes, zero1_partition, zero_table,
 )
 
 # tiny: vocab 256, d 64, 2 layers, seq 32. By hand: 2 embeddings-sized matrices (tok_emb, head)
@@ -114,8 +114,13 @@ def test_whatif_names_the_current_layout_and_what_each_stage_saves():
 
 
 def test_no_model_dims_means_no_theory_not_a_crash():
-    assert predict_memory({"foreign": None, "bare": {"paradigm": "ddp"}}).is_empty()
-    assert memory_whatif({"foreign": None}).is_empty()
+    runs = {"foreign": None, "bare": {"paradigm": "ddp"}, "odd": manifest("1f1b", 2, {"pp": 2}, pipeline={
+        "stage_layers": [[0, 1]], "stage_to_rank": [0, 1]}), "ep": manifest("ep", 3, {"ep": 3}, options={"experts": 4})}
+    assert predict_memory(runs).is_empty()
+    assert memory_whatif(runs).is_empty()
+    notes = memory_notes(runs)
+    assert len(notes) == 3 and "run bare: run.json has no model dims" in notes[0]
+    assert "not [first, end) pairs" in notes[1] and "4 experts do not divide over 3" in notes[2]
 
 
 def test_memory_check_verdicts():
