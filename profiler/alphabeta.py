@@ -48,8 +48,13 @@ def _usable(collectives: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     return _timed(collectives, ranks).filter(pl.col("size_bytes").is_not_null() & (pl.col("size_bytes") >= 0))
 
 
-def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame, *, fastest_per_size: bool = False) -> pl.DataFrame:
     """FIT_COLUMNS from profiler.collectives rows (one per collective call).
+
+    fastest_per_size: fit only the fastest call of each size (n_calls then counts those). A call
+    that waited for a late peer is slower, never faster, than the collective itself, so the
+    fastest of each size is the least disturbed: on a loaded host this turns a refused or
+    scattered fit into a usable one.
 
     Ordinary least squares of dur_us on size_bytes: slope s = cov(n, t) / var(n) in µs/B,
     α = mean(t) − s·mean(n), β = 1/s B/µs = 1e-3/s GB/s, r² = corr(n, t)². Refused (α, β null,
@@ -58,6 +63,8 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFra
     """
     timed = _timed(collectives, ranks)
     calls = timed.filter(pl.col("size_bytes").is_not_null() & (pl.col("size_bytes") >= 0))
+    if fastest_per_size:
+        calls = calls.group_by(*GROUP, "size_bytes").agg(pl.col("dur_us").min())
     # Kinds the trace timed but never sized (older NCCL traces without args): a row that says so.
     unsized = (timed.group_by(GROUP).agg(n_calls=pl.len()).join(calls.select(GROUP).unique(), on=GROUP, how="anti", nulls_equal=True)
                .with_columns(n_sizes=pl.lit(0, pl.Int64), note=pl.lit("the trace gives no message sizes for these calls: no fit")))

@@ -45,6 +45,24 @@ def test_recovers_alpha_and_beta_from_noisy_calls():
     assert row["beta_busbw_gbps"] == pytest.approx(1.5 * row["beta_gbps"])
 
 
+def test_fastest_per_size_sees_through_waits_for_late_peers():
+    alpha_us, beta_gbps = 20.0, 10.0
+    rng = random.Random(7)
+    sizes = [100_000 * k for k in range(1, 11)]  # 30 .. 120 µs
+    rows = []
+    for n in sizes:
+        for _ in range(6):  # most calls wait for a late peer, up to 300 µs (more at the small sizes)
+            wait = 0.0 if rng.random() < 0.3 else rng.uniform(0, 300) * (2 if n < 500_000 else 1)
+            rows.append(("all_gather", n, alpha_us + n / (beta_gbps * 1e3) + wait + rng.gauss(0, 0.2)))
+        rows.append(("all_gather", n, alpha_us + n / (beta_gbps * 1e3)))  # at least one undisturbed call
+    c = calls(rows)
+    fast = fit_alpha_beta(c, RANKS, fastest_per_size=True).row(0, named=True)
+    assert fast["n_calls"] == 10
+    assert fast["alpha_us"] == pytest.approx(alpha_us, rel=0.05) and fast["beta_gbps"] == pytest.approx(beta_gbps, rel=0.05)
+    every = fit_alpha_beta(c, RANKS).row(0, named=True)
+    assert every["note"] is not None or abs(every["beta_gbps"] / beta_gbps - 1) > 0.05  # the waits spoil the plain fit
+
+
 def test_predicted_time_is_alpha_plus_n_over_beta():
     # Exact line: t = 10 + n / 1000 B/µs (β = 1 GB/s); one call 50 % slow.
     rows = [("all_gather", n, 10 + n / 1000) for n in (1000, 2000, 3000, 4000)] * 5
