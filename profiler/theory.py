@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from profiler.theory_pipeline import PIPELINE_PARADIGMS, pipeline_p2p_rows
+
 # One row per (run, rank, dim, phase, collective, group_size): what one rank does per step.
 # bytes: nccl-tests "size" convention (all-reduce buffer, all-gather output, reduce-scatter input,
 # all-to-all buffer, p2p message), the same as profiler.collectives' size_bytes, summed over calls.
@@ -29,7 +31,10 @@ CHECK_COLUMNS = {
 
 def predict_comm(runs: dict[str, dict | None]) -> pl.DataFrame:
     """Per run with a run.json: COMM_COLUMNS, the communication each rank does per step."""
-    return pl.DataFrame(schema=COMM_COLUMNS)
+    # Pipeline schedules: only their stage-boundary sends and receives (profiler.theory_pipeline).
+    rows = [{"run": run, "rank": rank, **row} for run, m in runs.items() if m and m.get("paradigm") in PIPELINE_PARADIGMS
+            for rank in range(m.get("world_size") or 0) for row in pipeline_p2p_rows(m, rank)]
+    return pl.DataFrame(rows, schema=COMM_COLUMNS)
 
 
 def comm_check(runs: dict[str, dict | None], comm: pl.DataFrame, collectives: pl.DataFrame) -> pl.DataFrame:
