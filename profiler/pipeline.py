@@ -41,7 +41,8 @@ pipeline_bubble_pct = 100 - 100 * Σ busy_us / (P x window_us) (the mean of the 
 Each is capped so that none is negative (attributed in that order): a measured imbalance that
 fills the schedule better than uniform stages counts 0, not a negative share. Null without a
 replay (it deadlocked, or no work). slowest_stage / slowest_stage_ratio: the stage with the most
-compute in the step (F+B+I+W, L folded in) and its compute over the mean stage's.
+compute in the step (F+B+I+W, L folded in; each kind's median x its count, robust to one preempted
+action) and its compute over the mean stage's.
 """
 
 from __future__ import annotations
@@ -330,10 +331,19 @@ def replay_bubble(sim: tuple[list[float], float] | None) -> float | None:
 
 
 def slowest_stage(dur_us: dict[tuple[str, int, int], float]) -> tuple[int | None, float | None]:
-    """(stage with the most compute in the step, its compute / the mean stage's); (None, None) without work."""
+    """(stage with the most compute in the step, its compute / the mean stage's); (None, None) without work.
+
+    A stage's compute is its typical one, Σ over kinds of count x median duration, so that one
+    preempted action (a straggling core) does not name a stage slow.
+    """
+    by: dict[tuple[int, str], list[float]] = {}
+    for (kind, stage, _), d in dur_us.items():
+        by.setdefault((stage, kind), []).append(d)
     per_stage: dict[int, float] = {}
-    for (_, stage, _), d in dur_us.items():
-        per_stage[stage] = per_stage.get(stage, 0.0) + d
+    for (stage, _), ds in by.items():
+        ds = sorted(ds)
+        median = (ds[(len(ds) - 1) // 2] + ds[len(ds) // 2]) / 2
+        per_stage[stage] = per_stage.get(stage, 0.0) + len(ds) * median
     mean = sum(per_stage.values()) / len(per_stage) if per_stage else 0.0
     if mean <= 0:
         return None, None

@@ -14,7 +14,8 @@ the mirror images. What torch 2.13's `torch.distributed.pipelining` does, and th
   back; W (weight gradient) sends nothing; the first stage sends no gradient (its input is token
   ids) and the last stage no activation (its output is the loss);
 - a boundary between two stages on the SAME rank (the turn of the V in ZB-V and DualPipeV: stages
-  P-1 and P) is a local hand-over, no message (stage.py: `is_local` stages share the tensor);
+  P-1 and P) is a local hand-over, no message (schedules.py, `_PipelineScheduleRuntime`:
+  `set_local_fwd_input` / `set_local_bwd_input` instead of SEND/RECV);
 - the first step also exchanges shapes (stage.py `_shape_inference`, object messages): outside
   the profiled steps of a ptprof run, and not in this per-step theory.
 

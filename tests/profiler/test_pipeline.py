@@ -212,6 +212,12 @@ def test_real_1f1b_run(runs):
     assert ((s["bubble_pct"] > 0) & (s["bubble_pct"] < 100)).all()
     # replaying the same durations under only the pipeline's dependencies can only start earlier
     assert (s["bubble_pct"] >= s["ideal_pct"] - 1e-6).all(), s
+    # the split: parts of the pipeline's bubble, which is the mean of its ranks' bubbles
+    split = s.select("schedule_bubble_pct", "imbalance_pct", "comm_wait_pct")
+    assert (split.min_horizontal() >= 0).all()
+    assert ((split.sum_horizontal() - s["pipeline_bubble_pct"]).abs() < 1e-6).all()
+    mean = s.group_by("step").agg(pl.col("bubble_pct").mean(), pl.col("pipeline_bubble_pct").first())
+    assert mean["bubble_pct"].to_list() == pytest.approx(mean["pipeline_bubble_pct"].to_list())
 
     # gloo puts send/recv spans on the main thread; its operators are still compute
     b = temporal_breakdown(traces.events)

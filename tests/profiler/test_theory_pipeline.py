@@ -4,7 +4,10 @@ messages, how many bytes (golden values worked out by hand from b, s, h and the 
 from __future__ import annotations
 
 import polars as pl
+import pytest
 
+from profiler import load_traces
+from profiler.collectives import collectives
 from profiler.theory import COMM_COLUMNS, predict_comm
 from profiler.theory_pipeline import pipeline_p2p_rows
 
@@ -90,3 +93,49 @@ def test_predict_comm_has_pipeline_rows():
     assert frame.schema == pl.Schema(COMM_COLUMNS)
     totals = frame.filter(pl.col("run") == "a").group_by("run", "rank", "collective").agg(pl.col("bytes").sum()).sort("rank", "collective")
     assert totals.rows() == [("a", 0, "recv", 4 * MSG), ("a", 0, "send", 4 * MSG), ("a", 1, "recv", 4 * MSG), ("a", 1, "send", 4 * MSG)]
+
+
+# --- measured on real runs: every schedule at 2 and 4 gloo ranks (the runs of
+# tests/runners/test_pipeline.py: tiny8, 2 x ranks microbatches, global batch 8).
+SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev"]
+V_SHAPED = {"zbv", "dualpipev"}
+STAGES_PER_RANK = {"gpipe": 1, "1f1b": 1, "interleaved-1f1b": 2, "zero-bubble": 1, "zbv": 2, "dualpipev": 2}
+
+
+def expected_messages(schedule: str, ranks: int, rank: int) -> int:
+    """Messages rank sends per step (= receives): M per stage boundary it owns a side of that
+    crosses to another rank, forward and backward. Placement: looped s -> s % P, V-shaped down
+    the ranks and back up (stages P-1 and P share the last rank: a local hand-over)."""
+    n = ranks * STAGES_PER_RANK[schedule]
+    place = [s if s < ranks else 2 * ranks - 1 - s for s in range(n)] if schedule in V_SHAPED else [s % ranks for s in range(n)]
+    crossing = [s for s in range(n - 1) if place[s] != place[s + 1]]  # boundary s -> s+1 over the network
+    # a crossing boundary makes its lower side send an activation and its upper side a gradient
+    mine = sum((place[s] == rank) + (place[s + 1] == rank) for s in crossing)
+    return 2 * ranks * mine  # M = 2 x ranks microbatches
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("schedule, ranks", [(s, r) for r in (2, 4) for s in SCHEDULES])
+def test_measured_p2p_bytes_equal_the_theory(runs, schedule, ranks):
+    run = runs(schedule, ranks, "--model", "tiny8", "--microbatches", str(2 * ranks))
+    traces = load_traces(run)
+    b = 8 // (2 * ranks)  # global batch 8 in 2 x ranks microbatches
+    message = b * 32 * 64 * 4  # b·s·h fp32: one microbatch's activation (or its gradient)
+    measured = (
+        collectives(traces.events, traces.ranks)
+        .filter(pl.col("collective").is_in(["send", "recv"]) & pl.col("step").is_not_null())
+        .group_by("rank", "step", "collective")
+        .agg(calls=pl.len(), bytes=pl.col("size_bytes").sum(), sizes=pl.col("size_bytes").unique())
+    )
+    manifest = traces.runs[run.name]
+    assert measured["step"].n_unique() == 2
+    for rank in range(ranks):
+        want = expected_messages(schedule, ranks, rank)
+        theory = pipeline_p2p_rows(manifest, rank)
+        for kind in ("send", "recv"):
+            got = measured.filter((pl.col("rank") == rank) & (pl.col("collective") == kind))
+            assert got["calls"].to_list() == [want, want], (rank, kind)
+            assert got["bytes"].to_list() == [want * message] * 2, (rank, kind)
+            assert got["sizes"].to_list() == [[message]] * 2
+            assert sum(r["calls"] for r in theory if r["collective"] == kind) == want
+            assert sum(r["bytes"] for r in theory if r["collective"] == kind) == want * message
