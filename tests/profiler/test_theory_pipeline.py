@@ -139,3 +139,28 @@ def test_measured_p2p_bytes_equal_the_theory(runs, schedule, ranks):
             assert got["sizes"].to_list() == [[message]] * 2
             assert sum(r["calls"] for r in theory if r["collective"] == kind) == want
             assert sum(r["bytes"] for r in theory if r["collective"] == kind) == want * message
+
+
+@pytest.mark.multirank
+def test_measured_p2p_bytes_of_a_hybrid_pp_dimension(runs):
+    # dp2 x pp2 x tp2 (tests/runners/test_hybrid.py's run), 1F1B, 4 microbatches per replica: each
+    # replica's batch 8 / 2 = 4 rows, b = 1. Without sp every tp rank sends the full activation,
+    # 1·32·64·4 B, to the same tp rank of the next stage: 4 sends and 4 receives per step.
+    run = runs("hybrid", 8, "--dp", "2", "--pp", "2", "--tp", "2")
+    traces = load_traces(run)
+    message = 1 * 32 * 64 * 4
+    measured = (
+        collectives(traces.events, traces.ranks)
+        .filter(pl.col("collective").is_in(["send", "recv"]) & pl.col("step").is_not_null())
+        .group_by("rank", "step", "collective")
+        .agg(calls=pl.len(), bytes=pl.col("size_bytes").sum())
+    )
+    # (gloo's spans do not name their process group; with dp, pp and tp groups the measured rows
+    # have none, so only the theory's group_size is checked here.)
+    assert measured.height == 8 * 2 * 2  # every rank sends and receives in both profiled steps
+    assert set(measured["calls"]) == {4} and set(measured["bytes"]) == {4 * message}
+    manifest = traces.runs[run.name]
+    for rank in range(8):
+        theory = pipeline_p2p_rows(manifest, rank)
+        assert {(r["collective"], r["calls"], r["bytes"], r["group_size"]) for r in theory} == {
+            ("send", 4, 4 * message, 2), ("recv", 4, 4 * message, 2)}
