@@ -34,6 +34,7 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "f
                "float64": 8, "double": 8}
 # run.json paradigms that are a pipeline schedule (runners/paradigms.py PIPELINE_SCHEDULES; the
 # profiler may not import runners). A hybrid run's pp dimension also has a `pipeline` block.
+MAX_BYTES = 2**63 - 1  # the bytes column is Int64
 PIPELINE_PARADIGMS = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev"})
 
 
@@ -62,6 +63,8 @@ def pipeline_p2p_rows(manifest: dict, rank: int) -> list[dict]:
         if not boundaries:
             continue
         calls = m * len(boundaries)
+        if calls * msg_bytes > MAX_BYTES:  # run.json is user data: no number that overflows the frame
+            return []
         what = "activation" if phase == "forward" else "activation gradient"
         rows.append({
             "dim": "pp", "phase": phase, "collective": collective, "group_size": p, "calls": calls,

@@ -164,3 +164,10 @@ def test_measured_p2p_bytes_of_a_hybrid_pp_dimension(runs):
         theory = pipeline_p2p_rows(manifest, rank)
         assert {(r["collective"], r["calls"], r["bytes"], r["group_size"]) for r in theory} == {
             ("send", 4, 4 * message, 2), ("recv", 4, 4 * message, 2)}
+
+
+def test_absurd_numbers_are_refused_not_overflowed():
+    huge = manifest([0, 1], m=2**40, b=2**20)  # 2^40 · 2^20 · 32 · 64 · 4 bytes: beyond Int64
+    assert pipeline_p2p_rows(huge, 0) == []
+    assert predict_comm({"a": huge}).is_empty()
+    assert predict_comm({"a": {**manifest([0, 1]), "world_size": 10**15}}).is_empty()  # no loop over 10^15 ranks
