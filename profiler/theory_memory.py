@@ -207,6 +207,13 @@ def rule_formula(dt: Dtypes) -> str:
             f"+ {dt.state} (exp_avg_sq) = {dt.per_param} B/param")
 
 
+# Upper bounds on (vocab_size, d_model, n_layers, seq_len) and on world_size that every real model
+# and job stays under, and that keep 16 B/param of any such model inside Int64.
+PLAUSIBLE_DIMS = (2**24, 2**18, 2**14, 2**24)
+MAX_WORLD = 2**20
+MAX_EXPERTS = 2**14
+
+
 def _int(v, default: int | None = None) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
@@ -220,16 +227,21 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
     if any(v is None or v <= 0 for v in dims):
         return [], "run.json has no model dims (vocab_size, d_model, n_layers, seq_len): no memory theory"
     vocab, d, n_layers, seq = dims
+    # run.json is user data: dims past any real model would overflow the Int64 byte columns.
+    if any(v > limit for v, limit in zip(dims, PLAUSIBLE_DIMS)):
+        return [], f"run.json's model dims {dims} are beyond any real model: no memory theory"
     opts = manifest.get("options") if isinstance(manifest.get("options"), dict) else {}
     paradigm = manifest.get("paradigm")
     world = _int(manifest.get("world_size"))
     mesh = manifest.get("mesh") if isinstance(manifest.get("mesh"), dict) else {}
     pipe = manifest.get("pipeline") if isinstance(manifest.get("pipeline"), dict) else None
     experts = _int(opts.get("experts"), 0) or 0
+    if not 0 <= experts <= MAX_EXPERTS:
+        return [], f"run.json's {experts} experts are beyond any real model: no memory theory"
     kw = {"experts": experts, "mlp_ratio": _int(model.get("mlp_ratio"), MLP_RATIO),
           "moe_every": _int(model.get("moe_every"), MOE_EVERY)}
-    if not world:
-        return [], "run.json has no world_size: no memory theory"
+    if not world or world > MAX_WORLD:
+        return [], "run.json has no plausible world_size: no memory theory"
     dp, pp, tp = (_int(mesh.get(k), 1) for k in ("dp", "pp", "tp"))
     ep = _int(mesh.get("ep"), 1)
     if dp * pp * tp * ep != world:
@@ -293,6 +305,8 @@ def predict_memory(runs: dict[str, dict | None]) -> pl.DataFrame:
         dt, note = run_dtypes(manifest)
         for r in ranks:
             b = layout_bytes(r["shapes"], r["layout"], r["dp"], r["dp_rank"], dt)
+            if sum(b.values()) >= 2**63:  # e.g. absurd expert counts: no number that overflows the frame
+                continue
             rows.append({"run": run, "rank": r["rank"], **b,
                          "total_bytes": b["params_bytes"] + b["grads_bytes"] + b["optimizer_bytes"],
                          "rule_bytes_per_param": float(dt.per_param), "formula": rule_formula(dt),
