@@ -123,6 +123,16 @@ def test_no_model_dims_means_no_theory_not_a_crash():
     assert "not [first, end) pairs" in notes[1] and "4 experts do not divide over 3" in notes[2]
 
 
+def test_absurd_run_json_numbers_get_a_note_not_an_overflow():
+    big = manifest()
+    big["model"] = {**big["model"], "d_model": 2**40}
+    runs = {"big": big, "world": manifest(world=2**40, mesh={"dp": 2**40}),
+            "experts": manifest("ep", 2, {"ep": 2}, options={"experts": 2**40})}
+    assert predict_memory(runs).is_empty() and memory_whatif(runs).is_empty()
+    notes = memory_notes(runs)
+    assert len(notes) == 3 and all("beyond any real model" in n or "plausible world_size" in n for n in notes), notes
+
+
 def test_memory_check_verdicts():
     pred = pl.DataFrame({"run": ["r", "r"], "rank": [0, 1], "params_bytes": [1000, 1000],
                          "params_at_rest_bytes": [1000, 1000], "grads_bytes": [1000, 1000], "optimizer_bytes": [2000, 2000]})
