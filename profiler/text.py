@@ -14,12 +14,12 @@ import polars as pl
 
 from profiler.errors import printable
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
-    MMM, NONE, SPARK, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_range, fmt_since,
-    fmt_time, fmt_unit, min_median_max, sig3, sparkline, table, title, truncate, wrap, _number,
+    NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_range, fmt_since,
+    fmt_time, fmt_unit, min_median_max, more, per_run, sig3, sparkline, strings, table, title, truncate, wrap, _number,
 )
+from profiler.text_memory import memory_sections
 
 ROWS = 12  # rows per run of a long table (collectives, operators) unless full
-SPARK_RANKS = 16  # sparkline lines per run unless full
 
 
 # ---------------------------------------------------------------------------------------------
@@ -31,7 +31,7 @@ def format_tables(a, *, full: bool = False) -> str:
     columns but for warning/skipped lines; `full` shows every rank instead of min / median / max."""
     runs = a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
     out = _findings(a, runs, full) + _overview(a, full)
-    for part in (_theory_check, _theory_comm, _time, _collectives, _stragglers, _pipeline, _memory, _alpha_beta,
+    for part in (_theory_check, _theory_comm, _time, _collectives, _stragglers, _pipeline, memory_sections, _alpha_beta,
                  _top_operators, _top_kernels):
         lines = part(a, runs, full)
         out += lines
@@ -42,23 +42,6 @@ def format_tables(a, *, full: bool = False) -> str:
     out += [printable(f"warning: {w}") for w in a.warnings]
     out += [printable(f"skipped: {p}") for p in a.problems]
     return "\n".join(out)
-
-
-def _per_run(runs: list[str], frame: pl.DataFrame | None, render) -> list[str]:
-    # A subtitle per run when there are several; a run with no rows is left out.
-    out = []
-    for run in runs:
-        part = None if frame is None else frame.filter(pl.col("run").cast(pl.String) == run)
-        if part is None or part.is_empty():
-            continue
-        lines = render(part)
-        if lines:
-            out += ([printable(truncate(f"  -- run {run}", WIDTH))] if len(runs) > 1 else []) + lines
-    return out
-
-
-def _str(frame: pl.DataFrame) -> pl.DataFrame:
-    return frame.with_columns(pl.col(pl.Categorical).cast(pl.String))
 
 
 def _overview(a, full: bool) -> list[str]:
@@ -77,7 +60,7 @@ def _overview(a, full: bool) -> list[str]:
     out = [title("Runs", "what was loaded (steps: the profiled ProfilerStep numbers)")]
     out += table(["run", "paradigm", "ranks", "backend", "device", "steps", "traces"], rows, "llrllll", shrink=(6, 0), tail=True, least=24)
     if full:
-        files = _str(a.ranks).select("run", "rank", "n_events", "device_name", "file")
+        files = strings(a.ranks).select("run", "rank", "n_events", "device_name", "file")
         out.append(title("Trace files", "one per rank"))
         out += table(["run", "rank", "events", "device", "file"],
                      [[r, str(k), f"{n:,}", d or NONE, f] for r, k, n, d, f in files.iter_rows()], "lrrll", shrink=4, tail=True)
@@ -137,7 +120,7 @@ def _theory_check(a, runs: list[str], full: bool) -> list[str]:
     out = [title("Theory vs measured", "the textbook formula's prediction beside the traces, per step")]
     if not full:
         out.append("  (per quantity, the rank furthest from its prediction; --full: every rank)")
-    return out + _per_run(runs, check, render)
+    return out + per_run(runs, check, render)
 
 
 def _check_cells(r: dict) -> list[str]:
@@ -173,17 +156,13 @@ def _time(a, runs: list[str], full: bool) -> list[str]:
 
         header = ["rank", "step", *names]
         out += ["  (step: mean step time; exposed: comm no compute hides; hidden: share of comm hidden)"]
-        out += _per_run(runs, per_rank, lambda p: table(header, rows(p, ["rank"], "mean_us"), "r" * 9, shrink=None))
+        out += per_run(runs, per_rank, lambda p: table(header, rows(p, ["rank"], "mean_us"), "r" * 9, shrink=None))
         out.append(title("Each step", "the same per rank and step"))
-        out += _per_run(runs, a.breakdown_steps, lambda p: table(header, rows(p, ["rank", "step"]), "r" * 9, shrink=None))
+        out += per_run(runs, a.breakdown_steps, lambda p: table(header, rows(p, ["rank", "step"]), "r" * 9, shrink=None))
         return out
     stats = collapse(per_rank, list(TIME_LABELS))
-    out += _per_run(runs, stats, lambda p: collapsed_table(p, TIME_LABELS, fmt))
+    out += per_run(runs, stats, lambda p: collapsed_table(p, TIME_LABELS, fmt))
     return out
-
-
-def _more(n: int, shown: int) -> list[str]:
-    return [f"  … {n - shown} more (ptprof analyze --full)"] if n > shown else []
 
 
 def _collectives(a, runs: list[str], full: bool) -> list[str]:
@@ -197,12 +176,12 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
             [str(r["rank"]), r["collective"], r["group"] or NONE, r["dtype"] or NONE, fmt_bytes(r["size_bytes"]), str(r["count"]),
              fmt_time(r["total_us"]), fmt_time(r["mean_us"]), fmt_bw(r["algbw_gbps"]), fmt_bw(r["busbw_gbps"])]
             for r in p.sort("rank", pl.col("total_us"), descending=[False, True]).to_dicts()], "rlllrrrrrr", shrink=(2, 3))
-        return out + _per_run(runs, stats, render)
+        return out + per_run(runs, stats, render)
     timed = pl.col("total_us").filter(pl.col("busbw_gbps").is_not_null())  # no group size, no busbw: left out
     # Per rank and collective kind (sizes and dtypes together: MoE all-to-alls differ in size on every rank):
     # its total time, and the bus bandwidth of all its bytes (busbw x time summed = factor x bytes).
     keys = ["run", "collective", "group_size"]
-    per_rank = (_str(stats).group_by(*keys, "rank", maintain_order=True)
+    per_rank = (strings(stats).group_by(*keys, "rank", maintain_order=True)
                 .agg(calls=pl.col("count").sum(), total_us=pl.col("total_us").sum(), lo=pl.col("size_bytes").min(),
                      hi=pl.col("size_bytes").max(),
                      busbw=pl.when(timed.sum() > 0).then((pl.col("busbw_gbps") * pl.col("total_us")).sum() / timed.sum()))
@@ -220,11 +199,11 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
             calls = str(r["calls_hi"]) if r["calls_lo"] == r["calls_hi"] else f"{r['calls_lo']}–{r['calls_hi']}"
             rows.append([f"{r['collective'] or NONE} ({r['group_size'] or '?'})", fmt_range(r["lo"], r["hi"], fmt_bytes),
                          calls, *min_median_max(r, fmt_time)[:1 if lone else 3], fmt_bw(r["busbw"])])
-        return table(header, rows, "lrrrrrr", shrink=0) + _more(p.height, ROWS)
+        return table(header, rows, "lrrrrrr", shrink=0) + more(p.height, ROWS)
 
     out.append("  (per collective and group size: sizes of a call, calls and time per rank over the profiled")
     out.append("   steps; busbw: of all its bytes, median over ranks; --full: per rank, message size and dtype)")
-    return out + _per_run(runs, per, render)
+    return out + per_run(runs, per, render)
 
 
 def _stragglers(a, runs: list[str], full: bool) -> list[str]:
@@ -232,7 +211,7 @@ def _stragglers(a, runs: list[str], full: bool) -> list[str]:
     if s.is_empty():
         return []
     out = [title("Stragglers", "the rank that starts a group's collectives last; the others wait for it")]
-    s = _str(s).sort("run", "group", "times_last", "rank", descending=[False, False, True, False], maintain_order=True)
+    s = strings(s).sort("run", "group", "times_last", "rank", descending=[False, False, True, False], maintain_order=True)
     if not full:
         s = s.group_by("run", "group", maintain_order=True).first()
     header = ["group", "rank", "last in", "mean wait when last"]
@@ -240,9 +219,13 @@ def _stragglers(a, runs: list[str], full: bool) -> list[str]:
     def render(p: pl.DataFrame) -> list[str]:
         rows = [[r["group"] or NONE, str(r["rank"]), fmt_pct(r["share_pct"]), fmt_time(r["mean_spread_us"])]
                 for r in (p if full else p.head(ROWS)).to_dicts()]
-        return table(header, rows, "lrrr", shrink=0) + ([] if full else _more(p.height, ROWS))
+        return table(header, rows, "lrrr", shrink=0) + ([] if full else more(p.height, ROWS))
 
-    return out + _per_run(runs, s, render)
+    return out + per_run(runs, s, render)
+
+
+SPLIT_LABELS = {"pipeline_bubble_pct": "pipeline bubble (all ranks)", "schedule_bubble_pct": "  the schedule's own",
+                "imbalance_pct": "  + unequal stages", "comm_wait_pct": "  + communication wait"}
 
 
 def _pipeline(a, runs: list[str], full: bool) -> list[str]:
@@ -250,7 +233,8 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
         return []
     out = [title("Pipeline bubble", "share of a rank's step its stages wait (measured, textbook, ideal order)")]
     labels = {"bubble_pct": "measured bubble", "theory_pct": "textbook (p-1)/(m+p-1)", "ideal_pct": "ideal order replayed"}
-    p = _str(a.pipeline)
+    p = strings(a.pipeline)
+    split = [c for c in SPLIT_LABELS if c in p.columns]  # the bubble split (profiler.pipeline, docs/profiler.md)
 
     def render(part: pl.DataFrame) -> list[str]:
         r0 = part.row(0, named=True)
@@ -261,16 +245,35 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
             rows = [[str(r["rank"]), str(r["step"]), fmt_time(r["window_us"]), fmt_time(r["busy_us"]), fmt_time(r["bubble_us"]),
                      fmt_pct(r["bubble_pct"]), fmt_pct(r["theory_pct"]), fmt_pct(r["ideal_pct"])]
                     for r in part.sort("rank", "step").to_dicts()]
-            return head + table(header, rows, "r" * 8, shrink=None)
-        mean = part.group_by("run", "rank").agg(pl.col(list(labels)).mean())  # over the steps
-        return head + collapsed_table(collapse(mean, list(labels)), labels, fmt_pct)
+            lines = head + table(header, rows, "r" * 8, shrink=None)
+            if split:  # one row per pipeline and step: every rank of a pipeline carries the same split
+                rows = part.select("step", *split, *[c for c in ("slowest_stage", "slowest_stage_ratio") if c in part.columns]
+                                   ).unique(maintain_order=True).sort("step")
+                lines += [""] + table(["step", "pipeline bubble", "schedule", "unequal stages", "comm wait", "slowest stage"],
+                                      [[str(r["step"]), *[fmt_pct(r[c]) for c in split], _slowest(r)] for r in rows.to_dicts()],
+                                      "rrrrrl", shrink=None)
+            return lines
+        mean = part.group_by("run", "rank").agg(pl.col(list(labels) + split).mean())  # over the steps
+        lines = head + collapsed_table(collapse(mean, list(labels)), labels, fmt_pct)
+        if split and mean.select(pl.col(split).is_not_null().any()).row(0) != (False,) * len(split):
+            lines += ["  where the bubble comes from (% of the pipeline's rank-time, mean of the steps):"]
+            lines += collapsed_table(collapse(mean, split), {c: SPLIT_LABELS[c] for c in split}, fmt_pct)
+            if "slowest_stage" in part.columns and part["slowest_stage"].is_not_null().any():
+                worst = part.sort("slowest_stage_ratio", descending=True, nulls_last=True).row(0, named=True)
+                lines.append(f"  slowest stage: {_slowest(worst)} (its compute over the mean stage's)")
+        return lines
 
-    out += _per_run(runs, p, render)
+    out += per_run(runs, p, render)
     if a.pipeline_grid is not None and not a.pipeline_grid.is_empty():
         out.append(title("Pipeline order", "each rank's actions as run (F forward, B backward, I/W input/weight grad)"))
-        grid = _str(a.pipeline_grid).sort("run", "rank", "step")
-        out += _per_run(runs, grid, lambda g: _orders(g, full))
+        grid = strings(a.pipeline_grid).sort("run", "rank", "step")
+        out += per_run(runs, grid, lambda g: _orders(g, full))
     return out
+
+
+def _slowest(r: dict) -> str:
+    stage, ratio = r.get("slowest_stage"), r.get("slowest_stage_ratio")
+    return NONE if stage is None else f"stage {stage}" + ("" if _number(ratio) is None else f", {sig3(ratio)}×")
 
 
 def _orders(grid: pl.DataFrame, full: bool) -> list[str]:
@@ -287,94 +290,6 @@ def _orders(grid: pl.DataFrame, full: bool) -> list[str]:
     return out
 
 
-def _memory(a, runs: list[str], full: bool) -> list[str]:
-    out = []
-    peaks = a.memory_peaks
-    if not peaks.is_empty():
-        out.append(title("Memory peaks", "the most allocated at once ([memory] events), and when"))
-        at = _since_step(_str(peaks), a.steps, "peak_ts_us", "peak_step")
-        if full:
-            header = ["rank", "device", "peak allocated", "peak reserved", "when"]
-            rows = lambda p: [[str(r["rank"]), r["mem_device"], fmt_bytes(r["peak_allocated_bytes"]),  # noqa: E731
-                               fmt_bytes(r["peak_reserved_bytes"]), r["when"]] for r in p.sort("rank", "mem_device").to_dicts()]
-            out += _per_run(runs, at, lambda p: table(header, rows(p), "lrrrl", shrink=None))
-        else:
-            def render(p: pl.DataFrame) -> list[str]:
-                rows, lone = [], p["rank"].n_unique() == 1
-                for (dev,), g in p.group_by("mem_device", maintain_order=True):
-                    c = collapse(g, ["peak_allocated_bytes"])
-                    if c.is_empty():  # events without Total Allocated: no peak to name
-                        rows.append([dev, NONE, *([] if lone else ["", ""]), NONE])
-                        continue
-                    c = c.row(0, named=True)
-                    when = g.filter(pl.col("rank") == c["max_rank"])["when"][0]
-                    rows.append([dev, *min_median_max(c, fmt_bytes)[:1 if lone else 3], when])
-                header = ["device", *(["peak"] if lone else MMM), "reached at" if lone else "max reached at"]
-                return table(header, rows, "lrrrl" if not lone else "lrl", shrink=None)
-            out += _per_run(runs, at.sort("run", "mem_device", "rank"), render)
-    curve = a.memory_curve
-    if curve is not None and not curve.is_empty():
-        out.append(title("Memory over time", "allocated bytes per rank over the recorded span, ▁ low to █ high"))
-        out.append("  (one scale per run and device: ▁ its lowest level, █ its highest)")
-        out += _per_run(runs, _str(curve), lambda p: _sparklines(p, full))
-    persistent = a.persistent_memory
-    if not persistent.is_empty():
-        labels = {"params_bytes": "parameters", "params_at_rest_bytes": "parameters at rest", "grads_bytes": "gradients",
-                  "optimizer_bytes": "optimizer state", "max_memory_allocated_bytes": "max allocated (torch)"}
-        out.append(title("Persistent memory", "what each rank holds through the step (run.json)"))
-        if full:
-            header = ["rank", "params", "at rest", "grads", "optimizer", "max allocated"]
-            out += _per_run(runs, _str(persistent), lambda p: table(header, [
-                [str(r["rank"]), *[fmt_bytes(r[c]) for c in labels]] for r in p.sort("rank").to_dicts()], "r" * 6, shrink=None))
-        else:
-            stats = collapse(_str(persistent), list(labels))
-            out += _per_run(runs, stats, lambda p: collapsed_table(p, labels, fmt_bytes))
-    whatif = a.memory_whatif
-    if whatif is not None and not whatif.is_empty():
-        out.append(title("Memory by layout", "what every rank would hold under each ZeRO stage (theory)"))
-        header = ["layout", "dp", "params", "grads", "optimizer", "total", ""]
-        out += _per_run(runs, whatif, lambda p: table(header, [
-            [r["layout"] or NONE, str(r["dp"]), fmt_bytes(r["params_bytes"]), fmt_bytes(r["grads_bytes"]),
-             fmt_bytes(r["optimizer_bytes"]), fmt_bytes(r["total_bytes"]), "◀ this run" if r["current"] else ""]
-            for r in p.to_dicts()], "lrrrrrl", shrink=0))
-    return out
-
-
-def _since_step(frame: pl.DataFrame, steps: pl.DataFrame, ts: str, step: str) -> pl.DataFrame:
-    """`frame` with `when`: its `ts` column as "step S +t" from the start of that step on its rank
-    (or from the rank's first step when the instant is in none)."""
-    starts = _str(steps).select("run", "rank", pl.col("step").alias(step), step_start=pl.col("start_us"))
-    first = _str(steps).group_by("run", "rank").agg(first_step=pl.col("step").sort_by("start_us").first(),
-                                                     first_start=pl.col("start_us").min())
-    f = frame.join(starts, on=["run", "rank", step], how="left").join(first, on=["run", "rank"], how="left")
-    rows = []
-    for r in f.to_dicts():
-        if r["step_start"] is not None and _number(r[ts]) is not None:
-            rows.append(f"step {r[step]} {fmt_since(r[ts] - r['step_start'])}")
-        elif r["first_start"] is not None and _number(r[ts]) is not None:
-            rows.append(f"step {r['first_step']} {fmt_since(r[ts] - r['first_start'])}")
-        else:
-            rows.append(NONE)
-    return frame.with_columns(when=pl.Series(rows, dtype=pl.String))
-
-
-def _sparklines(curve: pl.DataFrame, full: bool) -> list[str]:
-    out = []
-    for (dev,), g in curve.group_by("mem_device", maintain_order=True):
-        lo, hi = g["min_allocated_bytes"].min(), g["allocated_bytes"].max()
-        ranks = g.partition_by("rank", maintain_order=True)
-        for k, r in enumerate(ranks):
-            if not full and k == SPARK_RANKS:
-                out += _more(len(ranks), SPARK_RANKS)
-                break
-            r = r.sort("bucket")
-            label = f"  rank {r['rank'][0]:<3} {truncate(printable(dev or NONE), 8):<8} "
-            tail = f"  min {fmt_bytes(r['min_allocated_bytes'].min())}, peak {fmt_bytes(r['allocated_bytes'].max())}"
-            line = sparkline(r["allocated_bytes"].to_list(), low=lo, high=hi, width=WIDTH - len(label) - len(tail))
-            out.append(label + line + tail)
-    return out
-
-
 def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
     fit = a.alpha_beta
     if fit is None or fit.is_empty():
@@ -382,7 +297,7 @@ def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
     out = [title("Latency and bandwidth", "a collective of n bytes takes α + n/β (least squares fit)")]
     notes = fit["note"].is_not_null().any()
     header = ["backend", "collective", "ranks", "calls", "sizes", "α", "β", "r²", *(["note"] if notes else [])]
-    return out + _per_run(runs, fit, lambda p: table(header, [
+    return out + per_run(runs, fit, lambda p: table(header, [
         [r["backend"] or NONE, r["collective"] or NONE, str(r["group_size"] or "?"), str(r["n_calls"]), str(r["n_sizes"]),
          fmt_time(r["alpha_us"]), fmt_bw(r["beta_gbps"]), sig3(r["r2"]), *([r["note"] or ""] if notes else [])]
         for r in p.to_dicts()], "llrrrrrrl", shrink=(8, 1) if notes else 1))
@@ -394,7 +309,7 @@ def _theory_comm(a, runs: list[str], full: bool) -> list[str]:
         return []
     out = [title("Predicted communication", "what the textbook says each rank moves per step")]
     header = ["rank", "dim", "phase", "collective", "ranks", "calls", "bytes", "ring traffic", "Φ"]
-    return out + _per_run(runs, comm, lambda p: table(header, [
+    return out + per_run(runs, comm, lambda p: table(header, [
         [str(r["rank"]), r["dim"] or NONE, r["phase"] or NONE, r["collective"] or NONE, str(r["group_size"] or "?"),
          fmt_count(r["calls"]), fmt_bytes(r["bytes"]), fmt_bytes(r["traffic_bytes"]), sig3(r["phi"])]
         for r in p.to_dicts()], "rlllrrrrr", shrink=(3, 2)))
@@ -405,10 +320,10 @@ def _top(a, frame: pl.DataFrame, runs: list[str], full: bool, name: str, meaning
     if frame.is_empty():
         return []
     out = [title(name, meaning)]
-    frame = _str(frame)
+    frame = strings(frame)
     if full:
         header = ["rank", "name", "calls", *[h for h, _ in extra]]
-        return out + _per_run(runs, frame, lambda p: table(header, [
+        return out + per_run(runs, frame, lambda p: table(header, [
             [str(r["rank"]), r["name"], str(r["count"]), *[fmt_time(r[c]) for _, c in extra]] for r in p.to_dicts()],
             "rlr" + "r" * len(extra), shrink=1))
     stats = collapse(frame, [value], keys=["run", "name"])
@@ -419,9 +334,9 @@ def _top(a, frame: pl.DataFrame, runs: list[str], full: bool, name: str, meaning
     def render(p: pl.DataFrame) -> list[str]:
         rows = [[r["name"], str(r["n"]), fmt_count(r["calls"]), fmt_time(r["median"]), f"{fmt_time(r['max'])} (rank {r['max_rank']})"]
                 for r in p.head(ROWS).to_dicts()]
-        return table(header, rows, "lrrrr", shrink=0) + _more(p.height, ROWS)
+        return table(header, rows, "lrrrr", shrink=0) + more(p.height, ROWS)
 
-    return out + ["  (ranks: how many ranks have it in their top list; median and max over those ranks)"] + _per_run(runs, stats, render)
+    return out + ["  (ranks: how many ranks have it in their top list; median and max over those ranks)"] + per_run(runs, stats, render)
 
 
 def _top_operators(a, runs: list[str], full: bool) -> list[str]:

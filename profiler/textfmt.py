@@ -218,3 +218,27 @@ def fmt_range(lo, hi, fmt) -> str:
 
 
 MMM = ["min", "median", "max"]
+
+
+def per_run(runs: list[str], frame: pl.DataFrame | None, render) -> list[str]:
+    """`render` of each run's rows, under a subtitle per run when there are several; a run with
+    no rows (or no lines) is left out."""
+    out = []
+    for run in runs:
+        part = None if frame is None else frame.filter(pl.col("run").cast(pl.String) == run)
+        if part is None or part.is_empty():
+            continue
+        lines = render(part)
+        if lines:
+            out += ([printable(truncate(f"  -- run {run}", WIDTH))] if len(runs) > 1 else []) + lines
+    return out
+
+
+def strings(frame: pl.DataFrame) -> pl.DataFrame:
+    """Categorical columns as strings (run names compare with str)."""
+    return frame.with_columns(pl.col(pl.Categorical).cast(pl.String))
+
+
+def more(n: int, shown: int) -> list[str]:
+    """The line saying how many rows a collapsed table left out."""
+    return [f"  … {n - shown} more (ptprof analyze --full)"] if n > shown else []

@@ -150,8 +150,15 @@ def test_theory_check_collapses_to_the_rank_furthest_from_theory(ddp):
 
 
 def test_empty_theory_and_findings_are_no_section(ddp):
-    text = format_tables(ddp)
-    assert "== Findings" not in text and "== Theory vs measured" not in text and "== Latency and bandwidth" not in text
+    from profiler.alphabeta import FIT_COLUMNS
+    from profiler.theory_memory import ACTIVATION_COLUMNS, WHATIF_COLUMNS
+
+    empty = {"findings": FINDING_COLUMNS, "theory_check": CHECK_COLUMNS, "alpha_beta": FIT_COLUMNS,
+             "memory_whatif": WHATIF_COLUMNS, "activation": ACTIVATION_COLUMNS}
+    text = format_tables(dataclasses.replace(ddp, **{k: pl.DataFrame(schema=v) for k, v in empty.items()}))
+    for name in ("Findings", "Theory vs measured", "Latency and bandwidth", "Memory by layout", "Activations at the peak"):
+        assert f"== {name}" not in text
+    assert "== Where the time goes" in text
 
 
 # ---- memory over time ------------------------------------------------------------------------

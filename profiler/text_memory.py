@@ -1,0 +1,138 @@
+"""The memory sections of the text report (profiler.text): peaks timed from their step, a sparkline
+per rank, persistent memory, what each ZeRO layout would hold, and the activations at the peak."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from profiler.errors import printable
+from profiler.textfmt import (
+    MMM, NONE, WIDTH, collapse, collapsed_table, fmt_bytes, fmt_pct, fmt_since, min_median_max, more, per_run,
+    sparkline, strings, table, title, truncate, _number,
+)
+
+SPARK_RANKS = 16  # sparkline lines per run unless full
+
+
+def memory_sections(a, runs: list[str], full: bool) -> list[str]:
+    """Memory peaks (timed from their step), sparklines over time, persistent memory, the ZeRO
+    what-if and the activation share of the peak; [] without memory data."""
+    out = []
+    peaks = a.memory_peaks
+    if not peaks.is_empty():
+        out.append(title("Memory peaks", "the most allocated at once ([memory] events), and when"))
+        at = _since_step(strings(peaks), a.steps, "peak_ts_us", "peak_step")
+        if full:
+            header = ["rank", "device", "peak allocated", "peak reserved", "when"]
+            rows = lambda p: [[str(r["rank"]), r["mem_device"], fmt_bytes(r["peak_allocated_bytes"]),  # noqa: E731
+                               fmt_bytes(r["peak_reserved_bytes"]), r["when"]] for r in p.sort("rank", "mem_device").to_dicts()]
+            out += per_run(runs, at, lambda p: table(header, rows(p), "lrrrl", shrink=None))
+        else:
+            def render(p: pl.DataFrame) -> list[str]:
+                rows, lone = [], p["rank"].n_unique() == 1
+                for (dev,), g in p.group_by("mem_device", maintain_order=True):
+                    c = collapse(g, ["peak_allocated_bytes"])
+                    if c.is_empty():  # events without Total Allocated: no peak to name
+                        rows.append([dev, NONE, *([] if lone else ["", ""]), NONE])
+                        continue
+                    c = c.row(0, named=True)
+                    when = g.filter(pl.col("rank") == c["max_rank"])["when"][0]
+                    rows.append([dev, *min_median_max(c, fmt_bytes)[:1 if lone else 3], when])
+                header = ["device", *(["peak"] if lone else MMM), "reached at" if lone else "max reached at"]
+                return table(header, rows, "lrrrl" if not lone else "lrl", shrink=None)
+            out += per_run(runs, at.sort("run", "mem_device", "rank"), render)
+    curve = a.memory_curve
+    if curve is not None and not curve.is_empty():
+        out.append(title("Memory over time", "allocated bytes per rank over the recorded span, ▁ low to █ high"))
+        out.append("  (one scale per run and device: ▁ its lowest level, █ its highest)")
+        out += per_run(runs, strings(curve), lambda p: _sparklines(p, full))
+    persistent = a.persistent_memory
+    if not persistent.is_empty():
+        labels = {"params_bytes": "parameters", "params_at_rest_bytes": "parameters at rest", "grads_bytes": "gradients",
+                  "optimizer_bytes": "optimizer state", "max_memory_allocated_bytes": "max allocated (torch)"}
+        out.append(title("Persistent memory", "what each rank holds through the step (run.json)"))
+        if full:
+            header = ["rank", "params", "at rest", "grads", "optimizer", "max allocated"]
+            out += per_run(runs, strings(persistent), lambda p: table(header, [
+                [str(r["rank"]), *[fmt_bytes(r[c]) for c in labels]] for r in p.sort("rank").to_dicts()], "r" * 6, shrink=None))
+        else:
+            stats = collapse(strings(persistent), list(labels))
+            out += per_run(runs, stats, lambda p: collapsed_table(p, labels, fmt_bytes))
+    whatif = a.memory_whatif
+    if whatif is not None and not whatif.is_empty():
+        out.append(title("Memory by layout", "what every rank would hold under each ZeRO stage (theory)"))
+        header = ["layout", "dp", "params", "grads", "optimizer", "total", "vs this run"]
+        out += per_run(runs, whatif, lambda p: table(header, [
+            [r["layout"] or NONE, str(r["dp"]), fmt_bytes(r["params_bytes"]), fmt_bytes(r["grads_bytes"]),
+             fmt_bytes(r["optimizer_bytes"]), fmt_bytes(r["total_bytes"]), _saved(r)]
+            for r in p.to_dicts()], "lrrrrrl", shrink=(6, 0)))
+    return out + _activation(a, runs, full)
+
+
+def _saved(r: dict) -> str:
+    # WHATIF_COLUMNS' saved_bytes: the run's total minus this layout's (negative: it costs more).
+    if r.get("current"):
+        return "◀ this run"
+    saved = _number(r.get("saved_bytes"))
+    text = NONE if saved is None else f"saves {fmt_bytes(saved)}" if saved >= 0 else f"costs {fmt_bytes(-saved)} more"
+    return f"{text}; {r['note']}" if r.get("note") else text
+
+
+def _activation(a, runs: list[str], full: bool) -> list[str]:
+    act = getattr(a, "activation", None)
+    if act is None or act.is_empty() or act["activation_bytes"].is_null().all():
+        return []
+    out = [title("Activations at the peak", "what the memory peak holds beyond parameters, grads, optimizer")]
+    act = strings(act)
+    if full:
+        header = ["rank", "device", "peak", "persistent", "activations", "share"]
+        return out + per_run(runs, act, lambda p: table(header, [
+            [str(r["rank"]), r["mem_device"], fmt_bytes(r["peak_allocated_bytes"]), fmt_bytes(r["persistent_bytes"]),
+             fmt_bytes(r["activation_bytes"]), fmt_pct(r["activation_pct"])] for r in p.sort("rank", "mem_device").to_dicts()],
+            "rlrrrr", shrink=1))
+
+    def render(p: pl.DataFrame) -> list[str]:
+        lines = []
+        for (dev,), g in p.group_by("mem_device", maintain_order=True):
+            stats = collapse(g, ["activation_bytes", "activation_pct"])
+            lines += collapsed_table(stats, {"activation_bytes": f"{dev or NONE} activations",
+                                             "activation_pct": f"{dev or NONE} share of the peak"},
+                                     {"activation_bytes": fmt_bytes, "activation_pct": fmt_pct})
+        return lines
+
+    return out + per_run(runs, act, render)
+
+
+def _since_step(frame: pl.DataFrame, steps: pl.DataFrame, ts: str, step: str) -> pl.DataFrame:
+    """`frame` with `when`: its `ts` column as "step S +t" from the start of that step on its rank
+    (or from the rank's first step when the instant is in none)."""
+    starts = strings(steps).select("run", "rank", pl.col("step").alias(step), step_start=pl.col("start_us"))
+    first = strings(steps).group_by("run", "rank").agg(first_step=pl.col("step").sort_by("start_us").first(),
+                                                     first_start=pl.col("start_us").min())
+    f = frame.join(starts, on=["run", "rank", step], how="left").join(first, on=["run", "rank"], how="left")
+    rows = []
+    for r in f.to_dicts():
+        if r["step_start"] is not None and _number(r[ts]) is not None:
+            rows.append(f"step {r[step]} {fmt_since(r[ts] - r['step_start'])}")
+        elif r["first_start"] is not None and _number(r[ts]) is not None:
+            rows.append(f"step {r['first_step']} {fmt_since(r[ts] - r['first_start'])}")
+        else:
+            rows.append(NONE)
+    return frame.with_columns(when=pl.Series(rows, dtype=pl.String))
+
+
+def _sparklines(curve: pl.DataFrame, full: bool) -> list[str]:
+    out = []
+    for (dev,), g in curve.group_by("mem_device", maintain_order=True):
+        lo, hi = g["min_allocated_bytes"].min(), g["allocated_bytes"].max()
+        ranks = g.partition_by("rank", maintain_order=True)
+        for k, r in enumerate(ranks):
+            if not full and k == SPARK_RANKS:
+                out += more(len(ranks), SPARK_RANKS)
+                break
+            r = r.sort("bucket")
+            label = f"  rank {r['rank'][0]:<3} {truncate(printable(dev or NONE), 8):<8} "
+            tail = f"  min {fmt_bytes(r['min_allocated_bytes'].min())}, peak {fmt_bytes(r['allocated_bytes'].max())}"
+            line = sparkline(r["allocated_bytes"].to_list(), low=lo, high=hi, width=WIDTH - len(label) - len(tail))
+            out.append(label + line + tail)
+    return out
