@@ -335,3 +335,31 @@ def test_long_kernel_names_end_in_an_ellipsis(ddp):
         assert rows and all(len(line) <= WIDTH and "…" in line for line in rows)
     (row,) = [line for line in section(format_tables(a), "Top GPU kernels") if "vectorized" in line]
     assert row.endswith("2.50 ms  3.00 ms (rank 1)")  # median of 2 and 3 ms; the max names its rank
+
+
+def test_the_bubble_split_and_the_activations_at_the_peak():
+    from profiler.theory_memory import ACTIVATION_COLUMNS
+
+    a = analyze(load_traces([REPO / "traces" / "sample-1f1b-2r"]))
+    run = a.ranks["run"].cast(pl.String)[0]
+    # docs/profiler.md's worked example: 24 busy of 46 rank-µs; 12 schedule + 6 imbalance + 4 wait = 22
+    split = {"pipeline_bubble_pct": 100 * 22 / 46, "schedule_bubble_pct": 100 * 12 / 46, "imbalance_pct": 100 * 6 / 46,
+             "comm_wait_pct": 100 * 4 / 46, "slowest_stage": 1, "slowest_stage_ratio": 2.0}
+    pipeline = a.pipeline.with_columns(*[pl.lit(v).cast(a.pipeline.schema[k]).alias(k) for k, v in split.items()])
+    act = pl.DataFrame([{"run": run, "rank": r, "mem_device": "cuda:0", "peak_allocated_bytes": 3 * 2**30,
+                         "persistent_bytes": 2**30, "footprint_bytes": 3 * 2**30, "activation_bytes": b,
+                         "activation_pct": 100 * b / (3 * 2**30), "basis": "device counter", "note": None}
+                        for r, b in ((0, 2 * 2**30), (1, 2**30))], schema=ACTIVATION_COLUMNS)
+    text = format_tables(dataclasses.replace(a, pipeline=pipeline, activation=act))
+    lines = section(text, "Pipeline bubble")
+    got = {line.split("%")[0].rsplit(" ", 2)[0].strip(): line.split()[-4] for line in lines
+           if "(every rank)" in line and ("bubble (all" in line or line.startswith("    "))}
+    assert got == {"pipeline bubble (all ranks)": "47.8", "the schedule's own": "26.1", "+ unequal stages": "13.0",
+                   "+ communication wait": "8.70"}
+    assert "  slowest stage: stage 1, 2.00× (its compute over the mean stage's)" in lines
+    act_lines = section(text, "Activations at the peak")
+    (b,) = [line for line in act_lines if "cuda:0 activations" in line]
+    (s,) = [line for line in act_lines if "cuda:0 share of the peak" in line]
+    assert "1.00 GiB (rank 1)" in b and b.endswith("2.00 GiB (rank 0)")
+    assert "33.3 % (rank 1)" in s and s.endswith("66.7 % (rank 0)")
+    assert not too_wide(text) and not too_wide(format_tables(dataclasses.replace(a, pipeline=pipeline), full=True))
