@@ -114,7 +114,7 @@ def _theory_check(a, runs: list[str], full: bool) -> list[str]:
                 cells[4] += f" ({agree} of {n})"
             same = g.select(pl.col("predicted", "measured").n_unique()).row(0) == (1, 1)
             rank = NONE if worst["rank"] is None else str(worst["rank"])
-            rows.append(cells + [f"all {n}" if n > 1 and same else rank])
+            rows.append(cells + ["every rank" if n > 1 and same else rank])
         return table(header, rows, "lrrrll", shrink=0)
 
     out = [title("Theory vs measured", "the textbook formula's prediction beside the traces, per step")]
