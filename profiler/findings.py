@@ -1,13 +1,21 @@
 """Findings: what a run's numbers mean and what to change, from explicit rules (docs/findings.md).
 
-SKELETON (issue 13): schema fixed here; the rules are filled in by the findings work.
+Each rule is a small pure function over the frames of an Analysis, with a stable id (RULES), its
+thresholds as named constants below, and one row per finding: a plain sentence with its number
+(`text`), where it was seen (`evidence`: run, rank, step, collective, phase) and a concrete change
+to try (`change`). `score` is the share of step time (or of memory) at stake, 0-100; findings are
+ranked by it. A rule says nothing from a number that is missing, NaN or infinite, and nothing
+where its input is absent (foreign traces without run.json, CPU runs, one rank, no collectives).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Callable
 
 import polars as pl
+
+from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text, switch_change)
 
 if TYPE_CHECKING:
     from profiler.report import Analysis
@@ -19,7 +27,469 @@ FINDING_COLUMNS = {
     "evidence": pl.String, "change": pl.String,
 }
 
+# Thresholds (docs/findings.md says why each is where it is).
+EXPOSED_COMM_MIN_PCT = 5.0  # exposed communication, % of the worst rank's step time
+BUBBLE_MIN_PCT = 10.0  # pipeline idle time, % of the pipeline window (mean over ranks and steps)
+MEMORY_SAVING_MIN_PCT = 10.0  # what the next ZeRO stage saves, % of the persistent bytes per rank
+SKEW_MIN_PCT = 5.0  # summed start spread of collectives, % of the step time
+STRAGGLER_MIN_SHARE_PCT = 75.0  # a rank last in at least this share of its group's collectives ...
+STRAGGLER_MIN_TIMES = 4  # ... and at least this many times is named a straggler
+VOLUME_MIN_PCT = 1.0  # communication time the volume mismatch accounts for, % of the step
+LATENCY_MIN_PCT = 5.0  # fitted latency (calls x α), % of the step time
+LATENCY_MAX_BW_FRACTION = 0.5  # ... while achieved bandwidth is at most this fraction of the fitted β
+FIT_MIN_R2 = 0.8  # an α-β fit with a lower R² is not trusted
+ACTIVATION_MIN_PCT = 50.0  # transient memory (peak - persistent), % of the device's peak
+COMPARE_MIN_PCT = 5.0  # step time difference between two runs, % of the slower step
+MAX_FINDINGS = 12  # the list stays short: the highest scores are kept
+
+Row = dict
+
 
 def findings(a: "Analysis") -> pl.DataFrame:
     """FINDING_COLUMNS: every rule over one analysis, ranked by score."""
-    return pl.DataFrame(schema=FINDING_COLUMNS)
+    rows = [row for _rule, check in RULES.items() for row in check(a)]
+    frame = pl.DataFrame(rows, schema=FINDING_COLUMNS) if rows else pl.DataFrame(schema=FINDING_COLUMNS)
+    order = {rule: i for i, rule in enumerate(RULES)}
+    return (frame.with_columns(_order=pl.col("rule").replace_strict(order, return_dtype=pl.Int64))
+            .sort(["score", "_order", "run"], descending=[True, False, False], nulls_last=True)
+            .drop("_order").head(MAX_FINDINGS))
+
+
+def _finite(*values) -> bool:
+    return all(v is not None and isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+
+
+def _row(rule: str, run, rank, score: float, text: str, evidence: str, change: str) -> Row:
+    return {"run": None if run is None else str(run), "rank": rank, "rule": rule, "score": min(100.0, max(0.0, score)),
+            "text": text, "evidence": evidence, "change": change}
+
+
+def _runs(a: "Analysis") -> list[str]:
+    return a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
+
+
+def _str_run(frame: pl.DataFrame | None) -> pl.DataFrame | None:
+    if frame is None or "run" not in frame.columns:
+        return frame
+    return frame.with_columns(pl.col("run").cast(pl.String))
+
+
+def _step_us(a: "Analysis") -> dict[str, float]:
+    """Run -> the mean step time over its ranks and steps (breakdown_steps' window), µs."""
+    b = _str_run(a.breakdown_steps)
+    if b is None or b.is_empty():
+        return {}
+    means = b.filter(pl.col("window_us") > 0).group_by("run").agg(pl.col("window_us").mean())
+    return {r: w for r, w in means.iter_rows() if _finite(w) and w > 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Exposed communication
+
+
+def exposed_comm_rule(a: "Analysis") -> list[Row]:
+    """Communication with no compute under it, as a share of the step, and its main collective and phase."""
+    b = _str_run(a.breakdown)
+    if b is None or b.is_empty():
+        return []
+    b = b.filter((pl.col("window_us") > 0) & pl.col("exposed_comm_us").is_finite() & (pl.col("exposed_comm_us") > 0))
+    b = b.with_columns(share_pct=100 * pl.col("exposed_comm_us") / pl.col("window_us"))
+    exposed = _str_run(getattr(a, "exposed", None))
+    steps = _str_run(a.breakdown_steps)
+    out = []
+    for run in _runs(a):
+        worst = b.filter(pl.col("run") == run).sort("share_pct", descending=True).head(1)
+        if worst.is_empty() or worst["share_pct"][0] < EXPOSED_COMM_MIN_PCT:
+            continue
+        rank, share, exp_us, win_us = worst.select("rank", "share_pct", "exposed_comm_us", "window_us").row(0)
+        n_ranks = b.filter(pl.col("run") == run).height
+        rank_steps = steps.filter((pl.col("run") == run) & (pl.col("rank") == rank)) if steps is not None else None
+        step_list = rank_steps["step"].to_list() if rank_steps is not None else []
+        text = (f"Communication with no compute under it takes {pct(share)} of rank {rank}'s step time "
+                f"({ms(exp_us)} of {ms(win_us)} over {steps_text(step_list)})")
+        evidence = f"run {run}, rank {rank} (the worst of {n_ranks}), {steps_text(step_list)}"
+        kind, phase = None, None
+        if exposed is not None and not exposed.is_empty():
+            by = (exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank))
+                  .group_by("collective", "phase").agg(pl.col("exposed_us", "comm_us", "calls").sum())
+                  .sort("exposed_us", descending=True))
+            if by.height and by["exposed_us"][0] > 0:
+                kind, phase, top_us, comm_us, calls = by.row(0)
+                text += (f"; most of it is {kind} {phase_text(phase)} ({ms(top_us)}, {pct(100 * top_us / exp_us)} of "
+                         f"the exposed time, {calls} calls)")
+                evidence += f"; exposed by collective: " + ", ".join(
+                    f"{k} {phase_text(p)} {ms(e)} of {ms(c)}" for k, p, e, c, _ in by.head(3).iter_rows())
+        out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, collective_change(kind, phase)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Pipeline bubble
+
+
+def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
+    """The pipeline's idle share split into schedule, stage imbalance and communication wait; the slowest stage."""
+    p = _str_run(a.pipeline)
+    if p is None or p.is_empty():
+        return []
+    have_split = {"schedule_bubble_pct", "imbalance_pct", "comm_wait_pct"} <= set(p.columns)
+    out = []
+    for run in p["run"].unique(maintain_order=True).to_list():
+        rp = p.filter((pl.col("run") == run) & pl.col("bubble_pct").is_finite())
+        if rp.is_empty():
+            continue
+        mean = lambda c: rp[c].mean() if c in rp.columns and rp[c].null_count() == 0 else None  # noqa: E731
+        bubble = mean("bubble_pct")
+        if not _finite(bubble) or bubble < BUBBLE_MIN_PCT:
+            continue
+        sched, imb, wait = (mean("schedule_bubble_pct"), mean("imbalance_pct"), mean("comm_wait_pct")) if have_split else (None,) * 3
+        if not _finite(sched, imb, wait):  # before the split columns: theory, replay and measured (module pipeline)
+            theory, ideal = mean("theory_pct"), mean("ideal_pct")
+            if _finite(theory, ideal):
+                sched, imb, wait = min(theory, ideal), max(0.0, ideal - theory), bubble - ideal
+            elif _finite(ideal):
+                sched, imb, wait = ideal, None, bubble - ideal
+        schedule, p_ranks, m = rp.select("schedule", "pp_ranks", "microbatches").row(0)
+        per_rank = rp.group_by("rank").agg(pl.col("busy_us", "bubble_pct").mean()).sort("busy_us", descending=True)
+        slow_rank, slow_busy, _ = per_rank.row(0)
+        fast_busy = per_rank["busy_us"].min()
+        stages = a.pipeline_actions.filter((pl.col("run").cast(pl.String) == run) & (pl.col("rank") == slow_rank))["stage"]
+        stage_list = ", ".join(map(str, sorted(set(stages.to_list()))))
+        text = f"The pipeline is idle {pct(bubble)} of its window (mean over {per_rank.height} ranks)"
+        parts = []
+        if _finite(sched):
+            what = f"{schedule}'s own bubble" if schedule else "the schedule's own bubble"
+            parts.append(f"{pct(sched)} is {what}" + (f" (p={p_ranks}, m={m})" if p_ranks and m else ""))
+        if _finite(imb):
+            parts.append(f"{pct(imb)} stage imbalance")
+        if _finite(wait):
+            parts.append(f"{pct(max(0.0, wait))} waiting for communication")
+        if parts:
+            text += ": " + ", ".join(parts)
+        text += (f"; the slowest stage is rank {slow_rank} (stage {stage_list}), busy {ms(slow_busy)} per step"
+                 + (f", {num(slow_busy / fast_busy)}× the least busy rank" if fast_busy and fast_busy > 0 else "") + ".")
+        evidence = f"run {run}, {steps_text(rp['step'].unique().sort().to_list())}; bubble per rank: " + ", ".join(
+            f"rank {r} {pct(bp)}" for r, _, bp in per_rank.sort("rank").iter_rows())
+        biggest = max([("schedule", sched), ("imbalance", imb), ("comm", wait)], key=lambda kv: kv[1] if _finite(kv[1]) else -1)[0]
+        change = {
+            "schedule": f"raise the microbatch count (the bubble is (p−1)/(m+p−1): m={m} → {2 * m} halves it roughly), "
+                        "or use an interleaved or zero-bubble schedule",
+            "imbalance": f"move layers off rank {slow_rank}'s stage: a pipeline runs at the pace of its slowest stage",
+            "comm": "overlap the stage-boundary sends and receives with compute (post irecv early, batch_isend_irecv), "
+                    "or put pipeline neighbours on the fastest link",
+        }[biggest]
+        out.append(_row("pipeline-bubble", run, slow_rank, bubble, text, evidence, change))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Persistent memory and the next ZeRO stage
+
+
+COMPONENTS = {"params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state"}
+
+
+def persistent_memory_rule(a: "Analysis") -> list[Row]:
+    """The largest persistent component, and what the next ZeRO stage (and FSDP) would hold instead."""
+    w = _str_run(a.memory_whatif)
+    if w is None or w.is_empty():
+        return []
+    measured = _str_run(a.persistent_memory)
+    predicted = _str_run(a.theory_memory)
+    out = []
+    for run in w["run"].unique(maintain_order=True).to_list():
+        rw = w.filter((pl.col("run") == run) & pl.col("total_bytes").is_not_null()).sort("total_bytes", descending=True)
+        cur = rw.filter(pl.col("current"))
+        if cur.is_empty() or not cur["total_bytes"][0]:
+            continue
+        cur_layout, cur_total = cur["layout"][0], cur["total_bytes"][0]
+        smaller = rw.filter(pl.col("total_bytes") < cur_total)
+        if smaller.is_empty():
+            continue
+        nxt_layout, nxt_total = smaller.select("layout", "total_bytes").row(0)
+        min_layout, min_total = smaller.select("layout", "total_bytes").row(-1)
+        saving = 100 * (cur_total - nxt_total) / cur_total
+        if saving < MEMORY_SAVING_MIN_PCT:
+            continue
+        source, rank, comp, comp_bytes, total = _largest_component(measured, run) or _largest_component(predicted, run) or (None,) * 5
+        if comp is not None:
+            text = (f"{COMPONENTS[comp].capitalize()} is the largest persistent memory on rank {rank}: "
+                    f"{bytes_text(comp_bytes)} of {bytes_text(total)} ({pct(100 * comp_bytes / total)}, {source})")
+        else:
+            text = f"Each rank holds {bytes_text(cur_total)} of parameters, gradients and optimizer state ({cur_layout})"
+        text += f"; {nxt_layout} would hold {bytes_text(nxt_total)} per rank (−{pct(saving)})"
+        if min_layout != nxt_layout:
+            text += f", {min_layout} {bytes_text(min_total)} (−{pct(100 * (cur_total - min_total) / cur_total)})"
+        dp = cur["dp"][0]
+        evidence = f"run {run}, layout {cur_layout}" + (f" at data-parallel degree {dp}" if dp else "") + "; per rank: " + ", ".join(
+            f"{lay} {bytes_text(t)}" for lay, t in rw.select("layout", "total_bytes").iter_rows())
+        out.append(_row("persistent-memory", run, rank, saving, text + ".", evidence, switch_change(nxt_layout)))
+    return out
+
+
+def _largest_component(frame: pl.DataFrame | None, run: str) -> tuple | None:
+    """(source, rank, component column, its bytes, the rank's total) of the rank with the largest total."""
+    if frame is None or frame.is_empty() or not set(COMPONENTS) <= set(frame.columns):
+        return None
+    f = frame.filter((pl.col("run") == run) & pl.all_horizontal(pl.col(list(COMPONENTS)).is_not_null()))
+    f = f.with_columns(_total=pl.sum_horizontal(list(COMPONENTS))).filter(pl.col("_total") > 0).sort("_total", descending=True)
+    if f.is_empty():
+        return None
+    row = f.row(0, named=True)
+    comp = max(COMPONENTS, key=lambda c: row[c])
+    return ("run.json" if "params_at_rest_bytes" in f.columns else "theory"), row["rank"], comp, row[comp], row["_total"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Stragglers and skew
+
+
+def straggler_rule(a: "Analysis") -> list[Row]:
+    """The time ranks wait for the last to start each collective, and the rank that is last most often."""
+    skew, strag = _str_run(a.skew), _str_run(a.stragglers)
+    if skew is None or skew.is_empty():
+        return []
+    windows = _str_run(a.breakdown)
+    out = []
+    for run in skew["run"].unique(maintain_order=True).to_list():
+        rs = skew.filter((pl.col("run") == run) & pl.col("spread_us").is_finite())
+        win = windows.filter((pl.col("run") == run) & (pl.col("window_us") > 0))["window_us"].mean()
+        if rs.is_empty() or not _finite(win):
+            continue
+        # Per group (different groups' collectives may run at once): the group with the most spread.
+        by_group = rs.group_by("group").agg(spread_us=pl.col("spread_us").sum(), n=pl.len()).sort("spread_us", descending=True)
+        group, spread, n = by_group.row(0)
+        share = 100 * spread / win
+        if share < SKEW_MIN_PCT:
+            continue
+        worst = rs.filter(pl.col("group").eq_missing(group)).sort("spread_us", descending=True).row(0, named=True)
+        named = strag.filter((pl.col("run") == run) & pl.col("group").eq_missing(group)
+                             & (pl.col("share_pct") >= STRAGGLER_MIN_SHARE_PCT) & (pl.col("times_last") >= STRAGGLER_MIN_TIMES))
+        text = (f"Ranks of {'group ' + group if group else 'an unnamed group'} start their collectives {ms(spread / n)} apart on average: "
+                f"{ms(spread)} of waiting for the last rank, {pct(share)} of the step time")
+        evidence = (f"run {run}, group {group}, {n} collectives; the widest: {worst['collective']} #{worst['seq']}, "
+                    f"{ms(worst['spread_us'])}, last rank {worst['last_rank']}")
+        if named.height:
+            rank, times, share_last = named.select("rank", "times_last", "share_pct").row(0)
+            text += f"; rank {rank} is the last to start in {pct(share_last)} of them ({times} of {n})"
+            change = (f"look at what rank {rank} does before its collectives that the others do not (data loading, "
+                      "logging or checkpointing on that rank, a slower device or a busy host); give it less work")
+        else:
+            rank = None
+            text += "; no one rank is last consistently"
+            change = ("even out the work between collectives: equal batch shapes on every rank (pad or bucket variable "
+                      "sequence lengths), no rank-0-only work in the step, no CPU contention from other processes")
+        out.append(_row("straggler", run, rank, share, text + ".", evidence, change))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Communication volume against the paradigm's formula
+
+
+MEMORY_QUANTITY_RE = r"(?i)param|grad|optim|memory|persistent"
+
+
+def comm_volume_rule(a: "Analysis") -> list[Row]:
+    """Measured communication bytes per step that differ from the paradigm's textbook formula."""
+    c = _str_run(a.theory_check)
+    if c is None or c.is_empty():
+        return []
+    c = c.filter(pl.col("verdict").is_in(["above", "below"]) & ~pl.col("quantity").str.contains(MEMORY_QUANTITY_RE)
+                 & pl.col("ratio").is_finite() & (pl.col("ratio") > 0) & pl.col("predicted").is_finite() & pl.col("measured").is_finite())
+    b = _str_run(a.breakdown)
+    out = []
+    for run in c["run"].unique(maintain_order=True).to_list():
+        rc = c.filter(pl.col("run") == run).with_columns(_off=(pl.col("ratio").log()).abs()).sort("_off", descending=True)
+        n_checked = a.theory_check.filter((pl.col("run").cast(pl.String) == run)
+                                         & ~pl.col("quantity").str.contains(MEMORY_QUANTITY_RE)
+                                         & pl.col("verdict").is_in(["match", "above", "below"])).height
+        row = rc.row(0, named=True)
+        rb = b.filter((pl.col("run") == run) & (pl.col("window_us") > 0))
+        if row["rank"] is not None and rb.filter(pl.col("rank") == row["rank"]).height:
+            rb = rb.filter(pl.col("rank") == row["rank"])
+        comm_share = (100 * rb["comm_us"].sum() / rb["window_us"].sum()) if rb.height else None
+        if not _finite(comm_share):
+            continue
+        m, p = row["measured"], row["predicted"]
+        # If time goes with bytes, the mismatch accounts for this much of the step.
+        score = comm_share * abs(m - p) / max(abs(m), abs(p))
+        if score < VOLUME_MIN_PCT:
+            continue
+        unit = row["unit"] or ""
+        fmt = bytes_text if "byte" in unit.lower() else (lambda v: f"{num(v)} {unit}".strip())
+        where = f"on rank {row['rank']}" if row["rank"] is not None else "per rank"
+        text = (f"{row['quantity']} {where} is {fmt(m)}, {num(row['ratio'])}× the textbook {fmt(p)}"
+                f" ({rc.height} of {n_checked} communication quantities differ; communication is {pct(comm_share)} of the step)")
+        evidence = f"run {run}, quantity {row['quantity']}" + (f", rank {row['rank']}" if row["rank"] is not None else "") + (
+            f"; {row['note']}" if row["note"] else "")
+        change = ("find the traffic the formula does not count (an extra parameter broadcast, unfused or padded buckets, "
+                  "a second all-gather from recomputation) and remove it" if row["verdict"] == "above" else
+                  "check that every gradient is synchronised (frozen or unused parameters, a no_sync left on) before "
+                  "trusting the speed")
+        out.append(_row("comm-volume", run, row["rank"], score, text + ".", evidence, change))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Achieved bandwidth against the fitted β
+
+
+def bandwidth_rule(a: "Analysis") -> list[Row]:
+    """Collectives far below their fitted bandwidth β because the per-call latency α dominates."""
+    fits = _str_run(a.alpha_beta)
+    colls = _str_run(a.collectives)
+    steps = _step_us(a)
+    if fits is None or fits.is_empty() or colls is None or colls.is_empty():
+        return []
+    fits = fits.filter(pl.col("alpha_us").is_finite() & (pl.col("alpha_us") > 0) & pl.col("beta_gbps").is_finite()
+                       & (pl.col("beta_gbps") > 0) & (pl.col("r2") >= FIT_MIN_R2))
+    out = []
+    for run in fits["run"].unique(maintain_order=True).to_list():
+        best = None
+        n_steps = _str_run(a.breakdown_steps).filter(pl.col("run") == run).height  # (rank, step) pairs
+        if run not in steps or not n_steps:
+            continue
+        for f in fits.filter(pl.col("run") == run).iter_rows(named=True):
+            sel = colls.filter((pl.col("run") == run) & (pl.col("collective") == f["collective"])
+                               & pl.col("group_size").eq_missing(f["group_size"]) & pl.col("size_bytes").is_not_null()
+                               & (pl.col("dur_us") > 0))
+            if sel.is_empty():
+                continue
+            time_us, size = sel["dur_us"].sum(), sel["size_bytes"].sum()
+            achieved = size / time_us / 1e3  # GB/s
+            latency_us = f["alpha_us"] * sel.height
+            score = 100 * (latency_us / n_steps) / steps[run]  # per (rank, step), against the mean step
+            if achieved <= LATENCY_MAX_BW_FRACTION * f["beta_gbps"] and score >= LATENCY_MIN_PCT and (best is None or score > best[0]):
+                best = (score, f, sel, achieved, latency_us, time_us)
+        if best is None:
+            continue
+        score, f, sel, achieved, latency_us, time_us = best
+        median = sel["size_bytes"].median()
+        text = (f"{f['collective']} on {f['group_size']} ranks reaches {num(achieved)} GB/s, {pct(100 * achieved / f['beta_gbps'])} "
+                f"of its fitted β {num(f['beta_gbps'])} GB/s: the per-call latency α = {ms(f['alpha_us'])} is "
+                f"{pct(100 * latency_us / time_us)} of its time (median message {bytes_text(median)}, "
+                f"{pct(score)} of the step)")
+        evidence = (f"run {run}, {f['backend']} {f['collective']}, group size {f['group_size']}: {sel.height} calls, "
+                    f"fit over {f['n_calls']} calls of {f['n_sizes']} sizes, R² {num(f['r2'])}")
+        change = ("send fewer, larger messages: bigger buckets (DDP bucket_cap_mb), larger FSDP units, "
+                  "coalesced collectives; each call pays α once")
+        out.append(_row("bandwidth", run, None, score, text + ".", evidence, change))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The activation share of the memory peak
+
+
+def activation_memory_rule(a: "Analysis") -> list[Row]:
+    """What the memory peak holds beyond persistent state (activations and temporaries), on a GPU."""
+    peaks, pers = _str_run(a.memory_peaks), _str_run(a.persistent_memory)
+    if peaks is None or peaks.is_empty() or pers is None or pers.is_empty():
+        return []
+    # CPU [memory] events count only allocations made after profiling started, not a footprint:
+    # peak minus persistent is meaningful only for a device's own allocator (module profiler.memory).
+    dev = peaks.filter(~pl.col("mem_device").str.starts_with("cpu") & (pl.col("peak_allocated_bytes") > 0))
+    j = dev.join(pers.with_columns(pl.col("rank").cast(dev.schema["rank"])), on=["run", "rank"], how="inner").filter(
+        pl.all_horizontal(pl.col(list(COMPONENTS)).is_not_null())
+    ).with_columns(persistent=pl.sum_horizontal(list(COMPONENTS))).with_columns(
+        transient=pl.col("peak_allocated_bytes") - pl.col("persistent")
+    ).filter(pl.col("transient") > 0).with_columns(share_pct=100 * pl.col("transient") / pl.col("peak_allocated_bytes"))
+    out = []
+    for run in j["run"].unique(maintain_order=True).to_list():
+        row = j.filter(pl.col("run") == run).sort("share_pct", descending=True).row(0, named=True)
+        if row["share_pct"] < ACTIVATION_MIN_PCT:
+            continue
+        text = (f"Activations and temporaries are at least {pct(row['share_pct'])} of rank {row['rank']}'s memory peak "
+                f"({bytes_text(row['transient'])} of {bytes_text(row['peak_allocated_bytes'])} on {row['mem_device']}; "
+                f"parameters, gradients and optimizer state hold {bytes_text(row['persistent'])})")
+        evidence = f"run {run}, rank {row['rank']}, {row['mem_device']}, peak in step {row['peak_step']}"
+        change = ("recompute activations in backward (activation checkpointing: about +33 % compute, one more forward), "
+                  "use smaller microbatches, or sequence parallelism to split the remaining activations")
+        out.append(_row("activation-memory", run, row["rank"], row["share_pct"], text + ".", evidence, change))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. Runs compared
+
+
+def comparison_rule(a: "Analysis") -> list[Row]:
+    """The step time difference of each run against the first, and the component that explains most of it."""
+    runs = _runs(a)
+    if len(runs) < 2:
+        return []
+    parts = {run: _step_parts(a, run) for run in runs}
+    base = runs[0]
+    out = []
+    for run in runs[1:]:
+        if parts[base] is None or parts[run] is None:
+            continue
+        (b_step, b_parts), (r_step, r_parts) = parts[base], parts[run]
+        diff = r_step - b_step
+        score = 100 * abs(diff) / max(b_step, r_step)
+        if score < COMPARE_MIN_PCT:
+            continue
+        deltas = {k: r_parts.get(k, 0.0) - b_parts.get(k, 0.0) for k in {*b_parts, *r_parts}}
+        cause, delta = max(deltas.items(), key=lambda kv: kv[1] * math.copysign(1, diff))
+        slow, fast = (run, base) if diff > 0 else (base, run)
+        ratio = max(b_step, r_step) / min(b_step, r_step)
+        text = (f"{slow}'s step is {num(ratio)}× {fast}'s ({ms(max(b_step, r_step))} vs {ms(min(b_step, r_step))}); "
+                f"{pct(100 * delta / diff)} of the difference is {cause} ({'+' if delta * diff > 0 else '−'}{ms(abs(delta))})")
+        evidence = "mean per rank and step; " + ", ".join(
+            f"{k} {'+' if v >= 0 else '−'}{ms(abs(v))}" for k, v in sorted(deltas.items(), key=lambda kv: -abs(kv[1]))[:4]
+            if _finite(v)) + f" ({run} against {base})"
+        change = (f"look at {cause} in {slow} first: " + _cause_change(cause))
+        out.append(_row("comparison", None, None, score, text + ".", evidence, change))
+    return out
+
+
+def _step_parts(a: "Analysis", run: str) -> tuple[float, dict[str, float]] | None:
+    """(mean step µs, component -> mean µs per rank and step): compute, idle, other non-compute and
+    the exposed communication of each (collective, phase); the components sum to the step."""
+    b = _str_run(a.breakdown_steps)
+    b = b.filter((pl.col("run") == run) & (pl.col("window_us") > 0)) if b is not None else None
+    if b is None or b.is_empty():
+        return None
+    n = b.height  # (rank, step) pairs
+    step = b["window_us"].mean()
+    parts = {"compute": b["compute_us"].mean(), "idle": b["idle_us"].mean()}
+    exposed = _str_run(getattr(a, "exposed", None))
+    exp_total = b["exposed_comm_us"].fill_null(0).mean()
+    by_coll: dict[str, float] = {}
+    if exposed is not None and exposed.height:
+        e = exposed.join(b.select("run", pl.col("rank").cast(exposed.schema["rank"]), "step"), on=["run", "rank", "step"], how="semi")
+        for kind, phase, us in e.group_by("collective", "phase").agg(pl.col("exposed_us").sum()).iter_rows():
+            by_coll[f"{kind} exposed {phase_text(phase)}"] = us / n
+    if by_coll:
+        parts |= by_coll
+        exp_total = sum(by_coll.values())
+    elif exp_total:
+        parts["communication exposed"] = exp_total
+    parts["other non-compute (copies, unclassified)"] = b["non_compute_us"].mean() - exp_total
+    if not _finite(step, *parts.values()):
+        return None
+    return step, parts
+
+
+def _cause_change(cause: str) -> str:
+    if cause == "compute":
+        return "more compute per step (recomputation, smaller kernels, a different layout of the work)"
+    if cause == "idle":
+        return "idle time: waits on other ranks, the host or data loading; see the straggler and pipeline findings"
+    if " exposed " in cause:
+        kind, phase = cause.split(" exposed ", 1)
+        return collective_change(kind, None if phase == "(phase unknown)" else phase.removeprefix("in "))
+    return "memory copies and unclassified kernels: pinned memory, fewer host-device transfers"
+
+
+RULES: dict[str, Callable[["Analysis"], list[Row]]] = {
+    "exposed-comm": exposed_comm_rule,
+    "pipeline-bubble": pipeline_bubble_rule,
+    "persistent-memory": persistent_memory_rule,
+    "straggler": straggler_rule,
+    "comm-volume": comm_volume_rule,
+    "bandwidth": bandwidth_rule,
+    "activation-memory": activation_memory_rule,
+    "comparison": comparison_rule,
+}
