@@ -352,7 +352,7 @@ def test_docs_name_every_rule_and_threshold():
         assert f"`{rule}`" in doc, rule
     for name, value in vars(F).items():
         if re.fullmatch(r"[A-Z][A-Z0-9_]+_(PCT|TIMES|FRACTION|R2|FINDINGS)", name):
-            assert f"`{name}`" in doc and f"{value:g}" in doc, name
+            assert f"`{name}` = {value:g}" in " ".join(doc.split()), name
 
 
 # ---------------------------------------------------------------------------------------------
