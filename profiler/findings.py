@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 import polars as pl
 
+from profiler.intervals import union
 from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text, switch_change)
 
 if TYPE_CHECKING:
@@ -115,8 +116,8 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                   .sort("exposed_us", descending=True))
             if by.height and by["exposed_us"][0] > 0:
                 kind, phase, top_us, comm_us, calls = by.row(0)
-                text += (f"; most of it is {kind} {phase_text(phase)} ({ms(top_us)}, {pct(100 * top_us / exp_us)} of "
-                         f"the exposed time, {calls} calls)")
+                text += (f"; most of it is {kind} {phase_text(phase)}: {ms(top_us)}, {pct(100 * top_us / exp_us)} of "
+                         f"the exposed time, in {calls} calls")
                 evidence += f"; exposed by collective: " + ", ".join(
                     f"{k} {phase_text(p)} {ms(e)} of {ms(c)}" for k, p, e, c, _ in by.head(3).iter_rows())
         out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, collective_change(kind, phase)))
@@ -252,21 +253,27 @@ def straggler_rule(a: "Analysis") -> list[Row]:
     windows = _str_run(a.breakdown)
     out = []
     for run in skew["run"].unique(maintain_order=True).to_list():
-        rs = skew.filter((pl.col("run") == run) & pl.col("spread_us").is_finite())
+        # The k-th collective of two ranks is the same one only within a known group (module collectives).
+        rs = skew.filter((pl.col("run") == run) & pl.col("spread_us").is_finite() & pl.col("group").is_not_null())
         win = windows.filter((pl.col("run") == run) & (pl.col("window_us") > 0))["window_us"].mean()
         if rs.is_empty() or not _finite(win):
             continue
-        # Per group (different groups' collectives may run at once): the group with the most spread.
-        by_group = rs.group_by("group").agg(spread_us=pl.col("spread_us").sum(), n=pl.len()).sort("spread_us", descending=True)
-        group, spread, n = by_group.row(0)
-        share = 100 * spread / win
+        # Per group (different groups' collectives may run at once): the time some rank of the group
+        # waits for a later one, the union of [first start, last start) over its collectives (a sum
+        # would count concurrent collectives twice).
+        waits = union(rs.select("group", start_us="first_start_us", end_us=pl.col("first_start_us") + pl.col("spread_us")), ["group"])
+        by_group = (waits.group_by("group").agg(wait_us=(pl.col("end_us") - pl.col("start_us")).sum())
+                    .join(rs.group_by("group").agg(n=pl.len(), spread_us=pl.col("spread_us").sum()), on="group")
+                    .sort("wait_us", descending=True))
+        group, wait, n, spread = by_group.row(0)
+        share = 100 * wait / win
         if share < SKEW_MIN_PCT:
             continue
-        worst = rs.filter(pl.col("group").eq_missing(group)).sort("spread_us", descending=True).row(0, named=True)
-        named = strag.filter((pl.col("run") == run) & pl.col("group").eq_missing(group)
+        worst = rs.filter(pl.col("group") == group).sort("spread_us", descending=True).row(0, named=True)
+        named = strag.filter((pl.col("run") == run) & (pl.col("group") == group)
                              & (pl.col("share_pct") >= STRAGGLER_MIN_SHARE_PCT) & (pl.col("times_last") >= STRAGGLER_MIN_TIMES))
-        text = (f"Ranks of {'group ' + group if group else 'an unnamed group'} start their collectives {ms(spread / n)} apart on average: "
-                f"{ms(spread)} of waiting for the last rank, {pct(share)} of the step time")
+        text = (f"Ranks of group {group} start their collectives {ms(spread / n)} apart on average: "
+                f"some rank waits {ms(wait)} for a later one, {pct(share)} of the step time")
         evidence = (f"run {run}, group {group}, {n} collectives; the widest: {worst['collective']} #{worst['seq']}, "
                     f"{ms(worst['spread_us'])}, last rank {worst['last_rank']}")
         if named.height:

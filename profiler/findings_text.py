@@ -38,11 +38,15 @@ def bytes_text(b: float) -> str:
 
 
 def steps_text(steps: list) -> str:
-    """`step 3`, `steps 1, 2`."""
-    steps = sorted(s for s in steps if s is not None)
+    """`step 3`, `steps 1, 2`, `steps 1009–1014` (a run of consecutive steps as a range)."""
+    steps = sorted({s for s in steps if s is not None})
     if not steps:
         return "the profiled window"
-    return f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps))}"
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if len(steps) > 2 and steps[-1] - steps[0] == len(steps) - 1:
+        return f"steps {steps[0]}–{steps[-1]}"
+    return f"steps {', '.join(map(str, steps))}"
 
 
 def phase_text(phase: str | None) -> str:

@@ -86,7 +86,7 @@ def test_exposed_comm_names_the_worst_rank_collective_and_phase():
     f = only(F.exposed_comm_rule(exposed_case()))
     assert (f["rule"], f["run"], f["rank"], f["score"]) == ("exposed-comm", "A", 0, 20.0)
     assert "20.0 % of rank 0's step time (200 µs of 1.00 ms over step 1)" in f["text"]
-    assert "most of it is all_gather in forward (150 µs, 75.0 % of the exposed time, 3 calls)" in f["text"]
+    assert "most of it is all_gather in forward: 150 µs, 75.0 % of the exposed time, in 3 calls" in f["text"]
     assert "rank 0 (the worst of 2)" in f["evidence"] and "reduce_scatter in backward 50.0 µs of 100 µs" in f["evidence"]
     assert "forward_prefetch" in f["change"]
 
@@ -175,10 +175,11 @@ def test_persistent_memory_is_silent_at_the_last_stage_and_below_its_threshold()
 # 4. stragglers: 5 collectives of group [0, 1, 2, 3], spreads 100 x 4 + 200 = 600 µs (mean 120),
 # against a 4000 µs step: 15 %; rank 3 last in 4 of 5 (80 %).
 
-def straggler_case(window: float = 4000.0, share_3: float = 80.0, times_3: int = 4) -> SimpleNamespace:
-    g = "[0, 1, 2, 3]"
+def straggler_case(window: float = 4000.0, share_3: float = 80.0, times_3: int = 4, starts=(0.0, 1e3, 2e3, 3e3, 4e3),
+                   group: str | None = "[0, 1, 2, 3]") -> SimpleNamespace:
+    g = group
     skew = pl.DataFrame({"run": "A", "group": g, "algo": "all_reduce", "seq": range(5), "n_ranks": 4, "collective": "all_reduce",
-                         "first_start_us": [0.0, 1e3, 2e3, 3e3, 4e3], "spread_us": [100.0, 100.0, 100.0, 100.0, 200.0],
+                         "first_start_us": list(starts), "spread_us": [100.0, 100.0, 100.0, 100.0, 200.0],
                          "last_rank": [3, 3, 3, 3, 2]})
     strag = pl.DataFrame({"run": "A", "group": g, "rank": [3, 2], "times_last": [times_3, 5 - times_3],
                           "mean_spread_us": [100.0, 200.0], "share_pct": [share_3, 100 - share_3]})
@@ -189,8 +190,8 @@ def straggler_case(window: float = 4000.0, share_3: float = 80.0, times_3: int =
 def test_straggler_named_with_its_share():
     f = only(F.straggler_rule(straggler_case()))
     assert (f["rule"], f["rank"], f["score"]) == ("straggler", 3, 15.0)
-    assert f["text"] == ("Ranks of group [0, 1, 2, 3] start their collectives 120 µs apart on average: 600 µs of waiting for "
-                         "the last rank, 15.0 % of the step time; rank 3 is the last to start in 80.0 % of them (4 of 5).")
+    assert f["text"] == ("Ranks of group [0, 1, 2, 3] start their collectives 120 µs apart on average: some rank waits 600 µs "
+                         "for a later one, 15.0 % of the step time; rank 3 is the last to start in 80.0 % of them (4 of 5).")
     assert "all_reduce #4, 200 µs, last rank 2" in f["evidence"]
 
 
@@ -199,8 +200,15 @@ def test_skew_without_a_straggler():
     assert f["rank"] is None and "no one rank is last consistently" in f["text"]
 
 
-def test_straggler_is_silent_below_its_threshold():
+def test_concurrent_collectives_wait_once():
+    # the first four start together: their waits overlap, [0, 100) once, then [4000, 4200): 300 µs
+    f = only(F.straggler_rule(straggler_case(window=2000.0, starts=(0.0, 0.0, 0.0, 0.0, 4e3))))
+    assert "some rank waits 300 µs for a later one, 15.0 % of the step time" in f["text"]
+
+
+def test_straggler_is_silent_below_its_threshold_and_without_a_group():
     assert F.straggler_rule(straggler_case(window=40000.0)) == []  # 1.5 % < 5 %
+    assert F.straggler_rule(straggler_case(group=None)) == []  # unknown group: instances may not match
 
 
 # ---------------------------------------------------------------------------------------------
