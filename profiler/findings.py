@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 import polars as pl
 
+from profiler import theory_memory
 from profiler.intervals import union
 from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text, switch_change)
 
@@ -140,11 +141,13 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
         if rp.is_empty():
             continue
         mean = lambda c: rp[c].mean() if c in rp.columns and rp[c].null_count() == 0 else None  # noqa: E731
-        bubble = mean("bubble_pct")
+        # The pipeline module's own split (% of the pipeline's rank-time) where it has one; else the
+        # ranks' measured bubble, split from the textbook theory and the replay (docs/findings.md).
+        bubble = mean("pipeline_bubble_pct") if have_split and _finite(mean("pipeline_bubble_pct")) else mean("bubble_pct")
         if not _finite(bubble) or bubble < BUBBLE_MIN_PCT:
             continue
         sched, imb, wait = (mean("schedule_bubble_pct"), mean("imbalance_pct"), mean("comm_wait_pct")) if have_split else (None,) * 3
-        if not _finite(sched, imb, wait):  # before the split columns: theory, replay and measured (module pipeline)
+        if not _finite(sched, imb, wait):
             theory, ideal = mean("theory_pct"), mean("ideal_pct")
             if _finite(theory, ideal):
                 sched, imb, wait = min(theory, ideal), max(0.0, ideal - theory), bubble - ideal
@@ -152,10 +155,7 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
                 sched, imb, wait = ideal, None, bubble - ideal
         schedule, p_ranks, m = rp.select("schedule", "pp_ranks", "microbatches").row(0)
         per_rank = rp.group_by("rank").agg(pl.col("busy_us", "bubble_pct").mean()).sort("busy_us", descending=True)
-        slow_rank, slow_busy, _ = per_rank.row(0)
-        fast_busy = per_rank["busy_us"].min()
-        stages = a.pipeline_actions.filter((pl.col("run").cast(pl.String) == run) & (pl.col("rank") == slow_rank))["stage"]
-        stage_list = ", ".join(map(str, sorted(set(stages.to_list()))))
+        actions = a.pipeline_actions.filter(pl.col("run").cast(pl.String) == run)
         text = f"The pipeline is idle {pct(bubble)} of its window (mean over {per_rank.height} ranks)"
         parts = []
         if _finite(sched):
@@ -167,15 +167,30 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
             parts.append(f"{pct(max(0.0, wait))} waiting for communication")
         if parts:
             text += ": " + ", ".join(parts)
-        text += (f"; the slowest stage is rank {slow_rank} (stage {stage_list}), busy {ms(slow_busy)} per step"
-                 + (f", {num(slow_busy / fast_busy)}× the least busy rank" if fast_busy and fast_busy > 0 else "") + ".")
+        slow = rp.filter(pl.col("slowest_stage").is_not_null()) if "slowest_stage" in rp.columns else rp.clear()
+        if slow.height and _finite(slow["slowest_stage_ratio"].mean()):
+            # the stage most often the slowest over the steps, and the rank that holds it
+            stage = slow["slowest_stage"].mode().sort()[0]
+            holders = actions.filter(pl.col("stage") == stage)["rank"].unique().sort().to_list()
+            slow_rank = holders[0] if holders else None
+            text += (f"; the slowest stage is stage {stage}" + (f" (rank {slow_rank})" if slow_rank is not None else "")
+                     + f", {num(slow['slowest_stage_ratio'].mean())}× the mean stage's compute.")
+            where = f"stage {stage}"
+        else:
+            slow_rank, slow_busy, _ = per_rank.row(0)
+            fast_busy = per_rank["busy_us"].min()
+            stages = ", ".join(map(str, sorted(set(actions.filter(pl.col("rank") == slow_rank)["stage"].to_list()))))
+            text += (f"; the slowest stage is rank {slow_rank} (stage {stages}), busy {ms(slow_busy)} per step"
+                     + (f", {num(slow_busy / fast_busy)}× the least busy rank" if fast_busy and fast_busy > 0 else "") + ".")
+            where = f"rank {slow_rank}'s stage"
         evidence = f"run {run}, {steps_text(rp['step'].unique().sort().to_list())}; bubble per rank: " + ", ".join(
             f"rank {r} {pct(bp)}" for r, _, bp in per_rank.sort("rank").iter_rows())
         biggest = max([("schedule", sched), ("imbalance", imb), ("comm", wait)], key=lambda kv: kv[1] if _finite(kv[1]) else -1)[0]
+        more_m = (f": (p−1)/(m+p−1) is {pct(100 * (p_ranks - 1) / (m + p_ranks - 1))} at m={m}, "
+                  f"{pct(100 * (p_ranks - 1) / (2 * m + p_ranks - 1))} at m={2 * m}" if p_ranks and m else "")
         change = {
-            "schedule": f"raise the microbatch count (the bubble is (p−1)/(m+p−1): m={m} → {2 * m} halves it roughly), "
-                        "or use an interleaved or zero-bubble schedule",
-            "imbalance": f"move layers off rank {slow_rank}'s stage: a pipeline runs at the pace of its slowest stage",
+            "schedule": f"raise the microbatch count{more_m}; or an interleaved or zero-bubble schedule",
+            "imbalance": f"move layers off {where}: a pipeline runs at the pace of its slowest stage",
             "comm": "overlap the stage-boundary sends and receives with compute (post irecv early, batch_isend_irecv), "
                     "or put pipeline neighbours on the fastest link",
         }[biggest]
@@ -390,31 +405,43 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
 
 
 def activation_memory_rule(a: "Analysis") -> list[Row]:
-    """What the memory peak holds beyond persistent state (activations and temporaries), on a GPU."""
-    peaks, pers = _str_run(a.memory_peaks), _str_run(a.persistent_memory)
-    if peaks is None or peaks.is_empty() or pers is None or pers.is_empty():
-        return []
-    # CPU [memory] events count only allocations made after profiling started, not a footprint:
-    # peak minus persistent is meaningful only for a device's own allocator (module profiler.memory).
-    dev = peaks.filter(~pl.col("mem_device").str.starts_with("cpu") & (pl.col("peak_allocated_bytes") > 0))
-    j = dev.join(pers.with_columns(pl.col("rank").cast(dev.schema["rank"])), on=["run", "rank"], how="inner").filter(
-        pl.all_horizontal(pl.col(list(COMPONENTS)).is_not_null())
-    ).with_columns(persistent=pl.sum_horizontal(list(COMPONENTS))).with_columns(
-        transient=pl.col("peak_allocated_bytes") - pl.col("persistent")
-    ).filter(pl.col("transient") > 0).with_columns(share_pct=100 * pl.col("transient") / pl.col("peak_allocated_bytes"))
+    """What the memory peak holds beyond persistent state: activations and temporaries."""
+    j = _activation_shares(a)
     out = []
     for run in j["run"].unique(maintain_order=True).to_list():
-        row = j.filter(pl.col("run") == run).sort("share_pct", descending=True).row(0, named=True)
-        if row["share_pct"] < ACTIVATION_MIN_PCT:
+        row = j.filter(pl.col("run") == run).sort("activation_pct", descending=True).row(0, named=True)
+        if row["activation_pct"] < ACTIVATION_MIN_PCT:
             continue
-        text = (f"Activations and temporaries are at least {pct(row['share_pct'])} of rank {row['rank']}'s memory peak "
-                f"({bytes_text(row['transient'])} of {bytes_text(row['peak_allocated_bytes'])} on {row['mem_device']}; "
-                f"parameters, gradients and optimizer state hold {bytes_text(row['persistent'])})")
-        evidence = f"run {run}, rank {row['rank']}, {row['mem_device']}, peak in step {row['peak_step']}"
+        text = (f"Activations and temporaries are {pct(row['activation_pct'])} of rank {row['rank']}'s memory at its peak "
+                f"({bytes_text(row['activation_bytes'])} of {bytes_text(row['footprint_bytes'])} on {row['mem_device']}; "
+                f"parameters, gradients and optimizer state hold {bytes_text(row['persistent_bytes'])})")
+        evidence = f"run {run}, rank {row['rank']}, {row['mem_device']}" + (f"; {row['basis']}" if row.get("basis") else "")
         change = ("recompute activations in backward (activation checkpointing: about +33 % compute, one more forward), "
                   "use smaller microbatches, or sequence parallelism to split the remaining activations")
-        out.append(_row("activation-memory", run, row["rank"], row["share_pct"], text + ".", evidence, change))
+        out.append(_row("activation-memory", run, row["rank"], row["activation_pct"], text + ".", evidence, change))
     return out
+
+
+def _activation_shares(a: "Analysis") -> pl.DataFrame:
+    """run, rank, mem_device, activation_bytes, footprint_bytes, persistent_bytes, activation_pct (> 0, finite)."""
+    cols = ["run", "rank", "mem_device", "activation_bytes", "footprint_bytes", "persistent_bytes", "activation_pct"]
+    peaks, pers = _str_run(a.memory_peaks), _str_run(a.persistent_memory)
+    shares = getattr(theory_memory, "activation_peak", None)  # the memory theory's, where it has one
+    if shares is not None and peaks is not None:
+        j = _str_run(shares(peaks, _str_run(a.theory_memory), a.runs))
+    elif peaks is None or peaks.is_empty() or pers is None or pers.is_empty():
+        return pl.DataFrame(schema={c: pl.String if c in ("run", "mem_device") else pl.Float64 for c in cols})
+    else:
+        # A device's allocator counts everything: transient = peak - persistent. CPU [memory] events
+        # count only allocations made after profiling started, not a footprint (profiler.memory).
+        dev = peaks.filter(~pl.col("mem_device").str.starts_with("cpu"))
+        j = (dev.join(pers.with_columns(pl.col("rank").cast(dev.schema["rank"])), on=["run", "rank"], how="inner")
+             .filter(pl.all_horizontal(pl.col(list(COMPONENTS)).is_not_null()))
+             .with_columns(persistent_bytes=pl.sum_horizontal(list(COMPONENTS)), footprint_bytes=pl.col("peak_allocated_bytes"))
+             .with_columns(activation_bytes=pl.col("footprint_bytes") - pl.col("persistent_bytes"))
+             .with_columns(activation_pct=100 * pl.col("activation_bytes") / pl.col("footprint_bytes"))
+             .with_columns(basis=pl.lit(None, pl.String)))
+    return j.filter(pl.col("activation_pct").is_finite() & (pl.col("activation_bytes") > 0) & (pl.col("footprint_bytes") > 0))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -115,8 +115,10 @@ def pipeline_case(bubbles=(40.0, 20.0), split: tuple | None = None) -> SimpleNam
                      "window_us": 100.0, "busy_us": 100.0 - bubble, "bubble_us": bubble, "bubble_pct": bubble,
                      "theory_pct": 20.0, "ideal_pct": ideal})
     p = frame(rows, SUMMARY_COLUMNS | {"run": pl.String})
-    if split:
-        p = p.with_columns(schedule_bubble_pct=pl.lit(split[0]), imbalance_pct=pl.lit(split[1]), comm_wait_pct=pl.lit(split[2]))
+    if split:  # the pipeline module's own split: % of the pipeline's rank-time, summing to pipeline_bubble_pct
+        p = p.with_columns(pipeline_bubble_pct=pl.lit(sum(split)), schedule_bubble_pct=pl.lit(split[0]),
+                           imbalance_pct=pl.lit(split[1]), comm_wait_pct=pl.lit(split[2]),
+                           slowest_stage=pl.lit(1), slowest_stage_ratio=pl.lit(1.25))
     actions = frame([{"run": "A", "rank": r, "step": 1, "action": "F", "stage": r, "microbatch": 0} for r in (0, 1)],
                     ACTION_COLUMNS | {"run": pl.String})
     return fake(ranks=(0, 1), pipeline=p, pipeline_actions=actions)
@@ -129,13 +131,16 @@ def test_pipeline_bubble_from_theory_and_replay():
             "5.00 % waiting for communication; the slowest stage is rank 1 (stage 1), busy 80.0 µs per step, 1.33× the least "
             "busy rank") in f["text"]
     assert "rank 0 40.0 %, rank 1 20.0 %" in f["evidence"]
-    assert "microbatch count" in f["change"]  # the schedule's share is the largest
+    # the schedule's share is the largest: 1/5 at m=4, 1/9 at m=8
+    assert f["change"].startswith("raise the microbatch count: (p−1)/(m+p−1) is 20.0 % at m=4, 11.1 % at m=8")
 
 
 def test_pipeline_bubble_uses_the_split_columns_when_there():
-    f = only(F.pipeline_bubble_rule(pipeline_case(split=(10.0, 15.0, 5.0))))
-    assert "10.0 % is 1f1b's own bubble (p=2, m=4), 15.0 % stage imbalance, 5.00 % waiting for communication" in f["text"]
-    assert "move layers off rank 1's stage" in f["change"]
+    f = only(F.pipeline_bubble_rule(pipeline_case(split=(10.0, 15.0, 6.0))))
+    assert f["score"] == 31.0
+    assert ("idle 31.0 % of its window (mean over 2 ranks): 10.0 % is 1f1b's own bubble (p=2, m=4), 15.0 % stage imbalance, "
+            "6.00 % waiting for communication; the slowest stage is stage 1 (rank 1), 1.25× the mean stage's compute.") in f["text"]
+    assert "move layers off stage 1" in f["change"]
 
 
 def test_pipeline_bubble_is_silent_below_its_threshold():
@@ -277,15 +282,21 @@ def activation_case(peak_mib: int = 100, device: str = "cuda:0") -> SimpleNamesp
     return fake(memory_peaks=peaks, persistent_memory=memory_case().persistent_memory)
 
 
-def test_activation_share_of_the_peak():
+@pytest.fixture
+def no_activation_theory(monkeypatch):
+    """The rule's own fallback: the memory theory's activation_peak taken away (where it exists)."""
+    monkeypatch.delattr(F.theory_memory, "activation_peak", raising=False)
+
+
+def test_activation_share_of_the_peak(no_activation_theory):
     f = only(F.activation_memory_rule(activation_case()))
     assert (f["rule"], f["rank"], f["score"]) == ("activation-memory", 0, 84.0)
-    assert f["text"] == ("Activations and temporaries are at least 84.0 % of rank 0's memory peak (84.0 MiB of 100 MiB on "
+    assert f["text"] == ("Activations and temporaries are 84.0 % of rank 0's memory at its peak (84.0 MiB of 100 MiB on "
                          "cuda:0; parameters, gradients and optimizer state hold 16.0 MiB).")
     assert "checkpointing" in f["change"]
 
 
-def test_activation_share_is_silent_on_cpu_and_below_its_threshold():
+def test_activation_share_is_silent_on_cpu_and_below_its_threshold(no_activation_theory):
     assert F.activation_memory_rule(activation_case(device="cpu")) == []  # CPU events are not a footprint
     assert F.activation_memory_rule(activation_case(peak_mib=30)) == []  # 14 / 30 = 46.7 % < 50 %
     assert F.activation_memory_rule(activation_case(peak_mib=10)) == []  # below the persistent bytes: nothing said
