@@ -203,6 +203,7 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
 
 
 COMPONENTS = {"params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state"}
+SUBJECT = {"params_bytes": "Parameters are", "grads_bytes": "Gradients are", "optimizer_bytes": "Optimizer state is"}
 
 
 def persistent_memory_rule(a: "Analysis") -> list[Row]:
@@ -229,7 +230,7 @@ def persistent_memory_rule(a: "Analysis") -> list[Row]:
             continue
         source, rank, comp, comp_bytes, total = _largest_component(measured, run) or _largest_component(predicted, run) or (None,) * 5
         if comp is not None:
-            text = (f"{COMPONENTS[comp].capitalize()} is the largest persistent memory on rank {rank}: "
+            text = (f"{SUBJECT[comp]} the largest persistent memory on rank {rank}: "
                     f"{bytes_text(comp_bytes)} of {bytes_text(total)} ({pct(100 * comp_bytes / total)}, {source})")
         else:
             text = f"Each rank holds {bytes_text(cur_total)} of parameters, gradients and optimizer state ({cur_layout})"

@@ -416,6 +416,19 @@ def test_persistent_memory_on_ddp(runs):
 
 
 @pytest.mark.multirank
+def test_persistent_memory_on_ddp_from_the_memory_theory(runs):
+    a = analyze(load_traces(runs("ddp", 2)))
+    if a.memory_whatif.is_empty():
+        pytest.skip("no memory theory on this branch (theory_memory.memory_whatif returns nothing)")
+    f = only([r for r in findings(a).to_dicts() if r["rule"] == "persistent-memory"])
+    cur = a.memory_whatif.filter(pl.col("current"))
+    z1 = a.memory_whatif.filter(pl.col("layout") == "zero1")
+    assert cur["layout"][0] == "ddp"
+    assert f["score"] == pytest.approx(100 * (cur["total_bytes"][0] - z1["total_bytes"][0]) / cur["total_bytes"][0])
+    assert "zero1 would hold" in f["text"] and f["change"].startswith("switch to zero1")
+
+
+@pytest.mark.multirank
 def test_comparison_on_ddp_and_fsdp(runs, monkeypatch):
     monkeypatch.setattr(F, "COMPARE_MIN_PCT", 0.0)
     a = analyze(load_traces([runs("ddp", 2), runs("fsdp", 2)]))
