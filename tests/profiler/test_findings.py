@@ -437,3 +437,20 @@ def test_comparison_on_ddp_and_fsdp(runs, monkeypatch):
     slow, fast = step["run"].cast(pl.String).to_list()
     assert f["text"].startswith(f"{slow}'s step is {F.num(step['window_us'][0] / step['window_us'][1])}× {fast}'s")
     assert f["score"] == pytest.approx(100 * (step["window_us"][0] - step["window_us"][1]) / step["window_us"][0])
+
+
+@pytest.mark.multirank
+def test_pipeline_bubble_on_an_unbalanced_1f1b(runs, monkeypatch):
+    # 1F1B over 2 ranks, the last stage holding 7 of tiny8's 8 blocks: the bubble is mostly stage
+    # imbalance, and the slowest stage is stage 1 on rank 1.
+    import dataclasses as dc
+
+    from runners.options import RunOptions
+
+    if "stage_layers" not in {f.name for f in dc.fields(RunOptions)}:
+        pytest.skip("ptprof run has no --stage-layers on this branch")
+    monkeypatch.setattr(F, "BUBBLE_MIN_PCT", 0.0)  # fire whatever the timing
+    a = analyze(load_traces(runs("1f1b", 2, "--model", "tiny8", "--microbatches", "4", "--stage-layers", "1,7")))
+    f = only([r for r in findings(a).to_dicts() if r["rule"] == "pipeline-bubble"])
+    assert f["rank"] == 1 and "the slowest stage is stage 1 (rank 1)" in f["text"]
+    assert f["change"].startswith("move layers off stage 1")
