@@ -361,8 +361,12 @@ def test_no_input_no_findings():
 
 
 def test_no_finding_holds_a_non_finite_number():
-    text = " ".join(findings(pipeline_case()).select("text", "evidence", "change").to_numpy().ravel())
-    assert not re.search(r"\b(nan|inf|None)\b", text, re.IGNORECASE)
+    cases = [exposed_case(), exposed_case(phase=None), pipeline_case(), pipeline_case(split=(10.0, 15.0, 6.0)), memory_case(),
+             straggler_case(), volume_case(), bandwidth_case(), compare_case()]
+    out = pl.concat([findings(c) for c in cases])
+    assert out.height == len(cases)
+    text = " ".join(out.select("text", "evidence", "change").to_numpy().ravel())
+    assert not re.search(r"\b(nan|inf|None|null)\b", text, re.IGNORECASE)
 
 
 def test_docs_name_every_rule_and_threshold():
