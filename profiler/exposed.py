@@ -68,10 +68,13 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame) -> pl.DataFrame:
 
 
 def _gpu_compute(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
-    # Compute kernels of the ranks whose collectives are NCCL kernels.
+    # Compute kernels of the ranks whose collectives are NCCL kernels; with steps assigned, only
+    # those of a profiled step, as the breakdown counts them (a kernel launched before profiling
+    # began hides nothing there either).
     gpu = calls.filter(pl.col("source") != "gloo").select(KEYS).unique()
+    in_step = pl.col("step").is_not_null() if "step" in events.columns else pl.lit(True)
     return (
-        events.lazy().filter((pl.col("device") == "gpu") & (pl.col("kind") == "compute"))
+        events.lazy().filter((pl.col("device") == "gpu") & (pl.col("kind") == "compute") & in_step)
         .select(*KEYS, start_us="ts_us", end_us="end_us").collect()
         .join(gpu, on=KEYS, how="semi")
     )

@@ -9,7 +9,8 @@ from profiler import load_traces, temporal_breakdown
 from profiler.collectives import collectives
 from profiler.exposed import EXPOSED_COLUMNS, exposed_comm
 from profiler.report import analyze
-from tests.profiler.conftest import kernel, launch, make_events, step
+from tests.conftest import SHARED_TRACES
+from tests.profiler.conftest import GPU_NCCL, kernel, launch, make_events, step
 
 # One step [0, 300). Compute [0, 100) and [180, 250); an all-reduce [50, 150) on stream 9 and an
 # all-gather [120, 200) on stream 10. Exposed (comm, no compute) = [100, 180) = 80 µs:
@@ -74,3 +75,13 @@ def test_exposed_sums_to_the_breakdowns_exposed_comm(runs, paradigm):
     # every collective counted whole: equal up to communication crossing a step boundary
     assert joined["exposed_us"].to_list() == pytest.approx(joined["exposed_comm_us"].to_list(), rel=0.02)
     assert (a.exposed["exposed_us"] <= a.exposed["comm_us"] + 1e-6).all()
+
+
+@pytest.mark.parametrize("path", [GPU_NCCL, SHARED_TRACES / "single" / "a100_rank3_of_8.json.gz"])
+def test_exposed_per_collective_sums_to_the_breakdown_on_nccl_traces(path):
+    # GPU: every comm kernel is one collective row, all in a step: the sums are equal.
+    a = analyze(load_traces([path]))
+    per_rank = a.exposed.group_by("rank").agg(pl.col("exposed_us").sum())
+    joined = per_rank.join(a.breakdown.select("rank", "exposed_comm_us"), on="rank")
+    assert joined.height == a.breakdown.height > 0
+    assert joined["exposed_us"].to_list() == pytest.approx(joined["exposed_comm_us"].to_list(), rel=1e-9)
