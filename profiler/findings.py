@@ -33,7 +33,7 @@ FINDING_COLUMNS = {
 EXPOSED_COMM_MIN_PCT = 5.0  # exposed communication, % of the worst rank's step time
 BUBBLE_MIN_PCT = 10.0  # pipeline idle time, % of the pipeline window (mean over ranks and steps)
 MEMORY_SAVING_MIN_PCT = 10.0  # what the next ZeRO stage saves, % of the persistent bytes per rank
-SKEW_MIN_PCT = 5.0  # summed start spread of collectives, % of the step time
+SKEW_MIN_PCT = 5.0  # time some rank waits for a later one to start a collective, % of the step time
 STRAGGLER_MIN_SHARE_PCT = 75.0  # a rank last in at least this share of its group's collectives ...
 STRAGGLER_MIN_TIMES = 4  # ... and at least this many times is named a straggler
 VOLUME_MIN_PCT = 1.0  # communication time the volume mismatch accounts for, % of the step
@@ -117,9 +117,10 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                   .sort("exposed_us", descending=True))
             if by.height and by["exposed_us"][0] > 0:
                 kind, phase, top_us, comm_us, calls = by.row(0)
-                text += (f"; most of it is {kind} {phase_text(phase)}: {ms(top_us)}, {pct(100 * top_us / exp_us)} of "
-                         f"the exposed time, in {calls} calls")
-                evidence += f"; exposed by collective: " + ", ".join(
+                top_pct = 100 * top_us / exp_us
+                text += (f"; {'most of it' if top_pct >= 50 else 'the largest part'} is {kind} {phase_text(phase)}: "
+                         f"{ms(top_us)}, {pct(top_pct)} of the exposed time, in {calls} calls")
+                evidence += "; exposed by collective: " + ", ".join(
                     f"{k} {phase_text(p)} {ms(e)} of {ms(c)}" for k, p, e, c, _ in by.head(3).iter_rows())
         out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, collective_change(kind, phase)))
     return out

@@ -96,6 +96,12 @@ def test_exposed_comm_without_a_phase_says_so():
     assert "all_gather (phase unknown)" in f["text"]
 
 
+def test_exposed_comm_names_the_largest_part_when_no_collective_has_most():
+    e = exposed_case()
+    e.exposed = e.exposed.with_columns(exposed_us=pl.Series([90.0, 60.0]))  # 90 of 200: 45 %
+    assert "; the largest part is all_gather in forward: 90.0 µs, 45.0 % of the exposed time" in only(F.exposed_comm_rule(e))["text"]
+
+
 def test_exposed_comm_is_silent_below_its_threshold_and_on_nan():
     assert F.exposed_comm_rule(exposed_case(exposed_0=40.0, exposed_1=30.0)) == []  # 4 % and 3 % < 5 %
     assert F.exposed_comm_rule(fake(ranks=(0, 1), breakdown=frame(
