@@ -461,21 +461,23 @@ def comparison_rule(a: "Analysis") -> list[Row]:
     for run in runs[1:]:
         if parts[base] is None or parts[run] is None:
             continue
-        (b_step, b_parts), (r_step, r_parts) = parts[base], parts[run]
-        diff = r_step - b_step
-        score = 100 * abs(diff) / max(b_step, r_step)
+        (slow, (s_step, s_parts)), (fast, (f_step, f_parts)) = sorted(
+            [(run, parts[run]), (base, parts[base])], key=lambda kv: -kv[1][0])
+        diff = s_step - f_step
+        score = 100 * diff / s_step
         if score < COMPARE_MIN_PCT:
             continue
-        deltas = {k: r_parts.get(k, 0.0) - b_parts.get(k, 0.0) for k in {*b_parts, *r_parts}}
-        cause, delta = max(deltas.items(), key=lambda kv: kv[1] * math.copysign(1, diff))
-        slow, fast = (run, base) if diff > 0 else (base, run)
-        ratio = max(b_step, r_step) / min(b_step, r_step)
-        text = (f"{slow}'s step is {num(ratio)}× {fast}'s ({ms(max(b_step, r_step))} vs {ms(min(b_step, r_step))}); "
-                f"{pct(100 * delta / diff)} of the difference is {cause} ({'+' if delta * diff > 0 else '−'}{ms(abs(delta))})")
-        evidence = "mean per rank and step; " + ", ".join(
-            f"{k} {'+' if v >= 0 else '−'}{ms(abs(v))}" for k, v in sorted(deltas.items(), key=lambda kv: -abs(kv[1]))[:4]
-            if _finite(v)) + f" ({run} against {base})"
-        change = (f"look at {cause} in {slow} first: " + _cause_change(cause))
+        # Every part's change from the faster run to the slower one; they sum to the difference.
+        deltas = {k: s_parts.get(k, 0.0) - f_parts.get(k, 0.0) for k in {*s_parts, *f_parts}}
+        cause, delta = max(deltas.items(), key=lambda kv: kv[1])
+        text = f"{slow}'s step is {num(s_step / f_step)}× {fast}'s ({ms(s_step)} vs {ms(f_step)}); "
+        if delta <= diff:
+            text += f"{pct(100 * delta / diff)} of the difference is {cause} (+{ms(delta)})"
+        else:  # other parts got faster: this one alone adds more than the whole difference
+            text += f"{cause} adds {ms(delta)}, more than the whole difference ({ms(diff)}; other parts take less time)"
+        evidence = f"mean per rank and step, {slow} minus {fast}: " + ", ".join(
+            f"{k} {'+' if v >= 0 else '−'}{ms(abs(v))}" for k, v in sorted(deltas.items(), key=lambda kv: -abs(kv[1]))[:4])
+        change = f"look at {cause} in {slow} first: " + _cause_change(cause)
         out.append(_row("comparison", None, None, score, text + ".", evidence, change))
     return out
 
@@ -510,7 +512,8 @@ def _step_parts(a: "Analysis", run: str) -> tuple[float, dict[str, float]] | Non
 
 def _cause_change(cause: str) -> str:
     if cause == "compute":
-        return "more compute per step (recomputation, smaller kernels, a different layout of the work)"
+        return ("compare the two runs' top operators and kernels: the extra compute is in those whose time grew "
+                "(parameter copies and casts of a sharded layout, recomputation, smaller and less efficient kernels)")
     if cause == "idle":
         return "idle time: waits on other ranks, the host or data loading; see the straggler and pipeline findings"
     if " exposed " in cause:

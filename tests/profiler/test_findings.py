@@ -333,11 +333,28 @@ def test_comparison_names_the_main_cause():
     f = only(F.comparison_rule(compare_case()))
     assert (f["rule"], f["run"], f["rank"], f["score"]) == ("comparison", None, None, 50.0)
     assert f["text"] == "B's step is 2.00× A's (2.00 ms vs 1.00 ms); 80.0 % of the difference is all_gather exposed in forward (+800 µs)."
-    assert "all_gather exposed in forward +800 µs, all_reduce exposed in backward −250 µs" in f["evidence"]
+    assert f["evidence"] == ("mean per rank and step, B minus A: all_gather exposed in forward +800 µs, all_reduce exposed in "
+                             "backward −250 µs, reduce_scatter exposed in backward +200 µs, compute +100 µs")
     assert "forward_prefetch" in f["change"]
     # B first: the same finding, B still the slower one
     g = only(F.comparison_rule(compare_case(order=("B", "A"))))
-    assert g["text"] == f["text"]
+    assert g["text"] == f["text"] and g["evidence"] == f["evidence"]
+
+
+def test_comparison_when_one_part_outgrows_the_difference():
+    # B: compute 0, idle 100, the same exposed collectives as above (1000), other 100: a 1200 µs step
+    c = compare_case()
+    steps = frame([
+        {"run": "A", "rank": 0, "step": 1, "window_us": 1000.0, "compute_us": 600.0, "idle_us": 100.0, "non_compute_us": 300.0,
+         "exposed_comm_us": 250.0},
+        {"run": "B", "rank": 0, "step": 1, "window_us": 1200.0, "compute_us": 0.0, "idle_us": 100.0, "non_compute_us": 1100.0,
+         "exposed_comm_us": 1000.0},
+    ], BREAKDOWN | {"step": pl.Int64})
+    c.breakdown_steps = steps
+    # deltas: compute -600, idle 0, all_reduce -250, all_gather +800, reduce_scatter +200, other +50: +200 in all
+    f = only(F.comparison_rule(c))
+    assert f["text"] == ("B's step is 1.20× A's (1.20 ms vs 1.00 ms); all_gather exposed in forward adds 800 µs, more than the "
+                         "whole difference (200 µs; other parts take less time).")
 
 
 def test_comparison_is_silent_for_close_runs_and_one_run():
