@@ -73,6 +73,9 @@ COLLECTIVE_CHANGES: dict[tuple[str, str | None], str] = {
                           "all-to-all, or run a shared expert meanwhile); a lower capacity factor sends less",
     ("send", None): "pipeline transfers: more microbatches, and sends/receives posted early (isend/irecv, "
                     "batch_isend_irecv) so they overlap the next microbatch's compute",
+    ("broadcast", "optimizer"): "ZeroRedundancyOptimizer broadcasts each rank's updated shard after every step: fewer, "
+                                "larger broadcasts (parameters_as_bucket_view=True), or overlap them with DDP's backward "
+                                "(overlap_with_ddp=True with its DDP comm hook)",
     ("broadcast", None): "a broadcast in every step: turn off what issues it where it is not needed (DDP "
                          "broadcast_buffers=False without changing buffers; ZeroRedundancyOptimizer's parameter broadcast "
                          "is the price of ZeRO-1 in torch)",
