@@ -481,3 +481,17 @@ def test_pipeline_bubble_on_an_unbalanced_1f1b(runs, monkeypatch):
     f = only([r for r in findings(a).to_dicts() if r["rule"] == "pipeline-bubble"])
     assert f["rank"] == 1 and "the slowest stage is stage 1 (rank 1)" in f["text"]
     assert f["change"].startswith("move layers off stage 1")
+
+
+def test_numbers_in_human_units():
+    from profiler.findings_text import bytes_text, collective_change, ms, num, pct, steps_text
+
+    assert [num(x) for x in (0.0123456, 1.23456, 12.3456, 123.456, 1234.5)] == ["0.0123", "1.23", "12.3", "123", "1234"]
+    assert (pct(92.04), ms(875.0), ms(8751.8), ms(1.5e6)) == ("92.0 %", "875 µs", "8.75 ms", "1.50 s")
+    assert (bytes_text(800), bytes_text(1536), bytes_text(3 * MIB), bytes_text(2**31)) == ("800 B", "1.50 KiB", "3.00 MiB", "2.00 GiB")
+    assert (steps_text([2]), steps_text([1, 2]), steps_text([5, 3, 4]), steps_text([1, 3, 4])) == (
+        "step 2", "steps 1, 2", "steps 3–5", "steps 1, 3, 4")
+    # by collective and phase, then by collective, then a generic one; recv is a pipeline transfer like send
+    assert "forward_prefetch" in collective_change("all_gather", "forward")
+    assert collective_change("recv", None) == collective_change("send", "backward")
+    assert collective_change("barrier", None) == collective_change(None, None)
