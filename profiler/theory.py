@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from profiler.theory_pipeline import PIPELINE_PARADIGMS, pipeline_p2p_rows
+
 # One row per (run, rank, dim, phase, collective, group_size): what one rank does per step.
 # bytes: nccl-tests "size" convention (all-reduce buffer, all-gather output, reduce-scatter input,
 # all-to-all buffer, p2p message), the same as profiler.collectives' size_bytes, summed over calls.
@@ -29,7 +31,16 @@ CHECK_COLUMNS = {
 
 def predict_comm(runs: dict[str, dict | None]) -> pl.DataFrame:
     """Per run with a run.json: COMM_COLUMNS, the communication each rank does per step."""
-    return pl.DataFrame(schema=COMM_COLUMNS)
+    # Pipeline schedules: only their stage-boundary sends and receives (profiler.theory_pipeline).
+    rows = [{"run": run, "rank": rank, **row} for run, m in runs.items() if m and m.get("paradigm") in PIPELINE_PARADIGMS
+            for rank in _ranks(m) for row in pipeline_p2p_rows(m, rank)]
+    return pl.DataFrame(rows, schema=COMM_COLUMNS)
+
+
+def _ranks(manifest: dict) -> range:
+    """0..world_size-1 of a run.json, empty where world_size is not a plausible count (user data)."""
+    n = manifest.get("world_size")
+    return range(n) if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 1 << 20 else range(0)
 
 
 def comm_check(runs: dict[str, dict | None], comm: pl.DataFrame, collectives: pl.DataFrame) -> pl.DataFrame:
