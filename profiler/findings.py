@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Callable
 
 import polars as pl
 
-from profiler import theory_memory
 from profiler.intervals import union
+from profiler.theory_memory import ACTIVATION_COLUMNS
 from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text, switch_change)
 
 if TYPE_CHECKING:
@@ -407,7 +407,7 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
 
 
 def activation_memory_rule(a: "Analysis") -> list[Row]:
-    """What the memory peak holds beyond persistent state: activations and temporaries."""
+    """What the memory peak holds beyond persistent state (Analysis.activation): activations and temporaries."""
     j = _activation_shares(a)
     out = []
     for run in j["run"].unique(maintain_order=True).to_list():
@@ -425,25 +425,12 @@ def activation_memory_rule(a: "Analysis") -> list[Row]:
 
 
 def _activation_shares(a: "Analysis") -> pl.DataFrame:
-    """run, rank, mem_device, activation_bytes, footprint_bytes, persistent_bytes, activation_pct (> 0, finite)."""
-    cols = ["run", "rank", "mem_device", "activation_bytes", "footprint_bytes", "persistent_bytes", "activation_pct"]
-    peaks, pers = _str_run(a.memory_peaks), _str_run(a.persistent_memory)
-    shares = getattr(theory_memory, "activation_peak", None)  # the memory theory's, where it has one
-    if shares is not None and peaks is not None:
-        j = _str_run(shares(peaks, _str_run(a.theory_memory), a.runs))
-    elif peaks is None or peaks.is_empty() or pers is None or pers.is_empty():
-        return pl.DataFrame(schema={c: pl.String if c in ("run", "mem_device") else pl.Float64 for c in cols})
-    else:
-        # A device's allocator counts everything: transient = peak - persistent. CPU [memory] events
-        # count only allocations made after profiling started, not a footprint (profiler.memory).
-        dev = peaks.filter(~pl.col("mem_device").str.starts_with("cpu"))
-        j = (dev.join(pers.with_columns(pl.col("rank").cast(dev.schema["rank"])), on=["run", "rank"], how="inner")
-             .filter(pl.all_horizontal(pl.col(list(COMPONENTS)).is_not_null()))
-             .with_columns(persistent_bytes=pl.sum_horizontal(list(COMPONENTS)), footprint_bytes=pl.col("peak_allocated_bytes"))
-             .with_columns(activation_bytes=pl.col("footprint_bytes") - pl.col("persistent_bytes"))
-             .with_columns(activation_pct=100 * pl.col("activation_bytes") / pl.col("footprint_bytes"))
-             .with_columns(basis=pl.lit(None, pl.String)))
-    return j.filter(pl.col("activation_pct").is_finite() & (pl.col("activation_bytes") > 0) & (pl.col("footprint_bytes") > 0))
+    """Analysis.activation (ACTIVATION_COLUMNS) rows with a share to speak of."""
+    act = _str_run(getattr(a, "activation", None))
+    if act is None or act.is_empty():
+        return pl.DataFrame(schema=ACTIVATION_COLUMNS)
+    return act.filter(pl.col("activation_pct").is_finite() & (pl.col("activation_bytes") > 0) & (pl.col("footprint_bytes") > 0)
+                      & pl.col("persistent_bytes").is_not_null())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,14 +456,14 @@ def comparison_rule(a: "Analysis") -> list[Row]:
             continue
         # Every part's change from the faster run to the slower one; they sum to the difference.
         deltas = {k: s_parts.get(k, 0.0) - f_parts.get(k, 0.0) for k in {*s_parts, *f_parts}}
-        cause, delta = max(deltas.items(), key=lambda kv: kv[1])
+        cause, delta = min(deltas.items(), key=lambda kv: (-kv[1], kv[0]))  # ties by name: the same text every time
         text = f"{slow}'s step is {num(s_step / f_step)}× {fast}'s ({ms(s_step)} vs {ms(f_step)}); "
         if delta <= diff:
             text += f"{pct(100 * delta / diff)} of the difference is {cause} (+{ms(delta)})"
         else:  # other parts got faster: this one alone adds more than the whole difference
             text += f"{cause} adds {ms(delta)}, more than the whole difference ({ms(diff)}; other parts take less time)"
         evidence = f"mean per rank and step, {slow} minus {fast}: " + ", ".join(
-            f"{k} {'+' if v >= 0 else '−'}{ms(abs(v))}" for k, v in sorted(deltas.items(), key=lambda kv: -abs(kv[1]))[:4])
+            f"{k} {'+' if v >= 0 else '−'}{ms(abs(v))}" for k, v in sorted(deltas.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:4])
         change = f"look at {cause} in {slow} first: " + _cause_change(cause)
         out.append(_row("comparison", None, None, score, text + ".", evidence, change))
     return out

@@ -20,7 +20,7 @@ from profiler.findings import FINDING_COLUMNS, findings
 from profiler.pipeline import ACTION_COLUMNS, SUMMARY_COLUMNS
 from profiler.report import analyze
 from profiler.theory import CHECK_COLUMNS
-from profiler.theory_memory import MEMORY_COLUMNS, WHATIF_COLUMNS
+from profiler.theory_memory import ACTIVATION_COLUMNS, MEMORY_COLUMNS, WHATIF_COLUMNS
 from tests.conftest import REPO, SHARED_TRACES
 
 MIB = 2**20
@@ -54,7 +54,7 @@ def fake(runs=("A",), ranks=(0,), **frames) -> SimpleNamespace:
         "memory_peaks": frame([], {"run": pl.String, "rank": pl.Int32, "mem_device": pl.String, "peak_allocated_bytes": pl.Int64,
                                    "peak_step": pl.Int64}),
         "persistent_memory": frame([], PERSISTENT), "theory_memory": frame([], MEMORY_COLUMNS),
-        "memory_whatif": frame([], WHATIF_COLUMNS), "theory_check": frame([], CHECK_COLUMNS), "alpha_beta": frame([], FIT_COLUMNS),
+        "memory_whatif": frame([], WHATIF_COLUMNS), "activation": frame([], ACTIVATION_COLUMNS), "theory_check": frame([], CHECK_COLUMNS), "alpha_beta": frame([], FIT_COLUMNS),
     }
     return SimpleNamespace(**(empty | frames))
 
@@ -280,32 +280,31 @@ def test_bandwidth_is_silent_below_its_threshold_and_on_a_poor_fit():
 
 
 # ---------------------------------------------------------------------------------------------
-# 7. activation share: a 100 MiB CUDA peak beside 4 + 4 + 8 = 16 MiB of persistent state: 84 %.
+# 7. activation share: a 100 MiB CUDA peak beside 4 + 4 + 8 = 16 MiB of persistent state: 84 %
+# (Analysis.activation, theory_memory.activation_peak's frame).
 
-def activation_case(peak_mib: int = 100, device: str = "cuda:0") -> SimpleNamespace:
-    peaks = frame([{"run": "A", "rank": 0, "mem_device": device, "peak_allocated_bytes": peak_mib * MIB, "peak_step": 2}],
-                  fake().memory_peaks.schema)
-    return fake(memory_peaks=peaks, persistent_memory=memory_case().persistent_memory)
+def activation_case(peak_mib: int = 100, device: str = "cuda:0", persistent_mib: int | None = 16) -> SimpleNamespace:
+    p = None if persistent_mib is None else persistent_mib * MIB
+    act = None if p is None else max(0, peak_mib * MIB - p)
+    row = {"run": "A", "rank": 0, "mem_device": device, "peak_allocated_bytes": peak_mib * MIB, "persistent_bytes": p,
+           "footprint_bytes": None if p is None else peak_mib * MIB, "activation_bytes": act,
+           "activation_pct": None if p is None else 100 * act / (peak_mib * MIB),
+           "basis": "device counter (includes everything): activation = peak − persistent"}
+    return fake(activation=frame([row], ACTIVATION_COLUMNS))
 
 
-@pytest.fixture
-def no_activation_theory(monkeypatch):
-    """The rule's own fallback: the memory theory's activation_peak taken away (where it exists)."""
-    monkeypatch.delattr(F.theory_memory, "activation_peak", raising=False)
-
-
-def test_activation_share_of_the_peak(no_activation_theory):
+def test_activation_share_of_the_peak():
     f = only(F.activation_memory_rule(activation_case()))
     assert (f["rule"], f["rank"], f["score"]) == ("activation-memory", 0, 84.0)
     assert f["text"] == ("Activations and temporaries are 84.0 % of rank 0's memory at its peak (84.0 MiB of 100 MiB on "
                          "cuda:0; parameters, gradients and optimizer state hold 16.0 MiB).")
-    assert "checkpointing" in f["change"]
+    assert "device counter" in f["evidence"] and "checkpointing" in f["change"]
 
 
-def test_activation_share_is_silent_on_cpu_and_below_its_threshold(no_activation_theory):
-    assert F.activation_memory_rule(activation_case(device="cpu")) == []  # CPU events are not a footprint
+def test_activation_share_is_silent_without_theory_and_below_its_threshold():
+    assert F.activation_memory_rule(activation_case(persistent_mib=None)) == []  # no run.json dims: no share
     assert F.activation_memory_rule(activation_case(peak_mib=30)) == []  # 14 / 30 = 46.7 % < 50 %
-    assert F.activation_memory_rule(activation_case(peak_mib=10)) == []  # below the persistent bytes: nothing said
+    assert F.activation_memory_rule(activation_case(peak_mib=10)) == []  # below the persistent bytes: 0, nothing said
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,7 +384,7 @@ def test_no_input_no_findings():
 
 def test_no_finding_holds_a_non_finite_number():
     cases = [exposed_case(), exposed_case(phase=None), pipeline_case(), pipeline_case(split=(10.0, 15.0, 6.0)), memory_case(),
-             straggler_case(), volume_case(), bandwidth_case(), compare_case()]
+             straggler_case(), volume_case(), bandwidth_case(), activation_case(), compare_case()]
     out = pl.concat([findings(c) for c in cases])
     assert out.height == len(cases)
     text = " ".join(out.select("text", "evidence", "change").to_numpy().ravel())
@@ -445,8 +444,6 @@ def test_persistent_memory_on_ddp(runs):
 @pytest.mark.multirank
 def test_persistent_memory_on_ddp_from_the_memory_theory(runs):
     a = analyze(load_traces(runs("ddp", 2)))
-    if a.memory_whatif.is_empty():
-        pytest.skip("no memory theory on this branch (theory_memory.memory_whatif returns nothing)")
     f = only([r for r in findings(a).to_dicts() if r["rule"] == "persistent-memory"])
     cur = a.memory_whatif.filter(pl.col("current"))
     z1 = a.memory_whatif.filter(pl.col("layout") == "zero1")
@@ -470,12 +467,6 @@ def test_comparison_on_ddp_and_fsdp(runs, monkeypatch):
 def test_pipeline_bubble_on_an_unbalanced_1f1b(runs, monkeypatch):
     # 1F1B over 2 ranks, the last stage holding 7 of tiny8's 8 blocks: the bubble is mostly stage
     # imbalance, and the slowest stage is stage 1 on rank 1.
-    import dataclasses as dc
-
-    from runners.options import RunOptions
-
-    if "stage_layers" not in {f.name for f in dc.fields(RunOptions)}:
-        pytest.skip("ptprof run has no --stage-layers on this branch")
     monkeypatch.setattr(F, "BUBBLE_MIN_PCT", 0.0)  # fire whatever the timing
     a = analyze(load_traces(runs("1f1b", 2, "--model", "tiny8", "--microbatches", "4", "--stage-layers", "1,7")))
     f = only([r for r in findings(a).to_dicts() if r["rule"] == "pipeline-bubble"])
