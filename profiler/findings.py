@@ -216,7 +216,8 @@ def persistent_memory_rule(a: "Analysis") -> list[Row]:
     predicted = _str_run(a.theory_memory)
     out = []
     for run in w["run"].unique(maintain_order=True).to_list():
-        rw = w.filter((pl.col("run") == run) & pl.col("total_bytes").is_not_null()).sort("total_bytes", descending=True)
+        rw = (w.filter((pl.col("run") == run) & pl.col("total_bytes").is_not_null())
+              .sort("total_bytes", descending=True, maintain_order=True))  # ties keep the ZeRO order
         cur = rw.filter(pl.col("current"))
         if cur.is_empty() or not cur["total_bytes"][0]:
             continue
@@ -229,7 +230,8 @@ def persistent_memory_rule(a: "Analysis") -> list[Row]:
         saving = 100 * (cur_total - nxt_total) / cur_total
         if saving < MEMORY_SAVING_MIN_PCT:
             continue
-        source, rank, comp, comp_bytes, total = _largest_component(measured, run) or _largest_component(predicted, run) or (None,) * 5
+        source, rank, comp, comp_bytes, total = (_largest_component(measured, run, "run.json")
+                                                 or _largest_component(predicted, run, "theory") or (None,) * 5)
         if comp is not None:
             text = (f"{SUBJECT[comp]} the largest persistent memory on rank {rank}: "
                     f"{bytes_text(comp_bytes)} of {bytes_text(total)} ({pct(100 * comp_bytes / total)}, {source})")
@@ -245,7 +247,7 @@ def persistent_memory_rule(a: "Analysis") -> list[Row]:
     return out
 
 
-def _largest_component(frame: pl.DataFrame | None, run: str) -> tuple | None:
+def _largest_component(frame: pl.DataFrame | None, run: str, source: str) -> tuple | None:
     """(source, rank, component column, its bytes, the rank's total) of the rank with the largest total."""
     if frame is None or frame.is_empty() or not set(COMPONENTS) <= set(frame.columns):
         return None
@@ -255,7 +257,7 @@ def _largest_component(frame: pl.DataFrame | None, run: str) -> tuple | None:
         return None
     row = f.row(0, named=True)
     comp = max(COMPONENTS, key=lambda c: row[c])
-    return ("run.json" if "params_at_rest_bytes" in f.columns else "theory"), row["rank"], comp, row[comp], row["_total"]
+    return source, row["rank"], comp, row[comp], row["_total"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -176,6 +176,15 @@ def test_persistent_memory_names_the_largest_component_and_the_next_stage():
     assert f["change"].startswith("switch to zero1: shard optimizer state")
 
 
+def test_persistent_memory_from_the_theory_without_run_json_sizes():
+    m = memory_case()
+    m.theory_memory = frame([{"run": "A", "rank": 1, "params_bytes": 4 * MIB, "grads_bytes": 4 * MIB, "optimizer_bytes": 8 * MIB,
+                              "params_at_rest_bytes": 4 * MIB}], MEMORY_COLUMNS)
+    m.persistent_memory = frame([], PERSISTENT)
+    f = only(F.persistent_memory_rule(m))
+    assert f["rank"] == 1 and "8.00 MiB of 16.0 MiB (50.0 %, theory)" in f["text"]
+
+
 def test_persistent_memory_is_silent_at_the_last_stage_and_below_its_threshold():
     assert F.persistent_memory_rule(memory_case(current="zero3")) == []
     assert F.persistent_memory_rule(memory_case(zero1_mib=15.5)) == []  # -3.1 % < 10 %
