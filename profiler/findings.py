@@ -32,6 +32,7 @@ FINDING_COLUMNS = {
 # Thresholds (docs/findings.md says why each is where it is).
 EXPOSED_COMM_MIN_PCT = 5.0  # exposed communication, % of the worst rank's step time
 BUBBLE_MIN_PCT = 10.0  # pipeline idle time, % of the pipeline window (mean over ranks and steps)
+BUBBLE_PART_MIN_PCT = 5.0  # a part of the bubble (schedule, imbalance, communication) gets its change from this size
 MEMORY_SAVING_MIN_PCT = 10.0  # what the next ZeRO stage saves, % of the persistent bytes per rank
 SKEW_MIN_PCT = 5.0  # time some rank waits for a later one to start a collective, % of the step time
 STRAGGLER_MIN_SHARE_PCT = 75.0  # a rank last in at least this share of its group's collectives ...
@@ -186,15 +187,18 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
             where = f"rank {slow_rank}'s stage"
         evidence = f"run {run}, {steps_text(rp['step'].unique().sort().to_list())}; bubble per rank: " + ", ".join(
             f"rank {r} {pct(bp)}" for r, _, bp in per_rank.sort("rank").iter_rows())
-        biggest = max([("schedule", sched), ("imbalance", imb), ("comm", wait)], key=lambda kv: kv[1] if _finite(kv[1]) else -1)[0]
         more_m = (f": (p−1)/(m+p−1) is {pct(100 * (p_ranks - 1) / (m + p_ranks - 1))} at m={m}, "
                   f"{pct(100 * (p_ranks - 1) / (2 * m + p_ranks - 1))} at m={2 * m}" if p_ranks and m else "")
-        change = {
+        remedies = {
             "schedule": f"raise the microbatch count{more_m}; or an interleaved or zero-bubble schedule",
             "imbalance": f"move layers off {where}: a pipeline runs at the pace of its slowest stage",
             "comm": "overlap the stage-boundary sends and receives with compute (post irecv early, batch_isend_irecv), "
                     "or put pipeline neighbours on the fastest link",
-        }[biggest]
+        }
+        # Every part worth acting on, largest first (at least the largest).
+        ranked = sorted([(v, k) for k, v in (("schedule", sched), ("imbalance", imb), ("comm", wait)) if _finite(v)], reverse=True)
+        chosen = [k for i, (v, k) in enumerate(ranked) if i == 0 or v >= BUBBLE_PART_MIN_PCT] or ["schedule"]
+        change = "; then ".join(remedies[k] for k in chosen)
         out.append(_row("pipeline-bubble", run, slow_rank, bubble, text, evidence, change))
     return out
 

@@ -74,7 +74,8 @@ def test_exposed_sums_to_the_breakdowns_exposed_comm(runs, paradigm):
     assert joined.height == 2
     # every collective counted whole: equal up to communication crossing a step boundary
     assert joined["exposed_us"].to_list() == pytest.approx(joined["exposed_comm_us"].to_list(), rel=0.02)
-    assert (a.exposed["exposed_us"] <= a.exposed["comm_us"] + 1e-6).all()
+    # (dur_us and end - start differ in the last float bits)
+    assert (a.exposed["exposed_us"] <= a.exposed["comm_us"] * (1 + 1e-6) + 1e-3).all()
 
 
 @pytest.mark.parametrize("path", [GPU_NCCL, SHARED_TRACES / "single" / "a100_rank3_of_8.json.gz"])
