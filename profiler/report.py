@@ -238,6 +238,7 @@ def build_report(a: Analysis) -> dict:
             "ranks": _records(per_rank, drop=("run",)),
             "steps": _records(a.breakdown_steps.filter(sel), drop=("run",)),
             "collectives": _records(a.collective_stats.filter(sel), drop=("run",)),
+            "exposed": _records(a.exposed.filter(sel), drop=("run",)),
             "stragglers": _records(a.stragglers.filter(sel), drop=("run",)),
             "pipeline": _records(a.pipeline.filter(sel), drop=("run",)) if a.pipeline is not None and a.pipeline.filter(sel).height else None,
             "pipeline_grid": _records(a.pipeline_grid.filter(sel), drop=("run",)) if a.pipeline_grid is not None and a.pipeline_grid.filter(sel).height else None,

@@ -86,3 +86,12 @@ def test_exposed_per_collective_sums_to_the_breakdown_on_nccl_traces(path):
     joined = per_rank.join(a.breakdown.select("rank", "exposed_comm_us"), on="rank")
     assert joined.height == a.breakdown.height > 0
     assert joined["exposed_us"].to_list() == pytest.approx(joined["exposed_comm_us"].to_list(), rel=1e-9)
+
+
+def test_exposed_is_in_the_json_report():
+    from profiler.report import build_report
+
+    a = analyze(load_traces([GPU_NCCL]))
+    rows = build_report(a)["runs"][0]["exposed"]
+    assert len(rows) == a.exposed.height > 0
+    assert set(rows[0]) == set(EXPOSED_COLUMNS) - {"run"}
