@@ -500,3 +500,15 @@ def test_numbers_in_human_units():
     assert "forward_prefetch" in collective_change("all_gather", "forward")
     assert collective_change("recv", None) == collective_change("send", "backward")
     assert collective_change("barrier", None) == collective_change(None, None)
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf")])
+def test_missing_or_impossible_numbers_give_no_finding(bad):
+    # every float (and every byte count, null) of every hand-made case replaced: nothing to say, and no crash
+    cases = [exposed_case(), pipeline_case(), pipeline_case(split=(10.0, 15.0, 6.0)), memory_case(), straggler_case(),
+             volume_case(), bandwidth_case(), activation_case(), compare_case()]
+    for case in cases:
+        spoilt = {k: (v.with_columns(pl.col(pl.Float64).fill_null(0.0) * 0 + pl.lit(bad, pl.Float64),
+                                     pl.col("^.*_bytes$").cast(pl.Int64) * pl.lit(None, pl.Int64))
+                      if isinstance(v, pl.DataFrame) else v) for k, v in vars(case).items()}
+        assert findings(SimpleNamespace(**spoilt)).is_empty(), case
