@@ -7,13 +7,15 @@ communication is the `gloo:<op>` spans and compute the operators of the process'
 outside the collective enqueues (`c10d::<op>`), gloo's worker threads left out.
 
 Each collective row of profiler.collectives (one per comm kernel or gloo span, with start_us and
-end_us) is cut into constant-state segments by a sweep over every communication and compute
-interval of its rank; a segment with communication and no compute is exposed. Where two
-collectives run at once (two streams, two gloo workers), an exposed segment is split evenly
-between them, so a rank's exposed_us summed over its collectives is the union of its exposed
-communication: the breakdown's exposed_comm_us, up to communication that crosses a step boundary
-(the breakdown clips CPU intervals to the step window; a collective here is counted whole in the
-step it started in).
+end_us) gets the part of its interval with no compute under it. A sweep over every communication
+and compute bound of a rank counts, between two bounds, the calls running and whether compute
+runs; an instant with calls and no compute is exposed and split evenly between the calls running
+in it (two streams, two gloo workers). Its running total W(t) at each bound gives a call's
+exposed time as W(end) - W(start): no pairing of calls with segments, so it stays linear in the
+number of events. A rank's exposed_us summed over its collectives is therefore the union of its
+exposed communication: the breakdown's exposed_comm_us, up to communication that crosses a step
+boundary (the breakdown clips CPU intervals to the step window; a collective here is counted
+whole in the step it started in).
 """
 
 from __future__ import annotations
@@ -41,22 +43,20 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame) -> pl.DataFrame:
         phase=pl.col("phase").cast(pl.String) if "phase" in colls.columns else pl.lit(None, pl.String)
     )
     compute = pl.concat([_gpu_compute(events, calls), _cpu_compute(events, calls)], how="vertical_relaxed")
-    intervals = pl.concat([
-        compute.select(*KEYS, label=pl.lit("compute"), start_us="start_us", end_us="end_us"),
-        calls.select(*KEYS, label=pl.lit("comm"), start_us="start_us", end_us="end_us"),
+    key_types = {"run": pl.String, "rank": pl.Int64}
+    calls_k = calls.with_columns(pl.col("run").cast(pl.String), pl.col("rank").cast(pl.Int64))
+    bounds = pl.concat([
+        compute.select(*KEYS, "start_us", "end_us", comp=pl.lit(1, pl.Int32), comm=pl.lit(0, pl.Int32)).cast(key_types),
+        calls_k.select(*KEYS, "start_us", "end_us", comp=pl.lit(0, pl.Int32), comm=pl.lit(1, pl.Int32)),
     ]).filter(pl.col("end_us") > pl.col("start_us"))
-    exposed = sweep(intervals, KEYS, ["compute", "comm"]).filter(pl.col("comm") & ~pl.col("compute"))
-    # Segment boundaries include every call's ends, so a call covers a segment whole or not at all.
-    pairs = (
-        calls.select(*KEYS, "_call", c_start="start_us", c_end="end_us")
-        .join_where(exposed.select(pl.col("run").cast(calls.schema["run"]), pl.col("rank").cast(calls.schema["rank"]),
-                                   s_start="start_us", s_end="end_us", s_dur="dur_us")
-                    .rename({"run": "s_run", "rank": "s_rank"}),
-                    pl.col("run") == pl.col("s_run"), pl.col("rank") == pl.col("s_rank"),
-                    pl.col("c_start") <= pl.col("s_start"), pl.col("c_end") >= pl.col("s_end"))
-        .with_columns(share_us=pl.col("s_dur") / pl.len().over("s_run", "s_rank", "s_start"))
-        .group_by("_call").agg(exposed_us=pl.col("share_us").sum())
-    )
+    weight = _exposed_weight(bounds)
+    # W(t): exposed time, shared among the calls running, up to instant t. Every call's ends are
+    # sweep bounds, so a call's exposed time is W(end) - W(start), two exact look-ups.
+    at = lambda t: calls_k.select("_call", *KEYS, t=t).sort("t").join_asof(  # noqa: E731
+        weight, left_on="t", right_on="t", by=KEYS, strategy="backward", check_sortedness=False
+    ).select("_call", pl.col("w_cum").fill_null(0.0))
+    pairs = (at("start_us").rename({"w_cum": "w0"}).join(at("end_us").rename({"w_cum": "w1"}), on="_call")
+             .select("_call", exposed_us=pl.col("w1") - pl.col("w0")))
     return (
         calls.join(pairs, on="_call", how="left")
         .group_by(*KEYS, "step", "collective", "phase")
@@ -64,6 +64,25 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame) -> pl.DataFrame:
         .select(list(EXPOSED_COLUMNS))
         .cast(EXPOSED_COLUMNS)
         .sort(*KEYS, "step", "exposed_us", descending=[False, False, False, True])
+    )
+
+
+def _exposed_weight(bounds: pl.DataFrame) -> pl.DataFrame:
+    """(run, rank, t, w_cum): at each bound t, the exposed time before t, each instant divided by
+    the number of calls running in it (a labelled sweep that counts, intervals.sweep's idea)."""
+    edges = pl.concat([
+        bounds.select(*KEYS, t="start_us", d_comp="comp", d_comm="comm"),
+        bounds.select(*KEYS, t="end_us", d_comp=-pl.col("comp"), d_comm=-pl.col("comm")),
+    ]).sort(*KEYS, "t")
+    return (
+        edges.with_columns(n_comp=pl.col("d_comp").cum_sum().over(KEYS), n_comm=pl.col("d_comm").cum_sum().over(KEYS))
+        .group_by(*KEYS, "t", maintain_order=True).agg(pl.col("n_comp", "n_comm").last())
+        .with_columns(dur=(pl.col("t").shift(-1) - pl.col("t")).over(KEYS).fill_null(0.0))
+        .with_columns(w=pl.when((pl.col("n_comm") > 0) & (pl.col("n_comp") == 0)).then(pl.col("dur") / pl.col("n_comm"))
+                      .otherwise(0.0))
+        # the weight of [t, next t) is reached at the next t
+        .with_columns(w_cum=(pl.col("w").cum_sum() - pl.col("w")).over(KEYS))
+        .select(*KEYS, "t", "w_cum")
     )
 
 

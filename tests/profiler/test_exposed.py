@@ -95,3 +95,27 @@ def test_exposed_is_in_the_json_report():
     rows = build_report(a)["runs"][0]["exposed"]
     assert len(rows) == a.exposed.height > 0
     assert set(rows[0]) == set(EXPOSED_COLUMNS) - {"run"}
+
+
+def test_random_overlaps_agree_with_a_unit_grid_count():
+    # Integer intervals on [0, 200): each unit of time with communication and no compute is shared
+    # evenly by the calls running in it, counted here one unit at a time.
+    import random
+
+    rnd = random.Random(7)
+    calls = [(f"c{i}", s, s + rnd.randint(1, 30)) for i, s in enumerate(rnd.sample(range(170), 25))]
+    comp = [(s, s + rnd.randint(1, 20)) for s in rnd.sample(range(180), 20)]
+    expected = dict.fromkeys((c for c, _, _ in calls), 0.0)
+    for t in range(200):
+        if any(s <= t < e for s, e in comp):
+            continue
+        running = [c for c, s, e in calls if s <= t < e]
+        for c in running:
+            expected[c] += 1 / len(running)
+    events = pl.DataFrame({"run": "r", "rank": 0, "device": "gpu", "kind": "compute", "step": 1,
+                           "ts_us": [float(s) for s, _ in comp], "end_us": [float(e) for _, e in comp]})
+    colls = pl.DataFrame({"run": "r", "rank": 0, "step": 1, "source": "nccl", "collective": [c for c, _, _ in calls],
+                          "start_us": [float(s) for _, s, _ in calls], "end_us": [float(e) for _, _, e in calls],
+                          "dur_us": [float(e - s) for _, s, e in calls]})
+    got = dict(exposed_comm(events, colls).select("collective", "exposed_us").iter_rows())
+    assert got == pytest.approx(expected)
