@@ -1,13 +1,23 @@
 """Findings: what a run's numbers mean and what to change, from explicit rules (docs/findings.md).
 
-SKELETON (issue 13): schema fixed here; the rules are filled in by the findings work.
+Each rule is a small pure function over the frames of an Analysis, with a stable id (RULES), its
+thresholds as named constants below, and one row per finding: a plain sentence with its number
+(`text`), where it was seen (`evidence`: run, rank, step, collective, phase) and a concrete change
+to try (`change`). `score` is the share of step time (or of memory) at stake, 0-100; findings are
+ranked by it. A rule says nothing from a number that is missing, NaN or infinite, and nothing
+where its input is absent (foreign traces without run.json, CPU runs, one rank, no collectives).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Callable
 
 import polars as pl
+
+from profiler.intervals import union
+from profiler.theory_memory import ACTIVATION_COLUMNS
+from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text, switch_change)
 
 if TYPE_CHECKING:
     from profiler.report import Analysis
@@ -19,7 +29,499 @@ FINDING_COLUMNS = {
     "evidence": pl.String, "change": pl.String,
 }
 
+# Thresholds (docs/findings.md says why each is where it is).
+EXPOSED_COMM_MIN_PCT = 5.0  # exposed communication, % of the worst rank's step time
+BUBBLE_MIN_PCT = 10.0  # pipeline idle time, % of the pipeline window (mean over ranks and steps)
+BUBBLE_PART_MIN_PCT = 5.0  # a part of the bubble (schedule, imbalance, communication) gets its change from this size
+MEMORY_SAVING_MIN_PCT = 10.0  # what the next ZeRO stage saves, % of the persistent bytes per rank
+SKEW_MIN_PCT = 5.0  # time some rank waits for a later one to start a collective, % of the step time
+STRAGGLER_MIN_SHARE_PCT = 75.0  # a rank last in at least this share of its group's collectives ...
+STRAGGLER_MIN_TIMES = 4  # ... and at least this many times is named a straggler
+VOLUME_MIN_PCT = 1.0  # communication time the volume mismatch accounts for, % of the step
+LATENCY_MIN_PCT = 5.0  # fitted latency (calls x α), % of the step time
+LATENCY_MAX_BW_FRACTION = 0.5  # ... while achieved bandwidth is at most this fraction of the fitted β
+FIT_MIN_R2 = 0.8  # an α-β fit with a lower R² is not trusted
+ACTIVATION_MIN_PCT = 50.0  # transient memory (peak - persistent), % of the device's peak
+COMPARE_MIN_PCT = 5.0  # step time difference between two runs, % of the slower step
+MAX_FINDINGS = 12  # the list stays short: the highest scores are kept
+
+Row = dict
+
 
 def findings(a: "Analysis") -> pl.DataFrame:
     """FINDING_COLUMNS: every rule over one analysis, ranked by score."""
-    return pl.DataFrame(schema=FINDING_COLUMNS)
+    rows = [row for _rule, check in RULES.items() for row in check(a)]
+    frame = pl.DataFrame(rows, schema=FINDING_COLUMNS) if rows else pl.DataFrame(schema=FINDING_COLUMNS)
+    order = {rule: i for i, rule in enumerate(RULES)}
+    return (frame.with_columns(_order=pl.col("rule").replace_strict(order, return_dtype=pl.Int64))
+            .sort(["score", "_order", "run"], descending=[True, False, False], nulls_last=True)
+            .drop("_order").head(MAX_FINDINGS))
+
+
+def _finite(*values) -> bool:
+    return all(v is not None and isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+
+
+def _row(rule: str, run, rank, score: float, text: str, evidence: str, change: str) -> Row:
+    return {"run": None if run is None else str(run), "rank": rank, "rule": rule, "score": min(100.0, max(0.0, score)),
+            "text": text, "evidence": evidence, "change": change}
+
+
+def _runs(a: "Analysis") -> list[str]:
+    return a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
+
+
+def _str_run(frame: pl.DataFrame | None) -> pl.DataFrame | None:
+    if frame is None or "run" not in frame.columns:
+        return frame
+    return frame.with_columns(pl.col("run").cast(pl.String))
+
+
+def _step_us(a: "Analysis") -> dict[str, float]:
+    """Run -> the mean step time over its ranks and steps (breakdown_steps' window), µs."""
+    b = _str_run(a.breakdown_steps)
+    if b is None or b.is_empty():
+        return {}
+    means = b.filter(pl.col("window_us") > 0).group_by("run").agg(pl.col("window_us").mean())
+    return {r: w for r, w in means.iter_rows() if _finite(w) and w > 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Exposed communication
+
+
+def exposed_comm_rule(a: "Analysis") -> list[Row]:
+    """Communication with no compute under it, as a share of the step, and its main collective and phase."""
+    b = _str_run(a.breakdown)
+    if b is None or b.is_empty():
+        return []
+    b = b.filter((pl.col("window_us") > 0) & pl.col("exposed_comm_us").is_finite() & (pl.col("exposed_comm_us") > 0))
+    b = b.with_columns(share_pct=100 * pl.col("exposed_comm_us") / pl.col("window_us"))
+    exposed = _str_run(getattr(a, "exposed", None))
+    steps = _str_run(a.breakdown_steps)
+    out = []
+    for run in _runs(a):
+        worst = b.filter(pl.col("run") == run).sort("share_pct", descending=True).head(1)
+        if worst.is_empty() or worst["share_pct"][0] < EXPOSED_COMM_MIN_PCT:
+            continue
+        rank, share, exp_us, win_us = worst.select("rank", "share_pct", "exposed_comm_us", "window_us").row(0)
+        n_ranks = b.filter(pl.col("run") == run).height
+        rank_steps = steps.filter((pl.col("run") == run) & (pl.col("rank") == rank)) if steps is not None else None
+        step_list = rank_steps["step"].to_list() if rank_steps is not None else []
+        text = (f"Communication with no compute under it takes {pct(share)} of rank {rank}'s step time "
+                f"({ms(exp_us)} of {ms(win_us)} over {steps_text(step_list)})")
+        evidence = f"run {run}, rank {rank} (the worst of {n_ranks}), {steps_text(step_list)}"
+        kind, phase = None, None
+        if exposed is not None and not exposed.is_empty():
+            by = (exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank))
+                  .group_by("collective", "phase").agg(pl.col("exposed_us", "comm_us", "calls").sum())
+                  .sort("exposed_us", descending=True))
+            if by.height and by["exposed_us"][0] > 0:
+                kind, phase, top_us, comm_us, calls = by.row(0)
+                top_pct = 100 * top_us / exp_us
+                text += (f"; {'most of it' if top_pct >= 50 else 'the largest part'} is {kind} {phase_text(phase)}: "
+                         f"{ms(top_us)}, {pct(top_pct)} of the exposed time, in {calls} calls")
+                evidence += "; exposed by collective: " + ", ".join(
+                    f"{k} {phase_text(p)} {ms(e)} of {ms(c)}" for k, p, e, c, _ in by.head(3).iter_rows())
+        out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, collective_change(kind, phase)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Pipeline bubble
+
+
+def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
+    """The pipeline's idle share split into schedule, stage imbalance and communication wait; the slowest stage."""
+    p = _str_run(a.pipeline)
+    if p is None or p.is_empty():
+        return []
+    have_split = {"schedule_bubble_pct", "imbalance_pct", "comm_wait_pct"} <= set(p.columns)
+    out = []
+    for run in p["run"].unique(maintain_order=True).to_list():
+        rp = p.filter((pl.col("run") == run) & pl.col("bubble_pct").is_finite())
+        if rp.is_empty():
+            continue
+        mean = lambda c: rp[c].mean() if c in rp.columns and rp[c].null_count() == 0 else None  # noqa: E731
+        # The pipeline module's own split (% of the pipeline's rank-time) where it has one; else the
+        # ranks' measured bubble, split from the textbook theory and the replay (docs/findings.md).
+        bubble = mean("pipeline_bubble_pct") if have_split and _finite(mean("pipeline_bubble_pct")) else mean("bubble_pct")
+        if not _finite(bubble) or bubble < BUBBLE_MIN_PCT:
+            continue
+        sched, imb, wait = (mean("schedule_bubble_pct"), mean("imbalance_pct"), mean("comm_wait_pct")) if have_split else (None,) * 3
+        if not _finite(sched, imb, wait):
+            theory, ideal = mean("theory_pct"), mean("ideal_pct")
+            if _finite(theory, ideal):
+                sched, imb, wait = min(theory, ideal), max(0.0, ideal - theory), bubble - ideal
+            elif _finite(ideal):
+                sched, imb, wait = ideal, None, bubble - ideal
+        schedule, p_ranks, m = rp.select("schedule", "pp_ranks", "microbatches").row(0)
+        per_rank = rp.group_by("rank").agg(pl.col("busy_us", "bubble_pct").mean()).sort("busy_us", descending=True)
+        actions = a.pipeline_actions.filter(pl.col("run").cast(pl.String) == run)
+        text = f"The pipeline is idle {pct(bubble)} of its window (mean over {per_rank.height} ranks)"
+        parts = []
+        if _finite(sched):
+            what = f"{schedule}'s own bubble" if schedule else "the schedule's own bubble"
+            parts.append(f"{pct(sched)} is {what}" + (f" (p={p_ranks}, m={m})" if p_ranks and m else ""))
+        if _finite(imb):
+            parts.append(f"{pct(imb)} stage imbalance")
+        if _finite(wait):
+            parts.append(f"{pct(max(0.0, wait))} waiting for communication")
+        if parts:
+            text += ": " + ", ".join(parts)
+        slow = rp.filter(pl.col("slowest_stage").is_not_null()) if "slowest_stage" in rp.columns else rp.clear()
+        if slow.height and _finite(slow["slowest_stage_ratio"].mean()):
+            # the stage most often the slowest over the steps, and the rank that holds it
+            stage = slow["slowest_stage"].mode().sort()[0]
+            holders = actions.filter(pl.col("stage") == stage)["rank"].unique().sort().to_list()
+            slow_rank = holders[0] if holders else None
+            text += (f"; the slowest stage is stage {stage}" + (f" (rank {slow_rank})" if slow_rank is not None else "")
+                     + f", {num(slow['slowest_stage_ratio'].mean())}× the mean stage's compute.")
+            where = f"stage {stage}"
+        else:
+            slow_rank, slow_busy, _ = per_rank.row(0)
+            fast_busy = per_rank["busy_us"].min()
+            stages = ", ".join(map(str, sorted(set(actions.filter(pl.col("rank") == slow_rank)["stage"].to_list()))))
+            text += (f"; the slowest stage is rank {slow_rank} (stage {stages}), busy {ms(slow_busy)} per step"
+                     + (f", {num(slow_busy / fast_busy)}× the least busy rank" if fast_busy and fast_busy > 0 else "") + ".")
+            where = f"rank {slow_rank}'s stage"
+        evidence = f"run {run}, {steps_text(rp['step'].unique().sort().to_list())}; bubble per rank: " + ", ".join(
+            f"rank {r} {pct(bp)}" for r, _, bp in per_rank.sort("rank").iter_rows())
+        more_m = (f": (p−1)/(m+p−1) is {pct(100 * (p_ranks - 1) / (m + p_ranks - 1))} at m={m}, "
+                  f"{pct(100 * (p_ranks - 1) / (2 * m + p_ranks - 1))} at m={2 * m}" if p_ranks and m else "")
+        remedies = {
+            "schedule": f"raise the microbatch count{more_m}; or an interleaved or zero-bubble schedule",
+            "imbalance": f"move layers off {where}: a pipeline runs at the pace of its slowest stage",
+            "comm": "overlap the stage-boundary sends and receives with compute (post irecv early, batch_isend_irecv), "
+                    "or put pipeline neighbours on the fastest link",
+        }
+        # Every part worth acting on, largest first (at least the largest).
+        ranked = sorted([(v, k) for k, v in (("schedule", sched), ("imbalance", imb), ("comm", wait)) if _finite(v)], reverse=True)
+        chosen = [k for i, (v, k) in enumerate(ranked) if i == 0 or v >= BUBBLE_PART_MIN_PCT] or ["schedule"]
+        change = "; then ".join(remedies[k] for k in chosen)
+        out.append(_row("pipeline-bubble", run, slow_rank, bubble, text, evidence, change))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Persistent memory and the next ZeRO stage
+
+
+COMPONENTS = {"params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state"}
+SUBJECT = {"params_bytes": "Parameters are", "grads_bytes": "Gradients are", "optimizer_bytes": "Optimizer state is"}
+
+
+def persistent_memory_rule(a: "Analysis") -> list[Row]:
+    """The largest persistent component, and what the next ZeRO stage (and FSDP) would hold instead."""
+    w = _str_run(a.memory_whatif)
+    if w is None or w.is_empty():
+        return []
+    measured = _str_run(a.persistent_memory)
+    predicted = _str_run(a.theory_memory)
+    out = []
+    for run in w["run"].unique(maintain_order=True).to_list():
+        rw = (w.filter((pl.col("run") == run) & pl.col("total_bytes").is_not_null())
+              .sort("total_bytes", descending=True, maintain_order=True))  # ties keep the ZeRO order
+        cur = rw.filter(pl.col("current"))
+        if cur.is_empty() or not cur["total_bytes"][0]:
+            continue
+        cur_layout, cur_total = cur["layout"][0], cur["total_bytes"][0]
+        smaller = rw.filter(pl.col("total_bytes") < cur_total)
+        if smaller.is_empty():
+            continue
+        nxt_layout, nxt_total = smaller.select("layout", "total_bytes").row(0)
+        min_layout, min_total = smaller.select("layout", "total_bytes").row(-1)
+        saving = 100 * (cur_total - nxt_total) / cur_total
+        if saving < MEMORY_SAVING_MIN_PCT:
+            continue
+        source, rank, comp, comp_bytes, total = (_largest_component(measured, run, "run.json")
+                                                 or _largest_component(predicted, run, "theory") or (None,) * 5)
+        if comp is not None:
+            text = (f"{SUBJECT[comp]} the largest persistent memory on rank {rank}: "
+                    f"{bytes_text(comp_bytes)} of {bytes_text(total)} ({pct(100 * comp_bytes / total)}, {source})")
+        else:
+            text = f"Each rank holds {bytes_text(cur_total)} of parameters, gradients and optimizer state ({cur_layout})"
+        text += f"; {nxt_layout} would hold {bytes_text(nxt_total)} per rank (−{pct(saving)})"
+        if min_layout != nxt_layout:
+            text += f", {min_layout} {bytes_text(min_total)} (−{pct(100 * (cur_total - min_total) / cur_total)})"
+        dp = cur["dp"][0]
+        evidence = f"run {run}, layout {cur_layout}" + (f" at data-parallel degree {dp}" if dp else "") + "; per rank: " + ", ".join(
+            f"{lay} {bytes_text(t)}" for lay, t in rw.select("layout", "total_bytes").iter_rows())
+        out.append(_row("persistent-memory", run, rank, saving, text + ".", evidence, switch_change(nxt_layout)))
+    return out
+
+
+def _largest_component(frame: pl.DataFrame | None, run: str, source: str) -> tuple | None:
+    """(source, rank, component column, its bytes, the rank's total) of the rank with the largest total."""
+    if frame is None or frame.is_empty() or not set(COMPONENTS) <= set(frame.columns):
+        return None
+    f = frame.filter((pl.col("run") == run) & pl.all_horizontal(pl.col(list(COMPONENTS)).is_not_null()))
+    f = f.with_columns(_total=pl.sum_horizontal(list(COMPONENTS))).filter(pl.col("_total") > 0).sort("_total", descending=True)
+    if f.is_empty():
+        return None
+    row = f.row(0, named=True)
+    comp = max(COMPONENTS, key=lambda c: row[c])
+    return source, row["rank"], comp, row[comp], row["_total"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Stragglers and skew
+
+
+def straggler_rule(a: "Analysis") -> list[Row]:
+    """The time ranks wait for the last to start each collective, and the rank that is last most often."""
+    skew, strag = _str_run(a.skew), _str_run(a.stragglers)
+    if skew is None or skew.is_empty():
+        return []
+    windows = _str_run(a.breakdown)
+    out = []
+    for run in skew["run"].unique(maintain_order=True).to_list():
+        # The k-th collective of two ranks is the same one only within a known group (module collectives).
+        rs = skew.filter((pl.col("run") == run) & pl.col("spread_us").is_finite() & pl.col("group").is_not_null())
+        win = windows.filter((pl.col("run") == run) & (pl.col("window_us") > 0))["window_us"].mean()
+        if rs.is_empty() or not _finite(win):
+            continue
+        # Per group (different groups' collectives may run at once): the time some rank of the group
+        # waits for a later one, the union of [first start, last start) over its collectives (a sum
+        # would count concurrent collectives twice).
+        waits = union(rs.select("group", start_us="first_start_us", end_us=pl.col("first_start_us") + pl.col("spread_us")), ["group"])
+        by_group = (waits.group_by("group").agg(wait_us=(pl.col("end_us") - pl.col("start_us")).sum())
+                    .join(rs.group_by("group").agg(n=pl.len(), spread_us=pl.col("spread_us").sum()), on="group")
+                    .sort("wait_us", descending=True))
+        group, wait, n, spread = by_group.row(0)
+        share = 100 * wait / win
+        if share < SKEW_MIN_PCT:
+            continue
+        worst = rs.filter(pl.col("group") == group).sort("spread_us", descending=True).row(0, named=True)
+        named = strag.filter((pl.col("run") == run) & (pl.col("group") == group)
+                             & (pl.col("share_pct") >= STRAGGLER_MIN_SHARE_PCT) & (pl.col("times_last") >= STRAGGLER_MIN_TIMES))
+        text = (f"Ranks of group {group} start their collectives {ms(spread / n)} apart on average: "
+                f"some rank waits {ms(wait)} for a later one, {pct(share)} of the step time")
+        evidence = (f"run {run}, group {group}, {n} collectives; the widest: {worst['collective']} #{worst['seq']}, "
+                    f"{ms(worst['spread_us'])}, last rank {worst['last_rank']}")
+        if named.height:
+            rank, times, share_last = named.select("rank", "times_last", "share_pct").row(0)
+            text += f"; rank {rank} is the last to start in {pct(share_last)} of them ({times} of {n})"
+            change = (f"look at what rank {rank} does before its collectives that the others do not (data loading, "
+                      "logging or checkpointing on that rank, a slower device or a busy host); give it less work")
+        else:
+            rank = None
+            text += "; no one rank is last consistently"
+            change = ("even out the work between collectives: equal batch shapes on every rank (pad or bucket variable "
+                      "sequence lengths), no rank-0-only work in the step, no CPU contention from other processes")
+        out.append(_row("straggler", run, rank, share, text + ".", evidence, change))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Communication volume against the paradigm's formula
+
+
+MEMORY_QUANTITY_RE = r"(?i)param|grad|optim|memory|persistent"
+
+
+def comm_volume_rule(a: "Analysis") -> list[Row]:
+    """Measured communication bytes per step that differ from the paradigm's textbook formula."""
+    c = _str_run(a.theory_check)
+    if c is None or c.is_empty():
+        return []
+    c = c.filter(pl.col("verdict").is_in(["above", "below"]) & ~pl.col("quantity").str.contains(MEMORY_QUANTITY_RE)
+                 & pl.col("ratio").is_finite() & (pl.col("ratio") > 0) & pl.col("predicted").is_finite() & pl.col("measured").is_finite())
+    b = _str_run(a.breakdown)
+    out = []
+    for run in c["run"].unique(maintain_order=True).to_list():
+        rc = c.filter(pl.col("run") == run).with_columns(_off=(pl.col("ratio").log()).abs()).sort("_off", descending=True)
+        n_checked = a.theory_check.filter((pl.col("run").cast(pl.String) == run)
+                                         & ~pl.col("quantity").str.contains(MEMORY_QUANTITY_RE)
+                                         & pl.col("verdict").is_in(["match", "above", "below"])).height
+        row = rc.row(0, named=True)
+        rb = b.filter((pl.col("run") == run) & (pl.col("window_us") > 0))
+        if row["rank"] is not None and rb.filter(pl.col("rank") == row["rank"]).height:
+            rb = rb.filter(pl.col("rank") == row["rank"])
+        comm_share = (100 * rb["comm_us"].sum() / rb["window_us"].sum()) if rb.height else None
+        if not _finite(comm_share):
+            continue
+        m, p = row["measured"], row["predicted"]
+        # If time goes with bytes, the mismatch accounts for this much of the step.
+        score = comm_share * abs(m - p) / max(abs(m), abs(p))
+        if score < VOLUME_MIN_PCT:
+            continue
+        unit = row["unit"] or ""
+        fmt = bytes_text if "byte" in unit.lower() else (lambda v: f"{num(v)} {unit}".strip())
+        where = f"on rank {row['rank']}" if row["rank"] is not None else "per rank"
+        text = (f"{row['quantity']} {where} is {fmt(m)}, {num(row['ratio'])}× the textbook {fmt(p)}"
+                f" ({rc.height} of {n_checked} communication quantities differ; communication is {pct(comm_share)} of the step)")
+        evidence = f"run {run}, quantity {row['quantity']}" + (f", rank {row['rank']}" if row["rank"] is not None else "") + (
+            f"; {row['note']}" if row["note"] else "")
+        change = ("find the traffic the formula does not count (an extra parameter broadcast, unfused or padded buckets, "
+                  "a second all-gather from recomputation) and remove it" if row["verdict"] == "above" else
+                  "check that every gradient is synchronised (frozen or unused parameters, a no_sync left on) before "
+                  "trusting the speed")
+        out.append(_row("comm-volume", run, row["rank"], score, text + ".", evidence, change))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Achieved bandwidth against the fitted β
+
+
+def bandwidth_rule(a: "Analysis") -> list[Row]:
+    """Collectives far below their fitted bandwidth β because the per-call latency α dominates."""
+    fits = _str_run(a.alpha_beta)
+    colls = _str_run(a.collectives)
+    steps = _step_us(a)
+    if fits is None or fits.is_empty() or colls is None or colls.is_empty():
+        return []
+    fits = fits.filter(pl.col("alpha_us").is_finite() & (pl.col("alpha_us") > 0) & pl.col("beta_gbps").is_finite()
+                       & (pl.col("beta_gbps") > 0) & (pl.col("r2") >= FIT_MIN_R2))
+    out = []
+    for run in fits["run"].unique(maintain_order=True).to_list():
+        best = None
+        n_steps = _str_run(a.breakdown_steps).filter(pl.col("run") == run).height  # (rank, step) pairs
+        if run not in steps or not n_steps:
+            continue
+        for f in fits.filter(pl.col("run") == run).iter_rows(named=True):
+            sel = colls.filter((pl.col("run") == run) & (pl.col("collective") == f["collective"])
+                               & pl.col("group_size").eq_missing(f["group_size"]) & pl.col("size_bytes").is_not_null()
+                               & (pl.col("dur_us") > 0))
+            if sel.is_empty():
+                continue
+            time_us, size = sel["dur_us"].sum(), sel["size_bytes"].sum()
+            achieved = size / time_us / 1e3  # GB/s
+            latency_us = f["alpha_us"] * sel.height
+            score = 100 * (latency_us / n_steps) / steps[run]  # per (rank, step), against the mean step
+            if achieved <= LATENCY_MAX_BW_FRACTION * f["beta_gbps"] and score >= LATENCY_MIN_PCT and (best is None or score > best[0]):
+                best = (score, f, sel, achieved, latency_us, time_us)
+        if best is None:
+            continue
+        score, f, sel, achieved, latency_us, time_us = best
+        median = sel["size_bytes"].median()
+        text = (f"{f['collective']} on {f['group_size']} ranks reaches {num(achieved)} GB/s, {pct(100 * achieved / f['beta_gbps'])} "
+                f"of its fitted β {num(f['beta_gbps'])} GB/s: the per-call latency α = {ms(f['alpha_us'])} is "
+                f"{pct(100 * latency_us / time_us)} of its time (median message {bytes_text(median)}, "
+                f"{pct(score)} of the step)")
+        evidence = (f"run {run}, {f['backend']} {f['collective']}, group size {f['group_size']}: {sel.height} calls, "
+                    f"fit over {f['n_calls']} calls of {f['n_sizes']} sizes, R² {num(f['r2'])}")
+        change = ("send fewer, larger messages: bigger buckets (DDP bucket_cap_mb), larger FSDP units, "
+                  "coalesced collectives; each call pays α once")
+        out.append(_row("bandwidth", run, None, score, text + ".", evidence, change))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The activation share of the memory peak
+
+
+def activation_memory_rule(a: "Analysis") -> list[Row]:
+    """What the memory peak holds beyond persistent state (Analysis.activation): activations and temporaries."""
+    j = _activation_shares(a)
+    out = []
+    for run in j["run"].unique(maintain_order=True).to_list():
+        row = j.filter(pl.col("run") == run).sort("activation_pct", descending=True).row(0, named=True)
+        if row["activation_pct"] < ACTIVATION_MIN_PCT:
+            continue
+        text = (f"Activations and temporaries are {pct(row['activation_pct'])} of rank {row['rank']}'s memory at its peak "
+                f"({bytes_text(row['activation_bytes'])} of {bytes_text(row['footprint_bytes'])} on {row['mem_device']}; "
+                f"parameters, gradients and optimizer state hold {bytes_text(row['persistent_bytes'])})")
+        evidence = f"run {run}, rank {row['rank']}, {row['mem_device']}" + (f"; {row['basis']}" if row.get("basis") else "")
+        change = ("recompute activations in backward (activation checkpointing: about +33 % compute, one more forward), "
+                  "use smaller microbatches, or sequence parallelism to split the remaining activations")
+        out.append(_row("activation-memory", run, row["rank"], row["activation_pct"], text + ".", evidence, change))
+    return out
+
+
+def _activation_shares(a: "Analysis") -> pl.DataFrame:
+    """Analysis.activation (ACTIVATION_COLUMNS) rows with a share to speak of."""
+    act = _str_run(getattr(a, "activation", None))
+    if act is None or act.is_empty():
+        return pl.DataFrame(schema=ACTIVATION_COLUMNS)
+    return act.filter(pl.col("activation_pct").is_finite() & (pl.col("activation_bytes") > 0) & (pl.col("footprint_bytes") > 0)
+                      & pl.col("persistent_bytes").is_not_null())
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. Runs compared
+
+
+def comparison_rule(a: "Analysis") -> list[Row]:
+    """The step time difference of each run against the first, and the component that explains most of it."""
+    runs = _runs(a)
+    if len(runs) < 2:
+        return []
+    parts = {run: _step_parts(a, run) for run in runs}
+    base = runs[0]
+    out = []
+    for run in runs[1:]:
+        if parts[base] is None or parts[run] is None:
+            continue
+        (slow, (s_step, s_parts)), (fast, (f_step, f_parts)) = sorted(
+            [(run, parts[run]), (base, parts[base])], key=lambda kv: -kv[1][0])
+        diff = s_step - f_step
+        score = 100 * diff / s_step
+        if score < COMPARE_MIN_PCT:
+            continue
+        # Every part's change from the faster run to the slower one; they sum to the difference.
+        deltas = {k: s_parts.get(k, 0.0) - f_parts.get(k, 0.0) for k in {*s_parts, *f_parts}}
+        cause, delta = min(deltas.items(), key=lambda kv: (-kv[1], kv[0]))  # ties by name: the same text every time
+        text = f"{slow}'s step is {num(s_step / f_step)}× {fast}'s ({ms(s_step)} vs {ms(f_step)}); "
+        if delta <= diff:
+            text += f"{pct(100 * delta / diff)} of the difference is {cause} (+{ms(delta)})"
+        else:  # other parts got faster: this one alone adds more than the whole difference
+            text += f"{cause} adds {ms(delta)}, more than the whole difference ({ms(diff)}; other parts take less time)"
+        evidence = f"mean per rank and step, {slow} minus {fast}: " + ", ".join(
+            f"{k} {'+' if v >= 0 else '−'}{ms(abs(v))}" for k, v in sorted(deltas.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:4])
+        change = f"look at {cause} in {slow} first: " + _cause_change(cause)
+        out.append(_row("comparison", None, None, score, text + ".", evidence, change))
+    return out
+
+
+def _step_parts(a: "Analysis", run: str) -> tuple[float, dict[str, float]] | None:
+    """(mean step µs, component -> mean µs per rank and step): compute, idle, other non-compute and
+    the exposed communication of each (collective, phase); the components sum to the step."""
+    b = _str_run(a.breakdown_steps)
+    b = b.filter((pl.col("run") == run) & (pl.col("window_us") > 0)) if b is not None else None
+    if b is None or b.is_empty():
+        return None
+    n = b.height  # (rank, step) pairs
+    step = b["window_us"].mean()
+    parts = {"compute": b["compute_us"].mean(), "idle": b["idle_us"].mean()}
+    exposed = _str_run(getattr(a, "exposed", None))
+    exp_total = b["exposed_comm_us"].fill_null(0).mean()
+    by_coll: dict[str, float] = {}
+    if exposed is not None and exposed.height:
+        e = exposed.join(b.select("run", pl.col("rank").cast(exposed.schema["rank"]), "step"), on=["run", "rank", "step"], how="semi")
+        for kind, phase, us in e.group_by("collective", "phase").agg(pl.col("exposed_us").sum()).iter_rows():
+            by_coll[f"{kind} exposed {phase_text(phase)}"] = us / n
+    if by_coll:
+        parts |= by_coll
+        exp_total = sum(by_coll.values())
+    elif exp_total:
+        parts["communication exposed"] = exp_total
+    parts["other non-compute (copies, unclassified)"] = b["non_compute_us"].mean() - exp_total
+    if not _finite(step, *parts.values()):
+        return None
+    return step, parts
+
+
+def _cause_change(cause: str) -> str:
+    if cause == "compute":
+        return ("compare the two runs' top operators and kernels: the extra compute is in those whose time grew "
+                "(parameter copies and casts of a sharded layout, recomputation, smaller and less efficient kernels)")
+    if cause == "idle":
+        return "idle time: waits on other ranks, the host or data loading; see the straggler and pipeline findings"
+    if " exposed " in cause:
+        kind, phase = cause.split(" exposed ", 1)
+        return collective_change(kind, None if phase == "(phase unknown)" else phase.removeprefix("in "))
+    return "memory copies and unclassified kernels: pinned memory, fewer host-device transfers"
+
+
+RULES: dict[str, Callable[["Analysis"], list[Row]]] = {
+    "exposed-comm": exposed_comm_rule,
+    "pipeline-bubble": pipeline_bubble_rule,
+    "persistent-memory": persistent_memory_rule,
+    "straggler": straggler_rule,
+    "comm-volume": comm_volume_rule,
+    "bandwidth": bandwidth_rule,
+    "activation-memory": activation_memory_rule,
+    "comparison": comparison_rule,
+}

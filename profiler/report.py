@@ -15,6 +15,7 @@ from profiler.discover import manifest_field
 from profiler.load import Traces
 from profiler.memory import CURVE_COLUMNS, memory_curve, memory_peaks, memory_timeline, persistent_memory
 from profiler.damaged import DAMAGED
+from profiler.exposed import exposed_comm
 from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
 from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
 from profiler.top_ops import top_kernels, top_operators
@@ -38,6 +39,7 @@ class Analysis:
     breakdown: pl.DataFrame  # per rank (over the selected steps)
     breakdown_steps: pl.DataFrame  # per rank and step
     collectives: pl.DataFrame
+    exposed: pl.DataFrame  # exposed communication per (rank, step, collective, phase): profiler/exposed.py
     collective_stats: pl.DataFrame
     skew: pl.DataFrame
     stragglers: pl.DataFrame
@@ -114,6 +116,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         breakdown=out["breakdown"],
         breakdown_steps=out["breakdown_steps"],
         collectives=colls,
+        exposed=out["exposed"],
         collective_stats=collective_stats(colls),
         skew=skew,
         stragglers=stragglers(skew),
@@ -178,12 +181,14 @@ def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dic
     events = assign_steps(events, steps)
     if step is not None:
         events = events.filter(pl.col("step").is_not_null() | (pl.col("kind") == "memory_event"))
+    colls = collectives(events, ranks)
     return {
         "all_steps": all_steps.select("run", "rank", "step"),
         "steps": steps,
         "breakdown": temporal_breakdown(events, steps=steps),
         "breakdown_steps": temporal_breakdown(events, per_step=True, steps=steps),
-        "collectives": collectives(events, ranks),
+        "collectives": colls,
+        "exposed": exposed_comm(events, colls),
         "actions": pipeline_actions(events, steps=steps, runs=runs),
         "memory_peaks": memory_peaks(timeline := memory_timeline(events)),
         "memory_curve": memory_curve(timeline),
@@ -236,6 +241,7 @@ def build_report(a: Analysis) -> dict:
             "ranks": _records(per_rank, drop=("run",)),
             "steps": _records(a.breakdown_steps.filter(sel), drop=("run",)),
             "collectives": _records(a.collective_stats.filter(sel), drop=("run",)),
+            "exposed": _records(a.exposed.filter(sel), drop=("run",)),
             "stragglers": _records(a.stragglers.filter(sel), drop=("run",)),
             "pipeline": _records(a.pipeline.filter(sel), drop=("run",)) if a.pipeline is not None and a.pipeline.filter(sel).height else None,
             "pipeline_grid": _records(a.pipeline_grid.filter(sel), drop=("run",)) if a.pipeline_grid is not None and a.pipeline_grid.filter(sel).height else None,

@@ -1,0 +1,116 @@
+"""Exposed communication per collective: the part of each collective's time with no compute under it.
+
+The temporal breakdown (profiler/breakdown.py) says how much of a rank's communication is exposed;
+this says which collectives (and phases) that time belongs to. The same sets are used: on GPU
+ranks, communication is the comm kernels and compute the compute kernels; on CPU (gloo) ranks,
+communication is the `gloo:<op>` spans and compute the operators of the process's own threads
+outside the collective enqueues (`c10d::<op>`), gloo's worker threads left out.
+
+Each collective row of profiler.collectives (one per comm kernel or gloo span, with start_us and
+end_us) gets the part of its interval with no compute under it. A sweep over every communication
+and compute bound of a rank counts, between two bounds, the calls running and whether compute
+runs; an instant with calls and no compute is exposed and split evenly between the calls running
+in it (two streams, two gloo workers). Its running total W(t) at each bound gives a call's
+exposed time as W(end) - W(start): no pairing of calls with segments, so it stays linear in the
+number of events. A rank's exposed_us summed over its collectives is therefore the union of its
+exposed communication: the breakdown's exposed_comm_us, up to communication that crosses a step
+boundary (the breakdown clips CPU intervals to the step window; a collective here is counted
+whole in the step it started in).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from profiler.breakdown import THREAD, _gloo_worker_threads
+from profiler.intervals import sweep
+from profiler.steps import KEYS
+
+EXPOSED_COLUMNS = {
+    "run": pl.Categorical, "rank": pl.Int32, "step": pl.Int64, "collective": pl.String, "phase": pl.String,
+    "calls": pl.Int64, "comm_us": pl.Float64, "exposed_us": pl.Float64,
+}
+
+
+def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame) -> pl.DataFrame:
+    """Per (run, rank, step, collective, phase): calls, comm_us (summed durations) and exposed_us.
+
+    colls: profiler.collectives rows of the same ranks; `phase` is null where they carry none.
+    """
+    if colls.is_empty():
+        return pl.DataFrame(schema=EXPOSED_COLUMNS)
+    calls = colls.with_row_index("_call").with_columns(
+        phase=pl.col("phase").cast(pl.String) if "phase" in colls.columns else pl.lit(None, pl.String)
+    )
+    compute = pl.concat([_gpu_compute(events, calls), _cpu_compute(events, calls)], how="vertical_relaxed")
+    key_types = {"run": pl.String, "rank": pl.Int64}
+    calls_k = calls.with_columns(pl.col("run").cast(pl.String), pl.col("rank").cast(pl.Int64))
+    bounds = pl.concat([
+        compute.select(*KEYS, "start_us", "end_us", comp=pl.lit(1, pl.Int32), comm=pl.lit(0, pl.Int32)).cast(key_types),
+        calls_k.select(*KEYS, "start_us", "end_us", comp=pl.lit(0, pl.Int32), comm=pl.lit(1, pl.Int32)),
+    ]).filter(pl.col("end_us") > pl.col("start_us"))
+    weight = _exposed_weight(bounds)
+    # W(t): exposed time, shared among the calls running, up to instant t. Every call's ends are
+    # sweep bounds, so a call's exposed time is W(end) - W(start), two exact look-ups.
+    at = lambda t: calls_k.select("_call", *KEYS, t=t).sort("t").join_asof(  # noqa: E731
+        weight, left_on="t", right_on="t", by=KEYS, strategy="backward", check_sortedness=False
+    ).select("_call", pl.col("w_cum").fill_null(0.0))
+    pairs = (at("start_us").rename({"w_cum": "w0"}).join(at("end_us").rename({"w_cum": "w1"}), on="_call")
+             .select("_call", exposed_us=pl.col("w1") - pl.col("w0")))
+    return (
+        calls.join(pairs, on="_call", how="left")
+        .group_by(*KEYS, "step", "collective", "phase")
+        .agg(calls=pl.len(), comm_us=pl.col("dur_us").sum(), exposed_us=pl.col("exposed_us").fill_null(0.0).sum())
+        .select(list(EXPOSED_COLUMNS))
+        .cast(EXPOSED_COLUMNS)
+        .sort(*KEYS, "step", "exposed_us", descending=[False, False, False, True])
+    )
+
+
+def _exposed_weight(bounds: pl.DataFrame) -> pl.DataFrame:
+    """(run, rank, t, w_cum): at each bound t, the exposed time before t, each instant divided by
+    the number of calls running in it (a labelled sweep that counts, intervals.sweep's idea)."""
+    edges = pl.concat([
+        bounds.select(*KEYS, t="start_us", d_comp="comp", d_comm="comm"),
+        bounds.select(*KEYS, t="end_us", d_comp=-pl.col("comp"), d_comm=-pl.col("comm")),
+    ]).sort(*KEYS, "t")
+    return (
+        edges.with_columns(n_comp=pl.col("d_comp").cum_sum().over(KEYS), n_comm=pl.col("d_comm").cum_sum().over(KEYS))
+        .group_by(*KEYS, "t", maintain_order=True).agg(pl.col("n_comp", "n_comm").last())
+        .with_columns(dur=(pl.col("t").shift(-1) - pl.col("t")).over(KEYS).fill_null(0.0))
+        .with_columns(w=pl.when((pl.col("n_comm") > 0) & (pl.col("n_comp") == 0)).then(pl.col("dur") / pl.col("n_comm"))
+                      .otherwise(0.0))
+        # the weight of [t, next t) is reached at the next t
+        .with_columns(w_cum=(pl.col("w").cum_sum() - pl.col("w")).over(KEYS))
+        .select(*KEYS, "t", "w_cum")
+    )
+
+
+def _gpu_compute(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    # Compute kernels of the ranks whose collectives are NCCL kernels; with steps assigned, only
+    # those of a profiled step, as the breakdown counts them (a kernel launched before profiling
+    # began hides nothing there either).
+    gpu = calls.filter(pl.col("source") != "gloo").select(KEYS).unique()
+    in_step = pl.col("step").is_not_null() if "step" in events.columns else pl.lit(True)
+    return (
+        events.lazy().filter((pl.col("device") == "gpu") & (pl.col("kind") == "compute") & in_step)
+        .select(*KEYS, start_us="ts_us", end_us="end_us").collect()
+        .join(gpu, on=KEYS, how="semi")
+    )
+
+
+def _cpu_compute(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    """Operator time outside the collective enqueues, on the ranks' own threads (breakdown's CPU compute)."""
+    cpu = calls.filter(pl.col("source") == "gloo").select(KEYS).unique()
+    if cpu.is_empty():
+        return pl.DataFrame(schema={"run": events.schema["run"], "rank": events.schema["rank"], "start_us": pl.Float64,
+                                    "end_us": pl.Float64})
+    ev = events.join(cpu, on=KEYS, how="semi")
+    ops = (
+        ev.lazy().filter((pl.col("ph") == "X") & pl.col("kind").is_in(["op", "enqueue"]))
+        .select(*THREAD, "kind", "ts_us", "end_us").collect()
+        .join(_gloo_worker_threads(ev), on=THREAD, how="anti")
+    )
+    # op minus enqueue, as the breakdown counts it: the segments an op covers and no enqueue does.
+    segs = sweep(ops.select(*KEYS, label=pl.col("kind").cast(pl.String), start_us="ts_us", end_us="end_us"), KEYS, ["op", "enqueue"])
+    return segs.filter(pl.col("op") & ~pl.col("enqueue")).select(*KEYS, "start_us", "end_us")

@@ -1,0 +1,113 @@
+"""The words of findings: numbers in human units (3 significant digits) and what to change, by
+collective, phase and memory layout (docs/findings.md gives the textbook reason for each)."""
+
+from __future__ import annotations
+
+import math
+
+
+def num(x: float) -> str:
+    """x to 3 significant digits, without exponent: 0.0123, 1.23, 12.3, 123, 1235."""
+    if x == 0 or not math.isfinite(x):
+        return "0" if x == 0 else str(x)
+    digits = max(0, 2 - math.floor(math.log10(abs(x))))
+    return f"{x:.{digits}f}"
+
+
+def pct(x: float) -> str:
+    """A percentage: `14.9 %`."""
+    return f"{num(x)} %"
+
+
+def ms(us: float) -> str:
+    """A duration given in µs, in µs, ms or s."""
+    a = abs(us)
+    if a >= 1e6:
+        return f"{num(us / 1e6)} s"
+    if a >= 1e3:
+        return f"{num(us / 1e3)} ms"
+    return f"{num(us)} µs"
+
+
+def bytes_text(b: float) -> str:
+    """Bytes in B, KiB, MiB or GiB."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(b) >= size:
+            return f"{num(b / size)} {unit}"
+    return f"{int(b)} B"
+
+
+def steps_text(steps: list) -> str:
+    """`step 3`, `steps 1, 2`, `steps 1009–1014` (a run of consecutive steps as a range)."""
+    steps = sorted({s for s in steps if s is not None})
+    if not steps:
+        return "the profiled window"
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if len(steps) > 2 and steps[-1] - steps[0] == len(steps) - 1:
+        return f"steps {steps[0]}–{steps[-1]}"
+    return f"steps {', '.join(map(str, steps))}"
+
+
+def phase_text(phase: str | None) -> str:
+    """`in forward`, or `(phase unknown)` where the collective's phase is not known."""
+    return f"in {phase}" if phase else "(phase unknown)"
+
+
+# What to try, by (collective, phase); phase None matches any phase.
+COLLECTIVE_CHANGES: dict[tuple[str, str | None], str] = {
+    ("all_gather", "forward"): "prefetch the next unit's all-gather while this one computes (FSDP2 "
+                               "set_modules_to_forward_prefetch, FSDP1 forward_prefetch=True), or wrap fewer, larger units",
+    ("all_gather", "backward"): "keep parameters gathered between forward and backward (FSDP reshard_after_forward=False, "
+                                "ZeRO-2's trade: more memory, one all-gather less) or prefetch in backward "
+                                "(BackwardPrefetch.BACKWARD_PRE)",
+    ("all_gather", None): "prefetch all-gathers ahead of the layer that needs them (FSDP forward/backward prefetch), "
+                          "or wrap fewer, larger units",
+    ("reduce_scatter", None): "let gradient reduce-scatters overlap backward (per-layer FSDP units start them early), "
+                              "and accumulate gradients over microbatches to reduce once per step",
+    ("all_reduce", "forward"): "tensor-parallel all-reduces sit on the critical path: sequence parallelism (all-gather + "
+                               "reduce-scatter), async TP, or keep the TP group on the fastest link",
+    ("all_reduce", None): "let the gradient all-reduce overlap backward (DDP buckets: a smaller bucket_cap_mb starts the "
+                          "first one earlier), or all-reduce less often (gradient accumulation with no_sync)",
+    ("all_to_all", None): "overlap the expert dispatch and combine with compute (split the batch and pipeline the "
+                          "all-to-all, or run a shared expert meanwhile); a lower capacity factor sends less",
+    ("send", None): "pipeline transfers: more microbatches, and sends/receives posted early (isend/irecv, "
+                    "batch_isend_irecv) so they overlap the next microbatch's compute",
+    ("broadcast", "optimizer"): "ZeroRedundancyOptimizer broadcasts each rank's updated shard after every step: fewer, "
+                                "larger broadcasts (parameters_as_bucket_view=True), or overlap them with DDP's backward "
+                                "(overlap_with_ddp=True with its DDP comm hook)",
+    ("broadcast", None): "a broadcast in every step: turn off what issues it where it is not needed (DDP "
+                         "broadcast_buffers=False without changing buffers; ZeroRedundancyOptimizer's parameter broadcast "
+                         "is the price of ZeRO-1 in torch)",
+}
+GENERIC_CHANGE = "overlap it with compute (issue it asynchronously, wait later) or send fewer, larger messages"
+
+
+def collective_change(kind: str | None, phase: str | None) -> str:
+    """The change to try for exposed communication of this collective kind in this phase."""
+    kind = "send" if kind in ("recv", "send_recv") else kind
+    if kind is None:
+        return GENERIC_CHANGE
+    return COLLECTIVE_CHANGES.get((kind, phase)) or COLLECTIVE_CHANGES.get((kind, None)) or GENERIC_CHANGE
+
+
+# What switching to a memory layout means (memory_whatif's layout names, matched by substring).
+LAYOUT_CHANGES = [
+    ("zero1", "shard optimizer state over the data-parallel ranks (ZeRO-1: torch ZeroRedundancyOptimizer, DeepSpeed "
+              "stage 1); communication stays 2Φ per step in DeepSpeed's design"),
+    ("zero2", "shard gradients too (ZeRO-2: DeepSpeed stage 2, FSDP SHARD_GRAD_OP); communication stays 2Φ "
+              "(reduce-scatter + all-gather)"),
+    ("zero3", "shard parameters too (ZeRO-3 / FSDP fully_shard): parameters are all-gathered when used, 3Φ of "
+              "communication per step instead of 2Φ"),
+    ("fsdp", "shard parameters too (FSDP fully_shard / ZeRO-3): parameters are all-gathered when used, 3Φ of "
+             "communication per step instead of 2Φ"),
+]
+
+
+def switch_change(layout: str) -> str:
+    """The change that moves a run to `layout`."""
+    low = str(layout).lower().replace("-", "").replace("_", "")
+    for key, text in LAYOUT_CHANGES:
+        if key in low:
+            return f"switch to {layout}: {text}"
+    return f"switch to {layout}"

@@ -1,0 +1,514 @@
+"""Findings rules: each on hand-made frames with hand-computed sentences, silent below its threshold,
+ranked by score; then on real runs; and docs/findings.md names every rule and threshold."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+
+import profiler.findings as F
+from profiler import load_traces
+from profiler.alphabeta import FIT_COLUMNS
+from profiler.collectives import COLUMNS as COLL_COLUMNS
+from profiler.exposed import EXPOSED_COLUMNS
+from profiler.findings import FINDING_COLUMNS, findings
+from profiler.pipeline import ACTION_COLUMNS, SUMMARY_COLUMNS
+from profiler.report import analyze
+from profiler.theory import CHECK_COLUMNS
+from profiler.theory_memory import ACTIVATION_COLUMNS, MEMORY_COLUMNS, WHATIF_COLUMNS
+from tests.conftest import REPO, SHARED_TRACES
+
+MIB = 2**20
+BREAKDOWN = {"run": pl.String, "rank": pl.Int32, "window_us": pl.Float64, "compute_us": pl.Float64,
+             "non_compute_us": pl.Float64, "idle_us": pl.Float64, "comm_us": pl.Float64, "exposed_comm_us": pl.Float64}
+PERSISTENT = {"run": pl.String, "rank": pl.Int32, "params_bytes": pl.Int64, "params_at_rest_bytes": pl.Int64,
+              "grads_bytes": pl.Int64, "optimizer_bytes": pl.Int64}
+
+
+def frame(rows: list[dict], schema: dict) -> pl.DataFrame:
+    """A frame of `schema`'s columns; a row leaves out what it does not need (null)."""
+    return pl.DataFrame([{c: r.get(c) for c in schema} for r in rows], schema=schema) if rows else pl.DataFrame(schema=schema)
+
+
+def fake(runs=("A",), ranks=(0,), **frames) -> SimpleNamespace:
+    """An Analysis with only the frames a test gives; every other one empty (as for a run that lacks it)."""
+    empty = {
+        "ranks": pl.DataFrame({"run": [r for r in runs for _ in ranks], "rank": [k for _ in runs for k in ranks]}),
+        "runs": {r: None for r in runs},
+        "breakdown": frame([], BREAKDOWN), "breakdown_steps": frame([], BREAKDOWN | {"step": pl.Int64}),
+        "exposed": frame([], EXPOSED_COLUMNS | {"run": pl.String}),
+        "collectives": frame([], {c: pl.Float64 for c in COLL_COLUMNS} | {
+            "run": pl.String, "rank": pl.Int32, "step": pl.Int64, "seq": pl.Int64, "collective": pl.String,
+            "algo": pl.String, "group": pl.String, "group_size": pl.Int64, "dtype": pl.String, "size_bytes": pl.Int64,
+            "in_bytes": pl.Int64, "out_bytes": pl.Int64, "source": pl.String, "note": pl.String}),
+        "skew": frame([], {"run": pl.String, "group": pl.String, "algo": pl.String, "seq": pl.Int64, "n_ranks": pl.UInt32,
+                           "collective": pl.String, "first_start_us": pl.Float64, "spread_us": pl.Float64, "last_rank": pl.Int32}),
+        "stragglers": frame([], {"run": pl.String, "group": pl.String, "rank": pl.Int32, "times_last": pl.UInt32,
+                                 "mean_spread_us": pl.Float64, "share_pct": pl.Float64}),
+        "pipeline": None, "pipeline_actions": frame([], ACTION_COLUMNS | {"run": pl.String}),
+        "memory_peaks": frame([], {"run": pl.String, "rank": pl.Int32, "mem_device": pl.String, "peak_allocated_bytes": pl.Int64,
+                                   "peak_step": pl.Int64}),
+        "persistent_memory": frame([], PERSISTENT), "theory_memory": frame([], MEMORY_COLUMNS),
+        "memory_whatif": frame([], WHATIF_COLUMNS), "activation": frame([], ACTIVATION_COLUMNS), "theory_check": frame([], CHECK_COLUMNS), "alpha_beta": frame([], FIT_COLUMNS),
+    }
+    return SimpleNamespace(**(empty | frames))
+
+
+def only(rows: list[dict]) -> dict:
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. exposed communication: rank 0 has 200 of 1000 µs exposed (20 %), rank 1 100 (10 %); of rank 0's,
+# all-gather in forward 150 (75 %), reduce-scatter in backward 50.
+
+def exposed_case(exposed_0: float = 200.0, exposed_1: float = 100.0, phase: str | None = "forward") -> SimpleNamespace:
+    return fake(
+        ranks=(0, 1),
+        breakdown=frame([{"run": "A", "rank": 0, "window_us": 1000.0, "exposed_comm_us": exposed_0},
+                         {"run": "A", "rank": 1, "window_us": 1000.0, "exposed_comm_us": exposed_1}], BREAKDOWN),
+        breakdown_steps=frame([{"run": "A", "rank": k, "step": 1} for k in (0, 1)], BREAKDOWN | {"step": pl.Int64}),
+        exposed=frame([
+            {"run": "A", "rank": 0, "step": 1, "collective": "all_gather", "phase": phase, "calls": 3, "comm_us": 300.0, "exposed_us": 150.0},
+            {"run": "A", "rank": 0, "step": 1, "collective": "reduce_scatter", "phase": "backward", "calls": 2, "comm_us": 100.0,
+             "exposed_us": 50.0},
+        ], EXPOSED_COLUMNS | {"run": pl.String}),
+    )
+
+
+def test_exposed_comm_names_the_worst_rank_collective_and_phase():
+    f = only(F.exposed_comm_rule(exposed_case()))
+    assert (f["rule"], f["run"], f["rank"], f["score"]) == ("exposed-comm", "A", 0, 20.0)
+    assert "20.0 % of rank 0's step time (200 µs of 1.00 ms over step 1)" in f["text"]
+    assert "most of it is all_gather in forward: 150 µs, 75.0 % of the exposed time, in 3 calls" in f["text"]
+    assert "rank 0 (the worst of 2)" in f["evidence"] and "reduce_scatter in backward 50.0 µs of 100 µs" in f["evidence"]
+    assert "forward_prefetch" in f["change"]
+
+
+def test_exposed_comm_without_a_phase_says_so():
+    f = only(F.exposed_comm_rule(exposed_case(phase=None)))
+    assert "all_gather (phase unknown)" in f["text"]
+
+
+def test_exposed_comm_names_the_largest_part_when_no_collective_has_most():
+    e = exposed_case()
+    e.exposed = e.exposed.with_columns(exposed_us=pl.Series([90.0, 60.0]))  # 90 of 200: 45 %
+    assert "; the largest part is all_gather in forward: 90.0 µs, 45.0 % of the exposed time" in only(F.exposed_comm_rule(e))["text"]
+
+
+def test_exposed_comm_is_silent_below_its_threshold_and_on_nan():
+    assert F.exposed_comm_rule(exposed_case(exposed_0=40.0, exposed_1=30.0)) == []  # 4 % and 3 % < 5 %
+    assert F.exposed_comm_rule(fake(ranks=(0, 1), breakdown=frame(
+        [{"run": "A", "rank": 0, "window_us": 1000.0, "exposed_comm_us": 40.0},
+         {"run": "A", "rank": 1, "window_us": 1000.0, "exposed_comm_us": float("nan")}], BREAKDOWN))) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. pipeline: window 100 µs; rank 0 busy 60 (bubble 40 %), rank 1 busy 80 (20 %): mean 30 %.
+# Textbook 1F1B p=2, m=4: 1/5 = 20 %; replay: rank 0 30 %, rank 1 20 % (mean 25 %): imbalance
+# 25 - 20 = 5, communication wait 30 - 25 = 5. Slowest: rank 1, 80 / 60 = 1.33x.
+
+def pipeline_case(bubbles=(40.0, 20.0), split: tuple | None = None) -> SimpleNamespace:
+    rows = []
+    for rank, (bubble, ideal) in enumerate(zip(bubbles, (30.0, 20.0))):
+        rows.append({"run": "A", "rank": rank, "step": 1, "schedule": "1f1b", "pp_ranks": 2, "microbatches": 4, "stages_per_rank": 1,
+                     "window_us": 100.0, "busy_us": 100.0 - bubble, "bubble_us": bubble, "bubble_pct": bubble,
+                     "theory_pct": 20.0, "ideal_pct": ideal})
+    p = frame(rows, SUMMARY_COLUMNS | {"run": pl.String})
+    if split:  # the pipeline module's own split: % of the pipeline's rank-time, summing to pipeline_bubble_pct
+        p = p.with_columns(pipeline_bubble_pct=pl.lit(sum(split)), schedule_bubble_pct=pl.lit(split[0]),
+                           imbalance_pct=pl.lit(split[1]), comm_wait_pct=pl.lit(split[2]),
+                           slowest_stage=pl.lit(1), slowest_stage_ratio=pl.lit(1.25))
+    actions = frame([{"run": "A", "rank": r, "step": 1, "action": "F", "stage": r, "microbatch": 0} for r in (0, 1)],
+                    ACTION_COLUMNS | {"run": pl.String})
+    return fake(ranks=(0, 1), pipeline=p, pipeline_actions=actions)
+
+
+def test_pipeline_bubble_from_theory_and_replay():
+    f = only(F.pipeline_bubble_rule(pipeline_case()))
+    assert (f["rule"], f["rank"], f["score"]) == ("pipeline-bubble", 1, 30.0)
+    assert ("idle 30.0 % of its window (mean over 2 ranks): 20.0 % is 1f1b's own bubble (p=2, m=4), 5.00 % stage imbalance, "
+            "5.00 % waiting for communication; the slowest stage is rank 1 (stage 1), busy 80.0 µs per step, 1.33× the least "
+            "busy rank") in f["text"]
+    assert "rank 0 40.0 %, rank 1 20.0 %" in f["evidence"]
+    assert f["change"].count("; then ") == 2  # 20, 5 and 5 %: each part at BUBBLE_PART_MIN_PCT or more gets its change
+    # the schedule's share is the largest: 1/5 at m=4, 1/9 at m=8
+    assert f["change"].startswith("raise the microbatch count: (p−1)/(m+p−1) is 20.0 % at m=4, 11.1 % at m=8")
+
+
+def test_pipeline_bubble_uses_the_split_columns_when_there():
+    f = only(F.pipeline_bubble_rule(pipeline_case(split=(10.0, 15.0, 6.0))))
+    assert f["score"] == 31.0
+    assert ("idle 31.0 % of its window (mean over 2 ranks): 10.0 % is 1f1b's own bubble (p=2, m=4), 15.0 % stage imbalance, "
+            "6.00 % waiting for communication; the slowest stage is stage 1 (rank 1), 1.25× the mean stage's compute.") in f["text"]
+    assert "move layers off stage 1" in f["change"]
+
+
+def test_pipeline_bubble_is_silent_below_its_threshold():
+    assert F.pipeline_bubble_rule(pipeline_case(bubbles=(8.0, 6.0))) == []
+    assert F.pipeline_bubble_rule(fake()) == []  # no pipeline
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. persistent memory: Φ = 1 Mi fp32 parameters, AdamW, dp 2. DDP holds 4 + 4 + 8 = 16 MiB;
+# ZeRO-1 4 + 4 + 4 = 12 MiB (-25 %); ZeRO-3 2 + 2 + 4 = 8 MiB (-50 %).
+
+def memory_case(current: str = "ddp", zero1_mib: float = 12) -> SimpleNamespace:
+    layouts = [("ddp", 4, 4, 8), ("zero1", 4, 4, zero1_mib - 8), ("zero2", 4, 2, 4), ("zero3", 2, 2, 4)]
+    whatif = frame([{"run": "A", "layout": lay, "dp": 2, "params_bytes": int(p * MIB), "grads_bytes": int(g * MIB),
+                     "optimizer_bytes": int(o * MIB), "total_bytes": int((p + g + o) * MIB), "current": lay == current}
+                    for lay, p, g, o in layouts], WHATIF_COLUMNS)
+    pers = frame([{"run": "A", "rank": 0, "params_bytes": 4 * MIB, "params_at_rest_bytes": 4 * MIB, "grads_bytes": 4 * MIB,
+                   "optimizer_bytes": 8 * MIB}], PERSISTENT)
+    return fake(memory_whatif=whatif, persistent_memory=pers)
+
+
+def test_persistent_memory_names_the_largest_component_and_the_next_stage():
+    f = only(F.persistent_memory_rule(memory_case()))
+    assert (f["rule"], f["rank"], f["score"]) == ("persistent-memory", 0, 25.0)
+    assert f["text"] == ("Optimizer state is the largest persistent memory on rank 0: 8.00 MiB of 16.0 MiB (50.0 %, run.json); "
+                         "zero1 would hold 12.0 MiB per rank (−25.0 %), zero3 8.00 MiB (−50.0 %).")
+    assert f["change"].startswith("switch to zero1: shard optimizer state")
+
+
+def test_persistent_memory_from_the_theory_without_run_json_sizes():
+    m = memory_case()
+    m.theory_memory = frame([{"run": "A", "rank": 1, "params_bytes": 4 * MIB, "grads_bytes": 4 * MIB, "optimizer_bytes": 8 * MIB,
+                              "params_at_rest_bytes": 4 * MIB}], MEMORY_COLUMNS)
+    m.persistent_memory = frame([], PERSISTENT)
+    f = only(F.persistent_memory_rule(m))
+    assert f["rank"] == 1 and "8.00 MiB of 16.0 MiB (50.0 %, theory)" in f["text"]
+
+
+def test_persistent_memory_is_silent_at_the_last_stage_and_below_its_threshold():
+    assert F.persistent_memory_rule(memory_case(current="zero3")) == []
+    assert F.persistent_memory_rule(memory_case(zero1_mib=15.5)) == []  # -3.1 % < 10 %
+    assert F.persistent_memory_rule(fake()) == []  # no run.json: no what-if
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. stragglers: 5 collectives of group [0, 1, 2, 3], spreads 100 x 4 + 200 = 600 µs (mean 120),
+# against a 4000 µs step: 15 %; rank 3 last in 4 of 5 (80 %).
+
+def straggler_case(window: float = 4000.0, share_3: float = 80.0, times_3: int = 4, starts=(0.0, 1e3, 2e3, 3e3, 4e3),
+                   group: str | None = "[0, 1, 2, 3]") -> SimpleNamespace:
+    g = group
+    skew = pl.DataFrame({"run": "A", "group": g, "algo": "all_reduce", "seq": range(5), "n_ranks": 4, "collective": "all_reduce",
+                         "first_start_us": list(starts), "spread_us": [100.0, 100.0, 100.0, 100.0, 200.0],
+                         "last_rank": [3, 3, 3, 3, 2]})
+    strag = pl.DataFrame({"run": "A", "group": g, "rank": [3, 2], "times_last": [times_3, 5 - times_3],
+                          "mean_spread_us": [100.0, 200.0], "share_pct": [share_3, 100 - share_3]})
+    b = frame([{"run": "A", "rank": k, "window_us": window} for k in range(4)], BREAKDOWN)
+    return fake(ranks=range(4), skew=skew, stragglers=strag, breakdown=b)
+
+
+def test_straggler_named_with_its_share():
+    f = only(F.straggler_rule(straggler_case()))
+    assert (f["rule"], f["rank"], f["score"]) == ("straggler", 3, 15.0)
+    assert f["text"] == ("Ranks of group [0, 1, 2, 3] start their collectives 120 µs apart on average: some rank waits 600 µs "
+                         "for a later one, 15.0 % of the step time; rank 3 is the last to start in 80.0 % of them (4 of 5).")
+    assert "all_reduce #4, 200 µs, last rank 2" in f["evidence"]
+
+
+def test_skew_without_a_straggler():
+    f = only(F.straggler_rule(straggler_case(share_3=60.0, times_3=3)))
+    assert f["rank"] is None and "no one rank is last consistently" in f["text"]
+
+
+def test_concurrent_collectives_wait_once():
+    # the first four start together: their waits overlap, [0, 100) once, then [4000, 4200): 300 µs
+    f = only(F.straggler_rule(straggler_case(window=2000.0, starts=(0.0, 0.0, 0.0, 0.0, 4e3))))
+    assert "some rank waits 300 µs for a later one, 15.0 % of the step time" in f["text"]
+
+
+def test_straggler_is_silent_below_its_threshold_and_without_a_group():
+    assert F.straggler_rule(straggler_case(window=40000.0)) == []  # 1.5 % < 5 %
+    assert F.straggler_rule(straggler_case(group=None)) == []  # unknown group: instances may not match
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. communication volume: all-gather 1.5 MiB measured against 1 MiB predicted (above); rank 0's
+# communication is 400 of 1000 µs: 40 % x (1.5 - 1) / 1.5 = 13.3 % of the step.
+
+def volume_case(comm_us: float = 400.0) -> SimpleNamespace:
+    check = frame([
+        {"run": "A", "rank": 0, "quantity": "all_gather bytes", "unit": "bytes", "predicted": 1.0 * MIB, "measured": 1.5 * MIB,
+         "ratio": 1.5, "verdict": "above", "note": "3Φ"},
+        {"run": "A", "rank": 0, "quantity": "reduce_scatter bytes", "unit": "bytes", "predicted": 1.0 * MIB, "measured": 1.0 * MIB,
+         "ratio": 1.0, "verdict": "match"},
+        {"run": "A", "rank": 0, "quantity": "params_bytes", "unit": "bytes", "predicted": 1.0, "measured": 9.0, "ratio": 9.0,
+         "verdict": "above"},  # memory: not this rule's
+    ], CHECK_COLUMNS)
+    return fake(theory_check=check, breakdown=frame([{"run": "A", "rank": 0, "window_us": 1000.0, "comm_us": comm_us}], BREAKDOWN))
+
+
+def test_comm_volume_against_the_formula():
+    f = only(F.comm_volume_rule(volume_case()))
+    assert (f["rule"], f["rank"]) == ("comm-volume", 0) and f["score"] == pytest.approx(40 * 0.5 / 1.5)
+    assert f["text"] == ("all_gather bytes on rank 0 is 1.50 MiB, 1.50× the textbook 1.00 MiB (1 of 2 communication quantities "
+                         "differ; communication is 40.0 % of the step).")
+    assert "3Φ" in f["evidence"]
+
+
+def test_comm_volume_is_silent_below_its_threshold():
+    assert F.comm_volume_rule(volume_case(comm_us=20.0)) == []  # 2 % x 1/3 = 0.67 % < 1 %
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. bandwidth: α = 100 µs, β = 1 GB/s (1000 B/µs); 10 all-reduces of 1000 B take 101 µs each.
+# Achieved 10000 B / 1010 µs = 0.0099 GB/s (0.99 % of β); latency 10 x 100 = 1000 µs = 99.0 % of
+# the time, 10 % of the 10 ms step.
+
+def bandwidth_case(window: float = 10_000.0, r2: float = 0.99) -> SimpleNamespace:
+    fit = frame([{"run": "A", "backend": "gloo", "collective": "all_reduce", "group_size": 2, "n_calls": 10, "n_sizes": 2,
+                  "alpha_us": 100.0, "beta_gbps": 1.0, "r2": r2}], FIT_COLUMNS)
+    colls = fake().collectives
+    colls = pl.concat([colls, frame([{"run": "A", "rank": 0, "step": 1, "seq": i, "collective": "all_reduce", "algo": "all_reduce",
+                                      "group_size": 2, "size_bytes": 1000, "start_us": 200.0 * i, "end_us": 200.0 * i + 101,
+                                      "dur_us": 101.0} for i in range(10)], dict(colls.schema))])
+    steps = frame([{"run": "A", "rank": 0, "step": 1, "window_us": window}], BREAKDOWN | {"step": pl.Int64})
+    return fake(alpha_beta=fit, collectives=colls, breakdown_steps=steps)
+
+
+def test_latency_bound_collectives():
+    f = only(F.bandwidth_rule(bandwidth_case()))
+    assert (f["rule"], f["score"]) == ("bandwidth", pytest.approx(10.0))
+    assert f["text"] == ("all_reduce on 2 ranks reaches 0.00990 GB/s, 0.990 % of its fitted β 1.00 GB/s: the per-call latency "
+                         "α = 100 µs is 99.0 % of its time (median message 1000 B, 10.0 % of the step).")
+    assert "fewer, larger messages" in f["change"]
+
+
+def test_bandwidth_is_silent_below_its_threshold_and_on_a_poor_fit():
+    assert F.bandwidth_rule(bandwidth_case(window=100_000.0)) == []  # 1 % < 5 %
+    assert F.bandwidth_rule(bandwidth_case(r2=0.5)) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. activation share: a 100 MiB CUDA peak beside 4 + 4 + 8 = 16 MiB of persistent state: 84 %
+# (Analysis.activation, theory_memory.activation_peak's frame).
+
+def activation_case(peak_mib: int = 100, device: str = "cuda:0", persistent_mib: int | None = 16) -> SimpleNamespace:
+    p = None if persistent_mib is None else persistent_mib * MIB
+    act = None if p is None else max(0, peak_mib * MIB - p)
+    row = {"run": "A", "rank": 0, "mem_device": device, "peak_allocated_bytes": peak_mib * MIB, "persistent_bytes": p,
+           "footprint_bytes": None if p is None else peak_mib * MIB, "activation_bytes": act,
+           "activation_pct": None if p is None else 100 * act / (peak_mib * MIB),
+           "basis": "device counter (includes everything): activation = peak − persistent"}
+    return fake(activation=frame([row], ACTIVATION_COLUMNS))
+
+
+def test_activation_share_of_the_peak():
+    f = only(F.activation_memory_rule(activation_case()))
+    assert (f["rule"], f["rank"], f["score"]) == ("activation-memory", 0, 84.0)
+    assert f["text"] == ("Activations and temporaries are 84.0 % of rank 0's memory at its peak (84.0 MiB of 100 MiB on "
+                         "cuda:0; parameters, gradients and optimizer state hold 16.0 MiB).")
+    assert "device counter" in f["evidence"] and "checkpointing" in f["change"]
+
+
+def test_activation_share_is_silent_without_theory_and_below_its_threshold():
+    assert F.activation_memory_rule(activation_case(persistent_mib=None)) == []  # no run.json dims: no share
+    assert F.activation_memory_rule(activation_case(peak_mib=30)) == []  # 14 / 30 = 46.7 % < 50 %
+    assert F.activation_memory_rule(activation_case(peak_mib=10)) == []  # below the persistent bytes: 0, nothing said
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. comparison: A's step 1000 µs (compute 600, idle 100, all-reduce exposed in backward 250,
+# other non-compute 50); B's 2000 µs (compute 700, idle 200, all-gather in forward 800,
+# reduce-scatter in backward 200, other 100). Difference +1000: all-gather +800 = 80 %.
+
+def compare_case(order=("A", "B"), b_scale: float | None = None) -> SimpleNamespace:
+    """b_scale: B is A with every time scaled by it (instead of the case above)."""
+    a = {"run": "A", "rank": 0, "step": 1, "window_us": 1000.0, "compute_us": 600.0, "idle_us": 100.0, "non_compute_us": 300.0,
+         "exposed_comm_us": 250.0}
+    b = {"run": "B", "rank": 0, "step": 1, "window_us": 2000.0, "compute_us": 700.0, "idle_us": 200.0, "non_compute_us": 1100.0,
+         "exposed_comm_us": 1000.0}
+    a_exp = {"run": "A", "rank": 0, "step": 1, "collective": "all_reduce", "phase": "backward", "exposed_us": 250.0}
+    b_exp = [{"run": "B", "rank": 0, "step": 1, "collective": "all_gather", "phase": "forward", "exposed_us": 800.0},
+             {"run": "B", "rank": 0, "step": 1, "collective": "reduce_scatter", "phase": "backward", "exposed_us": 200.0}]
+    if b_scale:
+        b = {k: v * b_scale if k.endswith("_us") else v for k, v in a.items()} | {"run": "B"}
+        b_exp = [a_exp | {"run": "B", "exposed_us": 250.0 * b_scale}]
+    return fake(runs=order, breakdown_steps=frame([a, b], BREAKDOWN | {"step": pl.Int64}),
+                exposed=frame([a_exp, *b_exp], EXPOSED_COLUMNS | {"run": pl.String}))
+
+
+def test_comparison_names_the_main_cause():
+    f = only(F.comparison_rule(compare_case()))
+    assert (f["rule"], f["run"], f["rank"], f["score"]) == ("comparison", None, None, 50.0)
+    assert f["text"] == "B's step is 2.00× A's (2.00 ms vs 1.00 ms); 80.0 % of the difference is all_gather exposed in forward (+800 µs)."
+    assert f["evidence"] == ("mean per rank and step, B minus A: all_gather exposed in forward +800 µs, all_reduce exposed in "
+                             "backward −250 µs, reduce_scatter exposed in backward +200 µs, compute +100 µs")
+    assert "forward_prefetch" in f["change"]
+    # B first: the same finding, B still the slower one
+    g = only(F.comparison_rule(compare_case(order=("B", "A"))))
+    assert g["text"] == f["text"] and g["evidence"] == f["evidence"]
+
+
+def test_comparison_when_one_part_outgrows_the_difference():
+    # B: compute 0, idle 100, the same exposed collectives as above (1000), other 100: a 1200 µs step
+    c = compare_case()
+    steps = frame([
+        {"run": "A", "rank": 0, "step": 1, "window_us": 1000.0, "compute_us": 600.0, "idle_us": 100.0, "non_compute_us": 300.0,
+         "exposed_comm_us": 250.0},
+        {"run": "B", "rank": 0, "step": 1, "window_us": 1200.0, "compute_us": 0.0, "idle_us": 100.0, "non_compute_us": 1100.0,
+         "exposed_comm_us": 1000.0},
+    ], BREAKDOWN | {"step": pl.Int64})
+    c.breakdown_steps = steps
+    # deltas: compute -600, idle 0, all_reduce -250, all_gather +800, reduce_scatter +200, other +50: +200 in all
+    f = only(F.comparison_rule(c))
+    assert f["text"] == ("B's step is 1.20× A's (1.20 ms vs 1.00 ms); all_gather exposed in forward adds 800 µs, more than the "
+                         "whole difference (200 µs; other parts take less time).")
+
+
+def test_comparison_is_silent_for_close_runs_and_one_run():
+    assert "B's step is 1.06× A's" in only(F.comparison_rule(compare_case(b_scale=1.06)))["text"]  # 5.66 % of B's step
+    assert F.comparison_rule(compare_case(b_scale=1.04)) == []  # 3.85 % < 5 %
+    assert F.comparison_rule(exposed_case()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# All rules together
+
+
+def test_findings_are_ranked_by_score_and_follow_the_schema():
+    a = pipeline_case()  # 30
+    m, e = memory_case(), exposed_case()  # 25, 20
+    a = SimpleNamespace(**(vars(a) | {"memory_whatif": m.memory_whatif, "persistent_memory": m.persistent_memory,
+                                      "breakdown": e.breakdown, "breakdown_steps": e.breakdown_steps, "exposed": e.exposed}))
+    out = findings(a)
+    assert out.columns == list(FINDING_COLUMNS) and out.schema == pl.Schema(FINDING_COLUMNS)
+    assert out["rule"].to_list() == ["pipeline-bubble", "persistent-memory", "exposed-comm"]
+    assert out["score"].to_list() == [30.0, 25.0, 20.0]
+
+
+def test_no_input_no_findings():
+    out = findings(fake())
+    assert out.is_empty() and out.columns == list(FINDING_COLUMNS)
+
+
+def test_no_finding_holds_a_non_finite_number():
+    cases = [exposed_case(), exposed_case(phase=None), pipeline_case(), pipeline_case(split=(10.0, 15.0, 6.0)), memory_case(),
+             straggler_case(), volume_case(), bandwidth_case(), activation_case(), compare_case()]
+    out = pl.concat([findings(c) for c in cases])
+    assert out.height == len(cases)
+    text = " ".join(out.select("text", "evidence", "change").to_numpy().ravel())
+    assert not re.search(r"\b(nan|inf|None|null)\b", text, re.IGNORECASE)
+
+
+def test_docs_name_every_rule_and_threshold():
+    doc = (REPO / "docs" / "findings.md").read_text()
+    for rule in F.RULES:
+        assert f"`{rule}`" in doc, rule
+    for name, value in vars(F).items():
+        if re.fullmatch(r"[A-Z][A-Z0-9_]+_(PCT|TIMES|FRACTION|R2|FINDINGS)", name):
+            assert f"`{name}` = {value:g}" in " ".join(doc.split()), name
+
+
+# ---------------------------------------------------------------------------------------------
+# Foreign traces and real runs
+
+
+@pytest.mark.parametrize("path", [SHARED_TRACES / "gpu_nccl_2_of_128", SHARED_TRACES / "single" / "cpu_gloo_rank34_of_300.json.gz",
+                                  SHARED_TRACES / "single" / "v100_nccl_memory_rank1.json.gz"])
+def test_foreign_traces_give_findings_without_crashing(path):
+    out = analyze(load_traces([path])).findings
+    assert out.columns == list(FINDING_COLUMNS)
+    assert all(math.isfinite(s) and 0 <= s <= 100 for s in out["score"])
+
+
+@pytest.mark.multirank
+def test_exposed_comm_on_fsdp(runs, monkeypatch):
+    monkeypatch.setattr(F, "EXPOSED_COMM_MIN_PCT", 0.0)  # fire whatever the timing
+    a = analyze(load_traces(runs("fsdp", 2)))
+    f = only([r for r in findings(a).to_dicts() if r["rule"] == "exposed-comm"])
+    b = a.breakdown.with_columns(share=100 * pl.col("exposed_comm_us") / pl.col("window_us")).sort("share", descending=True)
+    assert f["rank"] == b["rank"][0] and f["score"] == pytest.approx(b["share"][0])
+    top = (a.exposed.filter(pl.col("rank") == f["rank"]).group_by("collective").agg(pl.col("exposed_us").sum())
+           .sort("exposed_us", descending=True)["collective"][0])
+    assert top in ("all_gather", "reduce_scatter") and f"most of it is {top}" in f["text"]
+
+
+@pytest.mark.multirank
+def test_persistent_memory_on_ddp(runs):
+    # The ZeRO table for this run's own model (fp32 AdamW: 4 + 4 + 8 bytes per parameter, dp 2),
+    # computed here from run.json's parameter count, beside the memory run.json measured.
+    a = analyze(load_traces(runs("ddp", 2)))
+    run = a.ranks["run"][0]
+    phi = a.runs[run]["model"]["n_params"] * 4
+    table = [("ddp", phi, phi, 2 * phi), ("zero1", phi, phi, phi), ("zero2", phi, phi // 2, phi), ("zero3", phi // 2, phi // 2, phi)]
+    whatif = frame([{"run": run, "layout": lay, "dp": 2, "params_bytes": p, "grads_bytes": g, "optimizer_bytes": o,
+                     "total_bytes": p + g + o, "current": lay == "ddp"} for lay, p, g, o in table], WHATIF_COLUMNS)
+    f = only(F.persistent_memory_rule(dataclasses.replace(a, memory_whatif=whatif)))
+    assert f["score"] == pytest.approx(25.0)
+    mem = a.runs[run]["ranks"][0]["memory"]
+    assert mem["optimizer_bytes"] > mem["params_bytes"]  # AdamW's two moments
+    assert f["text"].startswith("Optimizer state is the largest persistent memory") and "zero1 would hold" in f["text"]
+
+
+@pytest.mark.multirank
+def test_persistent_memory_on_ddp_from_the_memory_theory(runs):
+    a = analyze(load_traces(runs("ddp", 2)))
+    f = only([r for r in findings(a).to_dicts() if r["rule"] == "persistent-memory"])
+    cur = a.memory_whatif.filter(pl.col("current"))
+    z1 = a.memory_whatif.filter(pl.col("layout") == "zero1")
+    assert cur["layout"][0] == "ddp"
+    assert f["score"] == pytest.approx(100 * (cur["total_bytes"][0] - z1["total_bytes"][0]) / cur["total_bytes"][0])
+    assert "zero1 would hold" in f["text"] and f["change"].startswith("switch to zero1")
+
+
+@pytest.mark.multirank
+def test_comparison_on_ddp_and_fsdp(runs, monkeypatch):
+    monkeypatch.setattr(F, "COMPARE_MIN_PCT", 0.0)
+    a = analyze(load_traces([runs("ddp", 2), runs("fsdp", 2)]))
+    f = only([r for r in findings(a).to_dicts() if r["rule"] == "comparison"])
+    step = a.breakdown_steps.group_by("run").agg(pl.col("window_us").mean()).sort("window_us", descending=True)
+    slow, fast = step["run"].cast(pl.String).to_list()
+    assert f["text"].startswith(f"{slow}'s step is {F.num(step['window_us'][0] / step['window_us'][1])}× {fast}'s")
+    assert f["score"] == pytest.approx(100 * (step["window_us"][0] - step["window_us"][1]) / step["window_us"][0])
+
+
+@pytest.mark.multirank
+def test_pipeline_bubble_on_an_unbalanced_1f1b(runs, monkeypatch):
+    # 1F1B over 2 ranks, the last stage holding 7 of tiny8's 8 blocks: the bubble is mostly stage
+    # imbalance, and the slowest stage is stage 1 on rank 1.
+    monkeypatch.setattr(F, "BUBBLE_MIN_PCT", 0.0)  # fire whatever the timing
+    a = analyze(load_traces(runs("1f1b", 2, "--model", "tiny8", "--microbatches", "4", "--stage-layers", "1,7")))
+    f = only([r for r in findings(a).to_dicts() if r["rule"] == "pipeline-bubble"])
+    assert f["rank"] == 1 and "the slowest stage is stage 1 (rank 1)" in f["text"]
+    imbalance = a.pipeline["imbalance_pct"].mean()
+    assert f"{F.pct(imbalance)} stage imbalance" in f["text"]
+    # the imbalance (well over BUBBLE_PART_MIN_PCT with 7 blocks against 1) gets its change, whatever
+    # else the shared CPUs add in communication wait
+    assert "move layers off stage 1" in f["change"]
+
+
+def test_numbers_in_human_units():
+    from profiler.findings_text import bytes_text, collective_change, ms, num, pct, steps_text
+
+    assert [num(x) for x in (0.0123456, 1.23456, 12.3456, 123.456, 1234.5)] == ["0.0123", "1.23", "12.3", "123", "1234"]
+    assert (pct(92.04), ms(875.0), ms(8751.8), ms(1.5e6)) == ("92.0 %", "875 µs", "8.75 ms", "1.50 s")
+    assert (bytes_text(800), bytes_text(1536), bytes_text(3 * MIB), bytes_text(2**31)) == ("800 B", "1.50 KiB", "3.00 MiB", "2.00 GiB")
+    assert (steps_text([2]), steps_text([1, 2]), steps_text([5, 3, 4]), steps_text([1, 3, 4])) == (
+        "step 2", "steps 1, 2", "steps 3–5", "steps 1, 3, 4")
+    # by collective and phase, then by collective, then a generic one; recv is a pipeline transfer like send
+    assert "forward_prefetch" in collective_change("all_gather", "forward")
+    assert collective_change("recv", None) == collective_change("send", "backward")
+    assert collective_change("barrier", None) == collective_change(None, None)
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf")])
+def test_missing_or_impossible_numbers_give_no_finding(bad):
+    # every float (and every byte count, null) of every hand-made case replaced: nothing to say, and no crash
+    cases = [exposed_case(), pipeline_case(), pipeline_case(split=(10.0, 15.0, 6.0)), memory_case(), straggler_case(),
+             volume_case(), bandwidth_case(), activation_case(), compare_case()]
+    for case in cases:
+        spoilt = {k: (v.with_columns(pl.col(pl.Float64).fill_null(0.0) * 0 + pl.lit(bad, pl.Float64),
+                                     pl.col("^.*_bytes$").cast(pl.Int64) * pl.lit(None, pl.Int64))
+                      if isinstance(v, pl.DataFrame) else v) for k, v in vars(case).items()}
+        assert findings(SimpleNamespace(**spoilt)).is_empty(), case
