@@ -48,36 +48,51 @@ def _row(dim, phase, collective, group, calls, nbytes, formula, note=None, step=
 
 def predict_comm(runs: dict[str, dict | None]) -> pl.DataFrame:
     """Per run with a run.json: COMM_COLUMNS, the communication each rank does per step."""
-    rows = []
+    base = {k: v for k, v in COMM_COLUMNS.items() if k not in ("traffic_bytes", "phi")}
+    rows, phi = [], []
     for run, manifest in runs.items():
         if not isinstance(manifest, dict):
             continue  # a foreign trace: no model, no layout, nothing to predict
-        facts = _facts(manifest)
-        for rank in range(manifest.get("world_size") or 0):
-            rows += [{"run": run, "rank": rank, **r} for r in _rank_rows(manifest, facts, rank)]
-    out = pl.DataFrame(rows, schema={k: v for k, v in COMM_COLUMNS.items() if k not in ("traffic_bytes", "phi")},
-                       orient="row") if rows else pl.DataFrame(schema={k: v for k, v in COMM_COLUMNS.items()
-                                                                       if k not in ("traffic_bytes", "phi")})
-    phi = pl.DataFrame([{"run": r, "_phi_bytes": f} for r, f in ((r, _facts(m)["phi_bytes"]) for r, m in runs.items()
-                                                                  if isinstance(m, dict))],
-                       schema={"run": pl.String, "_phi_bytes": pl.Int64})
+        run_rows, facts = predict_run(manifest)
+        rows += [{k: r.get(k) for k in base} | {"run": run} for r in run_rows]
+        phi.append({"run": run, "_phi_bytes": facts.get("phi_bytes")})
+    out = pl.DataFrame(rows, schema=base, orient="row") if rows else pl.DataFrame(schema=base)
     n = pl.col("group_size").cast(pl.Float64)
     factor = pl.lit(1.0)  # broadcast, send, recv: the message once
     for kind, f in RING_FACTOR.items():
         factor = pl.when(pl.col("collective") == kind).then(f(n)).otherwise(factor)
     weight = pl.when(pl.col("collective") == "all_reduce").then(2.0).otherwise(1.0)
-    return (out.join(phi, on="run", how="left")
+    return (out.join(pl.DataFrame(phi, schema={"run": pl.String, "_phi_bytes": pl.Int64}), on="run", how="left")
             .with_columns(traffic_bytes=pl.col("bytes") * factor,
                           phi=pl.when(pl.col("_phi_bytes") > 0).then(pl.col("bytes") * weight / pl.col("_phi_bytes")))
             .select(list(COMM_COLUMNS)).cast(COMM_COLUMNS))
+
+
+def predict_run(manifest: dict) -> tuple[list[dict], dict]:
+    """(rows with a `rank` key, facts) of one run.json; facts["why"] says why there are no rows.
+
+    A run.json whose fields have odd types or values gives no rows and the reason, never a
+    traceback (discover.py checks run.json's shape, not every field theory reads).
+    """
+    try:
+        facts = _facts(manifest)
+        if facts["why"]:
+            return [], facts
+        world = manifest.get("world_size")
+        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+            return [], facts | {"why": f"run.json world_size {world!r} is not a rank count"}
+        rows = [{"rank": rank, **r} for rank in range(world) for r in _rank_rows(manifest, facts, rank)]
+        return rows, facts
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as e:
+        return [], {"params": None, "phi_bytes": None, "why": f"run.json fields theory reads are malformed ({e!r})"}
 
 
 def _facts(m: dict) -> dict:
     """What the formulas need from run.json: the parameter table, element size, Φ, and why not."""
     model, moe = m.get("model") or {}, m.get("moe")
     need = ("vocab_size", "d_model", "n_layers", "seq_len")
-    if not all(isinstance(model.get(k), int) for k in need):
-        return {"params": None, "phi_bytes": None, "why": "run.json has no model dims"}
+    if not all(_count(model.get(k)) for k in need) or not _count(model.get("mlp_ratio", 4)):
+        return {"params": None, "phi_bytes": None, "why": "run.json has no model dims (positive integers)"}
     dtypes = model.get("param_dtypes")
     notes = []
     if not dtypes:
@@ -94,6 +109,10 @@ def _facts(m: dict) -> dict:
                 "why": f"the model's parameter table ({numel:,}) does not match run.json n_params ({model.get('n_params')})"}
     eb = DTYPE_BYTES[dtype]
     return {"params": params, "eb": eb, "phi_bytes": numel * eb, "why": None, "note": "; ".join(notes) or None}
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
 def _rank_rows(m: dict, facts: dict, rank: int) -> list[dict]:
@@ -329,7 +348,7 @@ def _check(run, rank, quantity, unit, predicted, measured, verdict, note=None) -
 def _rank_check(manifest: dict, run: str, rank: int, pred: pl.DataFrame, meas: pl.DataFrame,
                 steps: list[int]) -> list[dict]:
     """The check rows of one (run, rank) with a run.json."""
-    facts = _facts(manifest)
+    facts = predict_run(manifest)[1]
     if pred.is_empty():
         why = facts["why"] or f"no communication theory for paradigm {manifest.get('paradigm')!r}"
         return [_check(run, rank, f"{kind} bytes/step", "bytes", None, _mean(v), "no theory", why)

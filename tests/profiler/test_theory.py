@@ -126,6 +126,13 @@ def test_missing_facts_give_notes_not_crashes():
     wrong = manifest()
     wrong["model"] = wrong["model"] | {"n_params": 12345}
     assert predict_comm({"w": wrong}).is_empty()
+    # fields of the wrong type: nothing predicted, and the check says why
+    odd = manifest(world_size="2", mesh=None)
+    odd["model"] = odd["model"] | {"mlp_ratio": "4"}
+    assert predict_comm({"odd": odd}).is_empty()
+    c = comm_check({"odd": odd}, predict_comm({"odd": odd}), colls([(0, 1, "all_reduce", PHI)]).with_columns(
+        run=pl.lit("odd").cast(pl.Categorical)))
+    assert c["verdict"].to_list() == ["no theory"] and "model dims" in c["note"][0]
 
 
 # ---------------------------------------------------------------------------------------------
