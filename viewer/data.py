@@ -27,9 +27,10 @@ from pathlib import Path
 import polars as pl
 
 from profiler import TraceError, Traces, analyze, ideal_orders, load_traces, memory_timeline
+from profiler import findings as profiler_findings
 from profiler.discover import MAX_MANIFEST_BYTES, RUN_MANIFEST, TRACE_SUFFIXES, find_sources, is_trace_file, manifest_problem
 from profiler.pipeline import positive_int, schedule_theory_pct
-from profiler.report import Analysis
+from profiler.report import Analysis, comparison_warnings
 
 from viewer import aggregate
 
@@ -463,3 +464,54 @@ def pipeline_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, pl
             summary.append(pl.DataFrame({"run": [d.run_id], "bubble_pct": [None], "ideal_pct": [None], "theory_pct": [theory]},
                                         schema={"run": pl.String, **dict.fromkeys(["bubble_pct", "ideal_pct", "theory_pct"], pl.Float64)}))
     return _concat(acts), ideal, _concat(summary)
+
+
+# ---------------------------------------------------------------------------------------------
+# Findings and theory for the Compare page's first two cards
+
+
+def merged_analysis(runs: list[RunData]) -> Analysis:
+    """The analyses of several runs as one `Analysis`, labelled by run id, as `ptprof analyze a b`
+    makes it: what the findings rules need to compare runs (each run is analysed on its own here)."""
+    fields = {}
+    for f in dataclasses.fields(Analysis):
+        parts = [getattr(d.analysis, f.name) for d in runs]
+        if f.name == "runs":  # one run.json (or None) per folder, under the run id
+            fields[f.name] = {d.run_id: next(iter(d.analysis.runs.values()), None) for d in runs}
+        elif all(isinstance(p, list) for p in parts):  # warnings, problems
+            fields[f.name] = [x for p in parts for x in p]
+        elif all(p is None or isinstance(p, pl.DataFrame) for p in parts):  # pipeline frames are None without pipeline spans
+            kept = [_keep_type(d, p) for d, p in zip(runs, parts) if p is not None]
+            fields[f.name] = pl.concat(kept, how="diagonal_relaxed") if kept else None
+        else:  # nothing else today; a scalar field added later is the first run's, not a crash
+            fields[f.name] = parts[0]
+    merged = Analysis(**fields)
+    merged.warnings.extend(comparison_warnings(merged))  # as analyze adds them to a load of several runs
+    return merged
+
+
+def _keep_type(d: RunData, frame: pl.DataFrame) -> pl.DataFrame:
+    # The run id in the frame's own dtype (Categorical in most, String in the theory frames).
+    return frame.with_columns(pl.lit(d.run_id).cast(frame.schema["run"]).alias("run")) if "run" in frame.columns else frame
+
+
+def findings_frame(runs: list[RunData]) -> tuple[pl.DataFrame, str | None]:
+    """(findings, None) of the runs that loaded, most important first: a run's own, and for 2+
+    runs those about the comparison (run null), from the profiler's rules over the merged analyses;
+    (each run's own findings, why) where the comparison failed."""
+    ok = _ok(runs)
+    own = _concat([d.relabel(d.analysis.findings) for d in ok])
+    if len(ok) < 2:
+        return own, None
+    try:
+        found = profiler_findings.findings(merged_analysis(ok))
+    except (Exception, pl.exceptions.PanicException) as e:  # noqa: BLE001 -- shown on the card, never a 500
+        log.warning("findings over %s failed: %s", [d.run_id for d in ok], e)
+        return own, f"the findings comparing these runs failed ({type(e).__name__}: {e}); each run's own are shown"
+    return found.with_columns(pl.col("run").cast(pl.String)), None
+
+
+def theory_frame(runs: list[RunData]) -> tuple[pl.DataFrame, dict[str, bool]]:
+    """(theory_check of the runs that loaded, whether each has a run.json)."""
+    ok = _ok(runs)
+    return _concat([d.relabel(d.analysis.theory_check) for d in ok]), {d.run_id: d.manifest is not None for d in ok}

@@ -12,6 +12,9 @@ RUNS_DONE = "runs-done"  # dcc.Store: [rows, pending] last shown, so an idle pol
 # Compare page
 COMPARE_RUNS = "compare-runs"  # dcc.Store: the run ids, in the order picked
 COMPARE_STATUS = "compare-status"
+COMPARE_FINDINGS = "compare-findings"  # the first card's body: ranked findings of the compared runs
+COMPARE_THEORY = "compare-theory"  # theory vs measured: a line per run without theory, table, bytes figure
+COMPARE_THEORY_TABLE = "compare-theory-table"
 COMPARE_TIMELINE = "compare-timeline"
 COMPARE_BREAKDOWN = "compare-breakdown"
 COMPARE_PIPELINE = "compare-pipeline"

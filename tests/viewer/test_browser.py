@@ -3,7 +3,9 @@
 Waits for the Runs page to finish analysing (it polls), ticks two runs, follows Compare, and
 checks that the timeline, breakdown and memory graphs were drawn with data. Then zooms the
 timeline and checks the server re-binned it. Saves test-artifacts/viewer-compare.png (and
--zoomed.png). Needs Debian's `chromium` and `chromium-driver` (installed by .ci/run); skipped
+-zoomed.png). A second test opens Compare of the ddp and fsdp samples directly and checks that the
+Findings card comes first with at least one finding's sentence (red until the findings rules
+fire on the samples: profiler/findings.py), then Theory vs measured. Needs Debian's `chromium` and `chromium-driver` (installed by .ci/run); skipped
 where they are absent, except on CI (CI set in the environment), where a missing browser is a
 failure rather than a silent skip.
 """
@@ -131,3 +133,28 @@ def test_compare_two_runs_in_a_browser(server, browser):
     time.sleep(2)
     assert log.read_text().count("_dash-update-component") == calls, "the timeline keeps re-rendering itself"
     browser.save_screenshot(str(ARTIFACTS / "viewer-compare-zoomed.png"))
+
+
+def test_findings_card_comes_first_with_text(server, browser):
+    """Compare of the ddp and fsdp samples: the first card is Findings, holding at least one finding
+    with a sentence (not the "no findings" line), and Theory vs measured follows it, not blank."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from viewer import ids
+
+    url, _log = server
+    browser.get(url + "/compare?runs=sample-ddp-2r,sample-fsdp-2r")
+    answered = (f"#{ids.COMPARE_FINDINGS} li.finding, #{ids.COMPARE_FINDINGS} .no-findings, "
+                f"#{ids.COMPARE_FINDINGS} .warning, #{ids.COMPARE_FINDINGS} .error")
+    WebDriverWait(browser, 120).until(lambda d: d.find_elements(By.CSS_SELECTOR, answered), message="the Findings card never filled in")
+    cards = browser.find_elements(By.CSS_SELECTOR, ".page > .card, .page > .row > .card")
+    assert [c.find_element(By.TAG_NAME, "h3").text for c in cards[:2]] == ["Findings", "Theory vs measured"]
+    assert cards[0].find_elements(By.ID, ids.COMPARE_FINDINGS)
+    sentences = [e.text.strip() for e in browser.find_elements(By.CSS_SELECTOR, f"#{ids.COMPARE_FINDINGS} li.finding .finding-text")]
+    card = browser.find_element(By.ID, ids.COMPARE_FINDINGS).text
+    assert sentences and all(len(s) > 10 for s in sentences), f"no findings with text; the card says: {card!r}"
+    WebDriverWait(browser, 60).until(lambda d: d.find_element(By.ID, ids.COMPARE_THEORY).text.strip() not in ("", "loading…"),
+                                     message="the Theory vs measured card stayed blank")
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "viewer-findings.png"))

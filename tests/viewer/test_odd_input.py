@@ -134,7 +134,8 @@ def test_wrong_types_in_run_json_are_left_out_of_the_row():
 # Callback inputs: whatever the browser sends, an answer (never a 500), refusals said
 
 
-COMPARE_OUTPUTS = [f"{ids.COMPARE_STATUS}.children", f"{ids.COMPARE_BREAKDOWN}.figure", f"{ids.COMPARE_STEPS}.figure",
+COMPARE_OUTPUTS = [f"{ids.COMPARE_STATUS}.children", f"{ids.COMPARE_FINDINGS}.children", f"{ids.COMPARE_THEORY}.children",
+                   f"{ids.COMPARE_BREAKDOWN}.figure", f"{ids.COMPARE_STEPS}.figure",
                    f"{ids.COMPARE_PIPELINE}.figure", f"{ids.COMPARE_MEMORY}.figure", f"{ids.COMPARE_COLLECTIVES}.data"]
 BAD_RUN_IDS = [None, 5, "sample-ddp-2r", {"a": 1}, [1, 2], [None], ["sample-ddp-2r", 3], [""], ["x" * 5000], [[]]]
 

@@ -1,5 +1,6 @@
-"""Compare: 1-4 runs side by side on one time axis: timeline, breakdown, pipeline, memory,
-collectives and step times. `/compare?runs=a,b` (run ids are folders under the traces root)."""
+"""Compare: 1-4 runs side by side: findings first, theory vs measured, then on one time axis the
+timeline, breakdown, pipeline, memory, collectives and step times. `/compare?runs=a,b` (run ids
+are folders under the traces root)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 import dash
 from dash import Input, Output, callback, ctx, dash_table, dcc, html
 
-from viewer import data, figures, ids
+from viewer import data, figures, ids, theory_cards
 from viewer.data import RunStore
 from viewer.figures import COLLECTIVE_COLUMNS
 from viewer.pages import FONT, MAX_COMPARE, current_store, run_id_list
@@ -49,6 +50,12 @@ def layout(runs: str | None = None, **_query):
         html.H2("Compare: " + " · ".join(picked)),
         html.Div(f"Showing the first {MAX_COMPARE} of the {len(asked)} runs asked for.", className="error") if len(asked) > len(picked) else None,
         html.Div(id=ids.COMPARE_STATUS),
+        _card("Findings", "What the numbers mean and what to change, most important first: each finding with its "
+              "evidence and a change to try (rules: docs/findings.md); [comparison] marks those about the runs together.",
+              dcc.Loading(html.Div(id=ids.COMPARE_FINDINGS, children=html.P("loading…", className="hint")))),
+        _card("Theory vs measured", "The textbook prediction beside the traces' measurement (docs/theory.md), one line "
+              "per quantity when every rank agrees, else the range across ranks and the rank that stands out.",
+              dcc.Loading(html.Div(id=ids.COMPARE_THEORY, children=html.P("loading…", className="hint")))),
         _card("Timeline", "One lane per rank and thread / GPU stream, runs aligned at their first profiled step. Drag to zoom "
               "(double-click to reset): the server re-bins the visible range, so zooming in reveals single operators.",
               _graph(ids.COMPARE_TIMELINE)),
@@ -95,6 +102,22 @@ def status_children(store: RunStore, run_ids: list[str]):
         else:
             out.append(html.Div(f"{d.run_id}: {d.error}", className="error"))
     return out
+
+
+def findings_card(store: RunStore, run_ids: list[str]):
+    """The Findings card's body: the ranked findings of the runs that loaded (and of their
+    comparison), or a line saying there are none; runs that failed are named first."""
+    runs = store.get_many(run_ids)
+    found, why = data.findings_frame(runs)
+    problems = [f"{d.run_id}: not analysed, so no findings ({d.error})" for d in runs if not d.ok] + ([why] if why else [])
+    return theory_cards.findings_children(found, [d.run_id for d in runs if d.ok], problems=problems)
+
+
+def theory_card(store: RunStore, run_ids: list[str]):
+    """The Theory vs measured card's body (viewer.theory_cards.theory_children)."""
+    check, has_manifest = data.theory_frame(store.get_many(run_ids))
+    return theory_cards.theory_children(check, has_manifest, run_ids, table_id=ids.COMPARE_THEORY_TABLE,
+                                        graph_config=GRAPH_CONFIG, font=FONT)
 
 
 def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None = None):
@@ -150,6 +173,22 @@ def show_status(run_ids):
     if why:
         return html.Div(why, className="error")
     return status_children(current_store(), run_ids)
+
+
+@callback(Output(ids.COMPARE_FINDINGS, "children"), Input(ids.COMPARE_RUNS, "data"))
+def show_findings(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
+        return html.Div(why, className="error")
+    return findings_card(current_store(), run_ids)
+
+
+@callback(Output(ids.COMPARE_THEORY, "children"), Input(ids.COMPARE_RUNS, "data"))
+def show_theory(run_ids):
+    run_ids, why = _checked(run_ids)
+    if why:
+        return html.Div(why, className="error")
+    return theory_card(current_store(), run_ids)
 
 
 @callback(Output(ids.COMPARE_TIMELINE, "figure"), Input(ids.COMPARE_RUNS, "data"), Input(ids.COMPARE_TIMELINE, "relayoutData"))
