@@ -179,7 +179,7 @@ def _fsdp(facts: dict, params, n: int, *, rank: int, tp: int, reshard: bool, dim
 
 
 def _tp(m: dict, facts: dict, params, t: int, *, b: int, microbatches: int, first: bool, last: bool,
-        sp: bool, dim: str = "tp") -> list[dict]:
+        sp: bool, dim: str = "tp", fsdp: bool = False) -> list[dict]:
     """Megatron TP (runners/tp_sp.py) of the blocks in `params` (and the head when `last`), over t
     ranks, for `microbatches` passes of b sequences."""
     model, eb = m["model"], facts["eb"]
@@ -205,10 +205,14 @@ def _tp(m: dict, facts: dict, params, t: int, *, b: int, microbatches: int, firs
                  _row(dim, "backward", "reduce_scatter", t, 2 * layers * mb, 2 * layers * mb * act,
                       f"2 per layer of {bsh} (gradients of the all-gathers)")]
         n_ln = 4 * layers + 2 * last  # SequenceParallel LayerNorms: ln1, ln2 (weight, bias), the final norm
-        rows.append(_row(dim, "optimizer", "all_reduce", t, 3 * n_ln, 3 * n_ln * h * eb,
-                         f"3 × {n_ln} LayerNorm parameters × h·{eb} B",
-                         "sequence-parallel LayerNorm gradients stay Partial DTensors: AdamW (foreach=False) "
-                         "all-reduces each on each of its 3 uses; textbook Megatron: one all-reduce of them per step"))
+        if fsdp:  # FSDP2 makes each Partial gradient Replicate once, before its reduce-scatter
+            rows.append(_row(dim, "backward", "all_reduce", t, n_ln, n_ln * h * eb,
+                             f"{n_ln} LayerNorm parameters × h·{eb} B: their gradients, once per step, as Megatron"))
+        else:
+            rows.append(_row(dim, "optimizer", "all_reduce", t, 3 * n_ln, 3 * n_ln * h * eb,
+                             f"3 × {n_ln} LayerNorm parameters × h·{eb} B",
+                             "sequence-parallel LayerNorm gradients stay Partial DTensors: AdamW (foreach=False) "
+                             "all-reduces each on each of its 3 uses; textbook Megatron: one all-reduce of them per step"))
     if last:
         if sp:
             rows += [_row(dim, "forward", "all_gather", t, mb, mb * act, f"the head's input from sequence shards: {bsh}"),
@@ -284,14 +288,11 @@ def _hybrid(m: dict, facts: dict, rank: int) -> list[dict]:
         else:
             first, last, part = True, True, params
         if tp > 1:
-            rows += _tp(m, facts, part, tp, b=b, microbatches=mb, first=first, last=last, sp=sp)
+            rows += _tp(m, facts, part, tp, b=b, microbatches=mb, first=first, last=last, sp=sp, fsdp=dp > 1)
         if dp > 1:
             rows += _fsdp(facts, part, dp, rank=tp_i, tp=tp, reshard=pp == 1, dim="dp", pipelined=pp > 1)
     if pp > 1:
         rows += pipeline_p2p_rows(m, rank)
-    if sp and dp > 1:
-        rows = [r | {"note": "; ".join(x for x in (r.get("note"), "sp with FSDP: not checked against a run") if x)}
-                if r["collective"] == "all_reduce" and r["phase"] == "optimizer" else r for r in rows]
     return rows
 
 

@@ -95,6 +95,18 @@ def test_tp_megatron_activations(sp):
                       "all_reduce": 3 * (4 * L + 2) * H * 4}
 
 
+def test_hybrid_sp_layernorm_gradients_with_and_without_fsdp():
+    # Checked on real runs (dp2 pp1 tp2 --sp; dp1 pp2 tp2 --sp): with FSDP each sequence-parallel
+    # LayerNorm gradient is all-reduced once in backward; without, AdamW all-reduces it 3 times.
+    def ln_rows(dp):
+        m = manifest(paradigm="hybrid", world_size=2 * dp, mesh={"dp": dp, "pp": 1, "tp": 2}, hybrid={"sp": True})
+        c = predict_comm({"r": m}).filter((pl.col("rank") == 0) & (pl.col("collective") == "all_reduce"))
+        return c.select("phase", "calls", "bytes").rows()
+    n_ln = 4 * L + 2
+    assert ln_rows(2) == [("backward", n_ln, n_ln * H * 4)]
+    assert ln_rows(1) == [("optimizer", 3 * n_ln, 3 * n_ln * H * 4)]
+
+
 def test_ep_all_to_all_from_per_rank_routing():
     moe = {"experts": 4, "top_k": 2, "capacity_factor": 1.25, "moe_layers": [1],
            "routing_by_rank": [[[{"layer": 1, "tokens_per_expert": [10, 20, 30, 40], "dropped": 0}]],
