@@ -38,6 +38,7 @@ RING_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: 
 DATA_PARALLEL = {"ddp": (1.0, "data parallel 2Φ"), "zero1": (1.0, "DeepSpeed ZeRO-1 2Φ; torch's ZeroRedundancyOptimizer 1.5×"),
                  "zero2": (1.0, "ZeRO-2 2Φ"), "fsdp": (1.5, "ZeRO-3/FSDP 3Φ")}
 POINT_TO_POINT = {"send", "recv", "send_recv"}
+MAX_COUNT = 4096  # layers, experts: beyond this a run.json count is damaged, not a model we predict
 ACT_NOTE = "activations in the parameter dtype (the runners use no autocast)"
 
 
@@ -78,9 +79,9 @@ def predict_run(manifest: dict) -> tuple[list[dict], dict]:
         facts = _facts(manifest)
         if facts["why"]:
             return [], facts
-        world = manifest.get("world_size")
-        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-            return [], facts | {"why": f"run.json world_size {world!r} is not a rank count"}
+        world, listed = manifest.get("world_size"), manifest.get("ranks")
+        if not _count(world) or (len(listed) != world if isinstance(listed, list) else world > MAX_COUNT):
+            return [], facts | {"why": f"run.json world_size {world!r} is not the count of its ranks"}
         rows = [{"rank": rank, **r} for rank in range(world) for r in _rank_rows(manifest, facts, rank)]
         return rows, facts
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as e:
@@ -93,6 +94,10 @@ def _facts(m: dict) -> dict:
     need = ("vocab_size", "d_model", "n_layers", "seq_len")
     if not all(_count(model.get(k)) for k in need) or not _count(model.get("mlp_ratio", 4)):
         return {"params": None, "phi_bytes": None, "why": "run.json has no model dims (positive integers)"}
+    # The table has a few tensors per layer and expert: a damaged count must not build billions.
+    experts = (moe.get("experts") or 0) if isinstance(moe, dict) else 0
+    if model["n_layers"] > MAX_COUNT or not isinstance(experts, int) or not 0 <= experts <= MAX_COUNT:
+        return {"params": None, "phi_bytes": None, "why": f"run.json n_layers or experts beyond {MAX_COUNT:,}"}
     dtypes = model.get("param_dtypes")
     notes = []
     if not dtypes:
