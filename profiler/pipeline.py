@@ -24,6 +24,25 @@ Per (run, step), with p pipeline ranks, m microbatches and v stages per rank:
 - ideal_pct: the bubble of run.json's `ideal_order` (else the order the rank actually ran)
   replayed by `simulate_order` with this step's measured durations and only the pipeline's own
   dependencies: what the schedule would give with free communication and no launch gaps.
+
+The bubble split, per pipeline (replica) and step, the same on each of its rank rows. All are %
+of the pipeline's rank-time, P x window_us, and schedule + imbalance + comm_wait =
+pipeline_bubble_pct = 100 - 100 * Σ busy_us / (P x window_us) (the mean of the ranks' bubble_pct):
+
+- schedule_bubble_pct: the bubble the schedule has with uniform stages. The same order is replayed
+  with every action at its kind's mean duration over all stages and microbatches of the step (the
+  same work, spread evenly); its bubble fraction u gives u / (1 - u) idle per unit of work, times
+  the measured work. For GPipe and 1F1B, u is the textbook (p-1)/(m+p-1).
+- imbalance_pct: what the replay with the measured per-stage durations (ideal_pct's replay,
+  fraction i) idles beyond that, work x (i / (1 - i) - u / (1 - u)): unequal stages, the
+  embeddings on the first and the head and loss (L folded into F) on the last included.
+- comm_wait_pct: the rest of the measured bubble: waiting for messages, launch gaps and anything
+  else the free-communication replay does not have.
+Each is capped so that none is negative (attributed in that order): a measured imbalance that
+fills the schedule better than uniform stages counts 0, not a negative share. Null without a
+replay (it deadlocked, or no work). slowest_stage / slowest_stage_ratio: the stage with the most
+compute in the step (F+B+I+W, L folded in; each kind's median x its count, robust to one preempted
+action) and its compute over the mean stage's.
 """
 
 from __future__ import annotations
@@ -49,7 +68,13 @@ SUMMARY_COLUMNS = {
     "microbatches": pl.Int64, "stages_per_rank": pl.Int64, "n_actions": pl.Int64, "window_us": pl.Float64,
     "busy_us": pl.Float64, "bubble_us": pl.Float64, "bubble_pct": pl.Float64, "theory_pct": pl.Float64,
     "ideal_pct": pl.Float64, "order_source": pl.String, "order_matches": pl.Boolean,
+    # The pipeline's bubble split (module docstring), the same on every rank of one pipeline and step.
+    "pipeline_bubble_pct": pl.Float64, "schedule_bubble_pct": pl.Float64, "imbalance_pct": pl.Float64,
+    "comm_wait_pct": pl.Float64, "slowest_stage": pl.Int64, "slowest_stage_ratio": pl.Float64,
 }
+# Columns _modelled computes per (run, rank, step); the fractions are the replays' bubbles (0..1).
+_MODEL_COLUMNS = ("run", "rank", "step", "schedule", "pp_ranks", "microbatches", "stages_per_rank", "theory_pct",
+                  "ideal_pct", "order_source", "order_matches", "slowest_stage", "slowest_stage_ratio")
 
 
 def span_pattern(span_format: str = PP_SPAN_FORMAT) -> str:
@@ -234,11 +259,11 @@ def pipeline_summary(actions: pl.DataFrame, runs: dict[str, dict | None]) -> pl.
     )
     model = pl.DataFrame([row for run in measured["run"].cast(pl.String).unique().sort()
                           for row in _modelled(actions.filter(pl.col("run") == run), run, runs.get(run) or {})],
-                         schema={c: SUMMARY_COLUMNS[c] for c in ("run", "rank", "step", "schedule", "pp_ranks", "microbatches",
-                                                                 "stages_per_rank", "theory_pct", "ideal_pct", "order_source",
-                                                                 "order_matches")})
+                         schema={c: SUMMARY_COLUMNS[c] for c in _MODEL_COLUMNS} | {"_uniform": pl.Float64, "_ideal": pl.Float64})
     return (
         measured.join(model, on=by, how="left")
+        .with_columns(bubble_split(pl.col("busy_us"), pl.col("window_us"), pl.col("_uniform"), pl.col("_ideal"),
+                                   over=["run", "_pipe", "step"]))
         .select(list(SUMMARY_COLUMNS))
         .cast(SUMMARY_COLUMNS)
         .sort(by)
@@ -269,7 +294,10 @@ def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
                 plan, source = ideal, "run.json"
             else:
                 plan, source = [ran.get(c, []) for c in range(max(members) + 1)], "measured"
-            sim = simulate_order(plan, _durations(acts, plan, last_stage), last_stage=last_stage) if plan else None
+            durations = _durations(acts, plan, last_stage)
+            sim = simulate_order(plan, durations, last_stage=last_stage) if plan else None
+            uniform = simulate_order(plan, uniform_durations(durations), last_stage=last_stage) if plan else None
+            slowest, ratio = slowest_stage(durations)
             means = dict(acts.filter(pl.col("action") != "L").group_by("action").agg(pl.col("dur_us").mean()).iter_rows())
             theory = schedule_theory_pct(cfg.get("schedule"), p, m, v, means)
             for c, r in sorted(members.items()):
@@ -278,8 +306,73 @@ def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
                     ideal_pct = 100.0 * (1 - sim[0][c] / sim[1])
                 rows.append({"run": run, "rank": r, "step": step, "schedule": cfg.get("schedule"), "pp_ranks": p, "microbatches": m,
                              "stages_per_rank": v, "theory_pct": theory, "ideal_pct": ideal_pct, "order_source": source,
-                             "order_matches": (ran[c] == plan[c]) if ideal is not None and c < len(plan) else None})
+                             "order_matches": (ran[c] == plan[c]) if ideal is not None and c < len(plan) else None,
+                             "slowest_stage": slowest, "slowest_stage_ratio": ratio,
+                             "_uniform": replay_bubble(uniform), "_ideal": replay_bubble(sim)})
     return rows
+
+
+def uniform_durations(dur_us: dict[tuple[str, int, int], float]) -> dict[tuple[str, int, int], float]:
+    """Every action at the mean duration of its kind (F, B, I, W) over all stages and microbatches:
+    the same total work, spread evenly over the stages (the textbook's uniform stages)."""
+    by_kind: dict[str, list[float]] = {}
+    for (kind, _, _), d in dur_us.items():
+        by_kind.setdefault(kind, []).append(d)
+    mean = {k: sum(v) / len(v) for k, v in by_kind.items()}
+    return {x: mean[x[0]] for x in dur_us}
+
+
+def replay_bubble(sim: tuple[list[float], float] | None) -> float | None:
+    """The bubble fraction (0..1) of a whole replayed pipeline: 1 - Σ busy / (ranks x makespan);
+    None without a replay or without work."""
+    if sim is None or sim[1] <= 0 or not sim[0] or sum(sim[0]) <= 0:
+        return None
+    return 1.0 - sum(sim[0]) / (len(sim[0]) * sim[1])
+
+
+def slowest_stage(dur_us: dict[tuple[str, int, int], float]) -> tuple[int | None, float | None]:
+    """(stage with the most compute in the step, its compute / the mean stage's); (None, None) without work.
+
+    A stage's compute is its typical one, Σ over kinds of count x median duration, so that one
+    preempted action (a straggling core) does not name a stage slow.
+    """
+    by: dict[tuple[int, str], list[float]] = {}
+    for (kind, stage, _), d in dur_us.items():
+        by.setdefault((stage, kind), []).append(d)
+    per_stage: dict[int, float] = {}
+    for (stage, _), ds in by.items():
+        ds = sorted(ds)
+        median = (ds[(len(ds) - 1) // 2] + ds[len(ds) // 2]) / 2
+        per_stage[stage] = per_stage.get(stage, 0.0) + len(ds) * median
+    mean = sum(per_stage.values()) / len(per_stage) if per_stage else 0.0
+    if mean <= 0:
+        return None, None
+    stage = max(per_stage, key=lambda s: (per_stage[s], -s))
+    return stage, per_stage[stage] / mean
+
+
+def bubble_split(busy_us: pl.Expr, window_us: pl.Expr, uniform: pl.Expr, ideal: pl.Expr, *, over: list[str]) -> list[pl.Expr]:
+    """The pipeline's bubble (% of ranks x window) and its split into schedule, imbalance and
+    communication wait (module docstring), as expressions over one row per rank of a pipeline.
+
+    The replays' bubble fractions become idle time per unit of work (f / (1 - f)) and are scaled
+    by the measured work, so all three are shares of the same measured rank-time; each is capped
+    so that none is negative and they sum to pipeline_bubble_pct exactly.
+    """
+    work = busy_us.sum().over(over)
+    capacity = window_us * busy_us.count().over(over)  # one window per rank: P x window rank-µs
+    valid = (capacity > 0) & uniform.is_not_null() & ideal.is_not_null() & (uniform < 1) & (ideal < 1)
+    bubble = pl.when(capacity > 0).then(100 * (1 - work / capacity))
+    busy_pct = 100 * work / capacity
+    schedule = pl.min_horizontal(busy_pct * uniform / (1 - uniform), bubble)
+    imbalance = (busy_pct * ideal / (1 - ideal) - schedule).clip(0, None)
+    imbalance = pl.min_horizontal(imbalance, bubble - schedule)
+    return [
+        bubble.alias("pipeline_bubble_pct"),
+        pl.when(valid).then(schedule).alias("schedule_bubble_pct"),
+        pl.when(valid).then(imbalance).alias("imbalance_pct"),
+        pl.when(valid).then(bubble - schedule - imbalance).alias("comm_wait_pct"),
+    ]
 
 
 def pp_coordinates(manifest: dict | None) -> dict[int, tuple[int, int]] | None:

@@ -19,10 +19,10 @@ from profiler.damaged import DAMAGED
 from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
 from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
 from profiler.top_ops import top_kernels, top_operators
-from profiler.alphabeta import fit_alpha_beta
+from profiler.alphabeta import alpha_beta_predict, fit_alpha_beta
 from profiler.findings import FINDING_COLUMNS, findings
 from profiler.theory import predict_comm, theory_check
-from profiler.theory_memory import memory_whatif, predict_memory
+from profiler.theory_memory import activation_peak, memory_notes, memory_whatif, predict_memory
 
 REPORT_SCHEMA = "ptprof.report/1"
 RANK_METRICS = ["window_us", "compute_us", "non_compute_us", "idle_us", "comm_us", "overlap_us", "exposed_comm_us", "overlap_pct"]
@@ -57,6 +57,8 @@ class Analysis:
     memory_whatif: pl.DataFrame  # the same model under each ZeRO stage
     theory_check: pl.DataFrame  # predicted beside measured, with a verdict
     alpha_beta: pl.DataFrame  # α and β fitted per (backend, collective, group size)
+    alpha_beta_calls: pl.DataFrame  # each collective call's α + n/β beside its measured time
+    activation: pl.DataFrame  # the activation share of each rank's memory peak (theory_memory.activation_peak)
     findings: pl.DataFrame  # profiler/findings.py, ranked; filled in last (the rules read the rest)
 
 
@@ -95,6 +97,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
             warnings.append(f"run {run} rank {r}: an NCCL job's trace with no GPU activity; "
                             "breakdown and collectives use CPU events only")
     warnings += dropped_warnings(ranks)
+    warnings += memory_notes({r: m for r, m in traces.runs.items() if r in set(ranks["run"].cast(pl.String))})
     # Never a silent CPU accounting of a device's activity: categories no rule knows are named.
     unknown = ranks.filter(pl.col("unknown_categories").is_not_null()).select("run", "rank", "unknown_categories")
     for run, r, cats in unknown.iter_rows():
@@ -135,12 +138,16 @@ def _theory(runs: dict[str, dict | None], ranks: pl.DataFrame, colls: pl.DataFra
     comm = predict_comm(runs).join(keep, on=["run", "rank"], how="semi")
     memory = predict_memory(runs).join(keep, on=["run", "rank"], how="semi")
     persistent = persistent_memory(runs).with_columns(pl.col("run").cast(pl.String)).join(keep, on=["run", "rank"], how="semi")
+    # The fastest call of each size: a call that waited for a late peer says nothing about the link.
+    fits = fit_alpha_beta(colls, ranks, fastest_per_size=True)
     return {
         "theory_comm": comm,
         "theory_memory": memory,
         "memory_whatif": memory_whatif(runs).join(keep.select("run").unique(), on="run", how="semi"),
         "theory_check": theory_check(runs, comm, colls, memory, persistent),
-        "alpha_beta": fit_alpha_beta(colls, ranks),
+        "alpha_beta": fits,
+        "alpha_beta_calls": alpha_beta_predict(colls, ranks, fits),
+        "activation": activation_peak(peaks, memory, runs),
         "findings": pl.DataFrame(schema=FINDING_COLUMNS),
     }
 
@@ -241,6 +248,7 @@ def build_report(a: Analysis) -> dict:
                 "memory_whatif": _records(a.memory_whatif.filter(sel), drop=("run",)),
                 "check": _records(a.theory_check.filter(sel), drop=("run",)),
                 "alpha_beta": _records(a.alpha_beta.filter(sel), drop=("run",)),
+                "activation": _records(a.activation.filter(sel), drop=("run",)),
             },
             "findings": _records(a.findings.filter(sel), drop=("run",)),
         })

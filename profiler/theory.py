@@ -11,7 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.theory_params import (DTYPE_BYTES, ddp_buckets, fsdp_padded_numel, model_params, tp_local_shape)
-from profiler.theory_pipeline import pipeline_p2p_rows
+from profiler.theory_pipeline import PIPELINE_PARADIGMS, pipeline_p2p_rows
 
 # One row per (run, rank, dim, phase, collective, group_size): what one rank does per step.
 # bytes: nccl-tests "size" convention (all-reduce buffer, all-gather output, reduce-scatter input,
@@ -50,22 +50,29 @@ def _row(dim, phase, collective, group, calls, nbytes, formula, note=None, step=
 def predict_comm(runs: dict[str, dict | None]) -> pl.DataFrame:
     """Per run with a run.json: COMM_COLUMNS, the communication each rank does per step."""
     base = {k: v for k, v in COMM_COLUMNS.items() if k not in ("traffic_bytes", "phi")}
+    given = {"_given": pl.Boolean, "_traffic": pl.Float64, "_phi": pl.Float64}
     rows, phi = [], []
     for run, manifest in runs.items():
         if not isinstance(manifest, dict):
             continue  # a foreign trace: no model, no layout, nothing to predict
         run_rows, facts = predict_run(manifest)
-        rows += [{k: r.get(k) for k in base} | {"run": run} for r in run_rows]
+        # Rows that bring their own traffic and phi (theory_pipeline: a receive sends nothing) keep them.
+        rows += [{k: r.get(k) for k in base} | {"run": run, "_given": "traffic_bytes" in r,
+                                                 "_traffic": r.get("traffic_bytes"), "_phi": r.get("phi")}
+                 for r in run_rows]
         phi.append({"run": run, "_phi_bytes": facts.get("phi_bytes")})
-    out = pl.DataFrame(rows, schema=base, orient="row") if rows else pl.DataFrame(schema=base)
+    schema = base | given
+    out = pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
     n = pl.col("group_size").cast(pl.Float64)
     factor = pl.lit(1.0)  # broadcast, send, recv: the message once
     for kind, f in RING_FACTOR.items():
         factor = pl.when(pl.col("collective") == kind).then(f(n)).otherwise(factor)
     weight = pl.when(pl.col("collective") == "all_reduce").then(2.0).otherwise(1.0)
+    mine = pl.col("_given").not_()
     return (out.join(pl.DataFrame(phi, schema={"run": pl.String, "_phi_bytes": pl.Int64}), on="run", how="left")
-            .with_columns(traffic_bytes=pl.col("bytes") * factor,
-                          phi=pl.when(pl.col("_phi_bytes") > 0).then(pl.col("bytes") * weight / pl.col("_phi_bytes")))
+            .with_columns(traffic_bytes=pl.when(mine).then(pl.col("bytes") * factor).otherwise(pl.col("_traffic")),
+                          phi=pl.when(mine & (pl.col("_phi_bytes") > 0)).then(pl.col("bytes") * weight / pl.col("_phi_bytes"))
+                          .otherwise(pl.col("_phi")))
             .select(list(COMM_COLUMNS)).cast(COMM_COLUMNS))
 
 
@@ -77,11 +84,14 @@ def predict_run(manifest: dict) -> tuple[list[dict], dict]:
     """
     try:
         facts = _facts(manifest)
-        if facts["why"]:
-            return [], facts
         world, listed = manifest.get("world_size"), manifest.get("ranks")
         if not _count(world) or (len(listed) != world if isinstance(listed, list) else world > MAX_COUNT):
             return [], facts | {"why": f"run.json world_size {world!r} is not the count of its ranks"}
+        if manifest.get("paradigm") in PIPELINE_PARADIGMS:  # stage-boundary p2p only: no parameter table needed
+            rows = [{"rank": rank, **r} for rank in range(world) for r in pipeline_p2p_rows(manifest, rank)]
+            return rows, facts | ({"why": "run.json lacks a fact pipeline theory needs"} if not rows else {})
+        if facts["why"]:
+            return [], facts
         rows = [{"rank": rank, **r} for rank in range(world) for r in _rank_rows(manifest, facts, rank)]
         return rows, facts
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as e:
@@ -137,8 +147,6 @@ def _rank_rows(m: dict, facts: dict, rank: int) -> list[dict]:
         rows = _ep(m, facts, rank)
     elif paradigm == "hybrid":
         rows = _hybrid(m, facts, rank)
-    if m.get("pipeline") and paradigm != "hybrid":
-        rows = rows + pipeline_p2p_rows(m, rank)
     if facts.get("note"):
         rows = [r | {"note": "; ".join(x for x in (r.get("note"), facts["note"]) if x)} for r in rows]
     return rows

@@ -1,33 +1,350 @@
 """Theory of persistent memory: parameters, gradients and optimizer state per rank (the ZeRO
-table), the 16 bytes/parameter rule, and what each ZeRO stage would hold for the same model.
+table), the 16 bytes/parameter rule, what each ZeRO stage would hold for the same model, and the
+activation share of a memory peak.
 
-SKELETON (issue 13): schemas fixed here; filled in by the memory-theory work.
+The model is runners/model.py's GPT, rebuilt here from run.json's dims (never by importing it):
+untied embeddings and head, LayerNorm weight + bias, linear layers without bias, MLP hidden
+mlp_ratio*d (4), and in an MoE model (options.experts > 0) an MoE FFN (router + experts) in every
+moe_every-th block (2), starting with the second. Each rank's tensors are then cut as the runners
+cut them (pipeline stages, Megatron TP, expert parallelism) and laid out over the data-parallel
+group as the paradigm does (replicated, ZeroRedundancyOptimizer, FSDP2). The numbers are what
+run.json's `ranks[].memory` measures (docs/run-layout.md "Persistent memory: what is counted"):
+storages, so FSDP2's padding counts. Formulas: docs/theory.md "Persistent memory".
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import polars as pl
 
-# Per (run, rank): the predicted persistent bytes of this run's layout.
+from profiler.collectives import DTYPE_BYTES
+from profiler.discover import manifest_field
+
+# Per (run, rank): the predicted persistent bytes of this run's layout. n_params: elements of the
+# rank's parameters at rest (its shards, unpadded). params_bytes: held while training (FSDP2
+# zero2: unsharded + shard); params_at_rest_bytes: after the optimizer step (shards only).
 MEMORY_COLUMNS = {
     "run": pl.String, "rank": pl.Int32, "n_params": pl.Int64, "params_bytes": pl.Int64, "grads_bytes": pl.Int64,
     "optimizer_bytes": pl.Int64, "total_bytes": pl.Int64, "rule_bytes_per_param": pl.Float64, "formula": pl.String,
+    "params_at_rest_bytes": pl.Int64, "layout": pl.String, "dp": pl.Int64, "note": pl.String,
 }
-# Per (run, layout): what every rank would hold under each data-parallel layout at this run's N.
+# Per (run, layout): what every rank would hold under each data-parallel layout at this run's N
+# (the rank holding the most, `rank`).
 WHATIF_COLUMNS = {
     "run": pl.String, "layout": pl.String, "dp": pl.Int64, "params_bytes": pl.Int64, "grads_bytes": pl.Int64,
     "optimizer_bytes": pl.Int64, "total_bytes": pl.Int64, "current": pl.Boolean,
+    "rank": pl.Int32, "saved_bytes": pl.Int64, "note": pl.String,
 }
+# Per (run, rank, mem_device): the activation (transient) share of the allocated-memory peak.
+ACTIVATION_COLUMNS = {
+    "run": pl.String, "rank": pl.Int32, "mem_device": pl.String, "peak_allocated_bytes": pl.Int64,
+    "persistent_bytes": pl.Int64, "footprint_bytes": pl.Int64, "activation_bytes": pl.Int64, "activation_pct": pl.Float64,
+    "basis": pl.String, "note": pl.String,
+}
+
+LAYOUTS = ["ddp", "zero1", "zero2", "fsdp"]  # replicated, ZeRO-1, ZeRO-2, ZeRO-3 (ptprof's paradigm names)
+STEP_BYTES = 4  # torch AdamW's per-parameter `step`: a float32 scalar tensor
+CHECK_TOLERANCE = 0.01  # persistent memory "match": within 1 % of the theory
+MLP_RATIO, MOE_EVERY = 4, 2  # runners/model.py GPTConfig defaults (run.json's model block may override)
+DTYPE_ALIASES = DTYPE_BYTES | {"fp32": 4, "fp16": 2, "fp64": 8, "fp8": 1}
+FP32_NOTE = "run.json names no dtype: fp32 assumed (every ptprof runner trains in fp32)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """One parameter of the GPT: its global shape and how tensor parallelism cuts it."""
+
+    name: str
+    shape: tuple[int, ...]
+    tp: str | None = None  # "col": Shard(0) (ColwiseParallel), "row": Shard(1) (RowwiseParallel)
+    expert: int | None = None  # MoE expert index
+
+
+@dataclasses.dataclass(frozen=True)
+class Dtypes:
+    """Bytes per element of each kind of persistent state."""
+
+    param: int = 4
+    grad: int = 4
+    state: int = 4  # exp_avg and exp_avg_sq each
+    master: int = 0  # an fp32 master copy of the parameters (mixed precision); 0 without one
+
+    @property
+    def optimizer_per_param(self) -> int:
+        return 2 * self.state + self.master  # ZeRO's K (12 for mixed-precision Adam)
+
+    @property
+    def per_param(self) -> int:
+        return self.param + self.grad + self.optimizer_per_param
+
+
+def gpt_tensors(vocab: int, d: int, n_layers: int, seq_len: int, *, layers=None, first=True, last=True,
+                experts: int = 0, mlp_ratio: int = MLP_RATIO, moe_every: int = MOE_EVERY) -> list[Tensor]:
+    """The GPT's parameters in `model.parameters()` order; a pipeline stage keeps `layers`, the
+    embeddings when `first` and the final norm and head when `last`."""
+    out = [Tensor("tok_emb", (vocab, d)), Tensor("pos_emb", (seq_len, d))] if first else []
+    hidden = mlp_ratio * d
+    for i in (range(n_layers) if layers is None else layers):
+        b = f"blocks.{i}."
+        out += [Tensor(b + "ln1.weight", (d,)), Tensor(b + "ln1.bias", (d,))]
+        out += [Tensor(b + f"attn.{w}", (d, d), "col") for w in ("wq", "wk", "wv")] + [Tensor(b + "attn.wo", (d, d), "row")]
+        out += [Tensor(b + "ln2.weight", (d,)), Tensor(b + "ln2.bias", (d,))]
+        if experts > 0 and i % moe_every == moe_every - 1:
+            out.append(Tensor(b + "ffn.router", (experts, d)))
+            for e in range(experts):
+                out += [Tensor(b + f"ffn.experts.{e}.up", (hidden, d), expert=e),
+                        Tensor(b + f"ffn.experts.{e}.down", (d, hidden), expert=e)]
+        else:
+            out += [Tensor(b + "ffn.up", (hidden, d), "col"), Tensor(b + "ffn.down", (d, hidden), "row")]
+    if last:
+        out += [Tensor("norm.weight", (d,)), Tensor("norm.bias", (d,)), Tensor("head", (vocab, d), "col")]
+    return out
+
+
+def chunk_rows(n: int, parts: int, i: int) -> int:
+    """Rows of chunk i of n rows cut into `parts` by torch.chunk (ceil-sized chunks, the last ones
+    short or empty): how DTensor's Shard and FSDP2 cut a dimension."""
+    size = -(-n // parts)
+    return max(0, min(size, n - i * size))
+
+
+def tp_local_shape(t: Tensor, tp: int, tp_rank: int) -> tuple[int, ...]:
+    """The shape of this TP rank's local shard (Megatron: column-parallel cuts dim 0, row-parallel dim 1)."""
+    if tp <= 1 or t.tp is None:
+        return t.shape
+    dim = 0 if t.tp == "col" else 1
+    shape = list(t.shape)
+    shape[dim] = chunk_rows(shape[dim], tp, tp_rank)
+    return tuple(shape)
+
+
+def zero1_partition(numels: list[int], dp: int) -> list[list[int]]:
+    """torch's ZeroRedundancyOptimizer partition: indices of the tensors each rank steps. Largest
+    first (a stable sort), each to the rank with the fewest elements so far (the lowest on a tie)."""
+    order = sorted(range(len(numels)), key=lambda i: numels[i], reverse=True)
+    sizes, parts = [0] * dp, [[] for _ in range(dp)]
+    for i in order:
+        r = sizes.index(min(sizes))
+        parts[r].append(i)
+        sizes[r] += numels[i]
+    return parts
+
+
+def layout_bytes(shapes: list[tuple[int, ...]], layout: str, dp: int, dp_rank: int, dt: Dtypes) -> dict[str, int]:
+    """Persistent bytes of one rank holding `shapes` (its local tensors before data parallelism)
+    under `layout` over `dp` ranks, as run.json measures them.
+
+    - ddp: everything replicated (Ψ each).
+    - zero1 (ZeroRedundancyOptimizer): whole tensors partitioned for the optimizer state only.
+    - zero2 / fsdp (FSDP2 fully_shard): each tensor's dim 0 cut by torch.chunk into dp chunks of
+      c = ceil(d0/dp) rows; every rank stores a chunk padded to c rows, and an all-gather output of
+      dp*c rows. Gradients are views of the reduce-scatter output (padded chunks); the optimizer
+      state is zeros_like the unpadded chunk. zero2 (reshard_after_forward=False) holds the
+      gathered parameters beside the shard while training; fsdp only the shard.
+    Optimizer: 2 states (+ a master copy) per element and a 4-byte `step` per tensor stepped.
+    """
+    numel = [math.prod(s) for s in shapes]
+    full = sum(numel)
+    if layout in ("ddp", "zero1") or dp <= 1:
+        stepped = list(range(len(shapes))) if layout != "zero1" or dp <= 1 else zero1_partition(numel, dp)[dp_rank]
+        opt = sum(numel[i] * dt.optimizer_per_param + STEP_BYTES for i in stepped)
+        return {"n_params": full, "params_bytes": full * dt.param, "params_at_rest_bytes": full * dt.param,
+                "grads_bytes": full * dt.grad, "optimizer_bytes": opt}
+    padded_shard = padded_full = own = 0
+    for s, n in zip(shapes, numel):
+        rest = n // s[0] if s[0] else 0
+        c = -(-s[0] // dp)
+        padded_shard += c * rest
+        padded_full += c * dp * rest
+        own += chunk_rows(s[0], dp, dp_rank) * rest
+    at_rest = padded_shard * dt.param
+    training = at_rest + (padded_full * dt.param if layout == "zero2" else 0)
+    return {"n_params": own, "params_bytes": training, "params_at_rest_bytes": at_rest,
+            "grads_bytes": padded_shard * dt.grad,
+            "optimizer_bytes": own * dt.optimizer_per_param + STEP_BYTES * len(shapes)}
+
+
+def zero_table(n_params: float, dp: int, *, param_bytes: float = 2, grad_bytes: float = 2,
+               optimizer_bytes: float = 12) -> dict[str, dict[str, float]]:
+    """The textbook ZeRO table (Rajbhandari et al. 2020, Fig. 1): bytes per device of params,
+    grads and optimizer state for Ψ = n_params on N = dp devices. ddp: (2+2+K)Ψ; zero1: 2Ψ + 2Ψ +
+    KΨ/N; zero2: 2Ψ + (2+K)Ψ/N; fsdp (ZeRO-3): (2+2+K)Ψ/N. No padding, no step scalars."""
+    p, g, o = n_params * param_bytes, n_params * grad_bytes, n_params * optimizer_bytes
+    return {"ddp": {"params": p, "grads": g, "optimizer": o},
+            "zero1": {"params": p, "grads": g, "optimizer": o / dp},
+            "zero2": {"params": p, "grads": g / dp, "optimizer": o / dp},
+            "fsdp": {"params": p / dp, "grads": g / dp, "optimizer": o / dp}}
+
+
+def run_dtypes(manifest: dict) -> tuple[Dtypes, str | None]:
+    """The run's dtypes from run.json (`dtypes` {param, grad, optimizer, master}, else one `dtype`
+    at the top, in `model` or in `options`), else fp32 with a note."""
+    def nbytes(name) -> int | None:
+        return DTYPE_ALIASES.get(str(name).removeprefix("torch.").lower()) if name else None
+
+    spec = manifest.get("dtypes")
+    if isinstance(spec, dict):
+        p = nbytes(spec.get("param") or spec.get("params"))
+        if p:
+            g = nbytes(spec.get("grad") or spec.get("grads")) or p
+            s = nbytes(spec.get("optimizer") or spec.get("optimizer_state")) or p
+            return Dtypes(p, g, s, nbytes(spec.get("master")) or 0), None
+    for where in (manifest, manifest.get("model"), manifest.get("options")):
+        b = nbytes(where.get("dtype")) if isinstance(where, dict) else None
+        if b:
+            return Dtypes(b, b, b, 0), None
+    return Dtypes(), FP32_NOTE
+
+
+def rule_formula(dt: Dtypes) -> str:
+    """The bytes/parameter rule, its terms named."""
+    if dt.master:
+        return (f"mixed-precision Adam: {dt.param} (param) + {dt.grad} (grad) + {dt.optimizer_per_param} "
+                f"(master {dt.master} + exp_avg {dt.state} + exp_avg_sq {dt.state}) = {dt.per_param} B/param")
+    return (f"AdamW at {8 * dt.param}-bit: {dt.param} (param) + {dt.grad} (grad) + {dt.state} (exp_avg) "
+            f"+ {dt.state} (exp_avg_sq) = {dt.per_param} B/param")
+
+
+# Upper bounds on (vocab_size, d_model, n_layers, seq_len) and on world_size that every real model
+# and job stays under, and that keep 16 B/param of any such model inside Int64.
+PLAUSIBLE_DIMS = (2**24, 2**18, 2**14, 2**24)
+MAX_WORLD = 2**20
+MAX_EXPERTS = 2**14
+
+
+def _int(v, default: int | None = None) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
+    """Per rank of a run: its local tensor shapes (after pp, tp, ep), its data-parallel layout,
+    degree and rank. ([], why) when run.json lacks what the theory needs."""
+    model = manifest_field(manifest, "model")
+    model = model if isinstance(model, dict) else {}
+    dims = [_int(model.get(k)) for k in ("vocab_size", "d_model", "n_layers", "seq_len")]
+    if any(v is None or v <= 0 for v in dims):
+        return [], "run.json has no model dims (vocab_size, d_model, n_layers, seq_len): no memory theory"
+    vocab, d, n_layers, seq = dims
+    # run.json is user data: dims past any real model would overflow the Int64 byte columns.
+    if any(v > limit for v, limit in zip(dims, PLAUSIBLE_DIMS)):
+        return [], f"run.json's model dims {dims} are beyond any real model: no memory theory"
+    opts = manifest.get("options") if isinstance(manifest.get("options"), dict) else {}
+    paradigm = manifest.get("paradigm")
+    world = _int(manifest.get("world_size"))
+    mesh = manifest.get("mesh") if isinstance(manifest.get("mesh"), dict) else {}
+    pipe = manifest.get("pipeline") if isinstance(manifest.get("pipeline"), dict) else None
+    experts = _int(opts.get("experts"), 0) or 0
+    if not 0 <= experts <= MAX_EXPERTS:
+        return [], f"run.json's {experts} experts are beyond any real model: no memory theory"
+    kw = {"experts": experts, "mlp_ratio": _int(model.get("mlp_ratio"), MLP_RATIO),
+          "moe_every": _int(model.get("moe_every"), MOE_EVERY)}
+    if not world or world > MAX_WORLD:
+        return [], "run.json has no plausible world_size: no memory theory"
+    dp, pp, tp = (_int(mesh.get(k), 1) for k in ("dp", "pp", "tp"))
+    ep = _int(mesh.get("ep"), 1)
+    if dp * pp * tp * ep != world:
+        return [], f"mesh {mesh} does not multiply to world_size {world}: no memory theory"
+    if paradigm in ("ddp", "zero1", "zero2", "fsdp"):
+        layout = paradigm
+    elif paradigm == "hybrid":
+        layout = "ddp" if dp == 1 else ("zero2" if pp > 1 else "fsdp")  # pp>1: reshard_after_forward=False
+    else:
+        layout = "ddp"  # tp, ep and pipelines replicate (no data-parallel sharding)
+    if pp > 1:
+        if not pipe or not isinstance(pipe.get("stage_layers"), list) or not isinstance(pipe.get("stage_to_rank"), list):
+            return [], "run.json's pipeline block has no stage_layers / stage_to_rank: no memory theory"
+        stage_layers, stage_to_rank = pipe["stage_layers"], pipe["stage_to_rank"]
+        pairs = all(isinstance(x, list) and len(x) == 2 and all(_int(v) is not None for v in x) for x in stage_layers)
+        if not pairs or len(stage_layers) != len(stage_to_rank):
+            return [], "run.json's pipeline stage_layers / stage_to_rank are not [first, end) pairs, one per stage: no memory theory"
+    if experts and ep > 1 and experts % ep:
+        return [], f"{experts} experts do not divide over {ep} expert-parallel ranks: no memory theory"
+    out = []
+    for rank in range(world):
+        # rank = ((dp_i * pp + pp_i) * tp + tp_i) * ep + ep_i (hybrid's mesh order, tp innermost)
+        ep_i, rest = rank % ep, rank // ep
+        tp_i, rest = rest % tp, rest // tp
+        pp_i, dp_i = rest % pp, rest // pp
+        if pp > 1:
+            tensors = []
+            n_stages = len(stage_layers)
+            for s, (r, (lo, hi)) in enumerate(zip(stage_to_rank, stage_layers)):
+                if r == pp_i:
+                    tensors += gpt_tensors(vocab, d, n_layers, seq, layers=range(lo, hi), first=s == 0,
+                                           last=s == n_stages - 1, **kw)
+        else:
+            tensors = gpt_tensors(vocab, d, n_layers, seq, **kw)
+        if experts and ep > 1:
+            local = experts // ep  # expert e lives on rank e // (E / world)
+            tensors = [t for t in tensors if t.expert is None or t.expert // local == ep_i]
+        shapes = [tp_local_shape(t, tp, tp_i) for t in tensors]
+        out.append({"rank": rank, "shapes": shapes, "layout": layout, "dp": dp, "dp_rank": dp_i})
+    return out, None
+
+
+def memory_notes(runs: dict[str, dict | None]) -> list[str]:
+    """Why a run with a run.json has no memory theory (one line per such run), for the warnings."""
+    notes = []
+    for run, manifest in runs.items():
+        if isinstance(manifest, dict):
+            _, why = rank_layouts(manifest)
+            if why:
+                notes.append(f"run {run}: {why}")
+    return notes
 
 
 def predict_memory(runs: dict[str, dict | None]) -> pl.DataFrame:
     """MEMORY_COLUMNS for every rank of every run with a run.json."""
-    return pl.DataFrame(schema=MEMORY_COLUMNS)
+    rows = []
+    for run, manifest in runs.items():
+        if not isinstance(manifest, dict):
+            continue
+        ranks, why = rank_layouts(manifest)
+        dt, note = run_dtypes(manifest)
+        for r in ranks:
+            b = layout_bytes(r["shapes"], r["layout"], r["dp"], r["dp_rank"], dt)
+            if sum(b.values()) >= 2**63:  # e.g. absurd expert counts: no number that overflows the frame
+                continue
+            rows.append({"run": run, "rank": r["rank"], **b,
+                         "total_bytes": b["params_bytes"] + b["grads_bytes"] + b["optimizer_bytes"],
+                         "rule_bytes_per_param": float(dt.per_param), "formula": rule_formula(dt),
+                         "layout": r["layout"], "dp": r["dp"], "note": note})
+    return pl.DataFrame(rows, schema=MEMORY_COLUMNS)
 
 
 def memory_whatif(runs: dict[str, dict | None]) -> pl.DataFrame:
     """WHATIF_COLUMNS: ddp, zero1, zero2, zero3/fsdp for each run's model and data-parallel degree."""
-    return pl.DataFrame(schema=WHATIF_COLUMNS)
+    rows = []
+    for run, manifest in runs.items():
+        if not isinstance(manifest, dict):
+            continue
+        ranks, _ = rank_layouts(manifest)
+        if not ranks:
+            continue
+        dt, _ = run_dtypes(manifest)
+        dp = ranks[0]["dp"]
+        current = ranks[0]["layout"]
+        note = None if dp > 1 else "data-parallel degree 1: ZeRO stages shard nothing"
+        per_layout = {}
+        for layout in LAYOUTS:
+            worst = None
+            for r in ranks:
+                b = layout_bytes(r["shapes"], layout, dp, r["dp_rank"], dt)
+                total = b["params_bytes"] + b["grads_bytes"] + b["optimizer_bytes"]
+                if worst is None or total > worst["total_bytes"]:
+                    worst = {**b, "total_bytes": total, "rank": r["rank"]}
+            per_layout[layout] = worst
+        base = per_layout[current]["total_bytes"]
+        for layout, w in per_layout.items():
+            rows.append({"run": run, "layout": layout, "dp": dp, **{k: w[k] for k in
+                         ("params_bytes", "grads_bytes", "optimizer_bytes", "total_bytes", "rank")},
+                         "current": layout == current, "saved_bytes": base - w["total_bytes"], "note": note})
+    return pl.DataFrame(rows, schema=WHATIF_COLUMNS)
+
+
+MEASURED = ["params_bytes", "params_at_rest_bytes", "grads_bytes", "optimizer_bytes"]
 
 
 def memory_check(memory: pl.DataFrame, persistent: pl.DataFrame) -> pl.DataFrame:
@@ -35,4 +352,85 @@ def memory_check(memory: pl.DataFrame, persistent: pl.DataFrame) -> pl.DataFrame
     run.json's measured ones (profiler.memory.persistent_memory)."""
     from profiler.theory import CHECK_COLUMNS
 
-    return pl.DataFrame(schema=CHECK_COLUMNS)
+    if memory.is_empty():
+        return pl.DataFrame(schema=CHECK_COLUMNS)
+    keys = ["run", "rank"]
+    pred = memory.select(*keys, *MEASURED).cast({"run": pl.String, "rank": pl.Int32}).unpivot(
+        index=keys, variable_name="quantity", value_name="predicted")
+    have = [c for c in MEASURED if c in persistent.columns]
+    meas = (persistent.select(*keys, *have).cast({"run": pl.String, "rank": pl.Int32})
+            .unpivot(index=keys, variable_name="quantity", value_name="measured")
+            if have and persistent.height else pl.DataFrame(schema={"run": pl.String, "rank": pl.Int32,
+                                                                  "quantity": pl.String, "measured": pl.Int64}))
+    both = pred.join(meas.cast({"measured": pl.Int64}), on=[*keys, "quantity"], how="left")
+    ok = pl.col("predicted").is_not_null() & (pl.col("predicted") > 0) & pl.col("measured").is_not_null()
+    ratio = pl.when(ok).then(pl.col("measured") / pl.col("predicted"))
+    verdict = (pl.when(pl.col("predicted").is_null()).then(pl.lit("no theory"))
+               .when(pl.col("measured").is_null()).then(pl.lit("no measurement"))
+               .when(pl.col("predicted") == 0).then(pl.when(pl.col("measured") == 0).then(pl.lit("match")).otherwise(pl.lit("above")))
+               .when((pl.col("ratio") - 1).abs() <= CHECK_TOLERANCE).then(pl.lit("match"))
+               .when(pl.col("ratio") > 1).then(pl.lit("above")).otherwise(pl.lit("below")))
+    return (both.with_columns(ratio=ratio).with_columns(verdict=verdict)
+            .with_columns(unit=pl.lit("bytes"), note=pl.lit(None, pl.String),
+                          predicted=pl.col("predicted").cast(pl.Float64), measured=pl.col("measured").cast(pl.Float64))
+            .with_columns(quantity=pl.lit("memory.") + pl.col("quantity"))
+            .select(list(CHECK_COLUMNS)).cast(CHECK_COLUMNS).sort("run", "rank", "quantity"))
+
+
+# Paradigms whose gradients are views of DDP's buckets (gradient_as_bucket_view=True), allocated
+# when the model is wrapped: never freed by zero_grad, so never in a CPU curve.
+BUCKETED_GRADS = ("ddp", "zero1")
+
+
+def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict[str, dict | None]) -> pl.DataFrame:
+    """ACTIVATION_COLUMNS: how much of each rank's allocated-memory peak is activations (transient).
+
+    The rule depends on what the `[memory]` counter sees (profiler/memory.py):
+    - a device (CUDA, ...): the caching allocator's counter includes everything, so
+      activation = peak − persistent (params + grads + optimizer, predicted), footprint = peak;
+    - CPU: the counter only sees allocations made while profiling ran. Parameters, optimizer state
+      and DDP's gradient buckets were allocated before and are not in the curve; what each step
+      allocates again is (gradients freed by zero_grad(set_to_none=True), FSDP2's gathered
+      parameters). So activation = peak − those re-allocated bytes, and the footprint at the peak
+      = peak + what was allocated before.
+    activation_pct = activation / footprint. A subtraction below 0 is clamped to 0 with a note;
+    without a prediction (no run.json) the share is null. A GPU rank's host (cpu) curve is left out.
+    """
+    if memory_peaks.is_empty():
+        return pl.DataFrame(schema=ACTIVATION_COLUMNS)
+    peaks = memory_peaks.select("run", "rank", "mem_device", "peak_allocated_bytes").cast(
+        {"run": pl.String, "rank": pl.Int32, "peak_allocated_bytes": pl.Int64})
+    # A rank with a device curve: its cpu curve is host memory, not where the model lives.
+    on_device = peaks.filter(pl.col("mem_device") != "cpu").select("run", "rank").unique()
+    peaks = pl.concat([peaks.filter(pl.col("mem_device") != "cpu"),
+                       peaks.filter(pl.col("mem_device") == "cpu").join(on_device, on=["run", "rank"], how="anti")])
+    paradigm = {run: (m or {}).get("paradigm") if isinstance(m, dict) else None for run, m in runs.items()}
+    pred = {(r["run"], r["rank"]): r for r in memory.iter_rows(named=True)}
+    rows = []
+    for run, rank, device, peak in peaks.sort("run", "rank", "mem_device").iter_rows():
+        p = pred.get((run, rank))
+        row = {"run": run, "rank": rank, "mem_device": device, "peak_allocated_bytes": peak, "persistent_bytes": None,
+               "footprint_bytes": None, "activation_bytes": None, "activation_pct": None, "basis": None, "note": None}
+        if p is None or peak is None or peak <= 0:
+            row["note"] = ("no persistent-memory theory for this rank (no run.json dims): no activation share"
+                           if p is None else "no allocation peak")
+            rows.append(row)
+            continue
+        persistent = p["params_bytes"] + p["grads_bytes"] + p["optimizer_bytes"]
+        if device != "cpu":
+            row["basis"] = "device counter (includes everything): activation = peak − persistent"
+            transient, footprint = peak - persistent, peak
+        else:
+            bucketed = paradigm.get(run) in BUCKETED_GRADS
+            again = (0 if bucketed else p["grads_bytes"]) + (p["params_bytes"] - p["params_at_rest_bytes"])
+            before = persistent - again
+            row["basis"] = ("cpu counter (allocations since profiling started): activation = peak − per-step "
+                            "re-allocations (grads, gathered params); footprint = peak + persistent allocated before")
+            transient, footprint = peak - again, peak + before
+        if transient < 0:
+            row["note"] = f"peak below the persistent bytes it should hold ({-transient} B short): activation share 0"
+            transient = 0
+        row.update(persistent_bytes=persistent, footprint_bytes=footprint, activation_bytes=transient,
+                   activation_pct=100.0 * transient / footprint if footprint > 0 else None)
+        rows.append(row)
+    return pl.DataFrame(rows, schema=ACTIVATION_COLUMNS)

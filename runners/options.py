@@ -50,6 +50,9 @@ class RunOptions:
     microbatches: int | None = None  # microbatches per step; None = the runner's (pipeline: 2 x ranks)
     stages_per_rank: int | None = None  # stages per rank (interleaved / V schedules); None = schedule's
     schedule: str = "1f1b"  # hybrid: the pipeline schedule over the pp ranks (a pipeline paradigm's name)
+    # Blocks per stage, "N0,N1,..", one count per stage, summing to the model's layers; None = as
+    # even as possible. An uneven split unbalances the stages without changing the model.
+    stage_layers: str | None = None
     # Tensor / sequence / expert parallel (runners/tp_sp.py, runners/expert_parallel.py)
     sp: bool = False  # sequence parallelism on the LayerNorm/dropout regions (with tp)
     experts: int | None = None  # experts per MoE layer (ep); None = default_experts(world size) for ep
@@ -72,6 +75,11 @@ class RunOptions:
     @property
     def preset(self) -> tuple[int, int, int, int, int, int]:
         return MODEL_PRESETS[self.model]
+
+    @property
+    def stage_layer_counts(self) -> list[int] | None:
+        """--stage-layers as a list of block counts, stage 0 first; None when not given."""
+        return None if self.stage_layers is None else [int(n) for n in self.stage_layers.split(",")]
 
     @property
     def global_batch_size(self) -> int:
@@ -150,6 +158,17 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _layer_counts(text: str) -> str:
+    """'1, 7' -> '1,7': comma-separated block counts, each at least 1 (a stage needs a block)."""
+    try:
+        counts = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be block counts per stage separated by commas, e.g. 1,7; got {text!r}")
+    if any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"every stage needs at least 1 block, got {text!r}")
+    return ",".join(map(str, counts))
+
+
 _timeout_seconds.__name__ = "seconds"  # argparse names the type in "invalid <name> value"
 _finite_float.__name__ = "number"
 
@@ -204,6 +223,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     pp.add_argument(
         "--stages-per-rank", type=_positive_int, default=None, help="virtual stages per rank: interleaved-1f1b (default 2) and zero-bubble (default 1) take any; zbv and dualpipev run 2, gpipe and 1f1b 1"
+    )
+    pp.add_argument(
+        "--stage-layers",
+        type=_layer_counts,
+        default=None,
+        metavar="N0,N1,..",
+        help="pipelines: transformer blocks per stage, one count per stage summing to the model's layers "
+        "(default: as even as possible); e.g. 1f1b --gpus 2 --model tiny8 --stage-layers 2,6 makes the last "
+        "stage 3x the work of the first, same model and losses",
     )
     pp.add_argument(
         "--schedule",

@@ -125,6 +125,11 @@ def _check_pipeline(opts: RunOptions, *, replicas: int = 1) -> str | None:
             f"{name} over {ranks} x {v} stage(s) per rank needs {stages} layers, but model {opts.model!r} "
             f"has {n_layers}; use a deeper --model (tiny8 has 8)"
         )
+    if (counts := opts.stage_layer_counts) is not None and (len(counts) != stages or sum(counts) != n_layers):
+        return (
+            f"--stage-layers {opts.stage_layers} gives {len(counts)} stage(s) of {sum(counts)} blocks; {name} over "
+            f"{ranks} x {v} stage(s) per rank needs {stages} counts summing to the {n_layers} layers of model {opts.model!r}"
+        )
     if m > batch or batch % m:
         rows = f"--batch-size {batch}"
         if replicas > 1:
@@ -200,6 +205,7 @@ _PIPELINES = frozenset(PIPELINE_SCHEDULES)
 PARADIGM_FLAGS: dict[str, frozenset[str]] = {
     "microbatches": _PIPELINES | {"hybrid"},
     "stages_per_rank": _PIPELINES | {"hybrid"},
+    "stage_layers": _PIPELINES,
     "schedule": frozenset({"hybrid"}),
     "sp": frozenset({"tp", "hybrid"}),
     "experts": frozenset({"ep"}),

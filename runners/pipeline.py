@@ -179,7 +179,17 @@ def plan_stages(opts: RunOptions, n_layers: int) -> StagePlan:
     name, p = pipeline_schedule(opts)
     m, v = pipeline_shape(opts)
     placement = stage_to_rank(PIPELINE_SCHEDULES[name].placement, p, p * v)
-    return StagePlan(name, p, m, v, placement, stage_layers(n_layers, p * v))
+    counts = opts.stage_layer_counts  # --stage-layers: an uneven split, checked against n_layers already
+    layers = stage_layers(n_layers, p * v) if counts is None else split_layers(counts)
+    return StagePlan(name, p, m, v, placement, layers)
+
+
+def split_layers(counts: list[int]) -> list[range]:
+    """Contiguous block indices of each stage from its block count (--stage-layers)."""
+    bounds = [0]
+    for n in counts:
+        bounds.append(bounds[-1] + n)
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 def build_schedule(plan: StagePlan, modules: dict[int, nn.Module], device, group=None):

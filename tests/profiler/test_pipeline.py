@@ -69,6 +69,38 @@ def test_measured_theory_and_ideal_bubbles_by_hand():
     assert (s["bubble_pct"] >= s["ideal_pct"]).all()
 
 
+def test_bubble_split_with_a_slow_last_stage_by_hand():
+    # 1F1B, p = 2, m = 2. Stage 0: F 1, B 2; stage 1 three times slower: F 3, B 6. Every message
+    # between the ranks takes 1 µs.
+    #   rank 0: F0 [0,1)  F1 [1,2)  B0 [12,14)  B1 [21,23)           busy 6
+    #   rank 1: F0 [2,5)  B0 [5,11) F1 [11,14)  B1 [14,20)           busy 18
+    # Window [0, 23): 2 x 23 = 46 rank-µs, 24 busy, 22 idle.
+    # Uniform replay (F 2, B 4 everywhere): makespan 18, busy 12 + 12, bubble 1/3 = (p-1)/(m+p-1):
+    #   idle per unit of work 1/2, x 24 measured busy = 12 rank-µs of schedule bubble.
+    # Replay with the measured durations, free messages: r0 F0 [0,1) F1 [1,2); r1 F0 [1,4)
+    #   B0 [4,10) F1 [10,13) B1 [13,19); r0 B0 [10,12) B1 [19,21). Makespan 21: 42 - 24 = 18 idle,
+    #   18 - 12 = 6 of stage imbalance. The 22 - 18 = 4 left waited on messages.
+    rows0 = [step(1, 0, 30), act("F", 0, 0, 0, 1), act("F", 0, 1, 1, 1), act("B", 0, 0, 12, 2), act("B", 0, 1, 21, 2)]
+    rows1 = [step(1, 0, 30), act("F", 1, 0, 2, 3), act("B", 1, 0, 5, 6), act("F", 1, 1, 11, 3), act("B", 1, 1, 14, 6)]
+    events = pl.concat([make_events(rows0, rank=0), make_events(rows1, rank=1)])
+    s = pipeline_summary(pipeline_actions(events), RUNS).sort("rank")
+    assert s["ideal_pct"].to_list() == pytest.approx([100 * 15 / 21, 100 * 3 / 21])
+    for col, rank_us in [("pipeline_bubble_pct", 22), ("schedule_bubble_pct", 12), ("imbalance_pct", 6), ("comm_wait_pct", 4)]:
+        assert s[col].to_list() == pytest.approx([100 * rank_us / 46] * 2), col
+    assert s["slowest_stage"].to_list() == [1, 1]
+    assert s["slowest_stage_ratio"].to_list() == pytest.approx([18 / 12] * 2)  # 18 µs of 24 over 2 stages
+
+
+def test_bubble_split_caps_a_negative_imbalance():
+    # one_f_one_b: 115 busy of 2 x 95 = 190 rank-µs. Uniform (F 12.5, B 16.25): bubble 1/3, so
+    # 115 / 2 = 57.5 idle of schedule; the measured durations replay to 2 x 85 - 115 = 55 idle,
+    # less than uniform: no imbalance, and the remaining 75 - 57.5 = 17.5 is communication wait.
+    s = pipeline_summary(pipeline_actions(one_f_one_b()), RUNS)
+    got = s.select("pipeline_bubble_pct", "schedule_bubble_pct", "imbalance_pct", "comm_wait_pct").unique().rows()
+    assert got == [pytest.approx((100 * 75 / 190, 100 * 57.5 / 190, 0.0, 100 * 17.5 / 190))]
+    assert s["slowest_stage"].to_list() == [1, 1]  # 60 µs (L folded in) against stage 0's 55
+
+
 def test_order_that_differs_from_the_ideal_is_flagged():
     swapped = [list(ONE_F_ONE_B[0]), [ONE_F_ONE_B[1][i] for i in (0, 2, 1, 3)]]  # rank 1 as GPipe
     runs = {"r": {"pipeline": {**RUNS["r"]["pipeline"], "ideal_order": swapped}}}
@@ -180,6 +212,12 @@ def test_real_1f1b_run(runs):
     assert ((s["bubble_pct"] > 0) & (s["bubble_pct"] < 100)).all()
     # replaying the same durations under only the pipeline's dependencies can only start earlier
     assert (s["bubble_pct"] >= s["ideal_pct"] - 1e-6).all(), s
+    # the split: parts of the pipeline's bubble, which is the mean of its ranks' bubbles
+    split = s.select("schedule_bubble_pct", "imbalance_pct", "comm_wait_pct")
+    assert (split.min_horizontal() >= 0).all()
+    assert ((split.sum_horizontal() - s["pipeline_bubble_pct"]).abs() < 1e-6).all()
+    mean = s.group_by("step").agg(pl.col("bubble_pct").mean(), pl.col("pipeline_bubble_pct").first())
+    assert mean["bubble_pct"].to_list() == pytest.approx(mean["pipeline_bubble_pct"].to_list())
 
     # gloo puts send/recv spans on the main thread; its operators are still compute
     b = temporal_breakdown(traces.events)

@@ -12,8 +12,10 @@ import gzip
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
+from profiler import load_traces, pipeline_actions, pipeline_summary
 from tests.conftest import STEPS, ptprof
 from tests.runners.reference import single_process_losses
 
@@ -150,6 +152,29 @@ def test_spans_hold_compute_only(runs, schedule):
             assert not inside, (rank, op["name"], inside)
 
 
+def test_stage_layers_unbalance_one_stage(runs):
+    # 1F1B over 2 ranks with the last stage holding 7 of tiny8's 8 blocks: the same model, so the
+    # same losses, but stage 1's forward and backward take clearly longer, and the analysis puts
+    # the extra bubble on stage imbalance.
+    run_dir = runs("1f1b", 2, "--model", MODEL, "--microbatches", "4", "--stage-layers", "1,7")
+    m = manifest(run_dir)
+    assert m["options"]["stage_layers"] == "1,7"
+    assert m["pipeline"]["stage_layers"] == [[0, 1], [1, 8]]
+    for got, ref in zip(m["losses"], single_process_losses(model=MODEL, steps=STEPS)):
+        assert abs(got - ref) / abs(ref) < 1e-4, m["losses"]
+    traces = load_traces(run_dir)
+    actions = pipeline_actions(traces.events, runs=traces.runs).filter(pl.col("step").is_not_null())
+    # Medians per (stage, kind): one preempted action on 2 shared cores must not decide the test.
+    med = dict(((s, k), d) for s, k, d in actions.group_by("stage", "action").agg(pl.col("dur_us").median()).iter_rows())
+    for kind in ("F", "B"):
+        assert med[(1, kind)] > 2 * med[(0, kind)], (kind, med)
+    s = pipeline_summary(actions, traces.runs)
+    assert s["slowest_stage"].to_list() == [1] * s.height
+    assert (s["imbalance_pct"] > 10).all(), s.select("step", "pipeline_bubble_pct", "schedule_bubble_pct", "imbalance_pct")
+    parts = s["schedule_bubble_pct"] + s["imbalance_pct"] + s["comm_wait_pct"]
+    assert ((parts - s["pipeline_bubble_pct"]).abs() < 1e-6).all()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -165,6 +190,11 @@ def test_spans_hold_compute_only(runs, schedule):
          "zbv over 2 ranks x 2 stage(s) per rank needs 4 layers, but model 'tiny' has 2; use a deeper --model (tiny8 has 8)"),
         (["zbv", "--gpus", "2", "--model", MODEL, "--stages-per-rank", "3"],
          "zbv runs exactly 2 stage(s) per rank, got --stages-per-rank 3"),
+        (["1f1b", "--gpus", "2", "--model", MODEL, "--stage-layers", "2,5"],
+         "--stage-layers 2,5 gives 2 stage(s) of 7 blocks; 1f1b over 2 ranks x 1 stage(s) per rank needs 2 counts "
+         "summing to the 8 layers of model 'tiny8'"),
+        (["ddp", "--gpus", "2", "--stage-layers", "1,1"],
+         "--stage-layers does not apply to ddp: it is for 1f1b, dualpipev, gpipe, interleaved-1f1b, zbv, zero-bubble"),
     ],
 )
 def test_impossible_schedules_are_one_line_errors(tmp_path, args, message):
