@@ -39,6 +39,7 @@ DATA_PARALLEL = {"ddp": (1.0, "data parallel 2Φ"), "zero1": (1.0, "DeepSpeed Ze
                  "zero2": (1.0, "ZeRO-2 2Φ"), "fsdp": (1.5, "ZeRO-3/FSDP 3Φ")}
 POINT_TO_POINT = {"send", "recv", "send_recv"}
 MAX_COUNT = 4096  # layers, experts: beyond this a run.json count is damaged, not a model we predict
+MAX_BYTES = 1 << 53  # bytes or calls beyond this (an exact float64 integer) come from a damaged run.json
 ACT_NOTE = "activations in the parameter dtype (the runners use no autocast)"
 
 
@@ -93,6 +94,9 @@ def predict_run(manifest: dict) -> tuple[list[dict], dict]:
         if facts["why"]:
             return [], facts
         rows = [{"rank": rank, **r} for rank in range(world) for r in _rank_rows(manifest, facts, rank)]
+        if any(not 0 <= (r["bytes"] or 0) <= MAX_BYTES or not 0 <= (r["calls"] or 0) <= MAX_BYTES for r in rows) \
+                or (facts["phi_bytes"] or 0) > MAX_BYTES:
+            return [], facts | {"why": "run.json numbers give byte counts beyond 2^53: damaged, not predicted"}
         return rows, facts
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as e:
         return [], {"params": None, "phi_bytes": None, "why": f"run.json fields theory reads are malformed ({e!r})"}

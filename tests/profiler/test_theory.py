@@ -142,7 +142,8 @@ def test_missing_facts_give_notes_not_crashes():
     odd_dims = manifest()
     odd_dims["model"] = odd_dims["model"] | {"mlp_ratio": "4"}
     for odd, why in [(odd_dims, "model dims"), (manifest(world_size="2"), "world_size"),
-                     (manifest(ranks=[{}] * 3), "world_size")]:
+                     (manifest(ranks=[{}] * 3), "world_size"),
+                     (manifest(paradigm="tp", global_batch_size=10**18, local_batch_size=10**18), "2^53")]:
         assert predict_comm({"odd": odd}).is_empty()
         c = comm_check({"odd": odd}, predict_comm({"odd": odd}), colls([(0, 1, "all_reduce", PHI)]).with_columns(
             run=pl.lit("odd").cast(pl.Categorical)))
