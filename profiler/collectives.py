@@ -21,6 +21,9 @@ Sizes come from the enqueue's `Input Dims` / `Input type`, else from the gloo sp
 reduce-scatter as an all-reduce of the whole input, so such rows have `algo` "all_reduce" and their
 bus bandwidth uses the all-reduce factor (`note` says so).
 
+Phase: the step phase (`ptprof/forward|backward|optimizer`, or a pipeline action span) whose
+main-thread span holds the collective's enqueue (gloo) or its kernel's launch (NCCL), by time.
+
 Bandwidths follow nccl-tests: `size_bytes` is its "size" (the all-reduce buffer, the all-gather
 output, the reduce-scatter input), algbw = size / time, busbw = algbw * factor(kind, group size).
 """
