@@ -232,6 +232,17 @@ def test_data_parallel_bytes_match_theory(runs, paradigm, ranks):
 
 
 @pytest.mark.multirank
+def test_fsdp_padding_on_a_real_run(runs):
+    # N = 3 divides none of tiny's dims: FSDP2 pads every dim 0 to ceil(d0/3)·3 rows.
+    pad = lambda d0, rest=1: (-(-d0 // 3) * 3 - d0) * rest  # noqa: E731 - extra elements of one parameter
+    block = 4 * pad(H) + 4 * pad(H, H) + pad(4 * H, H) + pad(H, 4 * H)  # 4 LN vectors, wq..wo, up, down
+    extra = 4 * (pad(V, H) + pad(S, H) + L * block + 2 * pad(H) + pad(V, H))
+    assert extra == 10576  # 2,644 padding elements in fp32
+    assert_golden(runs("fsdp", 3, "--batch-size", "6"),
+                  lambda rank, step: {"all_gather": 2 * (PHI + extra), "reduce_scatter": PHI + extra})
+
+
+@pytest.mark.multirank
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_fsdp_moves_one_and_a_half_times_ddp(runs, ranks):
     volume = {}
