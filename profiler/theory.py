@@ -403,8 +403,12 @@ def _rank_check(manifest: dict, run: str, rank: int, pred: pl.DataFrame, meas: p
             volume_meas[i] += weight * per_meas[i]
         if len(set(per_meas)) > 1:
             notes.append("steps differ: " + ", ".join(f"{s}: {v:,}" for s, v in zip(steps, per_meas)))
+        if len(dims) == 1 and manifest.get("paradigm") == "hybrid":
+            notes.insert(0, f"dim {dims[0]}")
         out.append(_check(run, rank, f"{kind} bytes/step", "bytes", _mean(per_pred), _mean(per_meas),
                           _verdict(per_pred, per_meas), "; ".join(notes) or None))
+        if len(dims) > 1:
+            out += _dim_split(run, rank, kind, rows, meas.filter(pl.col("collective") == kind), steps)
     phi = facts["phi_bytes"]
     if phi:
         out.append(_check(run, rank, "volume/step", "Φ", _mean(volume_pred) / phi, _mean(volume_meas) / phi,
@@ -420,6 +424,35 @@ def _rank_check(manifest: dict, run: str, rank: int, pred: pl.DataFrame, meas: p
                               _verdict([volume_pred[i] for i in steady], [volume_meas[i] for i in steady]),
                               f"steps {', '.join(str(steps[i]) for i in steady)} (those without one-time "
                               f"collectives); textbook {textbook:g}× ({named})"))
+    return out
+
+
+def _dim_split(run: str, rank: int, kind: str, rows: pl.DataFrame, meas: pl.DataFrame, steps: list[int]) -> list[dict]:
+    """`<kind> bytes/step (<dim>)` rows for a kind several dims share (hybrid: FSDP's all-gathers
+    beside tp's). The trace does not name a collective's group, so measured calls are told apart by
+    message size: every row of a non-dp dim sends one size (bytes / calls), dp (FSDP, one size per
+    unit) takes the rest. Nothing where two dims predict the same size, or dp is not among them."""
+    sizes: dict[int, str] = {}
+    for dim, calls, nbytes in rows.filter(pl.col("dim") != "dp").select("dim", "calls", "bytes").iter_rows():
+        size = nbytes // calls if calls else None
+        if size is None or sizes.get(size, dim) != dim:
+            return []
+        sizes[size] = dim
+    dims = sorted(set(rows["dim"]))
+    if "dp" not in dims:
+        return []
+    named = meas.with_columns(dim=pl.col("size_bytes").replace_strict(sizes, default="dp", return_dtype=pl.String))
+    out = []
+    for dim in dims:
+        here = named.filter(pl.col("dim") == dim)
+        per_meas = [int(here.filter(pl.col("step") == s)["size_bytes"].sum()) for s in steps]
+        per_pred = [_predicted_bytes(rows.filter(pl.col("dim") == dim), s) for s in steps]
+        if any(p is None for p in per_pred):
+            continue
+        shown = ", ".join(f"{b:,} B" for b, d in sorted(sizes.items()) if d != "dp")
+        out.append(_check(run, rank, f"{kind} bytes/step ({dim})", "bytes", _mean(per_pred), _mean(per_meas),
+                          _verdict(per_pred, per_meas),
+                          f"split by message size (the trace names no group): {shown} are tp's, the rest dp's"))
     return out
 
 

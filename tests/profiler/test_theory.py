@@ -177,6 +177,24 @@ def test_comm_check_verdicts():
     assert row["verdict"].to_list() == ["below"] and "steps differ" in row["note"][0]
 
 
+def test_comm_check_splits_a_hybrid_kind_by_dim():
+    # dp2 x tp2 (no pp): FSDP all-gathers (dp) beside the logits gather (tp); the trace names no
+    # group, so the check tells them apart by message size. Rank 0: tp rank 0, b = 8 / 2 = 4.
+    runs = {"r": manifest(paradigm="hybrid", world_size=4, mesh={"dp": 2, "pp": 1, "tp": 2}, hybrid={"sp": False})}
+    logits = (B // 2) * S * V * 4
+    block = 4 * (3 * (H // 2) * H + H * (H // 2) + 2 * (4 * H) * H // 2 + 4 * H)  # tp-local wq,wk,wv / wo / up, down / LNs
+    units = [4 * (V + S) * H, block, block, 4 * (2 * H + (V // 2) * H)]  # emb, 2 blocks, norm + head
+    comm = predict_comm(runs).filter(pl.col("rank") == 0)
+    gathers = [(0, 1, "all_gather", u) for u in units * 2] + [(0, 1, "all_gather", logits)]
+    c = comm_check(runs, comm, colls(gathers)).filter(pl.col("quantity").str.starts_with("all_gather"))
+    got = {q: (p, m, v) for q, p, m, v in c.select("quantity", "predicted", "measured", "verdict").iter_rows()}
+    assert got == {"all_gather bytes/step": (2 * sum(units) + logits,) * 2 + ("match",),
+                   "all_gather bytes/step (dp)": (2 * sum(units),) * 2 + ("match",),
+                   "all_gather bytes/step (tp)": (logits, logits, "match")}
+    missing = comm_check(runs, comm, colls(gathers[:-1])).filter(pl.col("quantity") == "all_gather bytes/step (tp)")
+    assert missing.select("measured", "verdict").rows() == [(0.0, "below")]
+
+
 def test_comm_check_without_theory_or_measurement():
     # A foreign trace: its measured bytes, no theory, and why.
     c = comm_check({"r": None}, pl.DataFrame(schema=COMM_COLUMNS), colls([(0, 5, "all_reduce", 40)]))
