@@ -21,6 +21,9 @@ Sizes come from the enqueue's `Input Dims` / `Input type`, else from the gloo sp
 reduce-scatter as an all-reduce of the whole input, so such rows have `algo` "all_reduce" and their
 bus bandwidth uses the all-reduce factor (`note` says so).
 
+Phase: the step phase (`ptprof/forward|backward|optimizer`, or a pipeline action span) whose
+main-thread span holds the collective's enqueue (gloo) or its kernel's launch (NCCL), by time.
+
 Bandwidths follow nccl-tests: `size_bytes` is its "size" (the all-reduce buffer, the all-gather
 output, the reduce-scatter input), algbw = size / time, busbw = algbw * factor(kind, group size).
 """
@@ -76,7 +79,13 @@ NCCL_KERNEL_DTYPE_RE = r"_([a-z0-9]+_?t?)\("
 GLOO_NOTE = "gloo runs reduce_scatter as an all_reduce of the whole input; busbw uses the all-reduce factor"
 
 COLUMNS = ["run", "rank", "step", "seq", "collective", "algo", "group", "group_size", "dtype", "in_bytes", "out_bytes",
-           "size_bytes", "start_us", "end_us", "dur_us", "source", "note"]
+           "size_bytes", "start_us", "end_us", "dur_us", "source", "note", "phase"]
+# Step phases (docs/run-layout.md, runners/harness.py PHASES): CPU annotations on the main thread.
+PHASE_SPANS = {"ptprof/forward": "forward", "ptprof/backward": "backward", "ptprof/optimizer": "optimizer"}
+# Pipeline action spans `ptprof/pp/{kind} s{stage} mb{microbatch}`: F (and the loss L) are forward,
+# B, I and W backward. Sends and receive waits fall between these spans (phase null).
+PP_PHASE_RE = r"^ptprof/pp/([FBIWL]) "
+PP_PHASE = {"F": "forward", "L": "forward", "B": "backward", "I": "backward", "W": "backward"}
 
 
 def _kind(name: pl.Expr) -> pl.Expr:
@@ -108,7 +117,8 @@ def collectives(events: pl.DataFrame, ranks: pl.DataFrame | None = None) -> pl.D
     frames = [f for f in (_gpu(with_steps, ranks), _gloo(with_steps, ranks)) if f.height]
     if not frames:
         return _empty()
-    out = pl.concat([f.select(COLUMNS[:3] + COLUMNS[4:]) for f in frames], how="vertical_relaxed")
+    out = pl.concat([f.select(COLUMNS[:3] + COLUMNS[4:-1] + ["anchor_us"]) for f in frames], how="vertical_relaxed")
+    out = _with_phase(out, events)
     return (
         out.sort(*KEYS, "start_us")
         .with_columns(seq=pl.int_range(pl.len()).over(*KEYS, "group", "algo"))
@@ -120,9 +130,34 @@ def _empty() -> pl.DataFrame:
     schema = {c: pl.Float64 for c in COLUMNS} | {
         "run": pl.Categorical, "rank": pl.Int32, "step": pl.Int64, "seq": pl.Int64, "collective": pl.String, "algo": pl.String,
         "group": pl.String, "group_size": pl.Int64, "dtype": pl.String, "in_bytes": pl.Int64, "out_bytes": pl.Int64,
-        "size_bytes": pl.Int64, "source": pl.String, "note": pl.String,
+        "size_bytes": pl.Int64, "source": pl.String, "note": pl.String, "phase": pl.String,
     }
     return pl.DataFrame(schema=schema)
+
+
+def _with_phase(colls: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
+    """`phase`: the step phase (forward / backward / optimizer) whose span on the main thread holds
+    the collective's `anchor_us` (its enqueue, or its kernel's launch); null where none does.
+
+    By time, not thread: CUDA runs backward (and so DDP/FSDP's launches) on autograd threads while
+    the `ptprof/backward` span is on the main thread. The phase spans of a rank never overlap.
+    """
+    name = pl.col("name").cast(pl.String)
+    spans = (
+        events.filter((pl.col("kind") == "annotation") & (pl.col("device") == "cpu"))
+        .with_columns(_n=name)
+        .with_columns(phase=pl.coalesce(
+            pl.col("_n").replace_strict(PHASE_SPANS, default=None),
+            pl.col("_n").str.extract(PP_PHASE_RE, 1).replace_strict(PP_PHASE, default=None)))
+        .filter(pl.col("phase").is_not_null())
+        .select(pl.col("run").cast(pl.String).alias("_run"), "rank", _ph_ts="ts_us", _ph_end="end_us", phase="phase")
+        .sort("_ph_ts")
+    )
+    out = colls.with_columns(_run=pl.col("run").cast(pl.String), _anchor=pl.coalesce("anchor_us", "start_us"))
+    out = out.sort("_anchor").join_asof(spans, left_on="_anchor", right_on="_ph_ts", by=["_run", "rank"],
+                                        strategy="backward", check_sortedness=False)
+    inside = pl.col("_ph_end") >= pl.col("_anchor")
+    return out.with_columns(phase=pl.when(inside).then(pl.col("phase"))).drop("_run", "_anchor", "_ph_ts", "_ph_end", "anchor_us")
 
 
 def _size_bytes(kind: pl.Expr, in_b: pl.Expr, out_b: pl.Expr) -> pl.Expr:
@@ -171,7 +206,7 @@ def _gpu(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
         in_bytes=c("_in") * size,
         out_bytes=out_n * size,
         start_us="ts_us", end_us="end_us", dur_us="dur_us",
-        source=pl.lit("nccl"), note=pl.lit(None, pl.String),
+        source=pl.lit("nccl"), note=pl.lit(None, pl.String), anchor_us="launch_us",
     ).with_columns(size_bytes=_size_bytes(pl.col("collective"), pl.col("in_bytes"), pl.col("out_bytes")))
 
 
@@ -187,6 +222,7 @@ def _launch_context(events: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame
         events.filter((pl.col("device") == "cpu") & (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
         .join(kernels.select(*KEYS, "correlation").unique(), on=[*KEYS, "correlation"], how="semi")
         .group_by(*KEYS, "correlation").agg(pl.col("pid", "tid", "ts_us").first())
+        .with_columns(launch_us="ts_us")
         .sort("ts_us")
     )
     spans = events.filter(pl.col("kind") == "enqueue").with_columns(_name=pl.col("name").cast(pl.String))
@@ -286,7 +322,7 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
         .with_columns(n_key=pl.when(pl.col("in_place")).then(pl.col("arg0")).otherwise(pl.col("arg1")).fill_null(-1))
         .sort("ts_us")
         .with_columns(k=pl.int_range(pl.len()).over(*KEYS, "pid", "algo", "n_key"))
-        .select(*KEYS, "pid", "algo", "n_key", "k", "collective", "in_place", "arg0", "arg1", "enq_dtype")
+        .select(*KEYS, "pid", "algo", "n_key", "k", "collective", "in_place", "arg0", "arg1", "enq_dtype", enq_us="ts_us")
     )
     if ranks is not None:  # only these spans' ranks: every other rank's pg_config would be parsed for nothing
         here = spans.select(_r=pl.col("run").cast(pl.String), _k=pl.col("rank").cast(pl.Int64)).unique()
@@ -318,6 +354,7 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
         start_us="ts_us", end_us="end_us", dur_us="dur_us",
         source=pl.lit("gloo"),
         note=pl.when((kind == "reduce_scatter") & (pl.col("algo") == "all_reduce")).then(pl.lit(GLOO_NOTE)),
+        anchor_us="enq_us",
     ).with_columns(size_bytes=_size_bytes(pl.col("collective"), pl.col("in_bytes"), pl.col("out_bytes")))
 
 

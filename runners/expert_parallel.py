@@ -116,8 +116,15 @@ def apply_ep(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
 
     def after_training() -> None:
         # One all-reduce for the whole run, outside the profiled steps.
-        totals = torch.stack(routing_local).to(torch.long)
-        dist.all_reduce(totals)
+        local = torch.stack(routing_local).to(torch.long)  # [steps, layers, experts + 1]
+        by_rank = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(by_rank, local)  # each rank's kept pairs per expert: its all-to-all split sizes
+        totals = torch.stack(by_rank).sum(0)
+        par.extra["moe"]["routing_by_rank"] = [
+            [[{"layer": layer, "tokens_per_expert": row[:-1].tolist(), "dropped": int(row[-1])}
+              for layer, row in zip(moe_layers, step)] for step in theirs]
+            for theirs in by_rank
+        ]
         par.extra["moe"]["routing"] = [
             [{"layer": layer, "tokens_per_expert": row[:-1].tolist(), "dropped": int(row[-1])}
              for layer, row in zip(moe_layers, step)]
@@ -130,7 +137,7 @@ def apply_ep(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
     )
     par.extra = {"moe": {"experts": ctx.opts.experts, "top_k": ctx.opts.top_k,
                          "capacity_factor": ctx.opts.capacity_factor, "aux_loss_weight": AUX_LOSS_WEIGHT,
-                         "moe_layers": list(moe_layers), "routing": []}}
+                         "moe_layers": list(moe_layers), "routing": [], "routing_by_rank": []}}
     return par
 
 

@@ -190,6 +190,25 @@ def _storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
+def _numel_by_dtype(params) -> dict[str, int]:
+    """Parameter elements by dtype name ("float32", "bfloat16"), local shards for DTensors."""
+    out: dict[str, int] = {}
+    for p in params:
+        local = p.to_local() if hasattr(p, "to_local") else p
+        name = str(local.dtype).removeprefix("torch.")
+        out[name] = out.get(name, 0) + local.numel()
+    return out
+
+
+def _local_params(optimizer: torch.optim.Optimizer) -> dict:
+    """run.json `ranks[].params`: the parameters this rank's optimizer holds (local shards):
+    tensors, elements and bytes, and elements by dtype."""
+    params = _optimizer_params(optimizer)
+    locals_ = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    return {"tensors": len(params), "count": sum(t.numel() for t in locals_),
+            "bytes": sum(t.numel() * t.element_size() for t in locals_), "by_dtype": _numel_by_dtype(params)}
+
+
 def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
@@ -350,8 +369,11 @@ def global_losses(ranks: list[dict]) -> list[float | None]:
     return [sum(r["losses"][i] * r["loss_tokens"] for r in reporting) / total for i in range(n_steps)]
 
 
-def write_manifest(ctx: Context, par: Parallel, n_params: int, ranks: list[dict]) -> Path:
-    """Write run.json (atomically) into the run's temporary folder. Rank 0 only."""
+def write_manifest(ctx: Context, par: Parallel, n_params: int, ranks: list[dict], param_dtypes: dict[str, int]) -> Path:
+    """Write run.json (atomically) into the run's temporary folder. Rank 0 only.
+
+    param_dtypes: parameter elements of the whole model by dtype name (e.g. {"float32": 133760}).
+    """
     opts = ctx.opts
     cfg = model_config(opts)
     try:
@@ -382,9 +404,12 @@ def write_manifest(ctx: Context, par: Parallel, n_params: int, ranks: list[dict]
             "n_layers": cfg.n_layers,
             "n_heads": cfg.n_heads,
             "seq_len": cfg.seq_len,
+            "mlp_ratio": cfg.mlp_ratio,
+            "param_dtypes": param_dtypes,
         },
         "global_batch_size": opts.global_batch_size,
         "tokens_per_step": opts.global_batch_size * opts.sequence_length,
+        "local_batch_size": opts.global_batch_size // par.dp_size,
         "profiler": {
             "wait": opts.wait,
             "warmup": opts.warmup,
@@ -425,16 +450,18 @@ def run_worker(opts: RunOptions, apply_fn: Callable[[nn.Module, Context], Parall
     ctx = init_distributed(opts)
     model = build_model(opts, **(moe_overrides(opts) if moe else {}))
     n_params = count_params(model)
+    param_dtypes = _numel_by_dtype(model.parameters())
     par = apply_fn(model.to(ctx.device), ctx)
+    held = _local_params(par.optimizer)  # before training: what this rank's optimizer steps
     del model  # pipeline runners train copies of its stages: the whole model must not stay on the device
-    results = train(ctx, par)
+    results = train(ctx, par) | {"params": held}
     if par.after_training:
         par.after_training()
     # Gathered after profiling ended, so this collective is not in the traces.
     ranks: list = [None] * ctx.world_size
     dist.all_gather_object(ranks, results)
     if ctx.rank == 0:
-        write_manifest(ctx, par, n_params, ranks)
+        write_manifest(ctx, par, n_params, ranks, param_dtypes)
     dist.barrier()
     _exit_now(0)
 

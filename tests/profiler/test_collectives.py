@@ -233,3 +233,23 @@ def test_fsdp_gathers_and_scatters_the_shards(runs):
     first_pass = ag.filter(pl.col("seq") < ag.group_by("rank", "step").len()["len"].min() // 2)
     assert first_pass.height > 0
     assert (ag["out_bytes"] == 2 * ag["in_bytes"]).all()
+
+
+def phase_span(name: str, ts: float, dur: float, **kw) -> dict:
+    return dict(name=name, kind="annotation", cat="user_annotation", ts_us=ts, dur_us=dur, **kw)
+
+
+def test_phase_is_the_span_around_the_enqueue_or_the_launch():
+    # gloo: the all-reduce is enqueued inside ptprof/backward, the reduce-scatter after it (no phase),
+    # though gloo runs both later; the phase spans' GPU copies are not main-thread spans.
+    ev = pl.concat([gloo_rank(0, 0), make_events([phase_span("ptprof/backward", 5, 10),
+                                                  phase_span("ptprof/optimizer", 20, 0.5, device="gpu")])])
+    c = collectives(ev, RANKS).sort("start_us")
+    assert c["phase"].to_list() == ["backward", None]
+    # NCCL: launched on another thread (CUDA's autograd thread) inside a pipeline action span of
+    # the main thread: the span holds the launch by time, whatever the thread; after both, none.
+    ev = make_events([step(1, 0, 1000), phase_span("ptprof/pp/B s1 mb0", 5, 20), phase_span("ptprof/pp/F s1 mb1", 40, 20),
+                      *nccl_call("all_reduce", 10, 1, 100, "float", tid=2), kernel(SENDRECV, "comm", 70, 10, 1),
+                      *nccl_call("all_reduce", 45, 2, 100, "float", tid=2), kernel(SENDRECV, "comm", 80, 10, 2),
+                      *nccl_call("all_reduce", 65, 3, 100, "float", tid=2), kernel(SENDRECV, "comm", 90, 10, 3)])
+    assert collectives(ev).sort("start_us")["phase"].to_list() == ["backward", "forward", None]

@@ -35,17 +35,19 @@ def test_run_json_matches_the_documented_schema(runs):
     # top level against the top-level ones the document lists.
     nested = {"python", "torch", "ptprof", "preset", "n_params", "vocab_size", "d_model", "n_layers", "n_heads",
               "seq_len", "wait", "warmup", "active", "profiled_steps", "profile_memory", "with_stack",
-              "record_shapes", "forward", "backward", "optimizer", "dp"}
+              "record_shapes", "forward", "backward", "optimizer", "dp", "mlp_ratio", "param_dtypes", "float32"}
     assert set(manifest) == top - nested
     assert set(manifest["phases"]) == {"forward", "backward", "optimizer"}
     assert manifest["world_size"] == 2 and manifest["mesh"] == {"dp": 2}
     assert manifest["options"]["paradigm"] == "fsdp" and manifest["options"]["gpus"] == 2
     assert manifest["tokens_per_step"] == manifest["global_batch_size"] * manifest["model"]["seq_len"]
-    rank_keys = documented_keys('"ranks": [', '"memory": {') | {"memory"}
+    params_keys = {"tensors", "count", "bytes", "by_dtype"}
+    rank_keys = documented_keys('"ranks": [', '"memory": {') - params_keys - {"float32"} | {"memory"}
     memory_keys = documented_keys('"memory": {', '"pipeline"') - {"memory"}
     for rank, entry in enumerate(manifest["ranks"]):
         assert set(entry) == rank_keys - {"ranks"}
         assert set(entry["memory"]) == memory_keys
+        assert set(entry["params"]) == params_keys and entry["params"]["by_dtype"] == {"float32": entry["params"]["count"]}
         assert entry["rank"] == rank and entry["trace"] == f"rank{rank}.json.gz"
         assert len(entry["losses"]) == len(entry["step_time_s"]) == manifest["options"]["steps"]
 
