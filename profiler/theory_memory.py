@@ -235,7 +235,8 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
     world = _int(manifest.get("world_size"))
     mesh = manifest.get("mesh") if isinstance(manifest.get("mesh"), dict) else {}
     pipe = manifest.get("pipeline") if isinstance(manifest.get("pipeline"), dict) else None
-    experts = _int(opts.get("experts"), 0) or 0
+    # Only ep builds the MoE model (run.json of older runs recorded --experts for every paradigm).
+    experts = (_int(opts.get("experts"), 0) or 0) if paradigm == "ep" else 0
     if not 0 <= experts <= MAX_EXPERTS:
         return [], f"run.json's {experts} experts are beyond any real model: no memory theory"
     kw = {"experts": experts, "mlp_ratio": _int(model.get("mlp_ratio"), MLP_RATIO),

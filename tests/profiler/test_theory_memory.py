@@ -133,6 +133,13 @@ def test_absurd_run_json_numbers_get_a_note_not_an_overflow():
     assert len(notes) == 3 and all("beyond any real model" in n or "plausible world_size" in n for n in notes), notes
 
 
+def test_experts_count_only_for_ep():
+    # run.json of older runs recorded --experts for every paradigm; only ep builds the MoE model.
+    old = manifest(options={"experts": 4})
+    got = predict_memory({"old": old})
+    assert got["n_params"].to_list() == [TINY, TINY]
+
+
 def test_memory_check_verdicts():
     pred = pl.DataFrame({"run": ["r", "r"], "rank": [0, 1], "params_bytes": [1000, 1000],
                          "params_at_rest_bytes": [1000, 1000], "grads_bytes": [1000, 1000], "optimizer_bytes": [2000, 2000]})
