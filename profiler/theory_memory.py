@@ -179,11 +179,18 @@ def zero_table(n_params: float, dp: int, *, param_bytes: float = 2, grad_bytes: 
 
 
 def run_dtypes(manifest: dict) -> tuple[Dtypes, str | None]:
-    """The run's dtypes from run.json (`dtypes` {param, grad, optimizer, master}, else one `dtype`
-    at the top, in `model` or in `options`), else fp32 with a note."""
+    """The run's dtypes from run.json (`model.param_dtypes` with one dtype, else `dtypes` {param,
+    grad, optimizer, master}, else one `dtype` at the top, in `model` or in `options`), else fp32
+    with a note."""
     def nbytes(name) -> int | None:
         return DTYPE_ALIASES.get(str(name).removeprefix("torch.").lower()) if name else None
 
+    # What the runners write: the model's parameter elements by dtype; one dtype means parameters,
+    # gradients and AdamW state all in it (no mixed precision).
+    model = manifest.get("model")
+    by_dtype = model.get("param_dtypes") if isinstance(model, dict) else None
+    if isinstance(by_dtype, dict) and len(by_dtype) == 1 and (b := nbytes(next(iter(by_dtype)))):
+        return Dtypes(b, b, b, 0), None
     spec = manifest.get("dtypes")
     if isinstance(spec, dict):
         p = nbytes(spec.get("param") or spec.get("params"))

@@ -87,7 +87,11 @@ def _pipeline_shape(manifest: dict, rank: int) -> tuple[int, int, int, list[int]
     stage_to_rank = pipe.get("stage_to_rank")
     m, b = _count(pipe.get("microbatches")), _count(pipe.get("microbatch_size"))
     s, h = _count(model.get("seq_len")), _count(model.get("d_model"))
-    dtype = model.get("dtype", DEFAULT_DTYPE)
+    # Activations are in the parameters' dtype in our runners (no autocast): run.json's one
+    # `model.param_dtypes` name, else an explicit `model.dtype`, else float32.
+    by_dtype = model.get("param_dtypes")
+    single = next(iter(by_dtype)) if isinstance(by_dtype, dict) and len(by_dtype) == 1 else None
+    dtype = model.get("dtype") or single or DEFAULT_DTYPE
     width = DTYPE_BYTES.get(str(dtype).lower().removeprefix("torch."))
     if not (isinstance(stage_to_rank, list) and stage_to_rank
             and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in stage_to_rank)):

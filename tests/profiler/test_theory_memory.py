@@ -133,6 +133,13 @@ def test_absurd_run_json_numbers_get_a_note_not_an_overflow():
     assert len(notes) == 3 and all("beyond any real model" in n or "plausible world_size" in n for n in notes), notes
 
 
+def test_param_dtypes_written_by_the_runner_give_the_dtype():
+    bf16 = manifest(model={"n_params": TINY, "vocab_size": V, "d_model": D, "n_layers": L, "n_heads": 4, "seq_len": S,
+                           "param_dtypes": {"bfloat16": TINY}})
+    got = predict_memory({"bf16": bf16}).row(0, named=True)
+    assert got["note"] is None and got["params_bytes"] == 2 * TINY and got["rule_bytes_per_param"] == 8
+
+
 def test_experts_count_only_for_ep():
     # run.json of older runs recorded --experts for every paradigm; only ep builds the MoE model.
     old = manifest(options={"experts": 4})

@@ -77,6 +77,9 @@ def test_hybrid_pp_coordinate_and_sequence_shard():
 def test_dtype_and_refusals():
     assert pipeline_p2p_rows(manifest([0, 1]) | {"model": {"seq_len": 32, "d_model": 64, "dtype": "bfloat16"}}, 0)[0][
         "bytes"] == 4 * MSG // 2
+    # what `ptprof run` writes: the parameters' one dtype (activations have it: no autocast)
+    written = manifest([0, 1]) | {"model": {"seq_len": 32, "d_model": 64, "param_dtypes": {"bfloat16": 100}}}
+    assert pipeline_p2p_rows(written, 0)[0]["bytes"] == 4 * MSG // 2
     assert pipeline_p2p_rows({"paradigm": "ddp", "model": {}}, 0) == []
     assert pipeline_p2p_rows(None, 0) == []
     broken = manifest([0, 1])
