@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from profiler.theory_params import (DTYPE_BYTES, ddp_buckets, fsdp_padded_numel, model_params, tp_local_shape)
+from profiler.theory_params import ddp_buckets, fsdp_padded_numel, model_params, run_dtypes, tp_local_shape
 from profiler.theory_pipeline import PIPELINE_PARADIGMS, pipeline_p2p_rows
 
 # One row per (run, rank, dim, phase, collective, group_size): what one rank does per step.
@@ -112,22 +112,16 @@ def _facts(m: dict) -> dict:
     experts = (moe.get("experts") or 0) if isinstance(moe, dict) else 0
     if model["n_layers"] > MAX_COUNT or not isinstance(experts, int) or not 0 <= experts <= MAX_COUNT:
         return {"params": None, "phi_bytes": None, "why": f"run.json n_layers or experts beyond {MAX_COUNT:,}"}
-    dtypes = model.get("param_dtypes")
-    notes = []
-    if not dtypes:
-        dtype = "float32"
-        notes.append("parameter dtype not in run.json (older run): float32 assumed, as every runner trains")
-    elif len(dtypes) == 1 and next(iter(dtypes)) in DTYPE_BYTES:
-        dtype = next(iter(dtypes))
-    else:
-        return {"params": None, "phi_bytes": None, "why": f"parameter dtypes {dtypes}: one known dtype needed"}
+    dt, note, why = run_dtypes(m)
+    if why:
+        return {"params": None, "phi_bytes": None, "why": why}
     params = model_params(model, moe if isinstance(moe, dict) else None)
     numel = sum(p.numel for p in params)
     if numel != model.get("n_params"):
         return {"params": None, "phi_bytes": None,
                 "why": f"the model's parameter table ({numel:,}) does not match run.json n_params ({model.get('n_params')})"}
-    eb = DTYPE_BYTES[dtype]
-    return {"params": params, "eb": eb, "phi_bytes": numel * eb, "why": None, "note": "; ".join(notes) or None}
+    eb = dt.param
+    return {"params": params, "eb": eb, "phi_bytes": numel * eb, "why": None, "note": note}
 
 
 def _count(x) -> bool:

@@ -14,13 +14,12 @@ storages, so FSDP2's padding counts. Formulas: docs/theory.md "Persistent memory
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import polars as pl
 
-from profiler.collectives import DTYPE_BYTES
 from profiler.discover import manifest_field
+from profiler.theory_params import Dtypes, chunk_size, model_params, run_dtypes, tp_local_shape
 
 # Per (run, rank): the predicted persistent bytes of this run's layout. n_params: elements of the
 # rank's parameters at rest (its shards, unpadded). params_bytes: held while training (FSDP2
@@ -48,76 +47,6 @@ LAYOUTS = ["ddp", "zero1", "zero2", "fsdp"]  # replicated, ZeRO-1, ZeRO-2, ZeRO-
 STEP_BYTES = 4  # torch AdamW's per-parameter `step`: a float32 scalar tensor
 CHECK_TOLERANCE = 0.01  # persistent memory "match": within 1 % of the theory
 MLP_RATIO, MOE_EVERY = 4, 2  # runners/model.py GPTConfig defaults (run.json's model block may override)
-DTYPE_ALIASES = DTYPE_BYTES | {"fp32": 4, "fp16": 2, "fp64": 8, "fp8": 1}
-FP32_NOTE = "run.json names no dtype: fp32 assumed (every ptprof runner trains in fp32)"
-
-
-@dataclasses.dataclass(frozen=True)
-class Tensor:
-    """One parameter of the GPT: its global shape and how tensor parallelism cuts it."""
-
-    name: str
-    shape: tuple[int, ...]
-    tp: str | None = None  # "col": Shard(0) (ColwiseParallel), "row": Shard(1) (RowwiseParallel)
-    expert: int | None = None  # MoE expert index
-
-
-@dataclasses.dataclass(frozen=True)
-class Dtypes:
-    """Bytes per element of each kind of persistent state."""
-
-    param: int = 4
-    grad: int = 4
-    state: int = 4  # exp_avg and exp_avg_sq each
-    master: int = 0  # an fp32 master copy of the parameters (mixed precision); 0 without one
-
-    @property
-    def optimizer_per_param(self) -> int:
-        return 2 * self.state + self.master  # ZeRO's K (12 for mixed-precision Adam)
-
-    @property
-    def per_param(self) -> int:
-        return self.param + self.grad + self.optimizer_per_param
-
-
-def gpt_tensors(vocab: int, d: int, n_layers: int, seq_len: int, *, layers=None, first=True, last=True,
-                experts: int = 0, mlp_ratio: int = MLP_RATIO, moe_every: int = MOE_EVERY) -> list[Tensor]:
-    """The GPT's parameters in `model.parameters()` order; a pipeline stage keeps `layers`, the
-    embeddings when `first` and the final norm and head when `last`."""
-    out = [Tensor("tok_emb", (vocab, d)), Tensor("pos_emb", (seq_len, d))] if first else []
-    hidden = mlp_ratio * d
-    for i in (range(n_layers) if layers is None else layers):
-        b = f"blocks.{i}."
-        out += [Tensor(b + "ln1.weight", (d,)), Tensor(b + "ln1.bias", (d,))]
-        out += [Tensor(b + f"attn.{w}", (d, d), "col") for w in ("wq", "wk", "wv")] + [Tensor(b + "attn.wo", (d, d), "row")]
-        out += [Tensor(b + "ln2.weight", (d,)), Tensor(b + "ln2.bias", (d,))]
-        if experts > 0 and i % moe_every == moe_every - 1:
-            out.append(Tensor(b + "ffn.router", (experts, d)))
-            for e in range(experts):
-                out += [Tensor(b + f"ffn.experts.{e}.up", (hidden, d), expert=e),
-                        Tensor(b + f"ffn.experts.{e}.down", (d, hidden), expert=e)]
-        else:
-            out += [Tensor(b + "ffn.up", (hidden, d), "col"), Tensor(b + "ffn.down", (d, hidden), "row")]
-    if last:
-        out += [Tensor("norm.weight", (d,)), Tensor("norm.bias", (d,)), Tensor("head", (vocab, d), "col")]
-    return out
-
-
-def chunk_rows(n: int, parts: int, i: int) -> int:
-    """Rows of chunk i of n rows cut into `parts` by torch.chunk (ceil-sized chunks, the last ones
-    short or empty): how DTensor's Shard and FSDP2 cut a dimension."""
-    size = -(-n // parts)
-    return max(0, min(size, n - i * size))
-
-
-def tp_local_shape(t: Tensor, tp: int, tp_rank: int) -> tuple[int, ...]:
-    """The shape of this TP rank's local shard (Megatron: column-parallel cuts dim 0, row-parallel dim 1)."""
-    if tp <= 1 or t.tp is None:
-        return t.shape
-    dim = 0 if t.tp == "col" else 1
-    shape = list(t.shape)
-    shape[dim] = chunk_rows(shape[dim], tp, tp_rank)
-    return tuple(shape)
 
 
 def zero1_partition(numels: list[int], dp: int) -> list[list[int]]:
@@ -158,7 +87,7 @@ def layout_bytes(shapes: list[tuple[int, ...]], layout: str, dp: int, dp_rank: i
         c = -(-s[0] // dp)
         padded_shard += c * rest
         padded_full += c * dp * rest
-        own += chunk_rows(s[0], dp, dp_rank) * rest
+        own += chunk_size(s[0], dp, dp_rank) * rest
     at_rest = padded_shard * dt.param
     training = at_rest + (padded_full * dt.param if layout == "zero2" else 0)
     return {"n_params": own, "params_bytes": training, "params_at_rest_bytes": at_rest,
@@ -178,33 +107,6 @@ def zero_table(n_params: float, dp: int, *, param_bytes: float = 2, grad_bytes: 
             "fsdp": {"params": p / dp, "grads": g / dp, "optimizer": o / dp}}
 
 
-def run_dtypes(manifest: dict) -> tuple[Dtypes, str | None]:
-    """The run's dtypes from run.json (`model.param_dtypes` with one dtype, else `dtypes` {param,
-    grad, optimizer, master}, else one `dtype` at the top, in `model` or in `options`), else fp32
-    with a note."""
-    def nbytes(name) -> int | None:
-        return DTYPE_ALIASES.get(str(name).removeprefix("torch.").lower()) if name else None
-
-    # What the runners write: the model's parameter elements by dtype; one dtype means parameters,
-    # gradients and AdamW state all in it (no mixed precision).
-    model = manifest.get("model")
-    by_dtype = model.get("param_dtypes") if isinstance(model, dict) else None
-    if isinstance(by_dtype, dict) and len(by_dtype) == 1 and (b := nbytes(next(iter(by_dtype)))):
-        return Dtypes(b, b, b, 0), None
-    spec = manifest.get("dtypes")
-    if isinstance(spec, dict):
-        p = nbytes(spec.get("param") or spec.get("params"))
-        if p:
-            g = nbytes(spec.get("grad") or spec.get("grads")) or p
-            s = nbytes(spec.get("optimizer") or spec.get("optimizer_state")) or p
-            return Dtypes(p, g, s, nbytes(spec.get("master")) or 0), None
-    for where in (manifest, manifest.get("model"), manifest.get("options")):
-        b = nbytes(where.get("dtype")) if isinstance(where, dict) else None
-        if b:
-            return Dtypes(b, b, b, 0), None
-    return Dtypes(), FP32_NOTE
-
-
 def rule_formula(dt: Dtypes) -> str:
     """The bytes/parameter rule, its terms named."""
     if dt.master:
@@ -219,6 +121,7 @@ def rule_formula(dt: Dtypes) -> str:
 PLAUSIBLE_DIMS = (2**24, 2**18, 2**14, 2**24)
 MAX_WORLD = 2**20
 MAX_EXPERTS = 2**14
+MAX_TENSOR_GROUPS = 2**16  # layers x experts: the parameter table stays small enough to build
 
 
 def _int(v, default: int | None = None) -> int | None:
@@ -237,6 +140,9 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
     # run.json is user data: dims past any real model would overflow the Int64 byte columns.
     if any(v > limit for v, limit in zip(dims, PLAUSIBLE_DIMS)):
         return [], f"run.json's model dims {dims} are beyond any real model: no memory theory"
+    _, _, why = run_dtypes(manifest)
+    if why:
+        return [], f"{why}: no memory theory"
     opts = manifest.get("options") if isinstance(manifest.get("options"), dict) else {}
     paradigm = manifest.get("paradigm")
     world = _int(manifest.get("world_size"))
@@ -246,8 +152,6 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
     experts = (_int(opts.get("experts"), 0) or 0) if paradigm == "ep" else 0
     if not 0 <= experts <= MAX_EXPERTS:
         return [], f"run.json's {experts} experts are beyond any real model: no memory theory"
-    kw = {"experts": experts, "mlp_ratio": _int(model.get("mlp_ratio"), MLP_RATIO),
-          "moe_every": _int(model.get("moe_every"), MOE_EVERY)}
     if not world or world > MAX_WORLD:
         return [], "run.json has no plausible world_size: no memory theory"
     dp, pp, tp = (_int(mesh.get(k), 1) for k in ("dp", "pp", "tp"))
@@ -269,6 +173,21 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
             return [], "run.json's pipeline stage_layers / stage_to_rank are not [first, end) pairs, one per stage: no memory theory"
     if experts and ep > 1 and experts % ep:
         return [], f"{experts} experts do not divide over {ep} expert-parallel ranks: no memory theory"
+    mlp_ratio = model.get("mlp_ratio", MLP_RATIO)
+    if _int(mlp_ratio) is None or mlp_ratio <= 0:
+        return [], f"run.json's model.mlp_ratio {mlp_ratio!r} is not a positive integer: no memory theory"
+    if n_layers * max(experts, 1) > MAX_TENSOR_GROUPS:
+        return [], f"{n_layers} layers x {experts} experts is beyond any real model: no memory theory"
+    # The one parameter table of the reference GPT (profiler.theory_params), MoE FFNs in every
+    # moe_every-th block from the second (runners/model.py GPTConfig.is_moe_layer).
+    moe_every = _int(model.get("moe_every"), MOE_EVERY)
+    moe = {"experts": experts, "moe_layers": [i for i in range(n_layers) if i % moe_every == moe_every - 1]} if experts else None
+    params = model_params({"vocab_size": vocab, "d_model": d, "n_layers": n_layers, "seq_len": seq,
+                           "mlp_ratio": mlp_ratio}, moe)
+    n_params = _int(model.get("n_params"))
+    if n_params is not None and sum(p.numel for p in params) != n_params:
+        return [], (f"the model's parameter table ({sum(p.numel for p in params):,}) does not match run.json "
+                    f"n_params ({n_params:,}): no memory theory")
     out = []
     for rank in range(world):
         # rank = ((dp_i * pp + pp_i) * tp + tp_i) * ep + ep_i (hybrid's mesh order, tp innermost)
@@ -276,14 +195,15 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
         tp_i, rest = rest % tp, rest // tp
         pp_i, dp_i = rest % pp, rest // pp
         if pp > 1:
+            # A stage keeps its blocks, the embeddings when first and the final norm and head when last.
             tensors = []
-            n_stages = len(stage_layers)
+            last = len(stage_layers) - 1
             for s, (r, (lo, hi)) in enumerate(zip(stage_to_rank, stage_layers)):
                 if r == pp_i:
-                    tensors += gpt_tensors(vocab, d, n_layers, seq, layers=range(lo, hi), first=s == 0,
-                                           last=s == n_stages - 1, **kw)
+                    tensors += [p for p in params if (p.layer is not None and lo <= p.layer < hi)
+                                or (p.unit == "emb" and s == 0) or (p.unit == "head" and s == last)]
         else:
-            tensors = gpt_tensors(vocab, d, n_layers, seq, **kw)
+            tensors = params
         if experts and ep > 1:
             local = experts // ep  # expert e lives on rank e // (E / world)
             tensors = [t for t in tensors if t.expert is None or t.expert // local == ep_i]
@@ -310,7 +230,7 @@ def predict_memory(runs: dict[str, dict | None]) -> pl.DataFrame:
         if not isinstance(manifest, dict):
             continue
         ranks, why = rank_layouts(manifest)
-        dt, note = run_dtypes(manifest)
+        dt, note, _ = run_dtypes(manifest)
         for r in ranks:
             b = layout_bytes(r["shapes"], r["layout"], r["dp"], r["dp_rank"], dt)
             if sum(b.values()) >= 2**63:  # e.g. absurd expert counts: no number that overflows the frame
@@ -331,7 +251,7 @@ def memory_whatif(runs: dict[str, dict | None]) -> pl.DataFrame:
         ranks, _ = rank_layouts(manifest)
         if not ranks:
             continue
-        dt, _ = run_dtypes(manifest)
+        dt, _, _ = run_dtypes(manifest)
         dp = ranks[0]["dp"]
         current = ranks[0]["layout"]
         note = None if dp > 1 else "data-parallel degree 1: ZeRO stages shard nothing"

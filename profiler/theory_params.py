@@ -10,9 +10,70 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Bytes per element of the parameter dtypes run.json names (torch dtype names without "torch.").
-DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8, "double": 8, "bfloat16": 2, "float16": 2, "half": 2,
-               "float8_e4m3fn": 1, "float8_e5m2": 1}
+from profiler.collectives import DTYPE_BYTES as COLLECTIVE_DTYPE_BYTES
+
+# Bytes per element of a dtype name, as run.json and traces spell them (torch names without
+# "torch.", C++ names from trace args, short names).
+DTYPE_BYTES = COLLECTIVE_DTYPE_BYTES | {"fp32": 4, "fp16": 2, "fp64": 8, "fp8": 1}
+FP32_NOTE = "run.json names no dtype: fp32 assumed (every ptprof runner trains in fp32)"
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Bytes per element of each kind of persistent state (activations have the parameters' dtype:
+    the runners use no autocast)."""
+
+    param: int = 4
+    grad: int = 4
+    state: int = 4  # AdamW's exp_avg and exp_avg_sq each
+    master: int = 0  # an fp32 master copy of the parameters (mixed precision); 0 without one
+
+    @property
+    def optimizer_per_param(self) -> int:
+        return 2 * self.state + self.master  # ZeRO's K (12 for mixed-precision Adam)
+
+    @property
+    def per_param(self) -> int:
+        return self.param + self.grad + self.optimizer_per_param
+
+
+def dtype_bytes(name) -> int | None:
+    """Bytes per element of a dtype name ("torch.bfloat16", "float", "bf16"), None if unknown."""
+    return DTYPE_BYTES.get(str(name).removeprefix("torch.").lower()) if isinstance(name, str) and name else None
+
+
+def run_dtypes(manifest: dict) -> tuple[Dtypes, str | None, str | None]:
+    """(dtypes, note, why) of a run, the one rule every theory module uses.
+
+    Sources, first found: `model.param_dtypes` (what `ptprof run` writes: parameter elements by
+    dtype; one dtype means parameters, gradients and AdamW state in it), `dtypes` {param, grad,
+    optimizer, master}, one `dtype` at the top, in `model` or in `options`; else fp32 with a
+    note. `why` (no theory) where run.json names dtypes the rule cannot use: several parameter
+    dtypes without a `dtypes` block, or a name of unknown size.
+    """
+    model = manifest.get("model") if isinstance(manifest.get("model"), dict) else {}
+    by_dtype = model.get("param_dtypes")
+    if isinstance(by_dtype, dict) and by_dtype:
+        if len(by_dtype) == 1 and (b := dtype_bytes(next(iter(by_dtype)))):
+            return Dtypes(b, b, b, 0), None, None
+        if not isinstance(manifest.get("dtypes"), dict):
+            return Dtypes(), None, f"parameter dtypes {sorted(by_dtype)}: one dtype of known size, or a dtypes block, needed"
+    spec = manifest.get("dtypes")
+    if isinstance(spec, dict):
+        p = dtype_bytes(spec.get("param") or spec.get("params"))
+        if not p:
+            return Dtypes(), None, f"run.json dtypes {spec}: no parameter dtype of known size"
+        g = dtype_bytes(spec.get("grad") or spec.get("grads")) or p
+        st = dtype_bytes(spec.get("optimizer") or spec.get("optimizer_state")) or p
+        return Dtypes(p, g, st, dtype_bytes(spec.get("master")) or 0), None, None
+    for where in (manifest, model, manifest.get("options")):
+        name = where.get("dtype") if isinstance(where, dict) else None
+        if name is not None:
+            b = dtype_bytes(name)
+            return (Dtypes(b, b, b, 0), None, None) if b else (Dtypes(), None, f"dtype {name!r} of unknown size")
+    return Dtypes(), FP32_NOTE, None
+
+
 # DDP's bucket caps (torch.nn.parallel.DistributedDataParallel defaults): the first bucket holds
 # 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES), the others bucket_cap_mb = 25 MiB.
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024

@@ -28,10 +28,8 @@ rows 0); phi is null: activations are not parameter bytes.
 
 from __future__ import annotations
 
-# Runners train in float32 (runners/model.py); a run.json `model.dtype` overrides.
-DEFAULT_DTYPE = "float32"
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-               "float64": 8, "double": 8}
+from profiler.theory_params import run_dtypes
+
 # run.json paradigms that are a pipeline schedule (runners/paradigms.py PIPELINE_SCHEDULES; the
 # profiler may not import runners). A hybrid run's pp dimension also has a `pipeline` block.
 MAX_BYTES = 2**63 - 1  # the bytes column is Int64
@@ -87,12 +85,10 @@ def _pipeline_shape(manifest: dict, rank: int) -> tuple[int, int, int, list[int]
     stage_to_rank = pipe.get("stage_to_rank")
     m, b = _count(pipe.get("microbatches")), _count(pipe.get("microbatch_size"))
     s, h = _count(model.get("seq_len")), _count(model.get("d_model"))
-    # Activations are in the parameters' dtype in our runners (no autocast): run.json's one
-    # `model.param_dtypes` name, else an explicit `model.dtype`, else float32.
-    by_dtype = model.get("param_dtypes")
-    single = next(iter(by_dtype)) if isinstance(by_dtype, dict) and len(by_dtype) == 1 else None
-    dtype = model.get("dtype") or single or DEFAULT_DTYPE
-    width = DTYPE_BYTES.get(str(dtype).lower().removeprefix("torch."))
+    # Activations are in the parameters' dtype in our runners (no autocast): the dtype rule every
+    # theory module shares (profiler.theory_params.run_dtypes); none where it gives no dtype.
+    dt, _note, why = run_dtypes(manifest)
+    width = None if why else dt.param
     if not (isinstance(stage_to_rank, list) and stage_to_rank
             and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in stage_to_rank)):
         return None

@@ -127,7 +127,7 @@ def test_missing_facts_give_notes_not_crashes():
     old["model"] = {k: v for k, v in old["model"].items() if k != "param_dtypes"}
     c = predict_comm({"old": old, "bare": {"paradigm": "ddp", "world_size": 2}, "foreign": None})
     assert set(c["run"]) == {"old"}
-    assert all("float32 assumed" in n for n in c["note"])
+    assert all("fp32 assumed" in n for n in c["note"])
     # ep without per-rank routing (run.json before it was recorded): sizes refused, not guessed.
     ep = manifest(paradigm="ep", moe={"experts": 4, "top_k": 2, "capacity_factor": 1.25, "moe_layers": [1]})
     ep["model"] = ep["model"] | {"n_params": PHI // 4 - 2 * H * 4 * H + 4 * H + 4 * 2 * H * 4 * H}

@@ -12,9 +12,10 @@ import polars as pl
 import pytest
 
 from profiler.memory import persistent_memory
+from profiler.theory_params import Dtypes, run_dtypes
 from profiler.theory_memory import (
-    ACTIVATION_COLUMNS, MEMORY_COLUMNS, WHATIF_COLUMNS, Dtypes, activation_peak, layout_bytes, memory_check,
-    memory_notes, memory_whatif, predict_memory, run_dtypes, zero1_partition, zero_table,
+    ACTIVATION_COLUMNS, MEMORY_COLUMNS, WHATIF_COLUMNS, activation_peak, layout_bytes, memory_check,
+    memory_notes, memory_whatif, predict_memory, zero1_partition, zero_table,
 )
 
 # tiny: vocab 256, d 64, 2 layers, seq 32. By hand: 2 embeddings-sized matrices (tok_emb, head)
@@ -57,13 +58,42 @@ def test_tiny_model_under_ddp_is_16_bytes_per_param_plus_step_scalars():
 
 
 def test_mixed_precision_dtypes_give_the_2_2_12_rule():
-    dt, note = run_dtypes({"dtypes": {"param": "bfloat16", "grad": "bfloat16", "optimizer": "float32", "master": "float32"}})
-    assert (dt.per_param, dt.optimizer_per_param, note) == (16, 12, None)
+    dt, note, why = run_dtypes({"dtypes": {"param": "bfloat16", "grad": "bfloat16", "optimizer": "float32", "master": "float32"}})
+    assert (dt.per_param, dt.optimizer_per_param, note, why) == (16, 12, None, None)
     m = predict_memory({"r": manifest(dtypes={"param": "bf16", "grad": "bf16", "optimizer": "fp32", "master": "fp32"})})
     row = m.row(0, named=True)
     assert row["params_bytes"] == 2 * TINY and row["optimizer_bytes"] == 12 * TINY + 4 * N_TENSORS
     assert "2 (param) + 2 (grad) + 12" in row["formula"]
     assert run_dtypes({"model": {"dtype": "torch.bfloat16"}})[0] == Dtypes(2, 2, 2, 0)
+
+
+def test_one_dtype_rule_for_every_theory():
+    # communication, memory and pipeline theory read the same dtype (profiler.theory_params.run_dtypes)
+    from profiler.theory import predict_comm
+    from profiler.theory_pipeline import pipeline_p2p_rows
+
+    bf16 = manifest(model={"n_params": TINY, "vocab_size": V, "d_model": D, "n_layers": L, "n_heads": 4, "seq_len": S,
+                           "dtype": "bfloat16"})
+    assert predict_memory({"r": bf16})["params_bytes"].to_list() == [2 * TINY] * 2
+    comm = predict_comm({"r": bf16})
+    assert comm.filter(pl.col("collective") == "all_reduce")["bytes"].sum() == 2 * (2 * TINY)  # Φ = 2 B x Ψ, 2 ranks
+    # several parameter dtypes and no dtypes block: every theory refuses, none guesses fp32
+    mixed = manifest(model={**bf16["model"], "param_dtypes": {"float32": 100, "bfloat16": TINY - 100}})
+    assert predict_memory({"r": mixed}).is_empty() and predict_comm({"r": mixed}).is_empty()
+    assert "parameter dtypes" in memory_notes({"r": mixed})[0]
+    pipe = {"paradigm": "1f1b", "world_size": 2, "model": {"seq_len": S, "d_model": D, "n_layers": 8,
+            "param_dtypes": {"float32": 1, "bfloat16": 1}}, "pipeline": {"microbatches": 4, "microbatch_size": 2,
+            "stage_to_rank": [0, 1]}}
+    assert pipeline_p2p_rows(pipe, 0) == []
+
+
+def test_memory_refuses_a_fractional_mlp_ratio_and_a_table_that_misses_n_params():
+    odd = manifest(model={"n_params": TINY, "vocab_size": V, "d_model": D, "n_layers": L, "n_heads": 4, "seq_len": S,
+                          "mlp_ratio": 2.5})
+    wrong = manifest(model={"n_params": TINY + 1, "vocab_size": V, "d_model": D, "n_layers": L, "n_heads": 4, "seq_len": S})
+    assert predict_memory({"odd": odd, "wrong": wrong}).is_empty()
+    notes = memory_notes({"odd": odd, "wrong": wrong})
+    assert "mlp_ratio 2.5" in notes[0] and "does not match run.json n_params" in notes[1]
 
 
 def test_fsdp2_pads_dim0_to_a_multiple_of_n():

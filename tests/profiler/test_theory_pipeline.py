@@ -87,7 +87,7 @@ def test_dtype_and_refusals():
     assert pipeline_p2p_rows(broken, 0) == []
     assert pipeline_p2p_rows(manifest([0, 1]), 5) == []  # not a pipeline rank
     unknown = manifest([0, 1])
-    unknown["model"]["dtype"] = "float8_e4m3fn"  # no width we know: nothing rather than a guess
+    unknown["model"]["dtype"] = "quantized_q7"  # no width we know: nothing rather than a guess
     assert pipeline_p2p_rows(unknown, 0) == []
 
 
