@@ -28,8 +28,10 @@ PREDICT_COLUMNS = {
     "time_ratio": pl.Float64, "algbw_gbps": pl.Float64, "beta_gbps": pl.Float64, "bw_vs_beta": pl.Float64,
 }
 GROUP = ["run", "backend", "collective", "group_size"]
-NO_PAYLOAD = ["barrier"]
-ONE_TO_ONE = ("send", "recv", "send_recv", "broadcast")  # busbw = algbw  # no bytes: nothing for β to describe
+NO_PAYLOAD = ["barrier"]  # no bytes: nothing for β to describe
+ONE_TO_ONE = ("send", "recv", "send_recv", "broadcast")  # busbw = algbw
+# Below this r², sizes explain little of the times (waits, contention): the fit is shown, flagged.
+TRUSTED_R2 = 0.8
 
 
 def _timed(collectives: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
@@ -91,6 +93,11 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame, *, fastest_pe
         alpha_us=pl.when(ok).then(alpha),
         beta_gbps=pl.when(ok).then(1e-3 / slope),
         r2=pl.when(ok & pl.col("corr").is_finite()).then(pl.col("corr") ** 2),
+    ).with_columns(
+        note=pl.when(pl.col("r2") < TRUSTED_R2)
+        .then(pl.format("r² {} < " + str(TRUSTED_R2) + ": sizes explain little of the times (waits, contention): "
+                        "not trusted", pl.col("r2").round(3)))
+        .otherwise(pl.col("note")),
     )
     # nccl-tests' busbw factor of each fit (a handful of rows); p2p and broadcast move n once.
     busbw = [

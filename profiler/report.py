@@ -133,7 +133,8 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         **_theory(traces.runs, ranks, colls, out["memory_peaks"]),
     )
     analysis.warnings.extend(comparison_warnings(analysis))
-    analysis = dataclasses.replace(analysis, findings=findings(analysis))  # runs side by side: once, for the tables and the JSON
+    # Last: the rules read every other analysis (and the comparison warning above).
+    analysis = dataclasses.replace(analysis, findings=findings(analysis))
     return analysis
 
 
@@ -258,6 +259,7 @@ def build_report(a: Analysis) -> dict:
                 "memory_whatif": _records(a.memory_whatif.filter(sel), drop=("run",)),
                 "check": _records(a.theory_check.filter(sel), drop=("run",)),
                 "alpha_beta": _records(a.alpha_beta.filter(sel), drop=("run",)),
+                "alpha_beta_calls": _records(a.alpha_beta_calls.filter(sel), drop=("run",)),
                 "activation": _records(a.activation.filter(sel), drop=("run",)),
             },
             "findings": _records(a.findings.filter(sel), drop=("run",)),

@@ -37,10 +37,10 @@ def format_tables(a, *, full: bool = False) -> str:
         out += lines
     if len(runs) > 1:
         out += _comparison(a, runs)
-    # One line each, whatever a trace or folder name in them holds (a newline would start a line
-    # that poses as ours).
-    out += [printable(f"warning: {w}") for w in a.warnings]
-    out += [printable(f"skipped: {p}") for p in a.problems]
+    # Each starts its own line, whatever a trace or folder name in it holds (printable: a newline
+    # would start a line that poses as ours), wrapped at 100 columns with an indented rest.
+    out += [line for w in a.warnings for line in wrap(f"warning: {w}", "", "    ")]
+    out += [line for p in a.problems for line in wrap(f"skipped: {p}", "", "    ")]
     return "\n".join(out)
 
 

@@ -45,6 +45,15 @@ def test_recovers_alpha_and_beta_from_noisy_calls():
     assert row["beta_busbw_gbps"] == pytest.approx(1.5 * row["beta_gbps"])
 
 
+def test_a_scattered_fit_is_shown_but_flagged_not_trusted():
+    # times 100 + n/1e3 µs plus waits of 0..2000 µs that have nothing to do with size: r² is low
+    rng = random.Random(3)
+    rows = [("all_reduce", n, 100 + n / 1e3 + rng.uniform(0, 2000)) for n in (1_000, 50_000, 100_000) for _ in range(6)]
+    row = fit_alpha_beta(calls(rows), RANKS).row(0, named=True)
+    assert row["beta_gbps"] is not None and row["r2"] < 0.8
+    assert "not trusted" in row["note"] and f"r² {round(row['r2'], 3)}" in row["note"]
+
+
 def test_fastest_per_size_sees_through_waits_for_late_peers():
     alpha_us, beta_gbps = 20.0, 10.0
     rng = random.Random(7)

@@ -122,6 +122,18 @@ def test_ep_all_to_all_from_per_rank_routing():
     assert c.filter(pl.col("step").is_null())["bytes"].to_list() == [2 * 8]  # the split sizes, int64 x ranks
 
 
+def test_ep_with_experts_that_do_not_divide_over_the_ranks_gets_no_sizes():
+    moe = {"experts": 3, "top_k": 2, "capacity_factor": 1.25, "moe_layers": [1],
+           "routing_by_rank": [[[{"layer": 1, "tokens_per_expert": [1, 2, 3], "dropped": 0}]]] * 2}
+    n_params = PHI // 4 - 2 * H * 4 * H + 3 * H + 3 * 2 * H * 4 * H  # one MLP -> router + 3 experts
+    m = manifest(paradigm="ep", mesh={"ep": 2}, moe=moe,
+                 model=manifest()["model"] | {"n_params": n_params, "param_dtypes": {"float32": n_params}})
+    a2a = predict_comm({"r": m}).filter(pl.col("collective") == "all_to_all")
+    sized = a2a.filter(pl.col("bytes").is_not_null())
+    assert sized["bytes"].to_list() == [2 * 8, 2 * 8]  # only the split sizes (int64 x ranks), per rank
+    assert a2a.filter(pl.col("bytes").is_null())["note"].str.contains("3 experts do not divide over 2 ranks").all()
+
+
 def test_missing_facts_give_notes_not_crashes():
     old = manifest()
     old["model"] = {k: v for k, v in old["model"].items() if k != "param_dtypes"}
