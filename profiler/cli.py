@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=_whole_number(1, MAX_TOP), default=15, metavar="N",
                    help="rows of the top operator/kernel tables (default 15)")
     p.add_argument("--full", action="store_true",
-                   help="every rank as a row (and every step, collective and operator) instead of min / median / max "
-                        "over ranks naming the ranks at each end")
+                   help="every rank as a row (and every step, and each collective's message sizes and dtypes) instead "
+                        "of min / median / max over ranks naming the ranks at each end; operator tables keep --top rows per rank")
     p.add_argument("--no-cache", action="store_true", help="parse every trace again, ignoring the parquet cache")
     p.add_argument("--quiet", action="store_true", help="no tables on stdout (with --json FILE; alone, it only checks the traces and, when they are fine, warns on stderr that nothing was written)")
     return p

@@ -78,7 +78,8 @@ def _common_folder(files: list[str]) -> str:
 
 def _findings(a, runs: list[str], full: bool) -> list[str]:
     if a.findings is None or a.findings.is_empty():
-        return []
+        # Said, not left out: a user must not wonder whether the rules ran (docs/findings.md).
+        return [title("Findings", "none: no rule's threshold was reached (docs/findings.md lists them)")]
     out = [title("Findings", "what the numbers say and what to try, most important first")]
     for i, f in enumerate(a.findings.to_dicts(), 1):
         text = f["text"] or ""

@@ -59,6 +59,8 @@ def memory_sections(a, runs: list[str], full: bool) -> list[str]:
             stats = collapse(strings(persistent), list(labels))
             out += per_run(runs, stats, lambda p: collapsed_table(p, labels, fmt_bytes))
     whatif = a.memory_whatif
+    # A data-parallel degree of 1 (pipelines, tp): every ZeRO stage holds the same, nothing to show.
+    whatif = whatif.filter(pl.col("dp") > 1) if whatif is not None and not whatif.is_empty() else whatif
     if whatif is not None and not whatif.is_empty():
         out.append(title("Memory by layout", "what every rank would hold under each ZeRO stage (theory)"))
         header = ["layout", "dp", "params", "grads", "optimizer", "total", "vs this run"]

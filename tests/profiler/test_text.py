@@ -149,16 +149,28 @@ def test_theory_check_collapses_to_the_rank_furthest_from_theory(ddp):
     assert len(full) == 4 and sum("match" in line for line in full) == 3
 
 
-def test_empty_theory_and_findings_are_no_section(ddp):
+def test_empty_theory_is_no_section_and_no_findings_is_said(ddp):
     from profiler.alphabeta import FIT_COLUMNS
     from profiler.theory_memory import ACTIVATION_COLUMNS, WHATIF_COLUMNS
 
     empty = {"findings": FINDING_COLUMNS, "theory_check": CHECK_COLUMNS, "alpha_beta": FIT_COLUMNS,
              "memory_whatif": WHATIF_COLUMNS, "activation": ACTIVATION_COLUMNS}
     text = format_tables(dataclasses.replace(ddp, **{k: pl.DataFrame(schema=v) for k, v in empty.items()}))
-    for name in ("Findings", "Theory vs measured", "Latency and bandwidth", "Memory by layout", "Activations at the peak"):
+    for name in ("Theory vs measured", "Latency and bandwidth", "Memory by layout", "Activations at the peak"):
         assert f"== {name}" not in text
     assert "== Where the time goes" in text
+    # no finding is said first, so a user knows the rules ran
+    assert text.lstrip().startswith("== Findings: none: no rule's threshold was reached")
+
+
+def test_memory_by_layout_is_left_out_at_data_parallel_degree_1(ddp):
+    from profiler.theory_memory import WHATIF_COLUMNS
+
+    rows = [{"run": "sample-ddp-2r", "layout": l, "dp": 1, "params_bytes": 1, "grads_bytes": 1, "optimizer_bytes": 1,
+             "total_bytes": 3, "current": l == "ddp", "rank": 0, "saved_bytes": 0, "note": None}
+            for l in ("ddp", "zero1", "zero2", "fsdp")]
+    text = format_tables(dataclasses.replace(ddp, memory_whatif=pl.DataFrame(rows, schema=WHATIF_COLUMNS)))
+    assert "== Memory by layout" not in text
 
 
 # ---- memory over time ------------------------------------------------------------------------
