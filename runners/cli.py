@@ -306,16 +306,17 @@ def _print_summary(run_dir: Path, elapsed_s: float, model_chosen: bool) -> None:
     if losses:
         print(f"  loss            {losses[0]:.4f} -> {losses[-1]:.4f} (global batch, all ranks)")
     model = manifest["model"]
-    how = " (the smallest preset that fits; --model to choose)" if model_chosen else ""
+    how = " (smallest that fits; --model)" if model_chosen else ""
     print(f"  model           {model['preset']}: {model['n_layers']} layers, {model['n_params']:,} parameters{how}")
     steps = f"{profiled[0]}-{profiled[-1]}" if len(profiled) > 1 else str(profiled[0])
     spread = ""
     if len(ranks) > 1:
         lo, hi = min(range(len(ranks)), key=rank_ms.__getitem__), max(range(len(ranks)), key=rank_ms.__getitem__)
-        spread = (f"; per rank {rank_ms[lo]:.1f} ms (rank {ranks[lo]['rank']}) to "
+        spread = (f"\n                  per rank {rank_ms[lo]:.1f} ms (rank {ranks[lo]['rank']}) to "
                   f"{rank_ms[hi]:.1f} ms (rank {ranks[hi]['rank']})")
+    # Two lines rather than one of ~130 columns: the summary fits 100 like `ptprof analyze`.
     print(f"  step time       {sum(rank_ms) / len(rank_ms):.1f} ms mean over profiled steps {steps} and "
-          f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} (wall clock{spread})")
+          f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}, wall clock{spread}")
     print(
         "  rank 0 holds    "
         + ", ".join(f"{k.removesuffix('_bytes')} {_fmt_bytes(mem[k])}" for k in ("params_bytes", "grads_bytes", "optimizer_bytes"))
