@@ -10,13 +10,11 @@ where its input is absent (foreign traces without run.json, CPU runs, one rank, 
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Callable
 
 import polars as pl
 
 from profiler.intervals import union
-from profiler.theory_memory import ACTIVATION_COLUMNS
 from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text, switch_change)
 
 if TYPE_CHECKING:
@@ -29,23 +27,10 @@ FINDING_COLUMNS = {
     "evidence": pl.String, "change": pl.String,
 }
 
-# Thresholds (docs/findings.md says why each is where it is).
-EXPOSED_COMM_MIN_PCT = 5.0  # exposed communication, % of the worst rank's step time
-BUBBLE_MIN_PCT = 10.0  # pipeline idle time, % of the pipeline window (mean over ranks and steps)
-BUBBLE_PART_MIN_PCT = 5.0  # a part of the bubble (schedule, imbalance, communication) gets its change from this size
-MEMORY_SAVING_MIN_PCT = 10.0  # what the next ZeRO stage saves, % of the persistent bytes per rank
-SKEW_MIN_PCT = 5.0  # time some rank waits for a later one to start a collective, % of the step time
-STRAGGLER_MIN_SHARE_PCT = 75.0  # a rank last in at least this share of its group's collectives ...
-STRAGGLER_MIN_TIMES = 4  # ... and at least this many times is named a straggler
-VOLUME_MIN_PCT = 1.0  # communication time the volume mismatch accounts for, % of the step
-LATENCY_MIN_PCT = 5.0  # fitted latency (calls x α), % of the step time
-LATENCY_MAX_BW_FRACTION = 0.5  # ... while achieved bandwidth is at most this fraction of the fitted β
-FIT_MIN_R2 = 0.8  # an α-β fit with a lower R² is not trusted
-ACTIVATION_MIN_PCT = 50.0  # transient memory (peak - persistent), % of the device's peak
-COMPARE_MIN_PCT = 5.0  # step time difference between two runs, % of the slower step
-MAX_FINDINGS = 12  # the list stays short: the highest scores are kept
-
-Row = dict
+# Thresholds and helpers: profiler/findings_base.py; the memory rules: profiler/findings_memory.py.
+from profiler.findings_base import (  # noqa: F401  (thresholds re-exported: docs/findings.md names them here)
+    ACTIVATION_MIN_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT, FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_FINDINGS, MEMORY_SAVING_MIN_PCT, SKEW_MIN_PCT, STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, VOLUME_MIN_PCT, Row, _finite, _row, _runs, _step_us, _str_run)
+from profiler.findings_memory import activation_memory_rule, persistent_memory_rule  # noqa: F401
 
 
 def findings(a: "Analysis") -> pl.DataFrame:
@@ -56,34 +41,6 @@ def findings(a: "Analysis") -> pl.DataFrame:
     return (frame.with_columns(_order=pl.col("rule").replace_strict(order, return_dtype=pl.Int64))
             .sort(["score", "_order", "run"], descending=[True, False, False], nulls_last=True)
             .drop("_order").head(MAX_FINDINGS))
-
-
-def _finite(*values) -> bool:
-    return all(v is not None and isinstance(v, (int, float)) and math.isfinite(v) for v in values)
-
-
-def _row(rule: str, run, rank, score: float, text: str, evidence: str, change: str) -> Row:
-    return {"run": None if run is None else str(run), "rank": rank, "rule": rule, "score": min(100.0, max(0.0, score)),
-            "text": text, "evidence": evidence, "change": change}
-
-
-def _runs(a: "Analysis") -> list[str]:
-    return a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
-
-
-def _str_run(frame: pl.DataFrame | None) -> pl.DataFrame | None:
-    if frame is None or "run" not in frame.columns:
-        return frame
-    return frame.with_columns(pl.col("run").cast(pl.String))
-
-
-def _step_us(a: "Analysis") -> dict[str, float]:
-    """Run -> the mean step time over its ranks and steps (breakdown_steps' window), µs."""
-    b = _str_run(a.breakdown_steps)
-    if b is None or b.is_empty():
-        return {}
-    means = b.filter(pl.col("window_us") > 0).group_by("run").agg(pl.col("window_us").mean())
-    return {r: w for r, w in means.iter_rows() if _finite(w) and w > 0}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,67 +158,6 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
         change = "; then ".join(remedies[k] for k in chosen)
         out.append(_row("pipeline-bubble", run, slow_rank, bubble, text, evidence, change))
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. Persistent memory and the next ZeRO stage
-
-
-COMPONENTS = {"params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state"}
-SUBJECT = {"params_bytes": "Parameters are", "grads_bytes": "Gradients are", "optimizer_bytes": "Optimizer state is"}
-
-
-def persistent_memory_rule(a: "Analysis") -> list[Row]:
-    """The largest persistent component, and what the next ZeRO stage (and FSDP) would hold instead."""
-    w = _str_run(a.memory_whatif)
-    if w is None or w.is_empty():
-        return []
-    measured = _str_run(a.persistent_memory)
-    predicted = _str_run(a.theory_memory)
-    out = []
-    for run in w["run"].unique(maintain_order=True).to_list():
-        rw = (w.filter((pl.col("run") == run) & pl.col("total_bytes").is_not_null())
-              .sort("total_bytes", descending=True, maintain_order=True))  # ties keep the ZeRO order
-        cur = rw.filter(pl.col("current"))
-        if cur.is_empty() or not cur["total_bytes"][0]:
-            continue
-        cur_layout, cur_total = cur["layout"][0], cur["total_bytes"][0]
-        smaller = rw.filter(pl.col("total_bytes") < cur_total)
-        if smaller.is_empty():
-            continue
-        nxt_layout, nxt_total = smaller.select("layout", "total_bytes").row(0)
-        min_layout, min_total = smaller.select("layout", "total_bytes").row(-1)
-        saving = 100 * (cur_total - nxt_total) / cur_total
-        if saving < MEMORY_SAVING_MIN_PCT:
-            continue
-        source, rank, comp, comp_bytes, total = (_largest_component(measured, run, "run.json")
-                                                 or _largest_component(predicted, run, "theory") or (None,) * 5)
-        if comp is not None:
-            text = (f"{SUBJECT[comp]} the largest persistent memory on rank {rank}: "
-                    f"{bytes_text(comp_bytes)} of {bytes_text(total)} ({pct(100 * comp_bytes / total)}, {source})")
-        else:
-            text = f"Each rank holds {bytes_text(cur_total)} of parameters, gradients and optimizer state ({cur_layout})"
-        text += f"; {nxt_layout} would hold {bytes_text(nxt_total)} per rank (−{pct(saving)})"
-        if min_layout != nxt_layout:
-            text += f", {min_layout} {bytes_text(min_total)} (−{pct(100 * (cur_total - min_total) / cur_total)})"
-        dp = cur["dp"][0]
-        evidence = f"run {run}, layout {cur_layout}" + (f" at data-parallel degree {dp}" if dp else "") + "; per rank: " + ", ".join(
-            f"{lay} {bytes_text(t)}" for lay, t in rw.select("layout", "total_bytes").iter_rows())
-        out.append(_row("persistent-memory", run, rank, saving, text + ".", evidence, switch_change(nxt_layout)))
-    return out
-
-
-def _largest_component(frame: pl.DataFrame | None, run: str, source: str) -> tuple | None:
-    """(source, rank, component column, its bytes, the rank's total) of the rank with the largest total."""
-    if frame is None or frame.is_empty() or not set(COMPONENTS) <= set(frame.columns):
-        return None
-    f = frame.filter((pl.col("run") == run) & pl.all_horizontal(pl.col(list(COMPONENTS)).is_not_null()))
-    f = f.with_columns(_total=pl.sum_horizontal(list(COMPONENTS))).filter(pl.col("_total") > 0).sort("_total", descending=True)
-    if f.is_empty():
-        return None
-    row = f.row(0, named=True)
-    comp = max(COMPONENTS, key=lambda c: row[c])
-    return source, row["rank"], comp, row[comp], row["_total"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,37 +302,6 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
                   "coalesced collectives; each call pays α once")
         out.append(_row("bandwidth", run, None, score, text + ".", evidence, change))
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# 7. The activation share of the memory peak
-
-
-def activation_memory_rule(a: "Analysis") -> list[Row]:
-    """What the memory peak holds beyond persistent state (Analysis.activation): activations and temporaries."""
-    j = _activation_shares(a)
-    out = []
-    for run in j["run"].unique(maintain_order=True).to_list():
-        row = j.filter(pl.col("run") == run).sort("activation_pct", descending=True).row(0, named=True)
-        if row["activation_pct"] < ACTIVATION_MIN_PCT:
-            continue
-        text = (f"Activations and temporaries are {pct(row['activation_pct'])} of rank {row['rank']}'s memory at its peak "
-                f"({bytes_text(row['activation_bytes'])} of {bytes_text(row['footprint_bytes'])} on {row['mem_device']}; "
-                f"parameters, gradients and optimizer state hold {bytes_text(row['persistent_bytes'])})")
-        evidence = f"run {run}, rank {row['rank']}, {row['mem_device']}" + (f"; {row['basis']}" if row.get("basis") else "")
-        change = ("recompute activations in backward (activation checkpointing: about +33 % compute, one more forward), "
-                  "use smaller microbatches, or sequence parallelism to split the remaining activations")
-        out.append(_row("activation-memory", run, row["rank"], row["activation_pct"], text + ".", evidence, change))
-    return out
-
-
-def _activation_shares(a: "Analysis") -> pl.DataFrame:
-    """Analysis.activation (ACTIVATION_COLUMNS) rows with a share to speak of."""
-    act = _str_run(getattr(a, "activation", None))
-    if act is None or act.is_empty():
-        return pl.DataFrame(schema=ACTIVATION_COLUMNS)
-    return act.filter(pl.col("activation_pct").is_finite() & (pl.col("activation_bytes") > 0) & (pl.col("footprint_bytes") > 0)
-                      & pl.col("persistent_bytes").is_not_null())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""Findings on memory (docs/findings.md, rules 3 and 7): the persistent state against the other
+ZeRO layouts, and the activation share of the memory peak. Split from profiler.findings, which runs them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from profiler.findings_base import ACTIVATION_MIN_PCT, MEMORY_SAVING_MIN_PCT, Row, _row, _str_run
+from profiler.findings_text import bytes_text, pct, switch_change
+from profiler.theory_memory import ACTIVATION_COLUMNS
+
+if TYPE_CHECKING:
+    from profiler.report import Analysis
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Persistent memory and the next ZeRO stage
+
+
+COMPONENTS = {"params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state"}
+SUBJECT = {"params_bytes": "Parameters are", "grads_bytes": "Gradients are", "optimizer_bytes": "Optimizer state is"}
+
+
+def persistent_memory_rule(a: "Analysis") -> list[Row]:
+    """The largest persistent component, and what the next ZeRO stage (and FSDP) would hold instead."""
+    w = _str_run(a.memory_whatif)
+    if w is None or w.is_empty():
+        return []
+    measured = _str_run(a.persistent_memory)
+    predicted = _str_run(a.theory_memory)
+    out = []
+    for run in w["run"].unique(maintain_order=True).to_list():
+        rw = (w.filter((pl.col("run") == run) & pl.col("total_bytes").is_not_null())
+              .sort("total_bytes", descending=True, maintain_order=True))  # ties keep the ZeRO order
+        cur = rw.filter(pl.col("current"))
+        if cur.is_empty() or not cur["total_bytes"][0]:
+            continue
+        cur_layout, cur_total = cur["layout"][0], cur["total_bytes"][0]
+        smaller = rw.filter(pl.col("total_bytes") < cur_total)
+        if smaller.is_empty():
+            continue
+        nxt_layout, nxt_total = smaller.select("layout", "total_bytes").row(0)
+        min_layout, min_total = smaller.select("layout", "total_bytes").row(-1)
+        saving = 100 * (cur_total - nxt_total) / cur_total
+        if saving < MEMORY_SAVING_MIN_PCT:
+            continue
+        source, rank, comp, comp_bytes, total = (_largest_component(measured, run, "run.json")
+                                                 or _largest_component(predicted, run, "theory") or (None,) * 5)
+        if comp is not None:
+            text = (f"{SUBJECT[comp]} the largest persistent memory on rank {rank}: "
+                    f"{bytes_text(comp_bytes)} of {bytes_text(total)} ({pct(100 * comp_bytes / total)}, {source})")
+        else:
+            text = f"Each rank holds {bytes_text(cur_total)} of parameters, gradients and optimizer state ({cur_layout})"
+        text += f"; {nxt_layout} would hold {bytes_text(nxt_total)} per rank (−{pct(saving)})"
+        if min_layout != nxt_layout:
+            text += f", {min_layout} {bytes_text(min_total)} (−{pct(100 * (cur_total - min_total) / cur_total)})"
+        dp = cur["dp"][0]
+        evidence = f"run {run}, layout {cur_layout}" + (f" at data-parallel degree {dp}" if dp else "") + "; per rank: " + ", ".join(
+            f"{lay} {bytes_text(t)}" for lay, t in rw.select("layout", "total_bytes").iter_rows())
+        out.append(_row("persistent-memory", run, rank, saving, text + ".", evidence, switch_change(nxt_layout)))
+    return out
+
+
+def _largest_component(frame: pl.DataFrame | None, run: str, source: str) -> tuple | None:
+    """(source, rank, component column, its bytes, the rank's total) of the rank with the largest total."""
+    if frame is None or frame.is_empty() or not set(COMPONENTS) <= set(frame.columns):
+        return None
+    f = frame.filter((pl.col("run") == run) & pl.all_horizontal(pl.col(list(COMPONENTS)).is_not_null()))
+    f = f.with_columns(_total=pl.sum_horizontal(list(COMPONENTS))).filter(pl.col("_total") > 0).sort("_total", descending=True)
+    if f.is_empty():
+        return None
+    row = f.row(0, named=True)
+    comp = max(COMPONENTS, key=lambda c: row[c])
+    return source, row["rank"], comp, row[comp], row["_total"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The activation share of the memory peak
+
+
+def activation_memory_rule(a: "Analysis") -> list[Row]:
+    """What the memory peak holds beyond persistent state (Analysis.activation): activations and temporaries."""
+    j = _activation_shares(a)
+    out = []
+    for run in j["run"].unique(maintain_order=True).to_list():
+        row = j.filter(pl.col("run") == run).sort("activation_pct", descending=True).row(0, named=True)
+        if row["activation_pct"] < ACTIVATION_MIN_PCT:
+            continue
+        text = (f"Activations and temporaries are {pct(row['activation_pct'])} of rank {row['rank']}'s memory at its peak "
+                f"({bytes_text(row['activation_bytes'])} of {bytes_text(row['footprint_bytes'])} on {row['mem_device']}; "
+                f"parameters, gradients and optimizer state hold {bytes_text(row['persistent_bytes'])})")
+        evidence = f"run {run}, rank {row['rank']}, {row['mem_device']}" + (f"; {row['basis']}" if row.get("basis") else "")
+        change = ("recompute activations in backward (activation checkpointing: about +33 % compute, one more forward), "
+                  "use smaller microbatches, or sequence parallelism to split the remaining activations")
+        out.append(_row("activation-memory", run, row["rank"], row["activation_pct"], text + ".", evidence, change))
+    return out
+
+
+def _activation_shares(a: "Analysis") -> pl.DataFrame:
+    """Analysis.activation (ACTIVATION_COLUMNS) rows with a share to speak of."""
+    act = _str_run(getattr(a, "activation", None))
+    if act is None or act.is_empty():
+        return pl.DataFrame(schema=ACTIVATION_COLUMNS)
+    return act.filter(pl.col("activation_pct").is_finite() & (pl.col("activation_bytes") > 0) & (pl.col("footprint_bytes") > 0)
+                      & pl.col("persistent_bytes").is_not_null())
