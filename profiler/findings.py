@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import polars as pl
 
 from profiler.intervals import union
-from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text, switch_change)
+from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text)
 
 if TYPE_CHECKING:
     from profiler.report import Analysis

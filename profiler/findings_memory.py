@@ -24,7 +24,7 @@ SUBJECT = {"params_bytes": "Parameters are", "grads_bytes": "Gradients are", "op
 
 
 def persistent_memory_rule(a: "Analysis") -> list[Row]:
-    """The largest persistent component, and what the next ZeRO stage (and FSDP) would hold instead."""
+    """The largest persistent component, and what the next ZeRO stage and the smallest layout would hold instead."""
     w = _str_run(a.memory_whatif)
     if w is None or w.is_empty():
         return []
@@ -32,18 +32,20 @@ def persistent_memory_rule(a: "Analysis") -> list[Row]:
     predicted = _str_run(a.theory_memory)
     out = []
     for run in w["run"].unique(maintain_order=True).to_list():
-        rw = (w.filter((pl.col("run") == run) & pl.col("total_bytes").is_not_null())
-              .sort("total_bytes", descending=True, maintain_order=True))  # ties keep the ZeRO order
-        cur = rw.filter(pl.col("current"))
+        rw = w.filter((pl.col("run") == run) & pl.col("total_bytes").is_not_null())  # the ZeRO order
+        cur = rw.with_row_index("_i").filter(pl.col("current"))
         if cur.is_empty() or not cur["total_bytes"][0]:
             continue
-        cur_layout, cur_total = cur["layout"][0], cur["total_bytes"][0]
+        cur_i, cur_layout, cur_total = cur.select("_i", "layout", "total_bytes").row(0)
+        after = rw.slice(cur_i + 1)
         smaller = rw.filter(pl.col("total_bytes") < cur_total)
-        if smaller.is_empty():
+        if after.is_empty() or smaller.is_empty():
             continue
-        nxt_layout, nxt_total = smaller.select("layout", "total_bytes").row(0)
-        min_layout, min_total = smaller.select("layout", "total_bytes").row(-1)
-        saving = 100 * (cur_total - nxt_total) / cur_total
+        # The threshold is on the largest saving among the layouts: under FSDP2 the next stage
+        # (ZeRO-2) may save almost nothing while FSDP saves a third.
+        best_layout, best_total = smaller.sort("total_bytes", maintain_order=True).select("layout", "total_bytes").row(0)
+        nxt_layout, nxt_total, nxt_params = after.select("layout", "total_bytes", "params_bytes").row(0)
+        saving, nxt_saving = (100 * (cur_total - t) / cur_total for t in (best_total, nxt_total))
         if saving < MEMORY_SAVING_MIN_PCT:
             continue
         source, rank, comp, comp_bytes, total = (_largest_component(measured, run, "run.json")
@@ -53,13 +55,25 @@ def persistent_memory_rule(a: "Analysis") -> list[Row]:
                     f"{bytes_text(comp_bytes)} of {bytes_text(total)} ({pct(100 * comp_bytes / total)}, {source})")
         else:
             text = f"Each rank holds {bytes_text(cur_total)} of parameters, gradients and optimizer state ({cur_layout})"
-        text += f"; {nxt_layout} would hold {bytes_text(nxt_total)} per rank (−{pct(saving)})"
-        if min_layout != nxt_layout:
-            text += f", {min_layout} {bytes_text(min_total)} (−{pct(100 * (cur_total - min_total) / cur_total)})"
+        sign = "−" if nxt_saving >= 0 else "+"
+        text += f"; {nxt_layout}, the next stage, would hold {bytes_text(nxt_total)} per rank ({sign}{pct(abs(nxt_saving))})"
+        if best_layout != nxt_layout:
+            text += f", {best_layout}, the smallest, {bytes_text(best_total)} (−{pct(saving)})"
+        # torch's ZeRO-2 (FSDP2 reshard_after_forward=False) keeps the gathered parameters beside
+        # the shard while training: more than the textbook ZeRO-2's one replica (the current
+        # layout's parameters when it replicates them: ddp, zero1).
+        replica = rw.filter(pl.col("layout").is_in(["ddp", "zero1"]))["params_bytes"].drop_nulls()
+        if "zero2" in str(nxt_layout) and replica.len() and nxt_params is not None and nxt_params > replica.max():
+            text += (f"; torch's ZeRO-2 (FSDP2 reshard_after_forward=False) holds {bytes_text(nxt_params)} of parameters while "
+                     f"training, more than the textbook ZeRO-2's one replica ({bytes_text(replica.max())}): it keeps the "
+                     "gathered parameters beside its shard")
         dp = cur["dp"][0]
         evidence = f"run {run}, layout {cur_layout}" + (f" at data-parallel degree {dp}" if dp else "") + "; per rank: " + ", ".join(
             f"{lay} {bytes_text(t)}" for lay, t in rw.select("layout", "total_bytes").iter_rows())
-        out.append(_row("persistent-memory", run, rank, saving, text + ".", evidence, switch_change(nxt_layout)))
+        change = switch_change(nxt_layout) if nxt_saving >= MEMORY_SAVING_MIN_PCT else switch_change(best_layout)
+        if nxt_saving >= MEMORY_SAVING_MIN_PCT and best_layout != nxt_layout:
+            change += f"; for the most memory, {switch_change(best_layout)}"
+        out.append(_row("persistent-memory", run, rank, saving, text + ".", evidence, change))
     return out
 
 

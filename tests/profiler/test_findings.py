@@ -159,8 +159,8 @@ def test_pipeline_bubble_is_silent_below_its_threshold():
 # 3. persistent memory: Φ = 1 Mi fp32 parameters, AdamW, dp 2. DDP holds 4 + 4 + 8 = 16 MiB;
 # ZeRO-1 4 + 4 + 4 = 12 MiB (-25 %); ZeRO-3 2 + 2 + 4 = 8 MiB (-50 %).
 
-def memory_case(current: str = "ddp", zero1_mib: float = 12) -> SimpleNamespace:
-    layouts = [("ddp", 4, 4, 8), ("zero1", 4, 4, zero1_mib - 8), ("zero2", 4, 2, 4), ("zero3", 2, 2, 4)]
+def memory_case(current: str = "ddp", zero1_mib: float = 12, zero2=(4, 2, 4), zero3=(2, 2, 4)) -> SimpleNamespace:
+    layouts = [("ddp", 4, 4, 8), ("zero1", 4, 4, zero1_mib - 8), ("zero2", *zero2), ("zero3", *zero3)]
     whatif = frame([{"run": "A", "layout": lay, "dp": 2, "params_bytes": int(p * MIB), "grads_bytes": int(g * MIB),
                      "optimizer_bytes": int(o * MIB), "total_bytes": int((p + g + o) * MIB), "current": lay == current}
                     for lay, p, g, o in layouts], WHATIF_COLUMNS)
@@ -171,10 +171,25 @@ def memory_case(current: str = "ddp", zero1_mib: float = 12) -> SimpleNamespace:
 
 def test_persistent_memory_names_the_largest_component_and_the_next_stage():
     f = only(F.persistent_memory_rule(memory_case()))
-    assert (f["rule"], f["rank"], f["score"]) == ("persistent-memory", 0, 25.0)
+    assert (f["rule"], f["rank"], f["score"]) == ("persistent-memory", 0, 50.0)  # the largest saving: zero3
     assert f["text"] == ("Optimizer state is the largest persistent memory on rank 0: 8.00 MiB of 16.0 MiB (50.0 %, run.json); "
-                         "zero1 would hold 12.0 MiB per rank (−25.0 %), zero3 8.00 MiB (−50.0 %).")
+                         "zero1, the next stage, would hold 12.0 MiB per rank (−25.0 %), zero3, the smallest, 8.00 MiB (−50.0 %).")
     assert f["change"].startswith("switch to zero1: shard optimizer state")
+    assert "; for the most memory, switch to zero3: shard parameters too" in f["change"]
+
+
+def test_persistent_memory_threshold_is_on_the_largest_saving():
+    # On zero1 (12 MiB) torch's ZeRO-2 keeps the gathered 4 MiB beside its 1.5 MiB shard: 5.5 + 2 + 4
+    # = 11.5 MiB, −0.5/12 = −4.17 % (below 10 %), while zero3 holds 8 MiB: −4/12 = −33.3 %.
+    f = only(F.persistent_memory_rule(memory_case(current="zero1", zero2=(5.5, 2, 4))))
+    assert f["score"] == pytest.approx(100 / 3)
+    assert f["text"].endswith("; zero2, the next stage, would hold 11.5 MiB per rank (−4.17 %), zero3, the smallest, 8.00 MiB "
+                              "(−33.3 %); torch's ZeRO-2 (FSDP2 reshard_after_forward=False) holds 5.50 MiB of parameters "
+                              "while training, more than the textbook ZeRO-2's one replica (4.00 MiB): it keeps the gathered "
+                              "parameters beside its shard.")
+    assert f["change"].startswith("switch to zero3: shard parameters too")
+    # every layout within 10 %: nothing (zero3 11 MiB: −8.33 %)
+    assert F.persistent_memory_rule(memory_case(current="zero1", zero2=(5.5, 2, 4), zero3=(5, 2, 4))) == []
 
 
 def test_persistent_memory_from_the_theory_without_run_json_sizes():
@@ -188,7 +203,7 @@ def test_persistent_memory_from_the_theory_without_run_json_sizes():
 
 def test_persistent_memory_is_silent_at_the_last_stage_and_below_its_threshold():
     assert F.persistent_memory_rule(memory_case(current="zero3")) == []
-    assert F.persistent_memory_rule(memory_case(zero1_mib=15.5)) == []  # -3.1 % < 10 %
+    assert F.persistent_memory_rule(memory_case(zero1_mib=15.5, zero2=(4, 4, 7.5), zero3=(4, 4, 7))) == []  # −6.25 % < 10 %
     assert F.persistent_memory_rule(fake()) == []  # no run.json: no what-if
 
 
