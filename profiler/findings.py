@@ -67,7 +67,7 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
         step_list = rank_steps["step"].to_list() if rank_steps is not None else []
         text = (f"Communication with no compute under it takes {pct(share)} of rank {rank}'s step time "
                 f"({ms(exp_us)} of {ms(win_us)} over {steps_text(step_list)})")
-        evidence = f"run {run}, rank {rank} (the worst of {n_ranks}), {steps_text(step_list)}"
+        evidence = f"run {run}, rank {rank}" + (f" (the worst of {n_ranks})" if n_ranks > 1 else "") + f", {steps_text(step_list)}"
         kind, phase = None, None
         if exposed is not None and not exposed.is_empty():
             by = (exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank))
@@ -79,7 +79,8 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                 text += (f"; {'most of it' if top_pct >= 50 else 'the largest part'} is {kind} {phase_text(phase)}: "
                          f"{ms(top_us)}, {pct(top_pct)} of the exposed time, in {calls} calls")
                 evidence += "; exposed by collective: " + ", ".join(
-                    f"{k} {phase_text(p)} {ms(e)} of {ms(c)}" for k, p, e, c, _ in by.head(3).iter_rows())
+                    # c sums the calls' durations: overlapping calls count each, so it is no wall time
+                    f"{k} {phase_text(p)} {ms(e)} of {ms(c)} summed call time" for k, p, e, c, _ in by.head(3).iter_rows())
         out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, collective_change(kind, phase)))
     return out
 
@@ -172,6 +173,8 @@ def straggler_rule(a: "Analysis") -> list[Row]:
     windows = _str_run(a.breakdown)
     out = []
     for run in skew["run"].unique(maintain_order=True).to_list():
+        steps = _str_run(a.breakdown_steps)
+        steps = steps.filter(pl.col("run") == run) if steps is not None else None
         # The k-th collective of two ranks is the same one only within a known group (module collectives).
         rs = skew.filter((pl.col("run") == run) & pl.col("spread_us").is_finite() & pl.col("group").is_not_null())
         win = windows.filter((pl.col("run") == run) & (pl.col("window_us") > 0))["window_us"].mean()
@@ -191,8 +194,10 @@ def straggler_rule(a: "Analysis") -> list[Row]:
         worst = rs.filter(pl.col("group") == group).sort("spread_us", descending=True).row(0, named=True)
         named = strag.filter((pl.col("run") == run) & (pl.col("group") == group)
                              & (pl.col("share_pct") >= STRAGGLER_MIN_SHARE_PCT) & (pl.col("times_last") >= STRAGGLER_MIN_TIMES))
+        # wait is a total over the profiled steps, against the rank's window over the same steps
+        step_list = steps["step"].unique().to_list() if steps is not None else []
         text = (f"Ranks of group {group} start their collectives {ms(spread / n)} apart on average: "
-                f"some rank waits {ms(wait)} for a later one, {pct(share)} of the step time")
+                f"over {steps_text(step_list)} some rank waits {ms(wait)} for a later one, {pct(share)} of that time")
         evidence = (f"run {run}, group {group}, {n} collectives; the widest: {worst['collective']} #{worst['seq']}, "
                     f"{ms(worst['spread_us'])}, last rank {worst['last_rank']}")
         if named.height:
