@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import polars as pl
 
 from profiler.intervals import union
+from profiler.pipeline import schedule_theory_pct
 from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text)
 
 if TYPE_CHECKING:
@@ -120,7 +121,9 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
         parts = []
         if _finite(sched):
             what = f"{schedule}'s own bubble" if schedule else "the schedule's own bubble"
-            parts.append(f"{pct(sched)} is {what}" + (f" (p={p_ranks}, m={m})" if p_ranks and m else ""))
+            v = rp["stages_per_rank"][0]
+            parts.append(f"{pct(sched)} is {what}" + (f" (p={p_ranks}, m={m}" + (f", v={v}" if v and v > 1 else "") + ")"
+                                                       if p_ranks and m else ""))
         if _finite(imb):
             parts.append(f"{pct(imb)} stage imbalance")
         if _finite(wait):
@@ -145,10 +148,8 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
             where = f"rank {slow_rank}'s stage"
         evidence = f"run {run}, {steps_text(rp['step'].unique().sort().to_list())}; bubble per rank: " + ", ".join(
             f"rank {r} {pct(bp)}" for r, _, bp in per_rank.sort("rank").iter_rows())
-        more_m = (f": (p−1)/(m+p−1) is {pct(100 * (p_ranks - 1) / (m + p_ranks - 1))} at m={m}, "
-                  f"{pct(100 * (p_ranks - 1) / (2 * m + p_ranks - 1))} at m={2 * m}" if p_ranks and m else "")
         remedies = {
-            "schedule": f"raise the microbatch count{more_m}; or an interleaved or zero-bubble schedule",
+            "schedule": _schedule_change(schedule, p_ranks, m, rp["stages_per_rank"][0]),
             "imbalance": f"move layers off {where}: a pipeline runs at the pace of its slowest stage",
             "comm": "overlap the stage-boundary sends and receives with compute (post irecv early, batch_isend_irecv), "
                     "or put pipeline neighbours on the fastest link",
@@ -159,6 +160,27 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
         change = "; then ".join(remedies[k] for k in chosen)
         out.append(_row("pipeline-bubble", run, slow_rank, bubble, text, evidence, change))
     return out
+
+
+# The textbook bubble's formula by schedule (profiler.pipeline.schedule_theory_pct computes it).
+BUBBLE_FORMULA = {"gpipe": "(p−1)/(m+p−1)", "1f1b": "(p−1)/(m+p−1)", "interleaved-1f1b": "(p−1)/(v·m+p−1)"}
+
+
+def _schedule_change(schedule: str | None, p: int | None, m: int | None, v: int | None) -> str:
+    """More microbatches, with the schedule's textbook bubble (a share of an ideal pipeline's time, not of
+    the measured window) at m and 2m, and the schedules that cut it: never the one in use."""
+    v = v or 1
+    theory = lambda mb, vv=v: schedule_theory_pct(schedule, p, mb, vv, {}) if p and mb else None  # noqa: E731
+    change = "raise the microbatch count"
+    if schedule in BUBBLE_FORMULA and _finite(theory(m), theory(2 * m)):
+        change += (f": {schedule}'s textbook bubble {BUBBLE_FORMULA[schedule]}, a share of an ideal pipeline's time (no "
+                   f"imbalance, no communication), is {pct(theory(m))} at m={m}, {pct(theory(2 * m))} at m={2 * m}")
+    if schedule == "interleaved-1f1b":
+        more_v = theory(m, v + 1)
+        return change + (f"; or more stages per rank: {pct(more_v)} at v={v + 1}" if _finite(more_v) else "") + "; or a zero-bubble schedule"
+    if schedule in ("gpipe", "1f1b") or schedule is None:
+        return change + "; or an interleaved (v > 1 stages per rank) or zero-bubble schedule"
+    return change  # already a zero-bubble kind of schedule (zero-bubble, zbv, dualpipev)
 
 
 # ---------------------------------------------------------------------------------------------

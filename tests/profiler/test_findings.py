@@ -123,10 +123,10 @@ def test_exposed_comm_is_silent_below_its_threshold_and_on_nan():
 # Textbook 1F1B p=2, m=4: 1/5 = 20 %; replay: rank 0 30 %, rank 1 20 % (mean 25 %): imbalance
 # 25 - 20 = 5, communication wait 30 - 25 = 5. Slowest: rank 1, 80 / 60 = 1.33x.
 
-def pipeline_case(bubbles=(40.0, 20.0), split: tuple | None = None) -> SimpleNamespace:
+def pipeline_case(bubbles=(40.0, 20.0), split: tuple | None = None, schedule: str = "1f1b", v: int = 1) -> SimpleNamespace:
     rows = []
     for rank, (bubble, ideal) in enumerate(zip(bubbles, (30.0, 20.0))):
-        rows.append({"run": "A", "rank": rank, "step": 1, "schedule": "1f1b", "pp_ranks": 2, "microbatches": 4, "stages_per_rank": 1,
+        rows.append({"run": "A", "rank": rank, "step": 1, "schedule": schedule, "pp_ranks": 2, "microbatches": 4, "stages_per_rank": v,
                      "window_us": 100.0, "busy_us": 100.0 - bubble, "bubble_us": bubble, "bubble_pct": bubble,
                      "theory_pct": 20.0, "ideal_pct": ideal})
     p = frame(rows, SUMMARY_COLUMNS | {"run": pl.String})
@@ -148,7 +148,21 @@ def test_pipeline_bubble_from_theory_and_replay():
     assert "rank 0 40.0 %, rank 1 20.0 %" in f["evidence"]
     assert f["change"].count("; then ") == 2  # 20, 5 and 5 %: each part at BUBBLE_PART_MIN_PCT or more gets its change
     # the schedule's share is the largest: 1/5 at m=4, 1/9 at m=8
-    assert f["change"].startswith("raise the microbatch count: (p−1)/(m+p−1) is 20.0 % at m=4, 11.1 % at m=8")
+    assert f["change"].startswith("raise the microbatch count: 1f1b's textbook bubble (p−1)/(m+p−1), a share of an ideal "
+                                  "pipeline's time (no imbalance, no communication), is 20.0 % at m=4, 11.1 % at m=8; or an "
+                                  "interleaved (v > 1 stages per rank) or zero-bubble schedule")
+
+
+def test_pipeline_bubble_on_an_interleaved_run_knows_v_and_suggests_another_schedule():
+    # p=2, m=4, v=2: 1/(2·4+1) = 11.1 %; m=8: 1/17 = 5.88 %; v=3: 1/13 = 7.69 %
+    f = only(F.pipeline_bubble_rule(pipeline_case(schedule="interleaved-1f1b", v=2)))
+    assert "20.0 % is interleaved-1f1b's own bubble (p=2, m=4, v=2)" in f["text"]
+    assert f["change"].startswith("raise the microbatch count: interleaved-1f1b's textbook bubble (p−1)/(v·m+p−1), a share "
+                                  "of an ideal pipeline's time (no imbalance, no communication), is 11.1 % at m=4, 5.88 % at m=8; "
+                                  "or more stages per rank: 7.69 % at v=3; or a zero-bubble schedule")
+    assert "interleaved or" not in f["change"]
+    zb = only(F.pipeline_bubble_rule(pipeline_case(schedule="zero-bubble")))
+    assert zb["change"].startswith("raise the microbatch count; then ") and "schedule" not in zb["change"].split("; then ")[0]
 
 
 def test_pipeline_bubble_uses_the_split_columns_when_there():
