@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable
 
 import polars as pl
 
+from profiler.discover import manifest_field
 from profiler.intervals import union
 from profiler.pipeline import schedule_theory_pct
 from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text)
@@ -30,7 +31,8 @@ FINDING_COLUMNS = {
 
 # Thresholds and helpers: profiler/findings_base.py; the memory rules: profiler/findings_memory.py.
 from profiler.findings_base import (  # noqa: F401  (thresholds re-exported: docs/findings.md names them here)
-    ACTIVATION_MIN_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT, FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_FINDINGS, MEMORY_SAVING_MIN_PCT, SKEW_MIN_PCT, STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, VOLUME_MIN_PCT, Row, _finite, _row, _runs, _step_us, _str_run)
+    ACTIVATION_MIN_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT, FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_COMPARISON_FINDINGS,
+    MAX_FINDINGS, MEMORY_SAVING_MIN_PCT, SKEW_MIN_PCT, STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, VOLUME_MIN_PCT, Row, _finite, _row, _runs, _step_us, _str_run)
 from profiler.findings_memory import activation_memory_rule, persistent_memory_rule  # noqa: F401
 
 
@@ -337,13 +339,17 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
 
 def comparison_rule(a: "Analysis") -> list[Row]:
     """The step time difference of each run against the first, and the component that explains most of it."""
-    runs = _runs(a)
-    if len(runs) < 2:
-        return []
-    parts = {run: _step_parts(a, run) for run in runs}
-    base = runs[0]
+    # Only runs of the same model and global batch are compared (a step time of another model says
+    # nothing about the setup); runs without run.json are not compared at all.
+    keys = {run: _model_key(a.runs.get(run) if isinstance(a.runs, dict) else None) for run in _runs(a)}
+    by_key: dict[tuple, list[str]] = {}
+    for run, key in keys.items():
+        if key is not None:
+            by_key.setdefault(key, []).append(run)
+    pairs = [(same[0], run) for same in by_key.values() for run in same[1:]]
+    parts = {run: _step_parts(a, run) for pair in pairs for run in pair}
     out = []
-    for run in runs[1:]:
+    for base, run in pairs:
         if parts[base] is None or parts[run] is None:
             continue
         (slow, (s_step, s_parts)), (fast, (f_step, f_parts)) = sorted(
@@ -364,7 +370,16 @@ def comparison_rule(a: "Analysis") -> list[Row]:
             f"{k} {'+' if v >= 0 else '−'}{ms(abs(v))}" for k, v in sorted(deltas.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:4])
         change = f"look at {cause} in {slow} first: " + _cause_change(cause)
         out.append(_row("comparison", None, None, score, text + ".", evidence, change))
-    return out
+    return sorted(out, key=lambda r: -r["score"])[:MAX_COMPARISON_FINDINGS]
+
+
+MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "seq_len")
+
+
+def _model_key(manifest: dict | None) -> tuple | None:
+    """run.json's model dimensions and global batch, or None where any is missing (not comparable)."""
+    key = (*(manifest_field(manifest, "model", k) for k in MODEL_KEYS), manifest_field(manifest, "global_batch_size"))
+    return None if any(v is None for v in key) else key
 
 
 def _step_parts(a: "Analysis", run: str) -> tuple[float, dict[str, float]] | None:

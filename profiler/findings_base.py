@@ -24,6 +24,7 @@ LATENCY_MAX_BW_FRACTION = 0.5  # ... while achieved bandwidth is at most this fr
 FIT_MIN_R2 = 0.8  # an α-β fit with a lower R² is not trusted
 ACTIVATION_MIN_PCT = 50.0  # transient memory (peak - persistent), % of the device's peak
 COMPARE_MIN_PCT = 5.0  # step time difference between two runs, % of the slower step
+MAX_COMPARISON_FINDINGS = 2  # comparisons between runs kept (the highest scores), so they do not crowd out the rest
 MAX_FINDINGS = 12  # the list stays short: the highest scores are kept
 
 Row = dict

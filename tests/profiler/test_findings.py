@@ -377,8 +377,33 @@ def compare_case(order=("A", "B"), b_scale: float | None = None) -> SimpleNamesp
     if b_scale:
         b = {k: v * b_scale if k.endswith("_us") else v for k, v in a.items()} | {"run": "B"}
         b_exp = [a_exp | {"run": "B", "exposed_us": 250.0 * b_scale}]
-    return fake(runs=order, breakdown_steps=frame([a, b], BREAKDOWN | {"step": pl.Int64}),
-                exposed=frame([a_exp, *b_exp], EXPOSED_COLUMNS | {"run": pl.String}))
+    c = fake(runs=order, breakdown_steps=frame([a, b], BREAKDOWN | {"step": pl.Int64}),
+             exposed=frame([a_exp, *b_exp], EXPOSED_COLUMNS | {"run": pl.String}))
+    c.runs = {r: RUN_JSON for r in order}
+    return c
+
+
+RUN_JSON = {"model": {"vocab_size": 256, "d_model": 64, "n_layers": 2, "seq_len": 32}, "global_batch_size": 8}
+
+
+def test_comparison_only_between_runs_of_one_model_and_at_most_two():
+    c = compare_case()
+    c.runs = {"A": RUN_JSON, "B": RUN_JSON | {"model": RUN_JSON["model"] | {"d_model": 128}}}
+    assert F.comparison_rule(c) == []  # another model
+    c.runs = {"A": RUN_JSON, "B": RUN_JSON | {"global_batch_size": 16}}
+    assert F.comparison_rule(c) == []  # another global batch
+    c.runs = {"A": None, "B": None}
+    assert F.comparison_rule(c) == []  # no run.json (foreign traces): nothing said
+    # four runs of one model, B, C, D each slower than A (2, 3, 4 ms): three comparisons, the two largest kept
+    c = compare_case()
+    rows = c.breakdown_steps.to_dicts()
+    extra = [rows[1] | {"run": r, "window_us": w, "non_compute_us": w - 900.0} for r, w in (("C", 3000.0), ("D", 4000.0))]
+    c.breakdown_steps = frame(rows + extra, BREAKDOWN | {"step": pl.Int64})
+    c.ranks = pl.DataFrame({"run": ["A", "B", "C", "D"], "rank": [0, 0, 0, 0]})
+    c.runs = {r: RUN_JSON for r in "ABCD"}
+    out = F.comparison_rule(c)
+    assert [r["score"] for r in out] == [75.0, pytest.approx(200 / 3)]  # D: 3/4, C: 2/3; B's 50 % left out
+    assert [r["text"].split("'s")[0] for r in out] == ["D", "C"]
 
 
 def test_comparison_names_the_main_cause():
