@@ -31,7 +31,7 @@ FINDING_COLUMNS = {
 
 # Thresholds and helpers: profiler/findings_base.py; the memory rules: profiler/findings_memory.py.
 from profiler.findings_base import (  # noqa: F401  (thresholds re-exported: docs/findings.md names them here)
-    ACTIVATION_MIN_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT, FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_COMPARISON_FINDINGS,
+    ACTIVATION_MIN_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, ALPHA_MIN_SHARE_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT, FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_COMPARISON_FINDINGS,
     MAX_FINDINGS, MEMORY_SAVING_MIN_PCT, SKEW_MIN_PCT, STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, VOLUME_MIN_PCT, Row, _finite, _row, _runs, _step_us, _str_run)
 from profiler.findings_memory import activation_memory_rule, persistent_memory_rule  # noqa: F401
 
@@ -291,44 +291,62 @@ def comm_volume_rule(a: "Analysis") -> list[Row]:
 
 
 def bandwidth_rule(a: "Analysis") -> list[Row]:
-    """Collectives far below their fitted bandwidth β because the per-call latency α dominates."""
+    """Collectives far below their fitted β: latency-bound where α is most of the fitted time, else waiting."""
     fits = _str_run(a.alpha_beta)
-    colls = _str_run(a.collectives)
+    calls = _str_run(getattr(a, "alpha_beta_calls", None))
     steps = _step_us(a)
-    if fits is None or fits.is_empty() or colls is None or colls.is_empty():
+    if fits is None or fits.is_empty() or calls is None or calls.is_empty():
         return []
+    keys = ["run", "backend", "collective", "group_size"]
     fits = fits.filter(pl.col("alpha_us").is_finite() & (pl.col("alpha_us") > 0) & pl.col("beta_gbps").is_finite()
                        & (pl.col("beta_gbps") > 0) & (pl.col("r2") >= FIT_MIN_R2))
+    # β comes from the fastest call of each size (docs/theory.md "α–β"); every call of the profiled
+    # steps is measured against it, waits included. Calls outside a step (null step) are left out.
+    calls = calls.filter(pl.col("step").is_not_null() & (pl.col("dur_us") > 0) & pl.col("dur_us").is_finite()
+                         & (pl.col("predicted_us") > 0) & pl.col("predicted_us").is_finite() & pl.col("size_bytes").is_not_null())
+    by = (calls.join(fits.select(*keys, "alpha_us", "beta_gbps", "r2", "n_calls", "n_sizes"), on=keys, how="inner", nulls_equal=True)
+          .group_by(keys).agg(pl.len().alias("calls"), pl.col("dur_us", "predicted_us", "size_bytes").sum(),
+                              pl.col("size_bytes").median().alias("median_bytes"),
+                              excess_us=(pl.col("dur_us") - pl.col("predicted_us")).clip(lower_bound=0).sum(),
+                              *(pl.col(c).first() for c in ("alpha_us", "beta_gbps", "r2", "n_calls", "n_sizes")))
+          .with_columns(achieved_gbps=pl.col("size_bytes") / pl.col("dur_us") / 1e3,
+                        alpha_pct=100 * pl.col("calls") * pl.col("alpha_us") / pl.col("predicted_us")))
+    bsteps = _str_run(a.breakdown_steps)
     out = []
-    for run in fits["run"].unique(maintain_order=True).to_list():
-        best = None
-        n_steps = _str_run(a.breakdown_steps).filter(pl.col("run") == run).height  # (rank, step) pairs
+    for run in by["run"].unique(maintain_order=True).to_list():
+        n_steps = bsteps.filter(pl.col("run") == run).height if bsteps is not None else 0  # (rank, step) pairs
         if run not in steps or not n_steps:
             continue
-        for f in fits.filter(pl.col("run") == run).iter_rows(named=True):
-            sel = colls.filter((pl.col("run") == run) & (pl.col("collective") == f["collective"])
-                               & pl.col("group_size").eq_missing(f["group_size"]) & pl.col("size_bytes").is_not_null()
-                               & (pl.col("dur_us") > 0))
-            if sel.is_empty():
+        best = None
+        for f in by.filter(pl.col("run") == run).sort(keys).iter_rows(named=True):
+            if f["achieved_gbps"] > LATENCY_MAX_BW_FRACTION * f["beta_gbps"]:
                 continue
-            time_us, size = sel["dur_us"].sum(), sel["size_bytes"].sum()
-            achieved = size / time_us / 1e3  # GB/s
-            latency_us = f["alpha_us"] * sel.height
-            score = 100 * (latency_us / n_steps) / steps[run]  # per (rank, step), against the mean step
-            if achieved <= LATENCY_MAX_BW_FRACTION * f["beta_gbps"] and score >= LATENCY_MIN_PCT and (best is None or score > best[0]):
-                best = (score, f, sel, achieved, latency_us, time_us)
+            latency = f["alpha_pct"] >= ALPHA_MIN_SHARE_PCT
+            # the time at stake per (rank, step), against the mean step: calls × α, or the time beyond α + n/β
+            at_stake_us = f["calls"] * f["alpha_us"] if latency else f["excess_us"]
+            score = 100 * (at_stake_us / n_steps) / steps[run]
+            if _finite(score) and score >= LATENCY_MIN_PCT and (best is None or score > best[0]):
+                best = (score, latency, f)
         if best is None:
             continue
-        score, f, sel, achieved, latency_us, time_us = best
-        median = sel["size_bytes"].median()
-        text = (f"{f['collective']} on {f['group_size']} ranks reaches {num(achieved)} GB/s, {pct(100 * achieved / f['beta_gbps'])} "
-                f"of its fitted β {num(f['beta_gbps'])} GB/s: the per-call latency α = {ms(f['alpha_us'])} is "
-                f"{pct(100 * latency_us / time_us)} of its time (median message {bytes_text(median)}, "
-                f"{pct(score)} of the step)")
-        evidence = (f"run {run}, {f['backend']} {f['collective']}, group size {f['group_size']}: {sel.height} calls, "
-                    f"fit over {f['n_calls']} calls of {f['n_sizes']} sizes, R² {num(f['r2'])}")
-        change = ("send fewer, larger messages: bigger buckets (DDP bucket_cap_mb), larger FSDP units, "
-                  "coalesced collectives; each call pays α once")
+        score, latency, f = best
+        text = (f"{f['collective']} on {f['group_size']} ranks reaches {num(f['achieved_gbps'])} GB/s over its {f['calls']} calls, "
+                f"{pct(100 * f['achieved_gbps'] / f['beta_gbps'])} of its fitted β {num(f['beta_gbps'])} GB/s")
+        if latency:
+            text += (f": the per-call latency α = {ms(f['alpha_us'])} is {pct(f['alpha_pct'])} of the time α + n/β predicts "
+                     f"for them (median message {bytes_text(f['median_bytes'])}); {f['calls']} calls × α are {pct(score)} of the step")
+            change = ("send fewer, larger messages: bigger buckets (DDP bucket_cap_mb), larger FSDP units, "
+                      "coalesced collectives; each call pays α once")
+        else:
+            text += (f", while α + n/β predicts {ms(f['predicted_us'])} for them and they take {ms(f['dur_us'])} "
+                     f"({num(f['dur_us'] / f['predicted_us'])}×); α is only {pct(f['alpha_pct'])} of the prediction, so the gap "
+                     f"is waiting (for a later rank, or for a link shared with other traffic), not latency: "
+                     f"{ms(f['excess_us'])} beyond the fit, {pct(score)} of the step")
+            change = ("find what the calls wait for: a rank that starts them late (see the straggler finding) or other "
+                      "traffic on the same link (concurrent collectives, a shared NIC); overlap them with compute to hide the wait")
+        evidence = (f"run {run}, {f['backend']} {f['collective']}, group size {f['group_size']}: {f['calls']} calls in the "
+                    f"profiled steps; fit (fastest call of each size) over {f['n_calls']} calls of {f['n_sizes']} sizes, "
+                    f"R² {num(f['r2'])}")
         out.append(_row("bandwidth", run, None, score, text + ".", evidence, change))
     return out
 

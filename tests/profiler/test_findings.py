@@ -13,7 +13,7 @@ import pytest
 
 import profiler.findings as F
 from profiler import load_traces
-from profiler.alphabeta import FIT_COLUMNS
+from profiler.alphabeta import FIT_COLUMNS, PREDICT_COLUMNS
 from profiler.collectives import COLUMNS as COLL_COLUMNS
 from profiler.exposed import EXPOSED_COLUMNS
 from profiler.findings import FINDING_COLUMNS, findings
@@ -304,32 +304,49 @@ def test_comm_volume_is_silent_below_its_threshold():
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. bandwidth: α = 100 µs, β = 1 GB/s (1000 B/µs); 10 all-reduces of 1000 B take 101 µs each.
-# Achieved 10000 B / 1010 µs = 0.0099 GB/s (0.99 % of β); latency 10 x 100 = 1000 µs = 99.0 % of
-# the time, 10 % of the 10 ms step.
+# 6. bandwidth (Analysis.alpha_beta_calls). Latency: α = 100 µs, β = 1 GB/s (1000 B/µs); 10
+# all-reduces of 1000 B take 101 µs each (predicted 100 + 1). Achieved 10000 B / 1010 µs = 0.0099
+# GB/s (0.99 % of β); α is 1000 / 1010 = 99.0 % of the predicted time; 10 x 100 µs = 10 % of the
+# 10 ms step. Waiting: α = 10 µs, 10 calls of 100 000 B predicted 10 + 100 = 110 µs take 1100 µs:
+# 1e6 B / 11 000 µs = 0.0909 GB/s (9.09 %); α 100 / 1100 = 9.09 % of the prediction; 10 x 990 µs
+# = 9.90 ms beyond the fit, 9.90 % of a 100 ms step.
 
-def bandwidth_case(window: float = 10_000.0, r2: float = 0.99) -> SimpleNamespace:
+def bandwidth_case(window: float = 10_000.0, r2: float = 0.99, alpha: float = 100.0, size: int = 1000,
+                   dur: float = 101.0) -> SimpleNamespace:
     fit = frame([{"run": "A", "backend": "gloo", "collective": "all_reduce", "group_size": 2, "n_calls": 10, "n_sizes": 2,
-                  "alpha_us": 100.0, "beta_gbps": 1.0, "r2": r2}], FIT_COLUMNS)
-    colls = fake().collectives
-    colls = pl.concat([colls, frame([{"run": "A", "rank": 0, "step": 1, "seq": i, "collective": "all_reduce", "algo": "all_reduce",
-                                      "group_size": 2, "size_bytes": 1000, "start_us": 200.0 * i, "end_us": 200.0 * i + 101,
-                                      "dur_us": 101.0} for i in range(10)], dict(colls.schema))])
+                  "alpha_us": alpha, "beta_gbps": 1.0, "r2": r2}], FIT_COLUMNS)
+    calls = [{"run": "A", "rank": 0, "step": 1, "seq": i, "backend": "gloo", "collective": "all_reduce", "group_size": 2,
+              "size_bytes": size, "dur_us": dur, "predicted_us": alpha + size / 1000, "beta_gbps": 1.0,
+              "algbw_gbps": size / dur / 1e3, "bw_vs_beta": size / dur / 1e3} for i in range(10)]
+    calls.append(calls[0] | {"step": None, "seq": 99, "dur_us": 1e9})  # outside the profiled steps: left out
     steps = frame([{"run": "A", "rank": 0, "step": 1, "window_us": window}], BREAKDOWN | {"step": pl.Int64})
-    return fake(alpha_beta=fit, collectives=colls, breakdown_steps=steps)
+    return fake(alpha_beta=fit, alpha_beta_calls=frame(calls, PREDICT_COLUMNS), breakdown_steps=steps)
 
 
 def test_latency_bound_collectives():
     f = only(F.bandwidth_rule(bandwidth_case()))
     assert (f["rule"], f["score"]) == ("bandwidth", pytest.approx(10.0))
-    assert f["text"] == ("all_reduce on 2 ranks reaches 0.00990 GB/s, 0.990 % of its fitted β 1.00 GB/s: the per-call latency "
-                         "α = 100 µs is 99.0 % of its time (median message 1000 B, 10.0 % of the step).")
+    assert f["text"] == ("all_reduce on 2 ranks reaches 0.00990 GB/s over its 10 calls, 0.990 % of its fitted β 1.00 GB/s: the "
+                         "per-call latency α = 100 µs is 99.0 % of the time α + n/β predicts for them (median message 1000 B); "
+                         "10 calls × α are 10.0 % of the step.")
     assert "fewer, larger messages" in f["change"]
+
+
+def test_slow_collectives_with_a_small_alpha_are_waiting_not_latency():
+    f = only(F.bandwidth_rule(bandwidth_case(window=100_000.0, alpha=10.0, size=100_000, dur=1100.0)))
+    assert f["score"] == pytest.approx(9.9)
+    assert f["text"] == ("all_reduce on 2 ranks reaches 0.0909 GB/s over its 10 calls, 9.09 % of its fitted β 1.00 GB/s, while "
+                         "α + n/β predicts 1.10 ms for them and they take 11.0 ms (10.0×); α is only 9.09 % of the prediction, "
+                         "so the gap is waiting (for a later rank, or for a link shared with other traffic), not latency: "
+                         "9.90 ms beyond the fit, 9.90 % of the step.")
+    assert "straggler" in f["change"] and "larger messages" not in f["change"]
 
 
 def test_bandwidth_is_silent_below_its_threshold_and_on_a_poor_fit():
     assert F.bandwidth_rule(bandwidth_case(window=100_000.0)) == []  # 1 % < 5 %
     assert F.bandwidth_rule(bandwidth_case(r2=0.5)) == []
+    # 10 calls of 1 MB in 1001 µs: 99.9 % of β, nothing lost
+    assert F.bandwidth_rule(bandwidth_case(alpha=1.0, size=1_000_000, dur=1001.0)) == []
 
 
 # ---------------------------------------------------------------------------------------------
