@@ -99,9 +99,9 @@ LAYOUT_CHANGES = [
     ("zero2", "shard gradients too (ZeRO-2: DeepSpeed stage 2, FSDP SHARD_GRAD_OP); communication stays 2Φ "
               "(reduce-scatter + all-gather)"),
     ("zero3", "shard parameters too (ZeRO-3 / FSDP fully_shard): parameters are all-gathered when used, 3Φ of "
-              "communication per step instead of 2Φ"),
+              "communication per step instead of DDP's 2Φ"),
     ("fsdp", "shard parameters too (FSDP fully_shard / ZeRO-3): parameters are all-gathered when used, 3Φ of "
-             "communication per step instead of 2Φ"),
+             "communication per step instead of DDP's 2Φ"),
 ]
 
 
