@@ -31,8 +31,9 @@ FINDING_COLUMNS = {
 
 # Thresholds and helpers: profiler/findings_base.py; the memory rules: profiler/findings_memory.py.
 from profiler.findings_base import (  # noqa: F401  (thresholds re-exported: docs/findings.md names them here)
-    ACTIVATION_MIN_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, ALPHA_MIN_SHARE_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT, FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_COMPARISON_FINDINGS,
-    MAX_FINDINGS, MEMORY_SAVING_MIN_PCT, SKEW_MIN_PCT, STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, VOLUME_MIN_PCT, Row, _finite, _row, _runs, _step_us, _str_run)
+    ACTIVATION_MIN_PCT, ALPHA_MIN_SHARE_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT,
+    FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_COMPARISON_FINDINGS, MAX_FINDINGS, MEMORY_SAVING_MIN_PCT,
+    SKEW_MIN_PCT, STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, VOLUME_MIN_PCT, Row, _finite, _row, _runs, _step_us, _str_run)
 from profiler.findings_memory import activation_memory_rule, persistent_memory_rule  # noqa: F401
 
 
