@@ -10,14 +10,14 @@ where its input is absent (foreign traces without run.json, CPU runs, one rank, 
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Callable
 
 import polars as pl
 
+from profiler.discover import manifest_field
 from profiler.intervals import union
-from profiler.theory_memory import ACTIVATION_COLUMNS
-from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text, switch_change)
+from profiler.pipeline import schedule_theory_pct
+from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text)
 
 if TYPE_CHECKING:
     from profiler.report import Analysis
@@ -29,23 +29,12 @@ FINDING_COLUMNS = {
     "evidence": pl.String, "change": pl.String,
 }
 
-# Thresholds (docs/findings.md says why each is where it is).
-EXPOSED_COMM_MIN_PCT = 5.0  # exposed communication, % of the worst rank's step time
-BUBBLE_MIN_PCT = 10.0  # pipeline idle time, % of the pipeline window (mean over ranks and steps)
-BUBBLE_PART_MIN_PCT = 5.0  # a part of the bubble (schedule, imbalance, communication) gets its change from this size
-MEMORY_SAVING_MIN_PCT = 10.0  # what the next ZeRO stage saves, % of the persistent bytes per rank
-SKEW_MIN_PCT = 5.0  # time some rank waits for a later one to start a collective, % of the step time
-STRAGGLER_MIN_SHARE_PCT = 75.0  # a rank last in at least this share of its group's collectives ...
-STRAGGLER_MIN_TIMES = 4  # ... and at least this many times is named a straggler
-VOLUME_MIN_PCT = 1.0  # communication time the volume mismatch accounts for, % of the step
-LATENCY_MIN_PCT = 5.0  # fitted latency (calls x α), % of the step time
-LATENCY_MAX_BW_FRACTION = 0.5  # ... while achieved bandwidth is at most this fraction of the fitted β
-FIT_MIN_R2 = 0.8  # an α-β fit with a lower R² is not trusted
-ACTIVATION_MIN_PCT = 50.0  # transient memory (peak - persistent), % of the device's peak
-COMPARE_MIN_PCT = 5.0  # step time difference between two runs, % of the slower step
-MAX_FINDINGS = 12  # the list stays short: the highest scores are kept
-
-Row = dict
+# Thresholds and helpers: profiler/findings_base.py; the memory rules: profiler/findings_memory.py.
+from profiler.findings_base import (  # noqa: F401  (thresholds re-exported: docs/findings.md names them here)
+    ACTIVATION_MIN_PCT, ALPHA_MIN_SHARE_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT,
+    FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_COMPARISON_FINDINGS, MAX_FINDINGS, MEMORY_SAVING_MIN_PCT,
+    SKEW_MIN_PCT, STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, VOLUME_MIN_PCT, Row, _finite, _row, _runs, _step_us, _str_run)
+from profiler.findings_memory import activation_memory_rule, persistent_memory_rule  # noqa: F401
 
 
 def findings(a: "Analysis") -> pl.DataFrame:
@@ -56,34 +45,6 @@ def findings(a: "Analysis") -> pl.DataFrame:
     return (frame.with_columns(_order=pl.col("rule").replace_strict(order, return_dtype=pl.Int64))
             .sort(["score", "_order", "run"], descending=[True, False, False], nulls_last=True)
             .drop("_order").head(MAX_FINDINGS))
-
-
-def _finite(*values) -> bool:
-    return all(v is not None and isinstance(v, (int, float)) and math.isfinite(v) for v in values)
-
-
-def _row(rule: str, run, rank, score: float, text: str, evidence: str, change: str) -> Row:
-    return {"run": None if run is None else str(run), "rank": rank, "rule": rule, "score": min(100.0, max(0.0, score)),
-            "text": text, "evidence": evidence, "change": change}
-
-
-def _runs(a: "Analysis") -> list[str]:
-    return a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
-
-
-def _str_run(frame: pl.DataFrame | None) -> pl.DataFrame | None:
-    if frame is None or "run" not in frame.columns:
-        return frame
-    return frame.with_columns(pl.col("run").cast(pl.String))
-
-
-def _step_us(a: "Analysis") -> dict[str, float]:
-    """Run -> the mean step time over its ranks and steps (breakdown_steps' window), µs."""
-    b = _str_run(a.breakdown_steps)
-    if b is None or b.is_empty():
-        return {}
-    means = b.filter(pl.col("window_us") > 0).group_by("run").agg(pl.col("window_us").mean())
-    return {r: w for r, w in means.iter_rows() if _finite(w) and w > 0}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,7 +71,7 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
         step_list = rank_steps["step"].to_list() if rank_steps is not None else []
         text = (f"Communication with no compute under it takes {pct(share)} of rank {rank}'s step time "
                 f"({ms(exp_us)} of {ms(win_us)} over {steps_text(step_list)})")
-        evidence = f"run {run}, rank {rank} (the worst of {n_ranks}), {steps_text(step_list)}"
+        evidence = f"run {run}, rank {rank}" + (f" (the worst of {n_ranks})" if n_ranks > 1 else "") + f", {steps_text(step_list)}"
         kind, phase = None, None
         if exposed is not None and not exposed.is_empty():
             by = (exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank))
@@ -122,7 +83,8 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                 text += (f"; {'most of it' if top_pct >= 50 else 'the largest part'} is {kind} {phase_text(phase)}: "
                          f"{ms(top_us)}, {pct(top_pct)} of the exposed time, in {calls} calls")
                 evidence += "; exposed by collective: " + ", ".join(
-                    f"{k} {phase_text(p)} {ms(e)} of {ms(c)}" for k, p, e, c, _ in by.head(3).iter_rows())
+                    # c sums the calls' durations: overlapping calls count each, so it is no wall time
+                    f"{k} {phase_text(p)} {ms(e)} of {ms(c)} summed call time" for k, p, e, c, _ in by.head(3).iter_rows())
         out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, collective_change(kind, phase)))
     return out
 
@@ -162,7 +124,9 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
         parts = []
         if _finite(sched):
             what = f"{schedule}'s own bubble" if schedule else "the schedule's own bubble"
-            parts.append(f"{pct(sched)} is {what}" + (f" (p={p_ranks}, m={m})" if p_ranks and m else ""))
+            v = rp["stages_per_rank"][0]
+            parts.append(f"{pct(sched)} is {what}" + (f" (p={p_ranks}, m={m}" + (f", v={v}" if v and v > 1 else "") + ")"
+                                                       if p_ranks and m else ""))
         if _finite(imb):
             parts.append(f"{pct(imb)} stage imbalance")
         if _finite(wait):
@@ -187,10 +151,8 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
             where = f"rank {slow_rank}'s stage"
         evidence = f"run {run}, {steps_text(rp['step'].unique().sort().to_list())}; bubble per rank: " + ", ".join(
             f"rank {r} {pct(bp)}" for r, _, bp in per_rank.sort("rank").iter_rows())
-        more_m = (f": (p−1)/(m+p−1) is {pct(100 * (p_ranks - 1) / (m + p_ranks - 1))} at m={m}, "
-                  f"{pct(100 * (p_ranks - 1) / (2 * m + p_ranks - 1))} at m={2 * m}" if p_ranks and m else "")
         remedies = {
-            "schedule": f"raise the microbatch count{more_m}; or an interleaved or zero-bubble schedule",
+            "schedule": _schedule_change(schedule, p_ranks, m, rp["stages_per_rank"][0]),
             "imbalance": f"move layers off {where}: a pipeline runs at the pace of its slowest stage",
             "comm": "overlap the stage-boundary sends and receives with compute (post irecv early, batch_isend_irecv), "
                     "or put pipeline neighbours on the fastest link",
@@ -203,65 +165,25 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# 3. Persistent memory and the next ZeRO stage
+# The textbook bubble's formula by schedule (profiler.pipeline.schedule_theory_pct computes it).
+BUBBLE_FORMULA = {"gpipe": "(p−1)/(m+p−1)", "1f1b": "(p−1)/(m+p−1)", "interleaved-1f1b": "(p−1)/(v·m+p−1)"}
 
 
-COMPONENTS = {"params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state"}
-SUBJECT = {"params_bytes": "Parameters are", "grads_bytes": "Gradients are", "optimizer_bytes": "Optimizer state is"}
-
-
-def persistent_memory_rule(a: "Analysis") -> list[Row]:
-    """The largest persistent component, and what the next ZeRO stage (and FSDP) would hold instead."""
-    w = _str_run(a.memory_whatif)
-    if w is None or w.is_empty():
-        return []
-    measured = _str_run(a.persistent_memory)
-    predicted = _str_run(a.theory_memory)
-    out = []
-    for run in w["run"].unique(maintain_order=True).to_list():
-        rw = (w.filter((pl.col("run") == run) & pl.col("total_bytes").is_not_null())
-              .sort("total_bytes", descending=True, maintain_order=True))  # ties keep the ZeRO order
-        cur = rw.filter(pl.col("current"))
-        if cur.is_empty() or not cur["total_bytes"][0]:
-            continue
-        cur_layout, cur_total = cur["layout"][0], cur["total_bytes"][0]
-        smaller = rw.filter(pl.col("total_bytes") < cur_total)
-        if smaller.is_empty():
-            continue
-        nxt_layout, nxt_total = smaller.select("layout", "total_bytes").row(0)
-        min_layout, min_total = smaller.select("layout", "total_bytes").row(-1)
-        saving = 100 * (cur_total - nxt_total) / cur_total
-        if saving < MEMORY_SAVING_MIN_PCT:
-            continue
-        source, rank, comp, comp_bytes, total = (_largest_component(measured, run, "run.json")
-                                                 or _largest_component(predicted, run, "theory") or (None,) * 5)
-        if comp is not None:
-            text = (f"{SUBJECT[comp]} the largest persistent memory on rank {rank}: "
-                    f"{bytes_text(comp_bytes)} of {bytes_text(total)} ({pct(100 * comp_bytes / total)}, {source})")
-        else:
-            text = f"Each rank holds {bytes_text(cur_total)} of parameters, gradients and optimizer state ({cur_layout})"
-        text += f"; {nxt_layout} would hold {bytes_text(nxt_total)} per rank (−{pct(saving)})"
-        if min_layout != nxt_layout:
-            text += f", {min_layout} {bytes_text(min_total)} (−{pct(100 * (cur_total - min_total) / cur_total)})"
-        dp = cur["dp"][0]
-        evidence = f"run {run}, layout {cur_layout}" + (f" at data-parallel degree {dp}" if dp else "") + "; per rank: " + ", ".join(
-            f"{lay} {bytes_text(t)}" for lay, t in rw.select("layout", "total_bytes").iter_rows())
-        out.append(_row("persistent-memory", run, rank, saving, text + ".", evidence, switch_change(nxt_layout)))
-    return out
-
-
-def _largest_component(frame: pl.DataFrame | None, run: str, source: str) -> tuple | None:
-    """(source, rank, component column, its bytes, the rank's total) of the rank with the largest total."""
-    if frame is None or frame.is_empty() or not set(COMPONENTS) <= set(frame.columns):
-        return None
-    f = frame.filter((pl.col("run") == run) & pl.all_horizontal(pl.col(list(COMPONENTS)).is_not_null()))
-    f = f.with_columns(_total=pl.sum_horizontal(list(COMPONENTS))).filter(pl.col("_total") > 0).sort("_total", descending=True)
-    if f.is_empty():
-        return None
-    row = f.row(0, named=True)
-    comp = max(COMPONENTS, key=lambda c: row[c])
-    return source, row["rank"], comp, row[comp], row["_total"]
+def _schedule_change(schedule: str | None, p: int | None, m: int | None, v: int | None) -> str:
+    """More microbatches, with the schedule's textbook bubble (a share of an ideal pipeline's time, not of
+    the measured window) at m and 2m, and the schedules that cut it: never the one in use."""
+    v = v or 1
+    theory = lambda mb, vv=v: schedule_theory_pct(schedule, p, mb, vv, {}) if p and mb else None  # noqa: E731
+    change = "raise the microbatch count"
+    if schedule in BUBBLE_FORMULA and _finite(theory(m), theory(2 * m)):
+        change += (f": {schedule}'s textbook bubble {BUBBLE_FORMULA[schedule]}, a share of an ideal pipeline's time (no "
+                   f"imbalance, no communication), is {pct(theory(m))} at m={m}, {pct(theory(2 * m))} at m={2 * m}")
+    if schedule == "interleaved-1f1b":
+        more_v = theory(m, v + 1)
+        return change + (f"; or more stages per rank: {pct(more_v)} at v={v + 1}" if _finite(more_v) else "") + "; or a zero-bubble schedule"
+    if schedule in ("gpipe", "1f1b") or schedule is None:
+        return change + "; or an interleaved (v > 1 stages per rank) or zero-bubble schedule"
+    return change  # already a zero-bubble kind of schedule (zero-bubble, zbv, dualpipev)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,6 +198,8 @@ def straggler_rule(a: "Analysis") -> list[Row]:
     windows = _str_run(a.breakdown)
     out = []
     for run in skew["run"].unique(maintain_order=True).to_list():
+        steps = _str_run(a.breakdown_steps)
+        steps = steps.filter(pl.col("run") == run) if steps is not None else None
         # The k-th collective of two ranks is the same one only within a known group (module collectives).
         rs = skew.filter((pl.col("run") == run) & pl.col("spread_us").is_finite() & pl.col("group").is_not_null())
         win = windows.filter((pl.col("run") == run) & (pl.col("window_us") > 0))["window_us"].mean()
@@ -295,8 +219,10 @@ def straggler_rule(a: "Analysis") -> list[Row]:
         worst = rs.filter(pl.col("group") == group).sort("spread_us", descending=True).row(0, named=True)
         named = strag.filter((pl.col("run") == run) & (pl.col("group") == group)
                              & (pl.col("share_pct") >= STRAGGLER_MIN_SHARE_PCT) & (pl.col("times_last") >= STRAGGLER_MIN_TIMES))
+        # wait is a total over the profiled steps, against the rank's window over the same steps
+        step_list = steps["step"].unique().to_list() if steps is not None else []
         text = (f"Ranks of group {group} start their collectives {ms(spread / n)} apart on average: "
-                f"some rank waits {ms(wait)} for a later one, {pct(share)} of the step time")
+                f"over {steps_text(step_list)} some rank waits {ms(wait)} for a later one, {pct(share)} of that time")
         evidence = (f"run {run}, group {group}, {n} collectives; the widest: {worst['collective']} #{worst['seq']}, "
                     f"{ms(worst['spread_us'])}, last rank {worst['last_rank']}")
         if named.height:
@@ -366,77 +292,64 @@ def comm_volume_rule(a: "Analysis") -> list[Row]:
 
 
 def bandwidth_rule(a: "Analysis") -> list[Row]:
-    """Collectives far below their fitted bandwidth β because the per-call latency α dominates."""
+    """Collectives far below their fitted β: latency-bound where α is most of the fitted time, else waiting."""
     fits = _str_run(a.alpha_beta)
-    colls = _str_run(a.collectives)
+    calls = _str_run(getattr(a, "alpha_beta_calls", None))
     steps = _step_us(a)
-    if fits is None or fits.is_empty() or colls is None or colls.is_empty():
+    if fits is None or fits.is_empty() or calls is None or calls.is_empty():
         return []
+    keys = ["run", "backend", "collective", "group_size"]
     fits = fits.filter(pl.col("alpha_us").is_finite() & (pl.col("alpha_us") > 0) & pl.col("beta_gbps").is_finite()
                        & (pl.col("beta_gbps") > 0) & (pl.col("r2") >= FIT_MIN_R2))
+    # β comes from the fastest call of each size (docs/theory.md "α–β"); every call of the profiled
+    # steps is measured against it, waits included. Calls outside a step (null step) are left out.
+    calls = calls.filter(pl.col("step").is_not_null() & (pl.col("dur_us") > 0) & pl.col("dur_us").is_finite()
+                         & (pl.col("predicted_us") > 0) & pl.col("predicted_us").is_finite() & pl.col("size_bytes").is_not_null())
+    by = (calls.join(fits.select(*keys, "alpha_us", "beta_gbps", "r2", "n_calls", "n_sizes"), on=keys, how="inner", nulls_equal=True)
+          .group_by(keys).agg(pl.len().alias("calls"), pl.col("dur_us", "predicted_us", "size_bytes").sum(),
+                              pl.col("size_bytes").median().alias("median_bytes"),
+                              excess_us=(pl.col("dur_us") - pl.col("predicted_us")).clip(lower_bound=0).sum(),
+                              *(pl.col(c).first() for c in ("alpha_us", "beta_gbps", "r2", "n_calls", "n_sizes")))
+          .with_columns(achieved_gbps=pl.col("size_bytes") / pl.col("dur_us") / 1e3,
+                        alpha_pct=100 * pl.col("calls") * pl.col("alpha_us") / pl.col("predicted_us")))
+    bsteps = _str_run(a.breakdown_steps)
     out = []
-    for run in fits["run"].unique(maintain_order=True).to_list():
-        best = None
-        n_steps = _str_run(a.breakdown_steps).filter(pl.col("run") == run).height  # (rank, step) pairs
+    for run in by["run"].unique(maintain_order=True).to_list():
+        n_steps = bsteps.filter(pl.col("run") == run).height if bsteps is not None else 0  # (rank, step) pairs
         if run not in steps or not n_steps:
             continue
-        for f in fits.filter(pl.col("run") == run).iter_rows(named=True):
-            sel = colls.filter((pl.col("run") == run) & (pl.col("collective") == f["collective"])
-                               & pl.col("group_size").eq_missing(f["group_size"]) & pl.col("size_bytes").is_not_null()
-                               & (pl.col("dur_us") > 0))
-            if sel.is_empty():
+        best = None
+        for f in by.filter(pl.col("run") == run).sort(keys).iter_rows(named=True):
+            if f["achieved_gbps"] > LATENCY_MAX_BW_FRACTION * f["beta_gbps"]:
                 continue
-            time_us, size = sel["dur_us"].sum(), sel["size_bytes"].sum()
-            achieved = size / time_us / 1e3  # GB/s
-            latency_us = f["alpha_us"] * sel.height
-            score = 100 * (latency_us / n_steps) / steps[run]  # per (rank, step), against the mean step
-            if achieved <= LATENCY_MAX_BW_FRACTION * f["beta_gbps"] and score >= LATENCY_MIN_PCT and (best is None or score > best[0]):
-                best = (score, f, sel, achieved, latency_us, time_us)
+            latency = f["alpha_pct"] >= ALPHA_MIN_SHARE_PCT
+            # the time at stake per (rank, step), against the mean step: calls × α, or the time beyond α + n/β
+            at_stake_us = f["calls"] * f["alpha_us"] if latency else f["excess_us"]
+            score = 100 * (at_stake_us / n_steps) / steps[run]
+            if _finite(score) and score >= LATENCY_MIN_PCT and (best is None or score > best[0]):
+                best = (score, latency, f)
         if best is None:
             continue
-        score, f, sel, achieved, latency_us, time_us = best
-        median = sel["size_bytes"].median()
-        text = (f"{f['collective']} on {f['group_size']} ranks reaches {num(achieved)} GB/s, {pct(100 * achieved / f['beta_gbps'])} "
-                f"of its fitted β {num(f['beta_gbps'])} GB/s: the per-call latency α = {ms(f['alpha_us'])} is "
-                f"{pct(100 * latency_us / time_us)} of its time (median message {bytes_text(median)}, "
-                f"{pct(score)} of the step)")
-        evidence = (f"run {run}, {f['backend']} {f['collective']}, group size {f['group_size']}: {sel.height} calls, "
-                    f"fit over {f['n_calls']} calls of {f['n_sizes']} sizes, R² {num(f['r2'])}")
-        change = ("send fewer, larger messages: bigger buckets (DDP bucket_cap_mb), larger FSDP units, "
-                  "coalesced collectives; each call pays α once")
+        score, latency, f = best
+        text = (f"{f['collective']} on {f['group_size']} ranks reaches {num(f['achieved_gbps'])} GB/s over its {f['calls']} calls, "
+                f"{pct(100 * f['achieved_gbps'] / f['beta_gbps'])} of its fitted β {num(f['beta_gbps'])} GB/s")
+        if latency:
+            text += (f": the per-call latency α = {ms(f['alpha_us'])} is {pct(f['alpha_pct'])} of the time α + n/β predicts "
+                     f"for them (median message {bytes_text(f['median_bytes'])}); {f['calls']} calls × α are {pct(score)} of the step")
+            change = ("send fewer, larger messages: bigger buckets (DDP bucket_cap_mb), larger FSDP units, "
+                      "coalesced collectives; each call pays α once")
+        else:
+            text += (f", while α + n/β predicts {ms(f['predicted_us'])} for them and they take {ms(f['dur_us'])} "
+                     f"({num(f['dur_us'] / f['predicted_us'])}×); α is only {pct(f['alpha_pct'])} of the prediction, so the gap "
+                     f"is waiting (for a later rank, or for a link shared with other traffic), not latency: "
+                     f"{ms(f['excess_us'])} beyond the fit, {pct(score)} of the step")
+            change = ("find what the calls wait for: a rank that starts them late (see the straggler finding) or other "
+                      "traffic on the same link (concurrent collectives, a shared NIC); overlap them with compute to hide the wait")
+        evidence = (f"run {run}, {f['backend']} {f['collective']}, group size {f['group_size']}: {f['calls']} calls in the "
+                    f"profiled steps; fit (fastest call of each size) over {f['n_calls']} calls of {f['n_sizes']} sizes, "
+                    f"R² {num(f['r2'])}")
         out.append(_row("bandwidth", run, None, score, text + ".", evidence, change))
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# 7. The activation share of the memory peak
-
-
-def activation_memory_rule(a: "Analysis") -> list[Row]:
-    """What the memory peak holds beyond persistent state (Analysis.activation): activations and temporaries."""
-    j = _activation_shares(a)
-    out = []
-    for run in j["run"].unique(maintain_order=True).to_list():
-        row = j.filter(pl.col("run") == run).sort("activation_pct", descending=True).row(0, named=True)
-        if row["activation_pct"] < ACTIVATION_MIN_PCT:
-            continue
-        text = (f"Activations and temporaries are {pct(row['activation_pct'])} of rank {row['rank']}'s memory at its peak "
-                f"({bytes_text(row['activation_bytes'])} of {bytes_text(row['footprint_bytes'])} on {row['mem_device']}; "
-                f"parameters, gradients and optimizer state hold {bytes_text(row['persistent_bytes'])})")
-        evidence = f"run {run}, rank {row['rank']}, {row['mem_device']}" + (f"; {row['basis']}" if row.get("basis") else "")
-        change = ("recompute activations in backward (activation checkpointing: about +33 % compute, one more forward), "
-                  "use smaller microbatches, or sequence parallelism to split the remaining activations")
-        out.append(_row("activation-memory", run, row["rank"], row["activation_pct"], text + ".", evidence, change))
-    return out
-
-
-def _activation_shares(a: "Analysis") -> pl.DataFrame:
-    """Analysis.activation (ACTIVATION_COLUMNS) rows with a share to speak of."""
-    act = _str_run(getattr(a, "activation", None))
-    if act is None or act.is_empty():
-        return pl.DataFrame(schema=ACTIVATION_COLUMNS)
-    return act.filter(pl.col("activation_pct").is_finite() & (pl.col("activation_bytes") > 0) & (pl.col("footprint_bytes") > 0)
-                      & pl.col("persistent_bytes").is_not_null())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,13 +358,17 @@ def _activation_shares(a: "Analysis") -> pl.DataFrame:
 
 def comparison_rule(a: "Analysis") -> list[Row]:
     """The step time difference of each run against the first, and the component that explains most of it."""
-    runs = _runs(a)
-    if len(runs) < 2:
-        return []
-    parts = {run: _step_parts(a, run) for run in runs}
-    base = runs[0]
+    # Only runs of the same model and global batch are compared (a step time of another model says
+    # nothing about the setup); runs without run.json are not compared at all.
+    keys = {run: _model_key(a.runs.get(run) if isinstance(a.runs, dict) else None) for run in _runs(a)}
+    by_key: dict[tuple, list[str]] = {}
+    for run, key in keys.items():
+        if key is not None:
+            by_key.setdefault(key, []).append(run)
+    pairs = [(same[0], run) for same in by_key.values() for run in same[1:]]
+    parts = {run: _step_parts(a, run) for pair in pairs for run in pair}
     out = []
-    for run in runs[1:]:
+    for base, run in pairs:
         if parts[base] is None or parts[run] is None:
             continue
         (slow, (s_step, s_parts)), (fast, (f_step, f_parts)) = sorted(
@@ -472,7 +389,16 @@ def comparison_rule(a: "Analysis") -> list[Row]:
             f"{k} {'+' if v >= 0 else '−'}{ms(abs(v))}" for k, v in sorted(deltas.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:4])
         change = f"look at {cause} in {slow} first: " + _cause_change(cause)
         out.append(_row("comparison", None, None, score, text + ".", evidence, change))
-    return out
+    return sorted(out, key=lambda r: -r["score"])[:MAX_COMPARISON_FINDINGS]
+
+
+MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "seq_len")
+
+
+def _model_key(manifest: dict | None) -> tuple | None:
+    """run.json's model dimensions and global batch, or None where any is missing (not comparable)."""
+    key = (*(manifest_field(manifest, "model", k) for k in MODEL_KEYS), manifest_field(manifest, "global_batch_size"))
+    return None if any(v is None for v in key) else key
 
 
 def _step_parts(a: "Analysis", run: str) -> tuple[float, dict[str, float]] | None:

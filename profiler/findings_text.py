@@ -94,13 +94,14 @@ def collective_change(kind: str | None, phase: str | None) -> str:
 # What switching to a memory layout means (memory_whatif's layout names, matched by substring).
 LAYOUT_CHANGES = [
     ("zero1", "shard optimizer state over the data-parallel ranks (ZeRO-1: torch ZeroRedundancyOptimizer, DeepSpeed "
-              "stage 1); communication stays 2Φ per step in DeepSpeed's design"),
+              "stage 1); communication stays 2Φ per step in DeepSpeed's design (reduce-scatter + all-gather), while "
+              "torch's ZeroRedundancyOptimizer keeps DDP's all-reduce and broadcasts the updated parameters: 3Φ, 1.5× DDP"),
     ("zero2", "shard gradients too (ZeRO-2: DeepSpeed stage 2, FSDP SHARD_GRAD_OP); communication stays 2Φ "
               "(reduce-scatter + all-gather)"),
     ("zero3", "shard parameters too (ZeRO-3 / FSDP fully_shard): parameters are all-gathered when used, 3Φ of "
-              "communication per step instead of 2Φ"),
+              "communication per step instead of DDP's 2Φ"),
     ("fsdp", "shard parameters too (FSDP fully_shard / ZeRO-3): parameters are all-gathered when used, 3Φ of "
-             "communication per step instead of 2Φ"),
+             "communication per step instead of DDP's 2Φ"),
 ]
 
 

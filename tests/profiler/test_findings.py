@@ -13,7 +13,7 @@ import pytest
 
 import profiler.findings as F
 from profiler import load_traces
-from profiler.alphabeta import FIT_COLUMNS
+from profiler.alphabeta import FIT_COLUMNS, PREDICT_COLUMNS
 from profiler.collectives import COLUMNS as COLL_COLUMNS
 from profiler.exposed import EXPOSED_COLUMNS
 from profiler.findings import FINDING_COLUMNS, findings
@@ -87,8 +87,17 @@ def test_exposed_comm_names_the_worst_rank_collective_and_phase():
     assert (f["rule"], f["run"], f["rank"], f["score"]) == ("exposed-comm", "A", 0, 20.0)
     assert "20.0 % of rank 0's step time (200 µs of 1.00 ms over step 1)" in f["text"]
     assert "most of it is all_gather in forward: 150 µs, 75.0 % of the exposed time, in 3 calls" in f["text"]
-    assert "rank 0 (the worst of 2)" in f["evidence"] and "reduce_scatter in backward 50.0 µs of 100 µs" in f["evidence"]
+    assert "rank 0 (the worst of 2)" in f["evidence"]
+    # comm_us sums the calls' durations (overlapping calls each count): not a wall time
+    assert "reduce_scatter in backward 50.0 µs of 100 µs summed call time" in f["evidence"]
     assert "forward_prefetch" in f["change"]
+
+
+def test_exposed_comm_on_one_rank_names_no_worst():
+    e = exposed_case()
+    e.breakdown = e.breakdown.filter(pl.col("rank") == 0)
+    f = only(F.exposed_comm_rule(e))
+    assert f["evidence"].startswith("run A, rank 0, step 1;")
 
 
 def test_exposed_comm_without_a_phase_says_so():
@@ -114,10 +123,10 @@ def test_exposed_comm_is_silent_below_its_threshold_and_on_nan():
 # Textbook 1F1B p=2, m=4: 1/5 = 20 %; replay: rank 0 30 %, rank 1 20 % (mean 25 %): imbalance
 # 25 - 20 = 5, communication wait 30 - 25 = 5. Slowest: rank 1, 80 / 60 = 1.33x.
 
-def pipeline_case(bubbles=(40.0, 20.0), split: tuple | None = None) -> SimpleNamespace:
+def pipeline_case(bubbles=(40.0, 20.0), split: tuple | None = None, schedule: str = "1f1b", v: int = 1) -> SimpleNamespace:
     rows = []
     for rank, (bubble, ideal) in enumerate(zip(bubbles, (30.0, 20.0))):
-        rows.append({"run": "A", "rank": rank, "step": 1, "schedule": "1f1b", "pp_ranks": 2, "microbatches": 4, "stages_per_rank": 1,
+        rows.append({"run": "A", "rank": rank, "step": 1, "schedule": schedule, "pp_ranks": 2, "microbatches": 4, "stages_per_rank": v,
                      "window_us": 100.0, "busy_us": 100.0 - bubble, "bubble_us": bubble, "bubble_pct": bubble,
                      "theory_pct": 20.0, "ideal_pct": ideal})
     p = frame(rows, SUMMARY_COLUMNS | {"run": pl.String})
@@ -139,7 +148,21 @@ def test_pipeline_bubble_from_theory_and_replay():
     assert "rank 0 40.0 %, rank 1 20.0 %" in f["evidence"]
     assert f["change"].count("; then ") == 2  # 20, 5 and 5 %: each part at BUBBLE_PART_MIN_PCT or more gets its change
     # the schedule's share is the largest: 1/5 at m=4, 1/9 at m=8
-    assert f["change"].startswith("raise the microbatch count: (p−1)/(m+p−1) is 20.0 % at m=4, 11.1 % at m=8")
+    assert f["change"].startswith("raise the microbatch count: 1f1b's textbook bubble (p−1)/(m+p−1), a share of an ideal "
+                                  "pipeline's time (no imbalance, no communication), is 20.0 % at m=4, 11.1 % at m=8; or an "
+                                  "interleaved (v > 1 stages per rank) or zero-bubble schedule")
+
+
+def test_pipeline_bubble_on_an_interleaved_run_knows_v_and_suggests_another_schedule():
+    # p=2, m=4, v=2: 1/(2·4+1) = 11.1 %; m=8: 1/17 = 5.88 %; v=3: 1/13 = 7.69 %
+    f = only(F.pipeline_bubble_rule(pipeline_case(schedule="interleaved-1f1b", v=2)))
+    assert "20.0 % is interleaved-1f1b's own bubble (p=2, m=4, v=2)" in f["text"]
+    assert f["change"].startswith("raise the microbatch count: interleaved-1f1b's textbook bubble (p−1)/(v·m+p−1), a share "
+                                  "of an ideal pipeline's time (no imbalance, no communication), is 11.1 % at m=4, 5.88 % at m=8; "
+                                  "or more stages per rank: 7.69 % at v=3; or a zero-bubble schedule")
+    assert "interleaved or" not in f["change"]
+    zb = only(F.pipeline_bubble_rule(pipeline_case(schedule="zero-bubble")))
+    assert zb["change"].startswith("raise the microbatch count; then ") and "schedule" not in zb["change"].split("; then ")[0]
 
 
 def test_pipeline_bubble_uses_the_split_columns_when_there():
@@ -159,8 +182,8 @@ def test_pipeline_bubble_is_silent_below_its_threshold():
 # 3. persistent memory: Φ = 1 Mi fp32 parameters, AdamW, dp 2. DDP holds 4 + 4 + 8 = 16 MiB;
 # ZeRO-1 4 + 4 + 4 = 12 MiB (-25 %); ZeRO-3 2 + 2 + 4 = 8 MiB (-50 %).
 
-def memory_case(current: str = "ddp", zero1_mib: float = 12) -> SimpleNamespace:
-    layouts = [("ddp", 4, 4, 8), ("zero1", 4, 4, zero1_mib - 8), ("zero2", 4, 2, 4), ("zero3", 2, 2, 4)]
+def memory_case(current: str = "ddp", zero1_mib: float = 12, zero2=(4, 2, 4), zero3=(2, 2, 4)) -> SimpleNamespace:
+    layouts = [("ddp", 4, 4, 8), ("zero1", 4, 4, zero1_mib - 8), ("zero2", *zero2), ("zero3", *zero3)]
     whatif = frame([{"run": "A", "layout": lay, "dp": 2, "params_bytes": int(p * MIB), "grads_bytes": int(g * MIB),
                      "optimizer_bytes": int(o * MIB), "total_bytes": int((p + g + o) * MIB), "current": lay == current}
                     for lay, p, g, o in layouts], WHATIF_COLUMNS)
@@ -171,10 +194,27 @@ def memory_case(current: str = "ddp", zero1_mib: float = 12) -> SimpleNamespace:
 
 def test_persistent_memory_names_the_largest_component_and_the_next_stage():
     f = only(F.persistent_memory_rule(memory_case()))
-    assert (f["rule"], f["rank"], f["score"]) == ("persistent-memory", 0, 25.0)
+    assert (f["rule"], f["rank"], f["score"]) == ("persistent-memory", 0, 50.0)  # the largest saving: zero3
     assert f["text"] == ("Optimizer state is the largest persistent memory on rank 0: 8.00 MiB of 16.0 MiB (50.0 %, run.json); "
-                         "zero1 would hold 12.0 MiB per rank (−25.0 %), zero3 8.00 MiB (−50.0 %).")
+                         "zero1, the next stage, would hold 12.0 MiB per rank (−25.0 %), zero3, the smallest, 8.00 MiB (−50.0 %).")
     assert f["change"].startswith("switch to zero1: shard optimizer state")
+    # torch's ZeroRedundancyOptimizer is not DeepSpeed's ZeRO-1: all-reduce 2Φ + parameter broadcast Φ
+    assert "2Φ per step in DeepSpeed's design" in f["change"] and "3Φ, 1.5× DDP" in f["change"]
+    assert "; for the most memory, switch to zero3: shard parameters too" in f["change"]
+
+
+def test_persistent_memory_threshold_is_on_the_largest_saving():
+    # On zero1 (12 MiB) torch's ZeRO-2 keeps the gathered 4 MiB beside its 1.5 MiB shard: 5.5 + 2 + 4
+    # = 11.5 MiB, −0.5/12 = −4.17 % (below 10 %), while zero3 holds 8 MiB: −4/12 = −33.3 %.
+    f = only(F.persistent_memory_rule(memory_case(current="zero1", zero2=(5.5, 2, 4))))
+    assert f["score"] == pytest.approx(100 / 3)
+    assert f["text"].endswith("; zero2, the next stage, would hold 11.5 MiB per rank (−4.17 %), zero3, the smallest, 8.00 MiB "
+                              "(−33.3 %); torch's ZeRO-2 (FSDP2 reshard_after_forward=False) holds 5.50 MiB of parameters "
+                              "while training, more than the textbook ZeRO-2's one replica (4.00 MiB): it keeps the gathered "
+                              "parameters beside its shard.")
+    assert f["change"].startswith("switch to zero3: shard parameters too")
+    # every layout within 10 %: nothing (zero3 11 MiB: −8.33 %)
+    assert F.persistent_memory_rule(memory_case(current="zero1", zero2=(5.5, 2, 4), zero3=(5, 2, 4))) == []
 
 
 def test_persistent_memory_from_the_theory_without_run_json_sizes():
@@ -188,7 +228,7 @@ def test_persistent_memory_from_the_theory_without_run_json_sizes():
 
 def test_persistent_memory_is_silent_at_the_last_stage_and_below_its_threshold():
     assert F.persistent_memory_rule(memory_case(current="zero3")) == []
-    assert F.persistent_memory_rule(memory_case(zero1_mib=15.5)) == []  # -3.1 % < 10 %
+    assert F.persistent_memory_rule(memory_case(zero1_mib=15.5, zero2=(4, 4, 7.5), zero3=(4, 4, 7))) == []  # −6.25 % < 10 %
     assert F.persistent_memory_rule(fake()) == []  # no run.json: no what-if
 
 
@@ -205,14 +245,17 @@ def straggler_case(window: float = 4000.0, share_3: float = 80.0, times_3: int =
     strag = pl.DataFrame({"run": "A", "group": g, "rank": [3, 2], "times_last": [times_3, 5 - times_3],
                           "mean_spread_us": [100.0, 200.0], "share_pct": [share_3, 100 - share_3]})
     b = frame([{"run": "A", "rank": k, "window_us": window} for k in range(4)], BREAKDOWN)
-    return fake(ranks=range(4), skew=skew, stragglers=strag, breakdown=b)
+    bs = frame([{"run": "A", "rank": k, "step": s, "window_us": window / 2} for k in range(4) for s in (1, 2)],
+               BREAKDOWN | {"step": pl.Int64})
+    return fake(ranks=range(4), skew=skew, stragglers=strag, breakdown=b, breakdown_steps=bs)
 
 
 def test_straggler_named_with_its_share():
     f = only(F.straggler_rule(straggler_case()))
     assert (f["rule"], f["rank"], f["score"]) == ("straggler", 3, 15.0)
-    assert f["text"] == ("Ranks of group [0, 1, 2, 3] start their collectives 120 µs apart on average: some rank waits 600 µs "
-                         "for a later one, 15.0 % of the step time; rank 3 is the last to start in 80.0 % of them (4 of 5).")
+    # the 600 µs is a total over the two profiled steps (4000 µs of window)
+    assert f["text"] == ("Ranks of group [0, 1, 2, 3] start their collectives 120 µs apart on average: over steps 1, 2 some rank "
+                         "waits 600 µs for a later one, 15.0 % of that time; rank 3 is the last to start in 80.0 % of them (4 of 5).")
     assert "all_reduce #4, 200 µs, last rank 2" in f["evidence"]
 
 
@@ -224,7 +267,7 @@ def test_skew_without_a_straggler():
 def test_concurrent_collectives_wait_once():
     # the first four start together: their waits overlap, [0, 100) once, then [4000, 4200): 300 µs
     f = only(F.straggler_rule(straggler_case(window=2000.0, starts=(0.0, 0.0, 0.0, 0.0, 4e3))))
-    assert "some rank waits 300 µs for a later one, 15.0 % of the step time" in f["text"]
+    assert "some rank waits 300 µs for a later one, 15.0 % of that time" in f["text"]
 
 
 def test_straggler_is_silent_below_its_threshold_and_without_a_group():
@@ -261,32 +304,49 @@ def test_comm_volume_is_silent_below_its_threshold():
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. bandwidth: α = 100 µs, β = 1 GB/s (1000 B/µs); 10 all-reduces of 1000 B take 101 µs each.
-# Achieved 10000 B / 1010 µs = 0.0099 GB/s (0.99 % of β); latency 10 x 100 = 1000 µs = 99.0 % of
-# the time, 10 % of the 10 ms step.
+# 6. bandwidth (Analysis.alpha_beta_calls). Latency: α = 100 µs, β = 1 GB/s (1000 B/µs); 10
+# all-reduces of 1000 B take 101 µs each (predicted 100 + 1). Achieved 10000 B / 1010 µs = 0.0099
+# GB/s (0.99 % of β); α is 1000 / 1010 = 99.0 % of the predicted time; 10 x 100 µs = 10 % of the
+# 10 ms step. Waiting: α = 10 µs, 10 calls of 100 000 B predicted 10 + 100 = 110 µs take 1100 µs:
+# 1e6 B / 11 000 µs = 0.0909 GB/s (9.09 %); α 100 / 1100 = 9.09 % of the prediction; 10 x 990 µs
+# = 9.90 ms beyond the fit, 9.90 % of a 100 ms step.
 
-def bandwidth_case(window: float = 10_000.0, r2: float = 0.99) -> SimpleNamespace:
+def bandwidth_case(window: float = 10_000.0, r2: float = 0.99, alpha: float = 100.0, size: int = 1000,
+                   dur: float = 101.0) -> SimpleNamespace:
     fit = frame([{"run": "A", "backend": "gloo", "collective": "all_reduce", "group_size": 2, "n_calls": 10, "n_sizes": 2,
-                  "alpha_us": 100.0, "beta_gbps": 1.0, "r2": r2}], FIT_COLUMNS)
-    colls = fake().collectives
-    colls = pl.concat([colls, frame([{"run": "A", "rank": 0, "step": 1, "seq": i, "collective": "all_reduce", "algo": "all_reduce",
-                                      "group_size": 2, "size_bytes": 1000, "start_us": 200.0 * i, "end_us": 200.0 * i + 101,
-                                      "dur_us": 101.0} for i in range(10)], dict(colls.schema))])
+                  "alpha_us": alpha, "beta_gbps": 1.0, "r2": r2}], FIT_COLUMNS)
+    calls = [{"run": "A", "rank": 0, "step": 1, "seq": i, "backend": "gloo", "collective": "all_reduce", "group_size": 2,
+              "size_bytes": size, "dur_us": dur, "predicted_us": alpha + size / 1000, "beta_gbps": 1.0,
+              "algbw_gbps": size / dur / 1e3, "bw_vs_beta": size / dur / 1e3} for i in range(10)]
+    calls.append(calls[0] | {"step": None, "seq": 99, "dur_us": 1e9})  # outside the profiled steps: left out
     steps = frame([{"run": "A", "rank": 0, "step": 1, "window_us": window}], BREAKDOWN | {"step": pl.Int64})
-    return fake(alpha_beta=fit, collectives=colls, breakdown_steps=steps)
+    return fake(alpha_beta=fit, alpha_beta_calls=frame(calls, PREDICT_COLUMNS), breakdown_steps=steps)
 
 
 def test_latency_bound_collectives():
     f = only(F.bandwidth_rule(bandwidth_case()))
     assert (f["rule"], f["score"]) == ("bandwidth", pytest.approx(10.0))
-    assert f["text"] == ("all_reduce on 2 ranks reaches 0.00990 GB/s, 0.990 % of its fitted β 1.00 GB/s: the per-call latency "
-                         "α = 100 µs is 99.0 % of its time (median message 1000 B, 10.0 % of the step).")
+    assert f["text"] == ("all_reduce on 2 ranks reaches 0.00990 GB/s over its 10 calls, 0.990 % of its fitted β 1.00 GB/s: the "
+                         "per-call latency α = 100 µs is 99.0 % of the time α + n/β predicts for them (median message 1000 B); "
+                         "10 calls × α are 10.0 % of the step.")
     assert "fewer, larger messages" in f["change"]
+
+
+def test_slow_collectives_with_a_small_alpha_are_waiting_not_latency():
+    f = only(F.bandwidth_rule(bandwidth_case(window=100_000.0, alpha=10.0, size=100_000, dur=1100.0)))
+    assert f["score"] == pytest.approx(9.9)
+    assert f["text"] == ("all_reduce on 2 ranks reaches 0.0909 GB/s over its 10 calls, 9.09 % of its fitted β 1.00 GB/s, while "
+                         "α + n/β predicts 1.10 ms for them and they take 11.0 ms (10.0×); α is only 9.09 % of the prediction, "
+                         "so the gap is waiting (for a later rank, or for a link shared with other traffic), not latency: "
+                         "9.90 ms beyond the fit, 9.90 % of the step.")
+    assert "straggler" in f["change"] and "larger messages" not in f["change"]
 
 
 def test_bandwidth_is_silent_below_its_threshold_and_on_a_poor_fit():
     assert F.bandwidth_rule(bandwidth_case(window=100_000.0)) == []  # 1 % < 5 %
     assert F.bandwidth_rule(bandwidth_case(r2=0.5)) == []
+    # 10 calls of 1 MB in 1001 µs: 99.9 % of β, nothing lost
+    assert F.bandwidth_rule(bandwidth_case(alpha=1.0, size=1_000_000, dur=1001.0)) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,8 +394,33 @@ def compare_case(order=("A", "B"), b_scale: float | None = None) -> SimpleNamesp
     if b_scale:
         b = {k: v * b_scale if k.endswith("_us") else v for k, v in a.items()} | {"run": "B"}
         b_exp = [a_exp | {"run": "B", "exposed_us": 250.0 * b_scale}]
-    return fake(runs=order, breakdown_steps=frame([a, b], BREAKDOWN | {"step": pl.Int64}),
-                exposed=frame([a_exp, *b_exp], EXPOSED_COLUMNS | {"run": pl.String}))
+    c = fake(runs=order, breakdown_steps=frame([a, b], BREAKDOWN | {"step": pl.Int64}),
+             exposed=frame([a_exp, *b_exp], EXPOSED_COLUMNS | {"run": pl.String}))
+    c.runs = {r: RUN_JSON for r in order}
+    return c
+
+
+RUN_JSON = {"model": {"vocab_size": 256, "d_model": 64, "n_layers": 2, "seq_len": 32}, "global_batch_size": 8}
+
+
+def test_comparison_only_between_runs_of_one_model_and_at_most_two():
+    c = compare_case()
+    c.runs = {"A": RUN_JSON, "B": RUN_JSON | {"model": RUN_JSON["model"] | {"d_model": 128}}}
+    assert F.comparison_rule(c) == []  # another model
+    c.runs = {"A": RUN_JSON, "B": RUN_JSON | {"global_batch_size": 16}}
+    assert F.comparison_rule(c) == []  # another global batch
+    c.runs = {"A": None, "B": None}
+    assert F.comparison_rule(c) == []  # no run.json (foreign traces): nothing said
+    # four runs of one model, B, C, D each slower than A (2, 3, 4 ms): three comparisons, the two largest kept
+    c = compare_case()
+    rows = c.breakdown_steps.to_dicts()
+    extra = [rows[1] | {"run": r, "window_us": w, "non_compute_us": w - 900.0} for r, w in (("C", 3000.0), ("D", 4000.0))]
+    c.breakdown_steps = frame(rows + extra, BREAKDOWN | {"step": pl.Int64})
+    c.ranks = pl.DataFrame({"run": ["A", "B", "C", "D"], "rank": [0, 0, 0, 0]})
+    c.runs = {r: RUN_JSON for r in "ABCD"}
+    out = F.comparison_rule(c)
+    assert [r["score"] for r in out] == [75.0, pytest.approx(200 / 3)]  # D: 3/4, C: 2/3; B's 50 % left out
+    assert [r["text"].split("'s")[0] for r in out] == ["D", "C"]
 
 
 def test_comparison_names_the_main_cause():
@@ -378,13 +463,13 @@ def test_comparison_is_silent_for_close_runs_and_one_run():
 
 def test_findings_are_ranked_by_score_and_follow_the_schema():
     a = pipeline_case()  # 30
-    m, e = memory_case(), exposed_case()  # 25, 20
+    m, e = memory_case(), exposed_case()  # 50 (zero3's saving), 20
     a = SimpleNamespace(**(vars(a) | {"memory_whatif": m.memory_whatif, "persistent_memory": m.persistent_memory,
                                       "breakdown": e.breakdown, "breakdown_steps": e.breakdown_steps, "exposed": e.exposed}))
     out = findings(a)
     assert out.columns == list(FINDING_COLUMNS) and out.schema == pl.Schema(FINDING_COLUMNS)
-    assert out["rule"].to_list() == ["pipeline-bubble", "persistent-memory", "exposed-comm"]
-    assert out["score"].to_list() == [30.0, 25.0, 20.0]
+    assert out["rule"].to_list() == ["persistent-memory", "pipeline-bubble", "exposed-comm"]
+    assert out["score"].to_list() == [50.0, 30.0, 20.0]
 
 
 def test_no_input_no_findings():
@@ -445,10 +530,10 @@ def test_persistent_memory_on_ddp(runs):
     whatif = frame([{"run": run, "layout": lay, "dp": 2, "params_bytes": p, "grads_bytes": g, "optimizer_bytes": o,
                      "total_bytes": p + g + o, "current": lay == "ddp"} for lay, p, g, o in table], WHATIF_COLUMNS)
     f = only(F.persistent_memory_rule(dataclasses.replace(a, memory_whatif=whatif)))
-    assert f["score"] == pytest.approx(25.0)
+    assert f["score"] == pytest.approx(50.0)  # the largest saving, zero3: 2Φ of 4Φ
     mem = a.runs[run]["ranks"][0]["memory"]
     assert mem["optimizer_bytes"] > mem["params_bytes"]  # AdamW's two moments
-    assert f["text"].startswith("Optimizer state is the largest persistent memory") and "zero1 would hold" in f["text"]
+    assert f["text"].startswith("Optimizer state is the largest persistent memory") and "zero1, the next stage, would hold" in f["text"]
 
 
 @pytest.mark.multirank
@@ -458,8 +543,10 @@ def test_persistent_memory_on_ddp_from_the_memory_theory(runs):
     cur = a.memory_whatif.filter(pl.col("current"))
     z1 = a.memory_whatif.filter(pl.col("layout") == "zero1")
     assert cur["layout"][0] == "ddp"
-    assert f["score"] == pytest.approx(100 * (cur["total_bytes"][0] - z1["total_bytes"][0]) / cur["total_bytes"][0])
-    assert "zero1 would hold" in f["text"] and f["change"].startswith("switch to zero1")
+    best = a.memory_whatif["total_bytes"].min()
+    assert f["score"] == pytest.approx(100 * (cur["total_bytes"][0] - best) / cur["total_bytes"][0])
+    assert f"zero1, the next stage, would hold {F.bytes_text(z1['total_bytes'][0])}" in f["text"]
+    assert f["change"].startswith("switch to zero1")
 
 
 @pytest.mark.multirank
