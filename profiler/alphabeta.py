@@ -92,7 +92,12 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame, *, fastest_pe
     out = fits.with_columns(note=note).with_columns(
         alpha_us=pl.when(ok).then(alpha),
         beta_gbps=pl.when(ok).then(1e-3 / slope),
-        r2=pl.when(ok & pl.col("corr").is_finite()).then(pl.col("corr") ** 2),
+        # Two sizes: the line passes through both means, r² is 1 whatever the data: no measure of fit.
+        r2=pl.when(ok & pl.col("corr").is_finite() & (pl.col("n_sizes") > 2)).then(pl.col("corr") ** 2),
+    ).with_columns(
+        note=pl.when(ok & (pl.col("n_sizes") == 2))
+        .then(pl.lit("2 sizes: the line passes through both, so nothing checks the fit (r² null); not trusted"))
+        .otherwise(pl.col("note")),
     ).with_columns(
         note=pl.when(pl.col("r2") < TRUSTED_R2)
         .then(pl.format("r² {} < " + str(TRUSTED_R2) + ": sizes explain little of the times (waits, contention): "

@@ -45,6 +45,14 @@ def test_recovers_alpha_and_beta_from_noisy_calls():
     assert row["beta_busbw_gbps"] == pytest.approx(1.5 * row["beta_gbps"])
 
 
+def test_two_sizes_give_a_line_but_no_r2():
+    rows = [("broadcast", 1_000, 101.0), ("broadcast", 1_000, 99.0), ("broadcast", 9_000, 109.0)]
+    row = fit_alpha_beta(calls(rows), RANKS).row(0, named=True)
+    # the means (1000, 100) and (9000, 109): slope 9/8000 µs/B, α = 100 - 1000 * 9/8000
+    assert row["alpha_us"] == pytest.approx(100 - 1000 * 9 / 8000) and row["r2"] is None
+    assert "2 sizes" in row["note"] and "not trusted" in row["note"]
+
+
 def test_a_scattered_fit_is_shown_but_flagged_not_trusted():
     # times 100 + n/1e3 µs plus waits of 0..2000 µs that have nothing to do with size: r² is low
     rng = random.Random(3)
