@@ -254,8 +254,9 @@ def test_straggler_named_with_its_share():
     f = only(F.straggler_rule(straggler_case()))
     assert (f["rule"], f["rank"], f["score"]) == ("straggler", 3, 15.0)
     # the 600 µs is a total over the two profiled steps (4000 µs of window)
-    assert f["text"] == ("Ranks of group [0, 1, 2, 3] start their collectives 120 µs apart on average: over steps 1, 2 some rank "
-                         "waits 600 µs for a later one, 15.0 % of that time; rank 3 is the last to start in 80.0 % of them (4 of 5).")
+    assert f["text"] == ("Ranks of group [0, 1, 2, 3] start their collectives 120 µs apart on average: over steps 1, 2, for 600 µs "
+                         "in all at least one rank is waiting for a later one (not always the same rank), 15.0 % of that "
+                         "time; rank 3 is the last to start in 80.0 % of them (4 of 5).")
     assert "all_reduce #4, 200 µs, last rank 2" in f["evidence"]
 
 
@@ -264,10 +265,17 @@ def test_skew_without_a_straggler():
     assert f["rank"] is None and "no one rank is last consistently" in f["text"]
 
 
+def test_consistent_last_rank_over_too_few_collectives_is_said_not_denied():
+    # rank 3 last in 3 of 5 would be 60 %; here it is last in all 3 counted but < 4 times: too few
+    f = only(F.straggler_rule(straggler_case(share_3=100.0, times_3=3)))
+    assert f["rank"] is None and "no one rank is last consistently" not in f["text"]
+    assert "rank 3 is the last to start in 3 of 5, too few collectives (< 4) to call it a straggler" in f["text"]
+
+
 def test_concurrent_collectives_wait_once():
     # the first four start together: their waits overlap, [0, 100) once, then [4000, 4200): 300 µs
     f = only(F.straggler_rule(straggler_case(window=2000.0, starts=(0.0, 0.0, 0.0, 0.0, 4e3))))
-    assert "some rank waits 300 µs for a later one, 15.0 % of that time" in f["text"]
+    assert "for 300 µs in all at least one rank is waiting for a later one" in f["text"]
 
 
 def test_straggler_is_silent_below_its_threshold_and_without_a_group():
