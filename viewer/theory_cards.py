@@ -251,12 +251,14 @@ def theory_children(check: pl.DataFrame | None, has_manifest: dict[str, bool], r
     present = set(f["run"].to_list())
     out = []
     for run in runs:
+        if has_manifest.get(run) is False:  # said even beside its rows: those are measurements alone
+            out.append(html.Div(f"{run}: no theory for foreign traces (no run.json says what the run was); "
+                                "its measured bytes are shown without a prediction.", className="hint"))
+            continue
         if run in present:
             continue
         if run not in has_manifest:
             out.append(html.Div(f"{run}: not analysed (see the status above).", className="hint"))
-        elif not has_manifest[run]:
-            out.append(html.Div(f"{run}: no theory for foreign traces (no run.json says what the run was).", className="hint"))
         else:
             out.append(html.Div(f"{run}: no predicted quantity for this run (theory knows no formula for it, or its "
                                 "run.json lacks the facts one needs: see the warnings of `ptprof analyze`).", className="hint"))
