@@ -85,7 +85,8 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                 evidence += "; exposed by collective: " + ", ".join(
                     # c sums the calls' durations: overlapping calls count each, so it is no wall time
                     f"{k} {phase_text(p)} {ms(e)} of {ms(c)} summed call time" for k, p, e, c, _ in by.head(3).iter_rows())
-        out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, collective_change(kind, phase)))
+        paradigm = manifest_field((getattr(a, "runs", None) or {}).get(run), "paradigm")
+        out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, collective_change(kind, phase, paradigm)))
     return out
 
 

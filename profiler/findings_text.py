@@ -69,8 +69,8 @@ COLLECTIVE_CHANGES: dict[tuple[str, str | None], str] = {
                                "reduce-scatter), async TP, or keep the TP group on the fastest link",
     ("all_reduce", None): "let the gradient all-reduce overlap backward (DDP buckets: a smaller bucket_cap_mb starts the "
                           "first one earlier), or all-reduce less often (gradient accumulation with no_sync)",
-    ("all_to_all", None): "overlap the expert dispatch and combine with compute (split the batch and pipeline the "
-                          "all-to-all, or run a shared expert meanwhile); a lower capacity factor sends less",
+    ("all_to_all", None): "overlap the all-to-all with compute (split the batch and pipeline it: MoE dispatch/combine, "
+                          "embedding or sequence exchanges alike), or send less per call",
     ("send", None): "pipeline transfers: more microbatches, and sends/receives posted early (isend/irecv, "
                     "batch_isend_irecv) so they overlap the next microbatch's compute",
     ("broadcast", "optimizer"): "ZeroRedundancyOptimizer broadcasts each rank's updated shard after every step: fewer, "
@@ -80,14 +80,20 @@ COLLECTIVE_CHANGES: dict[tuple[str, str | None], str] = {
                          "broadcast_buffers=False without changing buffers; ZeroRedundancyOptimizer's parameter broadcast "
                          "is the price of ZeRO-1 in torch)",
 }
+# An all-to-all of an expert-parallel run (run.json paradigm ep) is the MoE dispatch and combine.
+MOE_ALL_TO_ALL_CHANGE = ("overlap the expert dispatch and combine with compute (split the batch and pipeline the "
+                         "all-to-all, or run a shared expert meanwhile); a lower capacity factor sends less")
 GENERIC_CHANGE = "overlap it with compute (issue it asynchronously, wait later) or send fewer, larger messages"
 
 
-def collective_change(kind: str | None, phase: str | None) -> str:
-    """The change to try for exposed communication of this collective kind in this phase."""
+def collective_change(kind: str | None, phase: str | None, paradigm: str | None = None) -> str:
+    """The change to try for exposed communication of this collective kind in this phase (of a run
+    of this run.json paradigm; None for foreign traces)."""
     kind = "send" if kind in ("recv", "send_recv") else kind
     if kind is None:
         return GENERIC_CHANGE
+    if kind == "all_to_all" and paradigm == "ep":
+        return MOE_ALL_TO_ALL_CHANGE
     return COLLECTIVE_CHANGES.get((kind, phase)) or COLLECTIVE_CHANGES.get((kind, None)) or GENERIC_CHANGE
 
 

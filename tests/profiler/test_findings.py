@@ -105,6 +105,15 @@ def test_exposed_comm_without_a_phase_says_so():
     assert "all_gather (phase unknown)" in f["text"]
 
 
+def test_all_to_all_advice_is_moe_only_for_an_expert_parallel_run():
+    e = exposed_case()
+    e.exposed = e.exposed.with_columns(collective=pl.Series(["all_to_all", "reduce_scatter"]))
+    foreign = only(F.exposed_comm_rule(e))["change"]
+    assert "capacity factor" not in foreign and "embedding" in foreign  # a TorchRec all-to-all is no MoE
+    e.runs = {"A": {"paradigm": "ep"}}
+    assert "capacity factor" in only(F.exposed_comm_rule(e))["change"]
+
+
 def test_exposed_comm_names_the_largest_part_when_no_collective_has_most():
     e = exposed_case()
     e.exposed = e.exposed.with_columns(exposed_us=pl.Series([90.0, 60.0]))  # 90 of 200: 45 %
