@@ -101,7 +101,7 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame, *, fastest_pe
     ).with_columns(
         note=pl.when(pl.col("r2") < TRUSTED_R2)
         .then(pl.format("r² {} < " + str(TRUSTED_R2) + ": sizes explain little of the times (waits, contention): "
-                        "not trusted", pl.col("r2").round(3)))
+                        "not trusted", (pl.col("r2") * 1000).floor() / 1000))
         .otherwise(pl.col("note")),
     )
     # nccl-tests' busbw factor of each fit (a handful of rows); p2p and broadcast move n once.

@@ -396,12 +396,13 @@ def comparison_rule(a: "Analysis") -> list[Row]:
             text += f"{cause} adds {ms(delta)}, more than the whole difference ({ms(diff)}; other parts take less time)"
         evidence = f"mean per rank and step, {slow} minus {fast}: " + ", ".join(
             f"{k} {'+' if v >= 0 else '−'}{ms(abs(v))}" for k, v in sorted(deltas.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:4])
-        change = f"look at {cause} in {slow} first: " + _cause_change(cause)
+        change = f"look at {cause} in {slow} first: " + _cause_change(cause, manifest_field((getattr(a, "runs", None) or {}).get(slow), "paradigm"))
         out.append(_row("comparison", None, None, score, text + ".", evidence, change))
     return sorted(out, key=lambda r: -r["score"])[:MAX_COMPARISON_FINDINGS]
 
 
-MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "seq_len")
+# n_params too: an MoE model (experts) or another mlp_ratio shares the other dims with a dense one.
+MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "seq_len", "n_params")
 
 
 def _model_key(manifest: dict | None) -> tuple | None:
@@ -438,7 +439,7 @@ def _step_parts(a: "Analysis", run: str) -> tuple[float, dict[str, float]] | Non
     return step, parts
 
 
-def _cause_change(cause: str) -> str:
+def _cause_change(cause: str, paradigm: str | None = None) -> str:
     if cause == "compute":
         return ("compare the two runs' top operators and kernels: the extra compute is in those whose time grew "
                 "(parameter copies and casts of a sharded layout, recomputation, smaller and less efficient kernels)")
@@ -446,7 +447,7 @@ def _cause_change(cause: str) -> str:
         return "idle time: waits on other ranks, the host or data loading; see the straggler and pipeline findings"
     if " exposed " in cause:
         kind, phase = cause.split(" exposed ", 1)
-        return collective_change(kind, None if phase == "(phase unknown)" else phase.removeprefix("in "))
+        return collective_change(kind, None if phase == "(phase unknown)" else phase.removeprefix("in "), paradigm)
     return "memory copies and unclassified kernels: pinned memory, fewer host-device transfers"
 
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from profiler.alphabeta import TRUSTED_R2
+
 if TYPE_CHECKING:
     from profiler.report import Analysis
 
@@ -22,7 +24,7 @@ VOLUME_MIN_PCT = 1.0  # communication time the volume mismatch accounts for, % o
 LATENCY_MIN_PCT = 5.0  # time at stake (calls x α, or the time beyond α + n/β), % of the step time
 LATENCY_MAX_BW_FRACTION = 0.5  # ... while achieved bandwidth is at most this fraction of the fitted β
 ALPHA_MIN_SHARE_PCT = 50.0  # the gap is latency only where α is at least this share of the predicted time
-FIT_MIN_R2 = 0.8  # an α-β fit with a lower R² is not trusted
+FIT_MIN_R2 = TRUSTED_R2  # an α-β fit with a lower R² is not trusted (profiler.alphabeta)
 ACTIVATION_MIN_PCT = 50.0  # transient memory (peak - persistent), % of the device's peak
 COMPARE_MIN_PCT = 5.0  # step time difference between two runs, % of the slower step
 MAX_COMPARISON_FINDINGS = 2  # comparisons between runs kept (the highest scores), so they do not crowd out the rest

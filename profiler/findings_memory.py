@@ -73,7 +73,10 @@ def persistent_memory_rule(a: "Analysis") -> list[Row]:
         change = switch_change(nxt_layout) if nxt_saving >= MEMORY_SAVING_MIN_PCT else switch_change(best_layout)
         if nxt_saving >= MEMORY_SAVING_MIN_PCT and best_layout != nxt_layout:
             change += f"; for the most memory, {switch_change(best_layout)}"
-        out.append(_row("persistent-memory", run, rank, saving, text + ".", evidence, change))
+        # Scored by the saving of the layout the change names first (the next stage when it saves
+        # enough, else the smallest): what the first thing to try is worth.
+        score = nxt_saving if nxt_saving >= MEMORY_SAVING_MIN_PCT else saving
+        out.append(_row("persistent-memory", run, rank, score, text + ".", evidence, change))
     return out
 
 

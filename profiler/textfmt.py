@@ -145,7 +145,9 @@ def title(name: str, meaning: str) -> str:
 
 def wrap(text: str, first: str, rest: str) -> list[str]:
     """Text wrapped at WIDTH, made printable first (a name from a trace never starts a line)."""
-    return textwrap.wrap(printable(text), WIDTH, initial_indent=first, subsequent_indent=rest) or [first.rstrip()]
+    # Paths and names stay whole where they fit: no break at their hyphens.
+    return (textwrap.wrap(printable(text), WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+            or [first.rstrip()])
 
 
 def sparkline(values: list[float], *, low: float | None = None, high: float | None = None, width: int = 64) -> str:

@@ -253,8 +253,9 @@ def _ep(m: dict, facts: dict, rank: int) -> list[dict]:
              _row("ep", "forward", "all_to_all", n, k, k * n * 8, "int64 × ranks: split sizes")]
     by_rank = moe.get("routing_by_rank") or []
     if experts and n and experts % n:  # the runner refuses this; a run.json saying it is damaged
-        return rows + [_row("ep", "forward", "all_to_all", n, 2 * k, None, "experts spread evenly over ranks",
-                     f"{experts} experts do not divide over {n} ranks: all-to-all sizes unknown")]
+        return rows + [_row("ep", ph, "all_to_all", n, 2 * k, None, "experts spread evenly over ranks",
+                            f"{experts} experts do not divide over {n} ranks: all-to-all sizes unknown")
+                       for ph in ("forward", "backward")]
     local = experts // n if n else 0
     b = m.get("local_batch_size") or (m.get("global_batch_size") or 0) // max(n, 1)
     tokens = b * m["model"]["seq_len"]

@@ -252,8 +252,9 @@ def theory_children(check: pl.DataFrame | None, has_manifest: dict[str, bool], r
     out = []
     for run in runs:
         if has_manifest.get(run) is False:  # said even beside its rows: those are measurements alone
-            out.append(html.Div(f"{run}: no theory for foreign traces (no run.json says what the run was); "
-                                "its measured bytes are shown without a prediction.", className="hint"))
+            shown = "; its measured bytes are shown without a prediction" if run in present else ""
+            out.append(html.Div(f"{run}: no theory for foreign traces (no run.json says what the run was){shown}.",
+                                className="hint"))
             continue
         if run in present:
             continue
