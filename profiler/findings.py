@@ -31,7 +31,7 @@ FINDING_COLUMNS = {
 
 # Thresholds and helpers: profiler/findings_base.py; the memory rules: profiler/findings_memory.py.
 from profiler.findings_base import (  # noqa: F401  (thresholds re-exported: docs/findings.md names them here)
-    ACTIVATION_MIN_PCT, ALPHA_MIN_SHARE_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT,
+    ACTIVATION_MIN_PCT, ALPHA_MIN_SHARE_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT, IDLE_MIN_PCT,
     FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_COMPARISON_FINDINGS, MAX_FINDINGS, MEMORY_SAVING_MIN_PCT,
     SKEW_MIN_PCT, STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, VOLUME_MIN_PCT, Row, _finite, _row, _runs, _step_us, _str_run)
 from profiler.findings_memory import activation_memory_rule, persistent_memory_rule  # noqa: F401
@@ -451,6 +451,40 @@ def _cause_change(cause: str, paradigm: str | None = None) -> str:
     return "memory copies and unclassified kernels: pinned memory, fewer host-device transfers"
 
 
+# ---------------------------------------------------------------------------------------------
+# 9. The device idle: it waits on the host
+
+
+def idle_rule(a: "Analysis") -> list[Row]:
+    """A GPU with nothing to run for a large share of the window: the step is bound by the host."""
+    b = _str_run(a.breakdown)
+    if b is None or b.is_empty() or "device" not in b.columns:
+        return []
+    # CPU accounting (gloo ranks) has no device to leave idle: its "idle" is the host's own gaps.
+    b = b.filter((pl.col("device") == "gpu") & (pl.col("window_us") > 0) & pl.col("idle_us").is_finite())
+    b = b.with_columns(share_pct=100 * pl.col("idle_us") / pl.col("window_us"))
+    out = []
+    for run in b["run"].unique(maintain_order=True).to_list():
+        rb = b.filter(pl.col("run") == run).sort("share_pct", descending=True)
+        rank, share, idle_us, win_us = rb.select("rank", "share_pct", "idle_us", "window_us").row(0)
+        if not _finite(share) or share < IDLE_MIN_PCT:
+            continue
+        top = _str_run(a.top_operators)
+        ops = (top.filter((pl.col("run") == run) & (pl.col("rank") == rank)).sort("self_us", descending=True).head(3)
+               if top is not None and "self_us" in top.columns else None)
+        text = (f"The GPU of rank {rank} has nothing to run for {pct(share)} of its profiled window "
+                f"({ms(idle_us)} of {ms(win_us)}): the step waits on the host")
+        evidence = f"run {run}, rank {rank}" + (f" (the worst of {rb.height})" if rb.height > 1 else "")
+        if ops is not None and ops.height:
+            evidence += "; top CPU operators by self time: " + ", ".join(
+                f"{name} {ms(us)}" for name, us in ops.select("name", "self_us").iter_rows())
+        change = ("find what the host does between kernels (the top CPU operators above, the trace's gaps): data "
+                  "loading (more DataLoader workers, pin_memory, prefetch), Python overhead and many small kernels "
+                  "(CUDA graphs, torch.compile, larger batches), synchronisations (.item(), .cpu(), prints) in the step")
+        out.append(_row("idle", run, rank, share, text + ".", evidence, change))
+    return out
+
+
 RULES: dict[str, Callable[["Analysis"], list[Row]]] = {
     "exposed-comm": exposed_comm_rule,
     "pipeline-bubble": pipeline_bubble_rule,
@@ -459,5 +493,6 @@ RULES: dict[str, Callable[["Analysis"], list[Row]]] = {
     "comm-volume": comm_volume_rule,
     "bandwidth": bandwidth_rule,
     "activation-memory": activation_memory_rule,
+    "idle": idle_rule,
     "comparison": comparison_rule,
 }

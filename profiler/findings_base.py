@@ -26,6 +26,7 @@ LATENCY_MAX_BW_FRACTION = 0.5  # ... while achieved bandwidth is at most this fr
 ALPHA_MIN_SHARE_PCT = 50.0  # the gap is latency only where α is at least this share of the predicted time
 FIT_MIN_R2 = TRUSTED_R2  # an α-β fit with a lower R² is not trusted (profiler.alphabeta)
 ACTIVATION_MIN_PCT = 50.0  # transient memory (peak - persistent), % of the device's peak
+IDLE_MIN_PCT = 15.0  # device idle (no kernel, no copy), % of the worst rank's profiled window
 COMPARE_MIN_PCT = 5.0  # step time difference between two runs, % of the slower step
 MAX_COMPARISON_FINDINGS = 2  # comparisons between runs kept (the highest scores), so they do not crowd out the rest
 MAX_FINDINGS = 12  # the list stays short: the highest scores are kept

@@ -481,6 +481,31 @@ def test_comparison_is_silent_for_close_runs_and_one_run():
 # All rules together
 
 
+# 9. idle: rank 1's GPU idle 300 of 1000 µs (30 %), rank 0's 100 (10 %); a gloo rank's idle is no device's
+
+def idle_case(idle_1: float = 300.0, device: str = "gpu") -> SimpleNamespace:
+    b = frame([{"run": "A", "rank": 0, "window_us": 1000.0, "idle_us": 100.0},
+               {"run": "A", "rank": 1, "window_us": 1000.0, "idle_us": idle_1}], BREAKDOWN).with_columns(device=pl.lit(device))
+    top = pl.DataFrame({"run": "A", "rank": [1, 1], "name": ["DataLoader.__next__", "aten::copy_"],
+                        "count": [2, 5], "self_us": [250.0, 20.0], "total_us": [260.0, 20.0]})
+    return fake(ranks=(0, 1), breakdown=b, top_operators=top)
+
+
+def test_idle_gpu_names_the_rank_and_the_host_work():
+    f = only(F.idle_rule(idle_case()))
+    assert (f["rule"], f["rank"], f["score"]) == ("idle", 1, 30.0)
+    assert f["text"] == ("The GPU of rank 1 has nothing to run for 30.0 % of its profiled window (300 µs of 1.00 ms): "
+                         "the step waits on the host.")
+    assert f["evidence"] == ("run A, rank 1 (the worst of 2); top CPU operators by self time: DataLoader.__next__ 250 µs, "
+                             "aten::copy_ 20.0 µs")
+    assert "DataLoader workers" in f["change"]
+
+
+def test_idle_is_silent_below_its_threshold_and_on_cpu_ranks():
+    assert F.idle_rule(idle_case(idle_1=140.0)) == []  # 14 % < 15 %
+    assert F.idle_rule(idle_case(device="cpu")) == []  # gloo ranks: no device to starve
+
+
 def test_findings_are_ranked_by_score_and_follow_the_schema():
     a = pipeline_case()  # 30
     m, e = memory_case(), exposed_case()  # 25 (zero1's saving, the first change), 20
