@@ -34,7 +34,7 @@ def test_zbv_runs_with_only_gpus_and_numbers_steps_as_the_traces(tmp_path):
     manifest = json.loads((run / "run.json").read_text())
     assert manifest["model"]["preset"] == "tiny8" and manifest["model"]["n_layers"] == 8
     assert "Model tiny8 (8 layers, batch 8), the smallest preset that fits zbv on 2 ranks" in res.stdout
-    assert re.search(r"model +tiny8: 8 layers, [\d,]+ parameters \(the smallest preset that fits", res.stdout)
+    assert re.search(r"model +tiny8: 8 layers, [\d,]+ parameters \(smallest that fits; --model\)", res.stdout)
 
     profiled = manifest["profiler"]["profiled_steps"]
     assert profiled == [1, 2] and manifest["profiler"]["warmup"] == 1 and manifest["profiler"]["active"] == 2
