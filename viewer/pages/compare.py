@@ -167,28 +167,25 @@ def _checked(run_ids) -> tuple[list[str], str | None]:
 # answers a refusal with an empty figure saying why (the status line says it too), never a 500.
 
 
+def _card(run_ids, build):
+    """A card's children from `build(store, run_ids)`, or the refusal of odd run ids as one line."""
+    run_ids, why = _checked(run_ids)
+    return html.Div(why, className="error") if why else build(current_store(), run_ids)
+
+
 @callback(Output(ids.COMPARE_STATUS, "children"), Input(ids.COMPARE_RUNS, "data"))
 def show_status(run_ids):
-    run_ids, why = _checked(run_ids)
-    if why:
-        return html.Div(why, className="error")
-    return status_children(current_store(), run_ids)
+    return _card(run_ids, status_children)
 
 
 @callback(Output(ids.COMPARE_FINDINGS, "children"), Input(ids.COMPARE_RUNS, "data"))
 def show_findings(run_ids):
-    run_ids, why = _checked(run_ids)
-    if why:
-        return html.Div(why, className="error")
-    return findings_card(current_store(), run_ids)
+    return _card(run_ids, findings_card)
 
 
 @callback(Output(ids.COMPARE_THEORY, "children"), Input(ids.COMPARE_RUNS, "data"))
 def show_theory(run_ids):
-    run_ids, why = _checked(run_ids)
-    if why:
-        return html.Div(why, className="error")
-    return theory_card(current_store(), run_ids)
+    return _card(run_ids, theory_card)
 
 
 @callback(Output(ids.COMPARE_TIMELINE, "figure"), Input(ids.COMPARE_RUNS, "data"), Input(ids.COMPARE_TIMELINE, "relayoutData"))
