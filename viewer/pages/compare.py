@@ -167,7 +167,7 @@ def _checked(run_ids) -> tuple[list[str], str | None]:
 # answers a refusal with an empty figure saying why (the status line says it too), never a 500.
 
 
-def _card(run_ids, build):
+def _guarded(run_ids, build):
     """A card's children from `build(store, run_ids)`, or the refusal of odd run ids as one line."""
     run_ids, why = _checked(run_ids)
     return html.Div(why, className="error") if why else build(current_store(), run_ids)
@@ -175,17 +175,17 @@ def _card(run_ids, build):
 
 @callback(Output(ids.COMPARE_STATUS, "children"), Input(ids.COMPARE_RUNS, "data"))
 def show_status(run_ids):
-    return _card(run_ids, status_children)
+    return _guarded(run_ids, status_children)
 
 
 @callback(Output(ids.COMPARE_FINDINGS, "children"), Input(ids.COMPARE_RUNS, "data"))
 def show_findings(run_ids):
-    return _card(run_ids, findings_card)
+    return _guarded(run_ids, findings_card)
 
 
 @callback(Output(ids.COMPARE_THEORY, "children"), Input(ids.COMPARE_RUNS, "data"))
 def show_theory(run_ids):
-    return _card(run_ids, theory_card)
+    return _guarded(run_ids, theory_card)
 
 
 @callback(Output(ids.COMPARE_TIMELINE, "figure"), Input(ids.COMPARE_RUNS, "data"), Input(ids.COMPARE_TIMELINE, "relayoutData"))
