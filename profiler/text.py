@@ -114,7 +114,7 @@ def _theory_check(a, runs: list[str], full: bool) -> list[str]:
             if n > 1 and agree < n:
                 cells[4] += f" ({agree} of {n})"
             same = g.select(pl.col("predicted", "measured").n_unique()).row(0) == (1, 1)
-            rank = NONE if worst["rank"] is None else str(worst["rank"])
+            rank = NONE if worst["rank"] is None else f"rank {worst['rank']}"
             rows.append(cells + ["every rank" if n > 1 and same else rank])
         return table(header, rows, "lrrrll", shrink=0)
 

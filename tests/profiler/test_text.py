@@ -144,7 +144,7 @@ def test_theory_check_collapses_to_the_rank_furthest_from_theory(ddp):
     a = dataclasses.replace(ddp, theory_check=check_frame(run))
     (row,) = [line for line in section(format_tables(a), "Theory vs measured") if "all_reduce bytes" in line]
     assert "2.00 MiB" in row and "3.00 MiB" in row and "1.50×" in row
-    assert "above (1 of 4)" in row and row.rstrip().endswith("3")
+    assert "above (1 of 4)" in row and row.rstrip().endswith("rank 3")
     full = [line for line in section(format_tables(a, full=True), "Theory vs measured") if "all_reduce bytes" in line]
     assert len(full) == 4 and sum("match" in line for line in full) == 3
 
