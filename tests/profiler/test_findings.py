@@ -559,9 +559,13 @@ def test_exposed_comm_on_fsdp(runs, monkeypatch):
     f = only([r for r in findings(a).to_dicts() if r["rule"] == "exposed-comm"])
     b = a.breakdown.with_columns(share=100 * pl.col("exposed_comm_us") / pl.col("window_us")).sort("share", descending=True)
     assert f["rank"] == b["rank"][0] and f["score"] == pytest.approx(b["share"][0])
-    top = (a.exposed.filter(pl.col("rank") == f["rank"]).group_by("collective").agg(pl.col("exposed_us").sum())
-           .sort("exposed_us", descending=True)["collective"][0])
-    assert top in ("all_gather", "reduce_scatter") and f"most of it is {top}" in f["text"]
+    # the (collective, phase) with the most exposed time, computed here from the exposed frame;
+    # "most of it" when it holds half or more, else "the largest part" (timing decides which)
+    by = (a.exposed.filter(pl.col("rank") == f["rank"]).group_by("collective", "phase").agg(pl.col("exposed_us").sum())
+          .sort("exposed_us", descending=True))
+    top, phase = by["collective"][0], by["phase"][0]
+    assert top in ("all_gather", "reduce_scatter")
+    assert re.search(rf"(most of it|the largest part) is {top} in {phase}: ", f["text"]), f["text"]
 
 
 @pytest.mark.multirank
@@ -575,7 +579,8 @@ def test_persistent_memory_on_ddp(runs):
     whatif = frame([{"run": run, "layout": lay, "dp": 2, "params_bytes": p, "grads_bytes": g, "optimizer_bytes": o,
                      "total_bytes": p + g + o, "current": lay == "ddp"} for lay, p, g, o in table], WHATIF_COLUMNS)
     f = only(F.persistent_memory_rule(dataclasses.replace(a, memory_whatif=whatif)))
-    assert f["score"] == pytest.approx(50.0)  # the largest saving, zero3: 2Φ of 4Φ
+    # scored by the first change, zero1: Φ of 4Φ saved (zero3's 2Φ of 4Φ, 50 %, is named after it)
+    assert f["score"] == pytest.approx(25.0)
     mem = a.runs[run]["ranks"][0]["memory"]
     assert mem["optimizer_bytes"] > mem["params_bytes"]  # AdamW's two moments
     assert f["text"].startswith("Optimizer state is the largest persistent memory") and "zero1, the next stage, would hold" in f["text"]
