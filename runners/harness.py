@@ -48,6 +48,7 @@ PP_ACTION = "ptprof/pp/{kind} s{stage} mb{microbatch}"
 
 # Test hook: PTPROF_FAULT="raise@1:2" makes rank 1 raise at step 2 ("hang@R:S" sleeps forever,
 # "exit@R:S" exits with status 3). Lets the tests prove failure handling without flaky timing.
+# "slow@R:MS" makes rank R a straggler: it sleeps MS milliseconds before every step's forward.
 FAULT_ENV = "PTPROF_FAULT"
 
 
@@ -274,6 +275,9 @@ def _maybe_inject_fault(rank: int, step: int) -> None:
         return
     kind, _, where = spec.partition("@")
     fault_rank, _, fault_step = where.partition(":")
+    if kind == "slow" and int(fault_rank) == rank:
+        time.sleep(int(fault_step) / 1000)  # here the number after ":" is milliseconds, every step
+        return
     if int(fault_rank) != rank or int(fault_step) != step:
         return
     if kind == "raise":

@@ -21,7 +21,7 @@ from profiler.pipeline import ACTION_COLUMNS, SUMMARY_COLUMNS
 from profiler.report import analyze
 from profiler.theory import CHECK_COLUMNS
 from profiler.theory_memory import ACTIVATION_COLUMNS, MEMORY_COLUMNS, WHATIF_COLUMNS
-from tests.conftest import REPO, SHARED_TRACES
+from tests.conftest import REPO, SHARED_TRACES, ptprof
 
 MIB = 2**20
 BREAKDOWN = {"run": pl.String, "rank": pl.Int32, "window_us": pl.Float64, "compute_us": pl.Float64,
@@ -566,6 +566,36 @@ def test_exposed_comm_on_fsdp(runs, monkeypatch):
     top, phase = by["collective"][0], by["phase"][0]
     assert top in ("all_gather", "reduce_scatter")
     assert re.search(rf"(most of it|the largest part) is {top} in {phase}: ", f["text"]), f["text"]
+
+
+@pytest.mark.multirank
+def test_straggler_on_a_ddp_run_with_a_slow_rank(tmp_path):
+    # rank 1 sleeps 150 ms before every step's forward (the harness's PTPROF_FAULT test hook), so it
+    # starts each step's gradient all-reduce last: 4 profiled steps, rank 1 last in at least those 4.
+    # Warmup 2: step 1 also has DDP's one-time broadcasts, the first of which absorbs the wait.
+    res = ptprof("run", "ddp", "--gpus", "2", "--steps", "6", "--warmup", "2", "--active", "4", "--out", str(tmp_path),
+                 "--name", "slow", "--timeout", "120", env={"PTPROF_FAULT": "slow@1:150"})
+    assert res.returncode == 0, res.stderr
+    a = analyze(load_traces(tmp_path / "slow"))
+    f = only([r for r in findings(a).to_dicts() if r["rule"] == "straggler"])
+    assert f["rank"] == 1
+    last, of = map(int, re.search(r"rank 1 is the last to start in [\d.]+ % of them \((\d+) of (\d+)\)", f["text"]).groups())
+    assert last >= 4 and last / of >= F.STRAGGLER_MIN_SHARE_PCT / 100
+    # each wait is about the sleep: 4 x ~150 ms over 4 steps of at least 150 ms each
+    assert f["score"] >= F.SKEW_MIN_PCT
+
+
+@pytest.mark.multirank
+def test_activation_memory_on_an_fsdp_run_with_profile_memory(runs):
+    # the CPU counter sees only what each step allocates: on fsdp the gathered parameters and gradients
+    # are re-allocated, the rest of the peak is activations (docs/theory.md, "Activation share")
+    a = analyze(load_traces(runs("fsdp", 2, "--profile-memory")))
+    act = a.activation.sort("activation_pct", descending=True).row(0, named=True)
+    assert 0 < act["activation_bytes"] < act["footprint_bytes"]
+    # allocation sizes do not depend on timing: ~60 % on this tiny model (samples: 60.7-62.5 %)
+    assert act["activation_pct"] >= F.ACTIVATION_MIN_PCT
+    f = only([r for r in findings(a).to_dicts() if r["rule"] == "activation-memory"])
+    assert f["rank"] == act["rank"] and f["score"] == pytest.approx(act["activation_pct"])
 
 
 @pytest.mark.multirank
