@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from profiler.theory_params import ddp_buckets, fsdp_padded_numel, model_params, run_dtypes, tp_local_shape
+from profiler.theory_params import ddp_buckets, fsdp_padded_numel, mesh_coords, model_params, run_dtypes, tp_local_shape
 from profiler.theory_pipeline import PIPELINE_PARADIGMS, pipeline_p2p_rows
 
 # One row per (run, rank, dim, phase, collective, group_size): what one rank does per step.
@@ -283,7 +283,8 @@ def _hybrid(m: dict, facts: dict, rank: int) -> list[dict]:
     """Hybrid (runners/hybrid.py): FSDP2 over dp of each stage's tp shards, Megatron TP inside the
     stage per microbatch, pipeline sends between stages (profiler.theory_pipeline)."""
     dp, pp, tp = (m.get("mesh") or {}).get("dp", 1), (m.get("mesh") or {}).get("pp", 1), (m.get("mesh") or {}).get("tp", 1)
-    tp_i, pp_i = rank % tp, (rank // tp) % pp
+    at = mesh_coords(rank, pp=pp, tp=tp)
+    tp_i, pp_i = at["tp"], at["pp"]
     sp = bool((m.get("hybrid") or {}).get("sp"))
     pipe = m.get("pipeline")
     params = facts["params"]

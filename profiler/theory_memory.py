@@ -19,7 +19,7 @@ import math
 import polars as pl
 
 from profiler.discover import manifest_field
-from profiler.theory_params import Dtypes, chunk_size, model_params, run_dtypes, tp_local_shape
+from profiler.theory_params import Dtypes, chunk_size, mesh_coords, model_params, run_dtypes, tp_local_shape
 
 # Per (run, rank): the predicted persistent bytes of this run's layout. n_params: elements of the
 # rank's parameters at rest (its shards, unpadded). params_bytes: held while training (FSDP2
@@ -190,10 +190,8 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
                     f"n_params ({n_params:,}): no memory theory")
     out = []
     for rank in range(world):
-        # rank = ((dp_i * pp + pp_i) * tp + tp_i) * ep + ep_i (hybrid's mesh order, tp innermost)
-        ep_i, rest = rank % ep, rank // ep
-        tp_i, rest = rest % tp, rest // tp
-        pp_i, dp_i = rest % pp, rest // pp
+        at = mesh_coords(rank, pp=pp, tp=tp, ep=ep)
+        ep_i, tp_i, pp_i, dp_i = at["ep"], at["tp"], at["pp"], at["dp"]
         if pp > 1:
             # A stage keeps its blocks, the embeddings when first and the final norm and head when last.
             tensors = []

@@ -124,6 +124,14 @@ def model_params(model: dict, moe: dict | None = None) -> list[Param]:
     return out
 
 
+def mesh_coords(rank: int, *, pp: int = 1, tp: int = 1, ep: int = 1) -> dict[str, int]:
+    """A global rank's coordinates on the runners' mesh: rank = ((dp_i·pp + pp_i)·tp + tp_i)·ep + ep_i
+    (runners/hybrid.py's (dp, pp, tp) order, tp innermost; an ep run's ranks are its ep coordinate)."""
+    ep_i, rest = rank % ep, rank // ep
+    tp_i, rest = rest % tp, rest // tp
+    return {"dp": rest // pp, "pp": rest % pp, "tp": tp_i, "ep": ep_i}
+
+
 def chunk_size(n: int, parts: int, index: int) -> int:
     """Length of chunk `index` of torch.chunk(n elements, parts): ceil(n/parts) each, the last
     ones shorter or empty (DTensor's Shard and FSDP2 both split this way)."""

@@ -349,3 +349,12 @@ def test_measured_phases(runs):
     c = a.collectives.filter(pl.col("step") == pl.col("step").max())
     assert set(c.filter(pl.col("collective") == "all_reduce")["phase"]) == {"backward"}
     assert set(c.filter(pl.col("collective") == "broadcast")["phase"]) == {"optimizer"}
+
+
+def test_mesh_coords_follow_the_runners_order_tp_innermost():
+    from profiler.theory_params import mesh_coords
+
+    # dp2 x pp2 x tp2 (runners/hybrid.py): rank 5 = (dp 1 * 2 + pp 0) * 2 + tp 1
+    assert mesh_coords(5, pp=2, tp=2) == {"dp": 1, "pp": 0, "tp": 1, "ep": 0}
+    assert mesh_coords(6, pp=2, tp=2) == {"dp": 1, "pp": 1, "tp": 0, "ep": 0}
+    assert mesh_coords(3, ep=4) == {"dp": 0, "pp": 0, "tp": 0, "ep": 3}
