@@ -11,6 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.theory_params import ddp_buckets, fsdp_padded_numel, mesh_coords, model_params, run_dtypes, tp_local_shape
+from profiler import theory_seq
 from profiler.theory_pipeline import PIPELINE_PARADIGMS, pipeline_p2p_rows
 
 # One row per (run, rank, dim, phase, collective, group_size): what one rank does per step.
@@ -145,6 +146,10 @@ def _rank_rows(m: dict, facts: dict, rank: int) -> list[dict]:
         rows = _ep(m, facts, rank)
     elif paradigm == "hybrid":
         rows = _hybrid(m, facts, rank)
+    elif paradigm == "ulysses":
+        rows = theory_seq.ulysses_rows(m, facts, rank)
+    elif paradigm == "ring":
+        rows = theory_seq.ring_rows(m, facts, rank)
     if facts.get("note"):
         rows = [r | {"note": "; ".join(x for x in (r.get("note"), facts["note"]) if x)} for r in rows]
     return rows

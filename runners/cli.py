@@ -26,7 +26,7 @@ from pathlib import Path
 
 from runners.launch import describe_failures, launch
 from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv
-from runners.paradigms import DEFAULT_MODEL_CANDIDATES, PARADIGMS, default_model, problem_with
+from runners.paradigms import DEFAULT_MODEL_CANDIDATES, PARADIGMS, default_model, gpu_only_reason, problem_with
 
 __all__ = ["describe_failures", "find_runs", "main"]
 
@@ -117,6 +117,8 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str, bool]:
         raise UsageError("--out is empty: give the folder that receives <run-id>/ (default traces)")
     _check_out(Path(opts.out), name)
     device = _pick_device(ns.device, ns.gpus)
+    if device == "cpu" and (reason := gpu_only_reason(opts)):
+        raise UsageError(reason)
     return dataclasses.replace(opts, device=device), device, chosen
 
 
@@ -176,7 +178,8 @@ def _pick_device(requested: str, n: int) -> str:
 
 def _torchrun_argv(ns: argparse.Namespace, opts: RunOptions, log_dir: Path) -> list[str]:
     """The torch.distributed.run command line for this run (what `torchrun` would be given)."""
-    argv = ["--nnodes", str(opts.nnodes), "--nproc-per-node", str(opts.gpus), "--max-restarts", "0"]
+    nproc = PARADIGMS[opts.paradigm].processes_per_node(opts)
+    argv = ["--nnodes", str(opts.nnodes), "--nproc-per-node", str(nproc), "--max-restarts", "0"]
     if ns.rdzv_endpoint:
         # Static rendezvous: --node-rank fixes which node hosts which ranks (global rank 0 on node
         # 0, the node that publishes the run); c10d would assign them by arrival order.

@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.profiler import ProfilerActivity, record_function
 
-from runners.model import GPT, GPTConfig, count_params, lm_loss
+from runners.model import GPT, RECOMPUTE_SPAN, GPTConfig, count_params, lm_loss
 from runners.options import RunOptions, options_from_namespace, worker_parser
 
 RUN_SCHEMA = "ptprof.run/1"
@@ -40,6 +40,9 @@ PHASE_FORWARD = "ptprof/forward"
 PHASE_BACKWARD = "ptprof/backward"
 PHASE_OPTIMIZER = "ptprof/optimizer"
 PHASES = {"forward": PHASE_FORWARD, "backward": PHASE_BACKWARD, "optimizer": PHASE_OPTIMIZER}
+# With --recompute, each block's forward run again inside backward (activation checkpointing) is
+# a span of its own, nested in the backward phase (or in a pipeline's B / I action).
+PHASE_RECOMPUTE = RECOMPUTE_SPAN
 # Pipeline runs (runners/pipeline.py) annotate each stage's compute per microbatch instead of
 # forward/backward: kind F (forward), B (full backward), I (input-grad backward), W (weight-grad
 # backward) or L (the loss, on the last stage), e.g. "ptprof/pp/F s1 mb3". Compute only: the
@@ -89,6 +92,9 @@ class Parallel:
     # Called on every rank after the profiled steps, before run.json: the place for collectives
     # that summarize the run (they stay out of the traces).
     after_training: Callable[[], None] | None = None
+    # How many shards each sequence is cut into (ulysses, ring: the ranks); a rank's loss covers
+    # seq_len / seq_shards tokens of each of its rows.
+    seq_shards: int = 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +137,9 @@ def model_config(opts: RunOptions, **overrides) -> GPTConfig:
 def build_model(opts: RunOptions, **overrides) -> GPT:
     """The full model, identically initialised on every rank (same seed), on the CPU."""
     torch.manual_seed(opts.seed)
-    return GPT(model_config(opts, **overrides))
+    model = GPT(model_config(opts, **overrides))
+    model.set_recompute(opts.recompute)
+    return model
 
 
 def optimizer_kwargs(opts: RunOptions) -> dict:
@@ -342,7 +350,9 @@ def train(ctx: Context, par: Parallel) -> dict:
         "host": socket.gethostname(),
         "trace": trace_path.name,
         "losses": losses if par.reports_loss else [None] * len(losses),
-        "loss_tokens": (opts.global_batch_size // par.dp_size) * opts.sequence_length if par.reports_loss else 0,
+        "loss_tokens": (
+            (opts.global_batch_size // par.dp_size) * (opts.sequence_length // par.seq_shards) if par.reports_loss else 0
+        ),
         "step_time_s": step_times,
         "memory": probe.numbers,
     }
@@ -423,7 +433,9 @@ def write_manifest(ctx: Context, par: Parallel, n_params: int, ranks: list[dict]
             "with_stack": opts.with_stack,
             "record_shapes": True,
         },
-        "phases": par.phases,
+        "phases": par.phases | ({"recompute": PHASE_RECOMPUTE} if opts.recompute else {}),
+        # Activation checkpointing (--recompute): what is recomputed and the span that marks it.
+        "recompute": {"granularity": "block", "span": PHASE_RECOMPUTE} if opts.recompute else None,
         "losses": global_losses(ranks),
         "ranks": ranks,
         "pipeline": None,

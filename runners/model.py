@@ -5,16 +5,25 @@ Every runner trains this model, so its structure is what the parallel plans name
 `moe`), `norm`, `head`. Blocks live in a ModuleDict keyed by layer index so a pipeline stage can
 delete the blocks it does not own and keep the others' names (and so their seeded weights).
 Attention infers the local head count from `wq`'s output size, so tensor parallelism (which
-shards `wq` by columns) needs no change here.
+shards `wq` by columns) needs no change here. Its `core` (q, k, v -> y, causal) is an attribute so
+sequence/context parallel runners (Ulysses, ring attention) can replace just the attention itself,
+and `GPT.forward` takes the positions of the tokens it is given (a rank's sequence shard).
+
+With `recompute` set on a block (activation checkpointing, `ptprof run ... --recompute`), the
+block keeps only its input in forward and runs its forward again inside backward, under the
+`RECOMPUTE_SPAN` annotation (docs/run-layout.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import record_function
+from torch.utils.checkpoint import checkpoint
 
 from runners.options import MODEL_PRESETS
 
@@ -43,9 +52,19 @@ class GPTConfig:
         return self.n_experts > 0 and i % self.moe_every == self.moe_every - 1
 
 
+# The span of a block's forward recomputed inside backward (activation checkpointing).
+RECOMPUTE_SPAN = "ptprof/recompute"
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention of [b, heads, t, head_dim] tensors: the single-process core."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
+        self.core = causal_attention  # replaced by sequence/context-parallel runners
         self.head_dim = cfg.d_model // cfg.n_heads
         self.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.wk = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
@@ -56,7 +75,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         # -1 heads: under tensor parallelism wq/wk/wv hold only this rank's heads.
         q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.core(q, k, v)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -139,10 +158,24 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.ffn = MoE(cfg) if moe else MLP(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
+        self.recompute = False  # activation checkpointing of this block (set by the harness)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            # Non-reentrant checkpoint: only x is saved; the body runs again when backward first
+            # needs one of its activations, under RECOMPUTE_SPAN. Hooks on the block itself (FSDP's
+            # all-gather) stay outside; hooks on its submodules (tensor parallel) run again.
+            return checkpoint(self.body, x, use_reentrant=False, context_fn=_recompute_contexts)
+        return self.body(x)
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.ffn(self.ln2(x))
+
+
+def _recompute_contexts():
+    # (context of the first forward, context of the recomputation inside backward)
+    return contextlib.nullcontext(), record_function(RECOMPUTE_SPAN)
 
 
 class GPT(nn.Module):
@@ -162,15 +195,23 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(_init_weights)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens [b, t] -> logits [b, t, vocab] (or hidden states for a pipeline stage). `positions`:
+        the tokens' positions in the sequence (default 0..t-1; a sequence shard passes its own)."""
         if self.tok_emb is not None:
-            positions = torch.arange(x.shape[1], device=x.device)
+            if positions is None:
+                positions = torch.arange(x.shape[1], device=x.device)
             x = self.tok_emb(x) + self.pos_emb(positions)
         for block in self.blocks.values():
             x = block(x)
         if self.head is not None:
             x = self.head(self.norm(x))
         return x
+
+    def set_recompute(self, on: bool = True) -> None:
+        """Activation checkpointing per block (`--recompute`)."""
+        for block in self.blocks.values():
+            block.recompute = on
 
     def aux_loss(self) -> torch.Tensor | float:
         """Sum of the MoE load-balancing losses of the last forward (0.0 for a dense model)."""

@@ -62,6 +62,10 @@ class RunOptions:
     dp: int | None = None  # FSDP2 data-parallel degree; None = the ranks left after pp x tp
     pp: int | None = None  # pipeline degree (stages over `schedule`); None = 1, no pipeline
     tp: int | None = None  # tensor-parallel degree inside each stage; None = 1, no tensor parallelism
+    # Memory/compute trade-offs (every paradigm) and GPU-only variants
+    recompute: bool = False  # activation checkpointing per transformer block (non-reentrant)
+    loss_parallel: bool = False  # tp: vocabulary-parallel cross-entropy, logits stay sharded
+    offload: bool = False  # fsdp: FSDP2 CPUOffloadPolicy, sharded state held in CPU memory (GPU only)
     run_id: str = ""  # filled in by the launcher; the workers write into <out>/.<run_id>.tmp/
 
     def __post_init__(self) -> None:
@@ -211,6 +215,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="profiled steps at the end of the run, exported to the traces (default 3, or what --steps "
         "leaves after warmup: --steps 3 profiles 2)",
     )
+    g.add_argument(
+        "--recompute",
+        action="store_true",
+        help="activation checkpointing: every transformer block keeps only its input and recomputes its "
+        "forward inside backward (about one more forward of compute, far fewer activations held); the "
+        "recomputation is its own span in the traces",
+    )
     p.add_argument("--profile-memory", action="store_true", help="record allocator [memory] events")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (bigger traces)")
 
@@ -242,6 +253,18 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
     tp = parser.add_argument_group("tensor / sequence / expert parallel (tp, ep, hybrid)")
     tp.add_argument("--sp", action="store_true", help="tp, hybrid: also shard LayerNorm regions on the sequence dim")
+    tp.add_argument(
+        "--loss-parallel",
+        action="store_true",
+        help="tp: vocabulary-parallel cross-entropy (Megatron; torch's loss_parallel): the logits stay "
+        "sharded over the vocabulary instead of being all-gathered for the loss",
+    )
+    tp.add_argument(
+        "--offload",
+        action="store_true",
+        help="fsdp: FSDP2 CPUOffloadPolicy, parameters, gradients and optimizer state held in CPU memory "
+        "(GPU only)",
+    )
     tp.add_argument("--experts", type=_positive_int, default=None,
                     help="ep: experts per MoE layer (default: 4, or the smallest multiple of the ranks above 4)")
     tp.add_argument("--top-k", type=_positive_int, default=2, help="ep: experts per token (default 2)")

@@ -26,6 +26,10 @@ class Paradigm:
     data_parallel: Callable[[RunOptions], int] = _all_ranks
     # Paradigm-specific checks run before any process starts: a one-line problem, or None.
     check: Callable[[RunOptions], str | None] = lambda opts: None
+    # Why the paradigm cannot run on gloo CPU ranks, or None: refused (exit 2) when no GPU is in use.
+    needs_gpu: str | None = None
+    # Processes per node torchrun starts (all but `dp`, one process driving every GPU: --gpus).
+    processes_per_node: Callable[[RunOptions], int] = lambda opts: opts.gpus
 
 
 def _check_tp(opts: RunOptions) -> str | None:
@@ -40,6 +44,33 @@ def _check_tp_degree(opts: RunOptions, t: int, who: str) -> str | None:
             return f"{who} needs {what} ({size}, model {opts.model!r}) divisible by {t}"
     if opts.sp and opts.sequence_length % t:
         return f"--sp over {t} ranks needs --seq-len ({opts.sequence_length}) divisible by {t}"
+    return None
+
+
+def _check_sequence_parallel(opts: RunOptions) -> str | None:
+    # Ulysses swaps sequence shards for head shards (heads % P); ring attention cuts the sequence
+    # into 2P chunks, two per rank, for a balanced causal mask (seq % 2P).
+    p, n_heads, seq = opts.world_size, opts.preset[3], opts.sequence_length
+    if opts.paradigm == "ulysses" and n_heads % p:
+        return f"ulysses over {p} ranks needs attention heads ({n_heads}, model {opts.model!r}) divisible by {p}"
+    chunks = 2 * p if opts.paradigm == "ring" else p
+    if seq % chunks:
+        return f"{opts.paradigm} over {p} ranks needs --seq-len ({seq}) divisible by {chunks}"
+    return None
+
+
+def _check_pipedream(opts: RunOptions) -> str | None:
+    p, n_layers, batch = opts.world_size, opts.preset[2], opts.global_batch_size
+    m = opts.microbatches if opts.microbatches is not None else 2 * p
+    if p < 2:
+        return f"pipedream needs at least 2 ranks (pipeline stages on different ranks), got {p}"
+    if p > n_layers:
+        return f"pipedream over {p} ranks needs {p} layers, but model {opts.model!r} has {n_layers}; use --model tiny8"
+    if (counts := opts.stage_layer_counts) is not None and (len(counts) != p or sum(counts) != n_layers):
+        return (f"--stage-layers {opts.stage_layers} gives {len(counts)} stage(s) of {sum(counts)} blocks; pipedream "
+                f"over {p} ranks needs {p} counts summing to the {n_layers} layers of model {opts.model!r}")
+    if m > batch or batch % m:
+        return f"--batch-size {batch} does not split into {m} equal microbatches; use --microbatches dividing {batch}"
     return None
 
 
@@ -190,6 +221,30 @@ PARADIGMS: dict[str, Paradigm] = {
         name: Paradigm("runners.pipeline", schedule.summary, data_parallel=lambda opts: 1, check=_check_pipeline)
         for name, schedule in PIPELINE_SCHEDULES.items()
     },
+    "ulysses": Paradigm(
+        "runners.ulysses",
+        "DeepSpeed-Ulysses sequence parallel: sequence shards, all-to-all to head shards around attention",
+        data_parallel=lambda opts: 1,
+        check=_check_sequence_parallel,
+    ),
+    "ring": Paradigm(
+        "runners.ring",
+        "ring attention (context parallel): K/V blocks passed round the ring by send/recv, online softmax",
+        data_parallel=lambda opts: 1,
+        check=_check_sequence_parallel,
+    ),
+    "pipedream": Paradigm(
+        "runners.pipedream",
+        "PipeDream async 1F1B: weights updated after every microbatch, no flush, weight stashing",
+        data_parallel=lambda opts: 1,
+        check=_check_pipedream,
+    ),
+    "dp": Paradigm(
+        "runners.dp",
+        "torch.nn.DataParallel: one process drives --gpus GPUs, model replicated every step (GPU only)",
+        needs_gpu="dp (torch.nn.DataParallel) drives several GPUs from one process and needs CUDA; use ddp for gloo ranks on CPU",
+        processes_per_node=lambda opts: 1,
+    ),
     "hybrid": Paradigm(
         "runners.hybrid",
         "3D: FSDP2 over --dp, pipeline --schedule over --pp, tensor parallel over --tp (product = ranks)",
@@ -203,9 +258,9 @@ PARADIGMS: dict[str, Paradigm] = {
 # be silently ignored, and the run would not be the one asked for.
 _PIPELINES = frozenset(PIPELINE_SCHEDULES)
 PARADIGM_FLAGS: dict[str, frozenset[str]] = {
-    "microbatches": _PIPELINES | {"hybrid"},
+    "microbatches": _PIPELINES | {"hybrid", "pipedream"},
     "stages_per_rank": _PIPELINES | {"hybrid"},
-    "stage_layers": _PIPELINES,
+    "stage_layers": _PIPELINES | {"pipedream"},
     "schedule": frozenset({"hybrid"}),
     "sp": frozenset({"tp", "hybrid"}),
     "experts": frozenset({"ep"}),
@@ -214,7 +269,19 @@ PARADIGM_FLAGS: dict[str, frozenset[str]] = {
     "dp": frozenset({"hybrid"}),
     "pp": frozenset({"hybrid"}),
     "tp": frozenset({"hybrid"}),
+    "loss_parallel": frozenset({"tp"}),
+    "offload": frozenset({"fsdp"}),
 }
+
+
+def gpu_only_reason(opts: RunOptions) -> str | None:
+    """Why `opts` cannot run on gloo CPU ranks (a one-line error when no GPU is in use), or None."""
+    if PARADIGMS[opts.paradigm].needs_gpu:
+        return PARADIGMS[opts.paradigm].needs_gpu
+    if opts.offload:
+        return ("fsdp --offload (FSDP2 CPUOffloadPolicy) moves sharded state between GPU and CPU memory and "
+                "needs CUDA; without a GPU the state is in CPU memory already: run fsdp")
+    return None
 
 
 def check_flags(opts: RunOptions) -> str | None:
