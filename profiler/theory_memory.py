@@ -154,6 +154,8 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
         return [], f"run.json's {experts} experts are beyond any real model: no memory theory"
     if not world or world > MAX_WORLD:
         return [], "run.json has no plausible world_size: no memory theory"
+    if paradigm == "dp":  # DataParallel: one process holds the whole model on its first GPU, as ddp
+        mesh = {}  # (its dp degree counts GPUs, not processes; the replicas live only inside a step)
     dp, pp, tp = (_int(mesh.get(k), 1) for k in ("dp", "pp", "tp"))
     ep = _int(mesh.get("ep"), 1)
     if dp * pp * tp * ep != world:

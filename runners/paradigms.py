@@ -244,6 +244,8 @@ PARADIGMS: dict[str, Paradigm] = {
         "torch.nn.DataParallel: one process drives --gpus GPUs, model replicated every step (GPU only)",
         needs_gpu="dp (torch.nn.DataParallel) drives several GPUs from one process and needs CUDA; use ddp for gloo ranks on CPU",
         processes_per_node=lambda opts: 1,
+        check=lambda opts: (f"dp is one process on one node (torch.nn.DataParallel); --nnodes {opts.nnodes} needs ddp"
+                            if opts.nnodes > 1 else None),
     ),
     "hybrid": Paradigm(
         "runners.hybrid",
