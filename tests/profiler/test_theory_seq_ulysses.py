@@ -75,7 +75,11 @@ def test_ulysses_recompute_bytes_calls_and_phases(runs):
     run_dir = runs("ulysses", 2, "--recompute")
     assert_golden(run_dir, lambda rank, step: {
         "all_to_all": 24 * A2A[2], "all_reduce": PHI} | ({"broadcast": REBUILD} if step == 1 else {}))
-    a2a = analyze(load_traces(run_dir)).collectives.filter(pl.col("collective") == "all_to_all")
+    a = analyze(load_traces(run_dir))
+    # Replicated weights: the persistent memory of a ddp rank (mesh {"sp": 2} holds the whole model).
+    memory = a.theory_check.filter(pl.col("quantity").str.starts_with("memory."))
+    assert memory.height == 4 * 2 and set(memory["verdict"]) == {"match"}, memory
+    a2a = a.collectives.filter(pl.col("collective") == "all_to_all")
     assert set(a2a["size_bytes"]) == {A2A[2]} and set(a2a["group_size"]) == {2}
     # Per rank and step: 8 in forward; backward holds its own 8 and the 8 recomputed.
     per = a2a.group_by("rank", "step", "phase").len()
