@@ -1,6 +1,6 @@
 """Communication theory of sequence / context parallelism: DeepSpeed-Ulysses and ring attention.
 
-(ring: being written for issue 14)
+(skeleton: being written for issue 14)
 """
 
 from __future__ import annotations

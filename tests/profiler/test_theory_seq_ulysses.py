@@ -81,6 +81,9 @@ def test_ulysses_recompute_bytes_calls_and_phases(runs):
     assert memory.height == 4 * 2 and set(memory["verdict"]) == {"match"}, memory
     a2a = a.collectives.filter(pl.col("collective") == "all_to_all")
     assert set(a2a["size_bytes"]) == {A2A[2]} and set(a2a["group_size"]) == {2}
-    # Per rank and step: 8 in forward; backward holds its own 8 and the 8 recomputed.
-    per = a2a.group_by("rank", "step", "phase").len()
-    assert sorted(set(per.select("phase", "len").iter_rows())) == [("backward", 16), ("forward", 8)]
+    # Per rank and step: 8 in forward; backward holds its own 8 and the 8 recomputed (measured as
+    # backward, or as recompute where profiler.collectives tells the recompute span apart).
+    for (rank, step), calls in a2a.partition_by("rank", "step", as_dict=True).items():
+        n = dict(calls.group_by("phase").len().iter_rows())
+        assert n.pop("forward") == 8 and n.get("recompute", 8) == 8, (rank, step, n)
+        assert sum(n.values()) == 16 and set(n) <= {"backward", "recompute"}, (rank, step, n)
