@@ -9,7 +9,7 @@ from __future__ import annotations
 # Rows are dicts of profiler.theory._row's keys: dim, phase, collective, group_size, calls, bytes,
 # formula, note, step (one rank, one step; theory.predict_comm adds run, rank, traffic and phi).
 
-ULYSSES_NOTE = ("Jacobs et al. 2023 (DeepSpeed-Ulysses): each rank sends b·s·h/P per all-to-all, constant "
+ULYSSES_NOTE = ("Jacobs et al. 2023 (DeepSpeed-Ulysses): a rank's all-to-all buffer is b·s·h/P, constant "
                 "when s and P grow together; Megatron SP's all-gathers move b·s·h, growing with s")
 
 
