@@ -83,6 +83,10 @@ COLLECTIVE_CHANGES: dict[tuple[str, str | None], str] = {
 # An all-to-all of an expert-parallel run (run.json paradigm ep) is the MoE dispatch and combine.
 MOE_ALL_TO_ALL_CHANGE = ("overlap the expert dispatch and combine with compute (split the batch and pipeline the "
                          "all-to-all, or run a shared expert meanwhile); a lower capacity factor sends less")
+# An all-to-all of a ulysses run turns sequence shards into head shards around every attention.
+ULYSSES_ALL_TO_ALL_CHANGE = ("the Ulysses all-to-alls sit between every layer's projections and its attention: keep "
+                             "the sequence-parallel group on the fastest links (within a node), send q, k and v in one "
+                             "all-to-all, or use ring attention, whose K/V exchanges overlap the block computation")
 GENERIC_CHANGE = "overlap it with compute (issue it asynchronously, wait later) or send fewer, larger messages"
 
 
@@ -94,6 +98,8 @@ def collective_change(kind: str | None, phase: str | None, paradigm: str | None 
         return GENERIC_CHANGE
     if kind == "all_to_all" and paradigm == "ep":
         return MOE_ALL_TO_ALL_CHANGE
+    if kind == "all_to_all" and paradigm == "ulysses":
+        return ULYSSES_ALL_TO_ALL_CHANGE
     return COLLECTIVE_CHANGES.get((kind, phase)) or COLLECTIVE_CHANGES.get((kind, None)) or GENERIC_CHANGE
 
 
