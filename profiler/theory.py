@@ -242,7 +242,8 @@ def _tp(m: dict, facts: dict, params, t: int, *, b: int, microbatches: int, firs
             rows.append(_tp_loss_parallel_row(dim, t, b * s, mb))
         else:
             rows.append(_row(dim, "forward", "all_gather", t, mb, mb * logits, f"logits for the loss: b·s·V·{eb} B",
-                             "Megatron instead runs a vocabulary-parallel cross-entropy (all-reduces of b·s): --loss-parallel"))
+                             "Megatron instead runs a vocabulary-parallel cross-entropy (all-reduces of b·s): "
+                             "--loss-parallel"))
     return rows
 
 

@@ -38,7 +38,8 @@ def refused(tmp_path, *args: str) -> str:
     return lines[0].removeprefix("ptprof run: error: ")
 
 
-@pytest.mark.parametrize("args, reason", [(("dp", "--gpus", "2"), DP_REASON), (("fsdp", "--gpus", "2", "--offload"), OFFLOAD_REASON)])
+@pytest.mark.parametrize("args, reason", [(("dp", "--gpus", "2"), DP_REASON),
+                                          (("fsdp", "--gpus", "2", "--offload"), OFFLOAD_REASON)])
 def test_gpu_only_refused_on_cpu(tmp_path, args, reason):
     # --device cpu asks for gloo CPU ranks on any machine; without CUDA that is also the default.
     assert refused(tmp_path, *args, "--device", "cpu").startswith(reason)
@@ -95,6 +96,7 @@ def gpu_copies(run_dir, rank: int) -> dict[str, int]:
     return dict(ev.group_by(pl.col("name").cast(pl.String)).len().iter_rows())
 
 
+@pytest.mark.multirank
 @pytest.mark.skipif(GPUS < 2, reason="dp needs 2 CUDA GPUs")
 def test_dp_on_two_gpus(tmp_path):
     m, run_dir = gpu_run(tmp_path, "dp", "dp", "--gpus", "2")
@@ -111,6 +113,7 @@ def test_dp_on_two_gpus(tmp_path):
     assert len(peaks) == 2 and all(p > 0 for p in peaks)
 
 
+@pytest.mark.multirank
 @pytest.mark.skipif(GPUS < 1, reason="fsdp --offload needs CUDA")
 def test_fsdp_offload(tmp_path):
     ranks = str(min(GPUS, 2))
