@@ -23,7 +23,6 @@ activations there take 1/T of the memory, for the same bytes on the wire.
 from __future__ import annotations
 
 from torch import nn
-from torch.profiler import record_function
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -34,6 +33,7 @@ from torch.distributed.tensor.parallel import (
     loss_parallel,
     parallelize_module,
 )
+from torch.profiler import record_function
 
 from runners import harness
 from runners.model import GPT, lm_loss
