@@ -148,8 +148,9 @@ def apply_ring(model, ctx: harness.Context) -> harness.Parallel:
         return loss
 
     par = harness.Parallel(ddp, optimizer, mesh={"cp": p}, dp_rank=0, dp_size=1, train_step=train_step, seq_shards=p)
+    # run.json: how the sequence was cut (docs/run-layout.md); rank_chunks[r] = the chunks rank r holds.
     par.extra = {"sequence_parallel": {"kind": "ring", "shards": p, "layout": "zigzag", "chunks_per_rank": 2,
-                                       "chunk_len": seq // (2 * p)}}
+                                       "chunk_len": seq // (2 * p), "rank_chunks": [[r, 2 * p - 1 - r] for r in range(p)]}}
     return par
 
 
