@@ -79,3 +79,11 @@ def test_measured_ring_bytes_equal_the_theory(runs, flags):
         assert set(p2p["phase"]) == {"forward", "backward"}
     check = a.theory_check
     assert check.height and set(check["verdict"]) == {"match"}, check
+
+
+def test_exposed_ring_messages_get_ring_advice_not_pipeline_advice():
+    from profiler.findings_text import RING_P2P_CHANGE, collective_change
+
+    assert collective_change("recv", "forward", "ring") == RING_P2P_CHANGE
+    assert collective_change("send", "backward", "ring") == RING_P2P_CHANGE
+    assert "microbatches" in collective_change("send", None, "1f1b")
