@@ -84,7 +84,7 @@ COLLECTIVE_CHANGES: dict[tuple[str, str | None], str] = {
 MOE_ALL_TO_ALL_CHANGE = ("overlap the expert dispatch and combine with compute (split the batch and pipeline the "
                          "all-to-all, or run a shared expert meanwhile); a lower capacity factor sends less")
 # A send or receive of a ring-attention run (paradigm ring) is a K/V block travelling the ring.
-RING_P2P_CHANGE = ("ring attention's K/V blocks hide under the attention of the block before only when a rank's shard "
+RING_P2P_CHANGE = ("a ring-attention K/V block's transfer hides under the attention on the block before only when a rank's shard "
                    "s/P ≥ F·dtype/β (device FLOP/s F, link bytes/s β: docs/theory.md): longer sequences per rank or "
                    "fewer ring ranks; the runner already computes on each block while the next one travels")
 GENERIC_CHANGE = "overlap it with compute (issue it asynchronously, wait later) or send fewer, larger messages"
