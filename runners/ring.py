@@ -49,8 +49,8 @@ def zigzag_positions(seq_len: int, rank: int, world: int) -> torch.Tensor:
 
 
 def _partial(q, k, v, mask=None):
-    """Softmax attention of q against one block: (output, log-sum-exp of the scores per query)."""
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    """Softmax attention of (pre-scaled) q against one block: (output, log-sum-exp per query)."""
+    scores = q @ k.transpose(-2, -1)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = scores.logsumexp(-1)
@@ -70,6 +70,7 @@ def zigzag_ring_attention(q, k, v, rank: int, world: int, start_pass, positions:
     previous rank's block (k, v); the block seen at step i comes from rank (rank − i) mod P.
     """
     c = q.shape[2] // 2  # one chunk: [:c] is chunk `rank`, [c:] chunk 2P−1−rank
+    q = q / math.sqrt(q.shape[-1])  # the softmax scale, once for every block
     for step in range(world):
         wait = start_pass(k, v) if step < world - 1 else None  # the next block travels while we compute
         src = (rank - step) % world
