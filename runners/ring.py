@@ -95,13 +95,13 @@ class _PassOn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, k, v, pending: list):
+    def forward(ctx, k, v, requests: list):
         rank, world = dist.get_rank(), dist.get_world_size()
         ctx.next, ctx.prev = (rank + 1) % world, (rank - 1) % world
-        k, v = k.contiguous(), v.contiguous()
+        k, v = k.contiguous(), v.contiguous()  # heads-first views of the projections: send needs one block
         k_in, v_in = torch.empty_like(k), torch.empty_like(v)
-        # Keep the sent tensors with their requests: they must stay alive until the wait.
-        pending.append((dist.batch_isend_irecv(_exchange((k, v), ctx.next, (k_in, v_in), ctx.prev)), (k, v)))
+        # The requests (each holds its tensor until done) go back to the caller, who waits on them.
+        requests.extend(dist.batch_isend_irecv(_exchange((k, v), ctx.next, (k_in, v_in), ctx.prev)))
         return k_in, v_in
 
     @staticmethod
@@ -114,16 +114,19 @@ class _PassOn(torch.autograd.Function):
 
 
 def _exchange(send, to, recv, frm) -> list:
+    # Sends and receives posted together (batch_isend_irecv): every rank sends before it waits to
+    # receive, so the ring cannot deadlock however the ranks' steps interleave.
     return [dist.P2POp(dist.isend, t, to) for t in send] + [dist.P2POp(dist.irecv, t, frm) for t in recv]
 
 
-def _ring_start_pass(k, v):
-    pending: list = []
-    k_in, v_in = _PassOn.apply(k, v, pending)
+def start_ring_pass(k, v):
+    """Post one ring step of (k, v); returns wait(), which gives the previous rank's (k, v)."""
+    requests: list = []
+    k_in, v_in = _PassOn.apply(k, v, requests)
 
     def wait():
-        for work in pending[0][0]:
-            work.wait()
+        for request in requests:
+            request.wait()
         return k_in, v_in
 
     return wait
@@ -133,7 +136,7 @@ def apply_ring(model, ctx: harness.Context) -> harness.Parallel:
     p, seq = ctx.world_size, ctx.opts.sequence_length
     positions = zigzag_positions(seq, ctx.rank, p).to(ctx.device)
     for block in model.blocks.values():
-        block.attn.core = lambda q, k, v: zigzag_ring_attention(q, k, v, ctx.rank, p, _ring_start_pass, positions)
+        block.attn.core = lambda q, k, v: zigzag_ring_attention(q, k, v, ctx.rank, p, start_ring_pass, positions)
     device_ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
     ddp = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
     optimizer = harness.make_optimizer(ddp.parameters(), ctx.opts)
