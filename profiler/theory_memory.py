@@ -156,15 +156,16 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
         return [], "run.json has no plausible world_size: no memory theory"
     dp, pp, tp = (_int(mesh.get(k), 1) for k in ("dp", "pp", "tp"))
     ep = _int(mesh.get("ep"), 1)
-    cp = _int(mesh.get("cp"), 1)  # context parallel (ring attention): sequence shards, the model replicated
-    if dp * pp * tp * ep * cp != world:
+    # Sequence / context parallel ranks (ulysses "sp", ring "cp") hold the whole model, as ddp.
+    seq_par = _int(mesh.get("sp"), 1) * _int(mesh.get("cp"), 1)
+    if dp * pp * tp * ep * seq_par != world:
         return [], f"mesh {mesh} does not multiply to world_size {world}: no memory theory"
     if paradigm in ("ddp", "zero1", "zero2", "fsdp"):
         layout = paradigm
     elif paradigm == "hybrid":
         layout = "ddp" if dp == 1 else ("zero2" if pp > 1 else "fsdp")  # pp>1: reshard_after_forward=False
     else:
-        layout = "ddp"  # tp, ep, ring and pipelines replicate (no data-parallel sharding)
+        layout = "ddp"  # tp, ep, pipelines, ulysses and ring replicate (no data-parallel sharding)
     if pp > 1:
         if not pipe or not isinstance(pipe.get("stage_layers"), list) or not isinstance(pipe.get("stage_to_rank"), list):
             return [], "run.json's pipeline block has no stage_layers / stage_to_rank: no memory theory"

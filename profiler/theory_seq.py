@@ -7,7 +7,8 @@ receives the previous rank's, one message each of b·(s/P)·h elements (the bloc
 = h) in the activation dtype. Backward is autograd through the ring: each step's backward sends
 the gradients of the K and V blocks it received back to the rank they came from and receives the
 gradients of those it sent: the same messages, reversed. With --recompute every block's forward
-runs again inside backward, ring included: its forward messages again, in the backward phase.
+runs again inside backward, ring included: its forward messages again (phase `recompute` here,
+`backward` in the measured phases: the ptprof/recompute span sits inside ptprof/backward).
 The replicated weights' gradients are averaged by DDP: profiler.theory's DDP rows.
 
 On gloo each message is a `gloo:send` / `gloo:recv` span on the main thread with its tensor's
@@ -21,9 +22,40 @@ from __future__ import annotations
 # Rows are dicts of profiler.theory._row's keys: dim, phase, collective, group_size, calls, bytes,
 # formula, note, step (one rank, one step; theory.predict_comm adds run, rank, traffic and phi).
 
+ULYSSES_NOTE = ("Jacobs et al. 2023 (DeepSpeed-Ulysses): a rank's all-to-all buffer is b·s·h/P, constant "
+                "when s and P grow together; Megatron SP's all-gathers move b·s·h, growing with s")
+
 
 def ulysses_rows(m: dict, facts: dict, rank: int) -> list[dict]:
-    return []
+    """DeepSpeed-Ulysses (runners/ulysses.py) over P ranks, each holding s/P tokens of all b sequences.
+
+    Per layer, forward: 4 all-to-alls (q, k, v to head shards, the output back to sequence shards),
+    each of the local buffer b·(s/P)·h × dtype bytes (nccl-tests' all-to-all size); backward: their
+    4 mirror all-to-alls; with --recompute, the forward's 4 again inside backward. The replicated
+    weights' gradients: DDP's all-reduce of Φ in buckets (theory._ddp: P ranks average them).
+    """
+    from profiler.theory import ACT_NOTE, _ddp, _row  # theory imports this module: import on use
+
+    model, eb, p = m["model"], facts["eb"], m["world_size"]
+    s, h, layers, heads = model["seq_len"], model["d_model"], model["n_layers"], model.get("n_heads")
+    b = m.get("local_batch_size") or m.get("global_batch_size")
+    calls = 4 * layers
+    phases = ["forward", "backward"] + (["recompute"] if (m.get("options") or {}).get("recompute") else [])
+    why = None
+    if s % p or (isinstance(heads, int) and heads % p):  # the runner refuses these: a damaged run.json
+        why = f"seq_len {s} and heads {heads} must divide over {p} ranks: all-to-all sizes unknown"
+    elif not isinstance(b, int) or b <= 0:
+        why = f"run.json batch size {b!r}: all-to-all sizes unknown"
+    size = None if why else b * (s // p) * h * eb
+    formula = f"4 per layer of b·(s/P)·h·{eb} = {b}·{s}/{p}·{h}·{eb} B: q, k, v to head shards, the output back"
+    texts = {"forward": (formula, f"{ACT_NOTE}; {ULYSSES_NOTE}"),
+             "backward": ("their 4 mirror all-to-alls per layer: the gradients back, same sizes", None),
+             "recompute": ("the forward's 4 per layer again: --recompute reruns each block, all-to-alls "
+                           "included, inside backward", "measured inside the backward phase (span ptprof/recompute)")}
+    rows = [_row("sp", ph, "all_to_all", p, calls, None if why else calls * size, texts[ph][0], why or texts[ph][1])
+            for ph in phases]
+    # The weights are replicated over the sequence shards: DDP averages their gradients, as ddp does.
+    return rows + [r | {"dim": "sp"} for r in _ddp(m, facts, zero1=False)]
 
 
 def ring_rows(m: dict, facts: dict, rank: int) -> list[dict]:
@@ -48,7 +80,8 @@ def ring_rows(m: dict, facts: dict, rank: int) -> list[dict]:
     passes = [("forward", "the K and V blocks passed to the next rank / from the previous"),
               ("backward", "their gradients, back to the rank each block came from (autograd through the ring)")]
     if recompute:
-        passes.append(("backward", "--recompute: the forward's ring again, inside backward"))
+        passes.append(("recompute", "--recompute reruns each block, ring included: measured inside the backward "
+                                    "phase (span ptprof/recompute)"))
     rows = list(rows)
     for phase, note in passes:
         rows += [_ring_row(phase, kind, p, calls, calls * block, formula, note) for kind in ("send", "recv")]
