@@ -309,7 +309,7 @@ def memory_check(memory: pl.DataFrame, persistent: pl.DataFrame) -> pl.DataFrame
 
 # Paradigms whose gradients are views of DDP's buckets (gradient_as_bucket_view=True), allocated
 # when the model is wrapped: never freed by zero_grad, so never in a CPU curve.
-BUCKETED_GRADS = ("ddp", "zero1")
+BUCKETED_GRADS = ("ddp", "zero1", "ring")
 
 
 def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict[str, dict | None]) -> pl.DataFrame:
