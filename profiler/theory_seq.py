@@ -67,7 +67,8 @@ def ring_rows(m: dict, facts: dict, rank: int) -> list[dict]:
     s, h, layers = model["seq_len"], model["d_model"], model["n_layers"]
     b = m.get("local_batch_size") or m.get("global_batch_size")
     recompute = bool((m.get("options") or {}).get("recompute"))
-    rows = _ddp(m, facts, zero1=False)
+    # The replicated weights' all-reduce runs over the same P ranks: named by the run's mesh dim, as ulysses does.
+    rows = [r | {"dim": "cp"} for r in _ddp(m, facts, zero1=False)]
     if p == 1:
         return rows  # the whole sequence on one rank: nothing travels
     calls = 2 * (p - 1) * layers  # K and V, P−1 ring steps, every layer
