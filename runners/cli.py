@@ -26,7 +26,8 @@ from pathlib import Path
 
 from runners.launch import describe_failures, launch
 from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv
-from runners.paradigms import DEFAULT_MODEL_CANDIDATES, PARADIGMS, default_model, gpu_only_reason, problem_with
+from runners.paradigms import (DEFAULT_MODEL_CANDIDATES, PARADIGMS, check_flags, default_model, gpu_only_reason,
+                               problem_with)
 
 __all__ = ["describe_failures", "find_runs", "main"]
 
@@ -106,6 +107,15 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str, bool]:
     _check_name(name)
     opts = options_from_namespace(ns, run_id=name)
     chosen = ns.model is None
+    if problem := check_flags(opts):  # a flag of another paradigm: whatever the device
+        raise UsageError(problem)
+    # A GPU-only request (dp, fsdp --offload) on CPU is refused for that first: its batch split or
+    # model checks would only send the user fixing what cannot run here anyway.
+    device = None
+    if gpu_only := gpu_only_reason(opts):
+        device = _pick_device(ns.device, ns.gpus, gpu_only=_gpu_only_who(opts))
+        if device == "cpu":
+            raise UsageError(gpu_only)
     if chosen:  # the smallest preset that fits; if none does, tiny's problem is reported below
         opts = dataclasses.replace(opts, model=default_model(opts) or opts.model)
     problem = problem_with(opts)
@@ -116,10 +126,15 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str, bool]:
     if not opts.out.strip():  # Path("") is ".": an empty --out would silently mean this folder
         raise UsageError("--out is empty: give the folder that receives <run-id>/ (default traces)")
     _check_out(Path(opts.out), name)
-    device = _pick_device(ns.device, ns.gpus, cpu_ok=gpu_only_reason(opts) is None)
-    if device == "cpu" and (reason := gpu_only_reason(opts)):
-        raise UsageError(reason)
+    device = device or _pick_device(ns.device, ns.gpus)
     return dataclasses.replace(opts, device=device), device, chosen
+
+
+def _gpu_only_who(opts: RunOptions) -> str:
+    """How a GPU-only request needs its --gpus GPUs, for the error when too few are visible."""
+    if PARADIGMS[opts.paradigm].processes_per_node(opts) != opts.gpus:
+        return f"{opts.paradigm} (one process driving every GPU)"
+    return f"{opts.paradigm}{' --offload' if opts.offload else ''} (one rank per GPU)"
 
 
 # A run folder is created as .<name>.tmp and as <name> (and .failed/<name>): the longest, plus the
@@ -161,8 +176,12 @@ def _check_out(out: Path, name: str) -> None:
         raise UsageError(f"--out {out}: {err.strerror or err}") from None
 
 
-def _pick_device(requested: str, n: int, *, cpu_ok: bool = True) -> str:
-    """"cuda" or "cpu" for --gpus `n` (GPUs of the node: one per rank, or dp's one process's)."""
+def _pick_device(requested: str, n: int, *, gpu_only: str | None = None) -> str:
+    """"cuda" or "cpu" for --gpus `n` (GPUs of the node: one per rank, or dp's one process's).
+
+    `gpu_only`: who is asking, for a request that cannot take gloo CPU ranks (e.g. "dp (one process
+    driving every GPU)"): its error offers no CPU way out, and no fewer GPUs than it needs.
+    """
     import torch  # only here: --help and argument errors should not wait for torch to import
 
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -170,9 +189,12 @@ def _pick_device(requested: str, n: int, *, cpu_ok: bool = True) -> str:
         return "cpu"
     if visible < n:
         hint = " (CUDA_VISIBLE_DEVICES=" + os.environ["CUDA_VISIBLE_DEVICES"] + ")" if "CUDA_VISIBLE_DEVICES" in os.environ else ""
+        if gpu_only:
+            seen = "none is visible" if visible == 0 else f"only {visible} {'is' if visible == 1 else 'are'} visible"
+            raise UsageError(f"{gpu_only} needs {n} CUDA GPUs on this node, but {seen}{hint}")
         raise UsageError(
             f"--gpus {n} needs {n} GPUs on this node but {visible} {'is' if visible == 1 else 'are'} visible{hint}; "
-            + ("lower --gpus or use --device cpu for gloo ranks" if cpu_ok else "lower --gpus")
+            "lower --gpus or use --device cpu for gloo ranks"
         )
     return "cuda"
 

@@ -336,8 +336,11 @@ def worker_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def validate(opts: RunOptions, data_parallel: int) -> str | None:
-    """Return a one-line problem with these options, or None. Checked before any process starts."""
+def validate(opts: RunOptions, data_parallel: int, split_over: str = "data-parallel ranks") -> str | None:
+    """Return a one-line problem with these options, or None. Checked before any process starts.
+
+    `split_over` names the `data_parallel` parts the global batch is cut into (dp: "GPUs").
+    """
     if opts.warmup + opts.active > opts.steps:
         return (
             f"--warmup {opts.warmup} + --active {opts.active} exceeds --steps {opts.steps}; "
@@ -346,7 +349,7 @@ def validate(opts: RunOptions, data_parallel: int) -> str | None:
     if opts.global_batch_size % data_parallel:
         return (
             f"--batch-size {opts.global_batch_size} is not divisible by the {data_parallel} "
-            f"data-parallel ranks; use a multiple of {data_parallel}"
+            f"{split_over}; use a multiple of {data_parallel}"
         )
     if not (math.isfinite(opts.timeout_s) and 0 < opts.timeout_s <= MAX_TIMEOUT_S):
         return f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}], got {opts.timeout_s}"

@@ -30,6 +30,8 @@ class Paradigm:
     needs_gpu: str | None = None
     # Processes per node torchrun starts (all but `dp`, one process driving every GPU: --gpus).
     processes_per_node: Callable[[RunOptions], int] = lambda opts: opts.gpus
+    # What the global batch is split over, for the error when it does not divide (dp: its GPUs).
+    split_over: str = "data-parallel ranks"
 
 
 def _check_tp(opts: RunOptions) -> str | None:
@@ -247,6 +249,7 @@ PARADIGMS: dict[str, Paradigm] = {
         "torch.nn.DataParallel: one process drives --gpus GPUs, model replicated every step (GPU only)",
         needs_gpu="dp (torch.nn.DataParallel) drives several GPUs from one process and needs CUDA; use ddp for gloo ranks on CPU",
         processes_per_node=lambda opts: 1,
+        split_over="GPUs (an equal chunk of the batch on each)",
         check=lambda opts: (f"dp is one process on one node (torch.nn.DataParallel); --nnodes {opts.nnodes} needs ddp"
                             if opts.nnodes > 1 else None),
     ),
@@ -301,7 +304,7 @@ def check_flags(opts: RunOptions) -> str | None:
 def problem_with(opts: RunOptions) -> str | None:
     """Every check of a request that needs no process: flags, batch split, the paradigm's own."""
     paradigm = PARADIGMS[opts.paradigm]
-    return check_flags(opts) or validate(opts, paradigm.data_parallel(opts)) or paradigm.check(opts)
+    return check_flags(opts) or validate(opts, paradigm.data_parallel(opts), paradigm.split_over) or paradigm.check(opts)
 
 
 # Presets `ptprof run` may choose when --model is not given, smallest first. medium and large are

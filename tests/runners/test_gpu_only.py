@@ -39,7 +39,12 @@ def refused(tmp_path, *args: str) -> str:
 
 
 @pytest.mark.parametrize("args, reason", [(("dp", "--gpus", "2"), DP_REASON),
-                                          (("fsdp", "--gpus", "2", "--offload"), OFFLOAD_REASON)])
+                                          (("fsdp", "--gpus", "2", "--offload"), OFFLOAD_REASON),
+                                          # refused for needing CUDA before any batch or model check
+                                          (("dp", "--gpus", "3"), DP_REASON),
+                                          (("fsdp", "--gpus", "3", "--offload"), OFFLOAD_REASON),
+                                          (("dp", "--gpus", "2", "--nnodes", "2", "--rdzv-endpoint", "h:1",
+                                            "--name", "r"), DP_REASON)])
 def test_gpu_only_refused_on_cpu(tmp_path, args, reason):
     # --device cpu asks for gloo CPU ranks on any machine; without CUDA that is also the default.
     assert refused(tmp_path, *args, "--device", "cpu").startswith(reason)
@@ -53,19 +58,34 @@ def test_gpu_only_refused_on_cpu(tmp_path, args, reason):
         (("ddp", "--gpus", "2", "--offload"), "--offload does not apply to ddp: it is for fsdp"),
         (("zero2", "--gpus", "2", "--offload"), "--offload does not apply to zero2: it is for fsdp"),
         (("ddp", "--gpus", "2", "--loss-parallel"), "--loss-parallel does not apply to ddp: it is for tp"),
-        (("dp", "--gpus", "2", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--name", "r"),
-         "dp is one process on one node (torch.nn.DataParallel); --nnodes 2 needs ddp"),
     ],
 )
 def test_flags_of_other_paradigms_refused(tmp_path, args, line):
     assert refused(tmp_path, *args) == line
 
 
+@pytest.mark.parametrize("gpus, line", [
+    (2, "dp is one process on one node (torch.nn.DataParallel); --nnodes 2 needs ddp"),
+    (3, "--batch-size 8 is not divisible by the 3 GPUs (an equal chunk of the batch on each); use a multiple of 3"),
+])
+def test_dp_checks_where_cuda_is_there(gpus, line):
+    # What a GPU machine says after the CUDA check passes (on CPU the CUDA refusal comes first).
+    from runners.options import RunOptions
+    from runners.paradigms import problem_with
+
+    assert problem_with(RunOptions(paradigm="dp", gpus=gpus, nnodes=1 if gpus == 3 else 2)) == line
+
+
 @pytest.mark.skipif(GPUS > 0, reason="this machine has CUDA: --device cuda would find GPUs")
-def test_dp_asking_for_cuda_without_gpus_names_no_cpu_way_out(tmp_path):
-    # For gloo paradigms the error suggests --device cpu; dp cannot take it.
-    assert refused(tmp_path, "dp", "--gpus", "2", "--device", "cuda") == (
-        "--gpus 2 needs 2 GPUs on this node but 0 are visible; lower --gpus")
+@pytest.mark.parametrize("args, line", [
+    (("dp", "--gpus", "2"), "dp (one process driving every GPU) needs 2 CUDA GPUs on this node, but none is visible"),
+    (("dp", "--gpus", "3"), "dp (one process driving every GPU) needs 3 CUDA GPUs on this node, but none is visible"),
+    (("fsdp", "--gpus", "2", "--offload"),
+     "fsdp --offload (one rank per GPU) needs 2 CUDA GPUs on this node, but none is visible"),
+])
+def test_gpu_only_asking_for_cuda_without_gpus_says_what_it_needs(tmp_path, args, line):
+    # For gloo paradigms the error suggests --device cpu or fewer --gpus; a GPU-only one can take neither.
+    assert refused(tmp_path, *args, "--device", "cuda") == line
 
 
 # ---------------------------------------------------------------------------------------------
