@@ -18,6 +18,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -119,7 +120,8 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str, bool]:
     if chosen:  # the smallest preset that fits; if none does, tiny's problem is reported below
         opts = dataclasses.replace(opts, model=default_model(opts) or opts.model)
     problem = problem_with(opts)
-    if problem and chosen and "model" in problem:  # the model is at fault, and no candidate fits
+    # The model is at fault and no candidate fits; unless the problem already says what to use.
+    if problem and chosen and "model" in problem and not _ADVICE.search(problem):
         problem += f"; no default preset ({', '.join(DEFAULT_MODEL_CANDIDATES)}) fits: give --model"
     if problem:
         raise UsageError(problem)
@@ -128,6 +130,9 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str, bool]:
     _check_out(Path(opts.out), name)
     device = device or _pick_device(ns.device, ns.gpus)
     return dataclasses.replace(opts, device=device), device, chosen
+
+
+_ADVICE = re.compile(r"[:;] use ")  # "...: use --gpus 2 or 4": a problem that names its own fix
 
 
 def _gpu_only_who(opts: RunOptions) -> str:

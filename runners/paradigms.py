@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from runners.options import RunOptions, flag_of, validate
+from runners.options import MODEL_PRESETS, RunOptions, flag_of, validate
 
 
 def _all_ranks(opts: RunOptions) -> int:
@@ -54,14 +54,28 @@ def _check_sequence_parallel(opts: RunOptions) -> str | None:
     # into 2P chunks, two per rank, for a balanced causal mask (seq % 2P).
     p, n_heads, seq = opts.world_size, opts.preset[3], opts.sequence_length
     if opts.paradigm == "ulysses" and n_heads % p:
-        fits = [str(d) for d in range(2, n_heads + 1) if n_heads % d == 0 and seq % d == 0]
-        hint = f": use --gpus {' or '.join(fits)}" if fits else ""
         return (f"ulysses over {p} ranks needs attention heads ({n_heads}, model {opts.model!r}) divisible by {p} "
-                f"(each rank attends with heads/{p} of them){hint}")
+                f"(each rank attends with heads/{p} of them){_ulysses_fits(opts)}")
     chunks = 2 * p if opts.paradigm == "ring" else p
     if seq % chunks:
         return f"{opts.paradigm} over {p} ranks needs --seq-len ({seq}) divisible by {chunks}"
     return None
+
+
+def _ulysses_fits(opts: RunOptions) -> str:
+    """': use --gpus 2 or 4, or --model medium (12 heads) with a --seq-len divisible by 3', or ''."""
+    p, n_heads, seq = opts.world_size, opts.preset[3], opts.sequence_length
+    ways = []
+    n = opts.nnodes  # ranks = --gpus x --nnodes
+    if gpus := [str(d // n) for d in range(2, n_heads + 1) if n_heads % d == 0 and seq % d == 0 and d % n == 0]:
+        ways.append(f"--gpus {' or '.join(gpus)}")
+    # The smallest preset whose heads divide by P; its sequence (--seq-len, or its own) must too.
+    for name, (_v, _d, _l, heads, preset_seq, _b) in MODEL_PRESETS.items():
+        if heads % p == 0:
+            own = opts.seq_len if opts.seq_len is not None else preset_seq
+            ways.append(f"--model {name} ({heads} heads)" + (f" with a --seq-len divisible by {p}" if own % p else ""))
+            break
+    return f": use {', or '.join(ways)}" if ways else f": no preset has heads divisible by {p}"
 
 
 def _check_pipedream(opts: RunOptions) -> str | None:

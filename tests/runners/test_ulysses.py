@@ -64,7 +64,23 @@ def test_heads_that_do_not_divide_over_the_ranks_are_refused(tmp_path):
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("ptprof run: error: ulysses over 3 ranks needs attention heads (4, model 'tiny') "
-                               "divisible by 3"), lines[0]
-    assert "use --gpus 2 or 4" in lines[0]  # tiny's 4 heads and 32 tokens divide over 2 or 4 ranks
+    # One list of what fits, and no contradicting "give --model" after it: tiny's 4 heads and 32
+    # tokens divide over 2 or 4 ranks; medium is the smallest preset with heads divisible by 3 (12),
+    # but its 1024 tokens are not.
+    assert lines[0] == ("ptprof run: error: ulysses over 3 ranks needs attention heads (4, model 'tiny') "
+                        "divisible by 3 (each rank attends with heads/3 of them): use --gpus 2 or 4, "
+                        "or --model medium (12 heads) with a --seq-len divisible by 3"), lines[0]
     assert not list(tmp_path.iterdir()), "nothing may be written for a rejected request"
+
+
+@pytest.mark.parametrize("flags, fits", [
+    (("--gpus", "3", "--seq-len", "30"), ": use --gpus 2, or --model medium (12 heads)"),  # 30 tokens: not 4
+    (("--gpus", "5"), ": use --gpus 2 or 4"),  # no preset has heads divisible by 5
+])
+def test_ulysses_refusal_names_what_fits(flags, fits):
+    from runners.options import RunOptions
+    from runners.paradigms import problem_with
+
+    gpus, *rest = flags[1:]
+    opts = RunOptions(paradigm="ulysses", gpus=int(gpus), seq_len=int(rest[-1]) if rest else None)
+    assert problem_with(opts).endswith(f"(each rank attends with heads/{gpus} of them){fits}")
