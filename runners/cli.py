@@ -72,7 +72,8 @@ def _add_run_parser(sub) -> None:
         type=int,
         required=True,
         metavar="N",
-        help="ranks per node: one GPU each with NCCL, or N gloo processes on CPU when no GPU is visible",
+        help="ranks per node: one GPU each with NCCL, or N gloo processes on CPU when no GPU is visible; "
+        "dp: the GPUs its one process drives",
     )
     launch = run.add_argument_group("multi-node (passed to torch.distributed.run)")
     launch.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
@@ -258,7 +259,8 @@ def _print_plan(opts: RunOptions, device: str, model_chosen: bool) -> None:
     else:
         print(f"Running {world} NCCL ranks, one GPU each.")
     layers = opts.preset[2]
-    why = f", the smallest preset that fits {opts.paradigm} on {world} ranks (--model to choose)" if model_chosen else ""
+    on = f"{opts.gpus} GPUs" if PARADIGMS[opts.paradigm].processes_per_node(opts) != opts.gpus else f"{world} ranks"
+    why = f", the smallest preset that fits {opts.paradigm} on {on} (--model to choose)" if model_chosen else ""
     print(f"Model {opts.model} ({layers} layers, batch {opts.global_batch_size}){why}.")
     print(f"{_profile_plan(opts)}.", flush=True)
 
@@ -333,10 +335,8 @@ def _print_summary(run_dir: Path, elapsed_s: float, model_chosen: bool) -> None:
     losses = [loss for loss in manifest["losses"] if loss is not None]
     trace_bytes = sum((run_dir / r["trace"]).stat().st_size for r in ranks)
     mem = ranks[0]["memory"]
-    print(
-        f"\n{manifest['run_id']}: {manifest['paradigm']} on {manifest['world_size']} {manifest['backend']} "
-        f"ranks ({manifest['device']}{_gpus_each(manifest)}), {len(manifest['losses'])} steps in {elapsed_s:.1f} s"
-    )
+    print(f"\n{manifest['run_id']}: {manifest['paradigm']} {_ran_on(manifest)}, {len(manifest['losses'])} steps "
+          f"in {elapsed_s:.1f} s")
     if losses:
         print(f"  loss            {losses[0]:.4f} -> {losses[-1]:.4f} (global batch, all ranks)")
     model = manifest["model"]
@@ -355,14 +355,21 @@ def _print_summary(run_dir: Path, elapsed_s: float, model_chosen: bool) -> None:
         "  rank 0 holds    "
         + ", ".join(f"{k.removesuffix('_bytes')} {_fmt_bytes(mem[k])}" for k in ("params_bytes", "grads_bytes", "optimizer_bytes"))
     )
-    print(f"  traces          {run_dir}/ ({len(ranks)} ranks, {_fmt_bytes(trace_bytes)})")
+    print(f"  traces          {run_dir}/ ({_plural(len(ranks), 'rank')}, {_fmt_bytes(trace_bytes)})")
     print(f"  next            ptprof analyze {run_dir}")
 
 
-def _gpus_each(manifest: dict) -> str:
-    """', 2 GPUs each' where a process drives several GPUs (dp), else ''."""
-    n = manifest.get("gpus_per_process")
-    return f", {n} GPUs each" if isinstance(n, int) and n > 1 else ""
+def _ran_on(manifest: dict) -> str:
+    """'on 2 gloo ranks (cpu)', or for dp 'in 1 process driving 2 GPUs (nccl, cuda)'."""
+    n, world = manifest.get("gpus_per_process"), manifest["world_size"]
+    if isinstance(n, int) and n > 1:  # dp: one process per node, several GPUs each
+        each = " each" if world > 1 else ""
+        return f"in {_plural(world, 'process', 'processes')} driving {n} GPUs{each} ({manifest['backend']}, {manifest['device']})"
+    return f"on {_plural(world, manifest['backend'] + ' rank')} ({manifest['device']})"
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def _fmt_bytes(n: int | None) -> str:

@@ -195,7 +195,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=_positive_int,
         default=None,
-        help="global batch in sequences, split across data-parallel ranks (default: the preset's)",
+        help="global batch in sequences, split across data-parallel ranks (dp: its GPUs; default: the preset's)",
     )
     g.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (default: the preset's)")
     g.add_argument("--seed", type=int, default=0, help="seed for model init and synthetic data (default 0)")
@@ -215,15 +215,23 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="profiled steps at the end of the run, exported to the traces (default 3, or what --steps "
         "leaves after warmup: --steps 3 profiles 2)",
     )
-    g.add_argument(
+    p.add_argument("--profile-memory", action="store_true", help="record allocator [memory] events")
+    p.add_argument("--with-stack", action="store_true", help="record Python stacks (bigger traces)")
+
+    m = parser.add_argument_group("memory trade-offs (--recompute: every paradigm; --offload: fsdp)")
+    m.add_argument(
         "--recompute",
         action="store_true",
         help="activation checkpointing: every transformer block keeps only its input and recomputes its "
         "forward inside backward (about one more forward of compute, far fewer activations held); the "
         "recomputation is its own span in the traces",
     )
-    p.add_argument("--profile-memory", action="store_true", help="record allocator [memory] events")
-    p.add_argument("--with-stack", action="store_true", help="record Python stacks (bigger traces)")
+    m.add_argument(
+        "--offload",
+        action="store_true",
+        help="fsdp: FSDP2 CPUOffloadPolicy, parameters, gradients and optimizer state held in CPU memory, "
+        "copied to the GPU for each unit (GPU only)",
+    )
 
     pp = parser.add_argument_group("pipeline (gpipe, 1f1b, interleaved-1f1b, zero-bubble, zbv, dualpipev, hybrid)")
     pp.add_argument(
@@ -258,12 +266,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="tp: vocabulary-parallel cross-entropy (Megatron; torch's loss_parallel): the logits stay "
         "sharded over the vocabulary instead of being all-gathered for the loss",
-    )
-    tp.add_argument(
-        "--offload",
-        action="store_true",
-        help="fsdp: FSDP2 CPUOffloadPolicy, parameters, gradients and optimizer state held in CPU memory "
-        "(GPU only)",
     )
     tp.add_argument("--experts", type=_positive_int, default=None,
                     help="ep: experts per MoE layer (default: 4, or the smallest multiple of the ranks above 4)")

@@ -263,3 +263,27 @@ def test_summary_step_time_is_the_mean_over_ranks_and_names_the_spread(tmp_path,
     assert "35.0 ms mean over profiled steps 1-2 and 2 ranks, wall clock\n" in out
     assert "\n                  per rank 20.0 ms (rank 0) to 50.0 ms (rank 1)\n" in out
     assert max(len(line) for line in out.split("\n")) <= 100
+
+
+def test_summary_and_plan_of_dp_name_one_process_and_its_gpus(tmp_path, capsys):
+    """dp is one process driving --gpus GPUs: neither '1 nccl ranks' nor 'GPUs each' nor 'on 2 ranks'."""
+    from runners.cli import _print_plan, _print_summary
+    from runners.options import RunOptions
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "rank0.json.gz").write_bytes(b"x")
+    mem = {"params_bytes": 1, "grads_bytes": 1, "optimizer_bytes": 1}
+    (run / "run.json").write_text(json.dumps({
+        "run_id": "r", "paradigm": "dp", "world_size": 1, "backend": "nccl", "device": "cuda", "gpus_per_process": 2,
+        "losses": [1.0, 0.9, 0.8], "profiler": {"profiled_steps": [1, 2]},
+        "ranks": [{"rank": 0, "trace": "rank0.json.gz", "step_time_s": [9.0, 0.010, 0.030], "memory": mem}],
+        "model": {"preset": "tiny", "n_layers": 2, "n_params": 10},
+    }))
+    _print_summary(run, 1.0, False)
+    _print_plan(RunOptions(paradigm="dp", gpus=2), "cuda", True)
+    out = capsys.readouterr().out
+    assert "\nr: dp in 1 process driving 2 GPUs (nccl, cuda), 3 steps in 1.0 s\n" in out
+    assert "(1 rank, 1 B)\n" in out
+    assert "Running 1 process per node driving 2 GPUs (dp).\n" in out
+    assert "the smallest preset that fits dp on 2 GPUs (--model to choose)" in out
