@@ -15,6 +15,12 @@ waits for collectives (gloo records those only as gaps).
 
 Both: `comm_us` is the union of communication, `overlap_us` its part under compute,
 `exposed_comm_us` its part with no compute under it, `overlap_pct` = overlap / comm * 100.
+
+One process driving several GPUs (torch.nn.DataParallel: run.json `gpus_per_process` > 1; its
+trace holds every GPU's kernels, pid = the GPU's index) has one timeline per GPU, not one per rank:
+swept together they would be one made-up GPU. Such ranks get no breakdown row (and no exposed
+communication, profiler/exposed.py); `multi_gpu_ranks` names them for the report's warning. A
+per-GPU breakdown of a multi-GPU process is not supported yet.
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ def temporal_breakdown(events: pl.DataFrame, *, per_step: bool = False, steps: p
     `device` says which accounting a rank got: "gpu" where it has GPU activity, else "cpu".
     """
     steps = profiler_steps(events) if steps is None else steps
+    if not (multi := multi_gpu_ranks(events)).is_empty():  # refused: one timeline per GPU, not per rank
+        events = events.join(multi.select(KEYS), on=KEYS, how="anti")
+        if events.is_empty():
+            return pl.DataFrame(schema=_schema(per_step))
     has_gpu = events.lazy().group_by(KEYS).agg(gpu=(pl.col("device") == "gpu").any()).collect()
     if has_gpu["gpu"].all():  # the usual cases: one accounting for every rank, no copy of the frame
         gpu_events, cpu_events = events, events.clear()
@@ -60,6 +70,23 @@ def temporal_breakdown(events: pl.DataFrame, *, per_step: bool = False, steps: p
                 "exposed_comm_us", "overlap_pct", "memory_us", "has_profiler_steps")
         .sort(by)
     )
+
+
+def multi_gpu_ranks(events: pl.DataFrame) -> pl.DataFrame:
+    """(run, rank, gpus) of the ranks whose GPU activity is on more than one GPU (the trace's GPU
+    pid is the device index): one process driving several GPUs, as torch.nn.DataParallel does."""
+    return (
+        events.lazy().filter(pl.col("device") == "gpu").group_by(KEYS).agg(gpus=pl.col("pid").n_unique())
+        .filter(pl.col("gpus") > 1).sort(KEYS).collect()
+    )
+
+
+def _schema(per_step: bool) -> dict:
+    """The columns of an empty temporal_breakdown."""
+    keys = {"run": pl.Categorical, "rank": pl.Int32, **({"step": pl.Int64} if per_step else {})}
+    us = ["window_us", "compute_us", "non_compute_us", "idle_us", "comm_us", "overlap_us", "exposed_comm_us",
+          "overlap_pct", "memory_us"]
+    return {**keys, "device": pl.String, **{c: pl.Float64 for c in us}, "has_profiler_steps": pl.Boolean}
 
 
 def _totals(segments: pl.DataFrame, by: list[str], *, compute: pl.Expr, comm: pl.Expr, busy: pl.Expr, memory: pl.Expr) -> pl.DataFrame:

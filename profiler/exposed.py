@@ -15,14 +15,15 @@ exposed time as W(end) - W(start): no pairing of calls with segments, so it stay
 number of events. A rank's exposed_us summed over its collectives is therefore the union of its
 exposed communication: the breakdown's exposed_comm_us, up to communication that crosses a step
 boundary (the breakdown clips CPU intervals to the step window; a collective here is counted
-whole in the step it started in).
+whole in the step it started in). A rank driving several GPUs (DataParallel) is left out, as
+the breakdown leaves it out.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from profiler.breakdown import THREAD, _gloo_worker_threads
+from profiler.breakdown import THREAD, _gloo_worker_threads, multi_gpu_ranks
 from profiler.intervals import sweep
 from profiler.steps import KEYS
 
@@ -37,6 +38,9 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame) -> pl.DataFrame:
 
     colls: profiler.collectives rows of the same ranks; `phase` is null where they carry none.
     """
+    if not (multi := multi_gpu_ranks(events)).is_empty():  # several GPUs' timelines in one rank: refused
+        colls = colls.join(multi.select(KEYS).cast({"run": colls.schema["run"], "rank": colls.schema["rank"]}),
+                           on=KEYS, how="anti")
     if colls.is_empty():
         return pl.DataFrame(schema=EXPOSED_COLUMNS)
     calls = colls.with_row_index("_call").with_columns(

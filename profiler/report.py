@@ -9,7 +9,7 @@ import math
 
 import polars as pl
 
-from profiler.breakdown import temporal_breakdown
+from profiler.breakdown import multi_gpu_ranks, temporal_breakdown
 from profiler.collectives import collective_skew, collective_stats, collectives, stragglers
 from profiler.discover import manifest_field
 from profiler.load import Traces
@@ -99,6 +99,12 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         if backend == "nccl" and not has_gpu:
             warnings.append(f"run {run} rank {r}: an NCCL job's trace with no GPU activity; "
                             "breakdown and collectives use CPU events only")
+    warnings += [
+        f"run {run} rank {r}: one process driving {n} GPUs (torch.nn.DataParallel); the per-GPU breakdown of a "
+        "multi-GPU process is not supported yet: no time breakdown, overlap or exposed communication for it "
+        "(its operators, kernels, collectives and memory per GPU are shown)"
+        for run, r, n in out["multi_gpu"].iter_rows()
+    ]
     warnings += dropped_warnings(ranks)
     warnings += memory_notes({r: m for r, m in traces.runs.items() if r in set(ranks["run"].cast(pl.String))})
     # Never a silent CPU accounting of a device's activity: categories no rule knows are named.
@@ -186,6 +192,7 @@ def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dic
     return {
         "all_steps": all_steps.select("run", "rank", "step"),
         "steps": steps,
+        "multi_gpu": multi_gpu_ranks(events),
         "breakdown": temporal_breakdown(events, steps=steps),
         "breakdown_steps": temporal_breakdown(events, per_step=True, steps=steps),
         "collectives": colls,

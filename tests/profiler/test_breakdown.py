@@ -205,3 +205,60 @@ def _hta_rounded(events: pl.DataFrame) -> pl.DataFrame:
     # HTA's trace_parser.round_down_time_stamps: start up, end down to whole µs.
     events = events.with_columns(ts_us=pl.col("ts_us").ceil(), end_us=pl.col("end_us").floor())
     return events.with_columns(dur_us=(pl.col("end_us") - pl.col("ts_us")).clip(0))
+
+
+def kernel_on(gpu: int, *args, **kw) -> dict:
+    return {**kernel(*args, **kw), "pid": gpu}
+
+
+# One process driving two GPUs (torch.nn.DataParallel): its trace holds both GPUs' kernels under
+# one rank, pid = the GPU's index. GPU 0 computes [10, 30), GPU 1 [40, 60) while GPU 0 is idle:
+# swept together they would read as one GPU computing 40 of 55 µs, a device that does not exist.
+TWO_GPUS = [
+    step(1, 0, 100),
+    launch(1, 1), launch(2, 2), launch(3, 3),
+    kernel_on(0, "ncclDevKernel_Broadcast", "comm", 5, 4, 3),
+    kernel_on(0, "gemm", "compute", 10, 20, 1),
+    kernel_on(1, "gemm", "compute", 40, 20, 2),
+]
+
+
+def test_a_rank_driving_two_gpus_gets_no_breakdown_and_is_named():
+    from profiler.breakdown import multi_gpu_ranks
+
+    two = make_events(TWO_GPUS)
+    one = make_events(GPU_RANK, rank=1)  # an ordinary one-GPU rank beside it keeps its numbers
+    events = pl.concat([two, one])
+    assert multi_gpu_ranks(events).select("rank", "gpus").rows() == [(0, 2)]
+    assert multi_gpu_ranks(one).is_empty()
+    for per_step in (False, True):
+        b = temporal_breakdown(events, per_step=per_step)
+        assert b["rank"].to_list() == [1] and b["compute_us"].to_list() == [30]
+        assert temporal_breakdown(two, per_step=per_step).is_empty()  # refused, not one made-up GPU
+
+
+def test_analyze_refuses_the_gpu_timeline_of_a_multi_gpu_process_with_a_warning(tmp_path):
+    import json
+
+    from profiler import analyze, load_traces
+    from profiler.text import format_tables
+
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 9, "tid": 9, "ts": 1000, "dur": 100},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 9, "tid": 9, "ts": 1001, "dur": 5}]
+    # DataParallel's parameter broadcast (torch.cuda.comm: an NCCL kernel, no c10d op) then a gemm per GPU
+    kernels = [("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 0, 1004), ("gemm", 0, 1010),
+               ("gemm", 1, 1040)]
+    for corr, (name, gpu, ts) in enumerate(kernels, start=1):
+        ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 9, "tid": 9, "ts": 1001 + corr,
+                "dur": 1, "args": {"correlation": corr}},
+               {"ph": "X", "cat": "kernel", "name": name, "pid": gpu, "tid": 7, "ts": ts, "dur": 5 if corr == 1 else 20,
+                "args": {"correlation": corr, "device": gpu, "stream": 7}}]
+    doc = {"traceEvents": ev, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1}}
+    (tmp_path / "rank0.json").write_text(json.dumps(doc))
+    a = analyze(load_traces(tmp_path))
+    assert a.breakdown.is_empty() and a.breakdown_steps.is_empty() and a.exposed.is_empty()
+    (warning,) = [w for w in a.warnings if "GPUs" in w]
+    assert "rank 0: one process driving 2 GPUs" in warning and "not supported yet" in warning
+    assert a.collectives.height == 1  # per-kernel numbers stay: the broadcast, the gemms
+    assert "gemm" in a.top_kernels["name"].cast(pl.String).to_list()
+    assert "one process driving 2 GPUs" in format_tables(a)

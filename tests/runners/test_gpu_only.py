@@ -127,8 +127,15 @@ def test_dp_on_two_gpus(tmp_path):
     assert m["ranks"][0]["loss_tokens"] == m["tokens_per_step"]  # the whole global batch
     from profiler import load_traces
 
-    kernels = load_traces(run_dir).events.filter((pl.col("device") == "gpu") & (pl.col("kind") == "compute"))
+    traces = load_traces(run_dir)
+    kernels = traces.events.filter((pl.col("device") == "gpu") & (pl.col("kind") == "compute"))
     assert kernels["pid"].n_unique() == 2, kernels["pid"].unique().to_list()
+    # ptprof analyze: no breakdown merging both GPUs' timelines into one, and a warning saying why.
+    from profiler import analyze
+
+    a = analyze(traces)
+    assert a.breakdown.is_empty() and a.exposed.is_empty()
+    assert any("one process driving 2 GPUs" in w and "not supported yet" in w for w in a.warnings), a.warnings
     peaks = m["max_memory_allocated_by_gpu_bytes"]
     assert len(peaks) == 2 and all(p > 0 for p in peaks)
 
