@@ -63,7 +63,9 @@ def test_ring_losses_match_single_process(runs, ranks):
     m = manifest(runs("ring", ranks))
     want = single_process_losses(steps=STEPS)
     worst = max(abs(got - ref) / abs(ref) for got, ref in zip(m["losses"], want, strict=True))
-    assert worst < 1e-4, (m["losses"], want)  # measured: 8.6e-8 at 2 and 4 ranks (fp32 rounding)
+    # Measured: 8.6e-8 at 2 and 4 ranks (fp32 rounding); a wrong mask or a lost block is off by
+    # 1e-4 and more (attention mistakes measured on ulysses: 4.5e-4 to 1.6e-3), far beyond 1e-6.
+    assert worst < 1e-6, (m["losses"], want)
     assert m["mesh"] == {"cp": ranks}
     assert m["sequence_parallel"] == {
         "kind": "ring", "shards": ranks, "layout": "zigzag", "chunks_per_rank": 2, "chunk_len": 32 // (2 * ranks),

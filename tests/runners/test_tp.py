@@ -25,8 +25,8 @@ def op_counts(run_dir, rank: int) -> collections.Counter:
 def test_tp_losses_match_single_process(runs, extra):
     manifest = json.loads((runs("tp", 2, *extra) / "run.json").read_text())
     want = single_process_losses(steps=STEPS)
-    for got, ref in zip(manifest["losses"], want, strict=True):
-        assert abs(got - ref) / abs(ref) < 1e-4, (manifest["losses"], want)
+    for got, ref in zip(manifest["losses"], want, strict=True):  # measured: 8.6e-8 with and without --sp
+        assert abs(got - ref) / abs(ref) < 1e-6, (manifest["losses"], want)
     assert manifest["mesh"] == {"tp": 2}
     # No data parallelism: every rank trained on the whole global batch.
     assert all(r["loss_tokens"] == manifest["tokens_per_step"] for r in manifest["ranks"])
@@ -41,7 +41,7 @@ def test_tp_loss_parallel_losses_match_single_process(runs, extra):
     losses = json.loads((runs("tp", 2, *extra) / "run.json").read_text())["losses"]
     gathered = json.loads((runs("tp", 2) / "run.json").read_text())["losses"]
     for got, ref, plain in zip(losses, single_process_losses(steps=STEPS), gathered, strict=True):
-        assert abs(got - ref) / abs(ref) < 1e-4, (losses, ref)
+        assert abs(got - ref) / abs(ref) < 1e-6, (losses, ref)  # measured: 8.6e-8
         assert abs(got - plain) / abs(plain) < 1e-6, (losses, gathered)  # measured: 1.7e-7
 
 
