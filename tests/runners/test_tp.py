@@ -47,17 +47,26 @@ def test_tp_loss_parallel_losses_match_single_process(runs, extra):
 
 def test_tp_loss_parallel_never_holds_the_whole_logits(runs):
     # With --profile-memory every allocation is a [memory] event. Gathered logits (plain tp) are
-    # one b·s·V fp32 tensor, the largest of the step; vocabulary-parallel, a rank only ever holds
-    # its b·s·V/T slice.
+    # b·s·V fp32 tensors, the largest of the step; vocabulary-parallel, no rank allocates one. The
+    # control is the same run without --loss-parallel: it must show them, or this test could not
+    # see gathered logits at all. (The shard itself, b·s·V/T, cannot be told apart by size here:
+    # tiny's V = 4h makes the MLP's column-parallel hidden b·s·4h/T just as large.)
     from profiler import load_traces, memory_timeline
 
     vocab, _d, _layers, _heads, seq, batch = MODEL_PRESETS["tiny"]
     logits = batch * seq * vocab * 4
-    allocs = memory_timeline(load_traces(runs("tp", 2, *LOSS_PARALLEL[1])).events).filter(pl.col("delta_bytes") > 0)
+
+    def allocations(*flags):
+        timeline = memory_timeline(load_traces(runs("tp", 2, *flags)).events)
+        return timeline.filter(pl.col("delta_bytes") > 0)
+
+    sharded, gathered = allocations(*LOSS_PARALLEL[1]), allocations("--sp", "--profile-memory")
     for rank in range(2):
-        mine = allocs.filter(pl.col("rank") == rank)["delta_bytes"]
-        assert mine.max() == logits // 2, (rank, mine.max(), logits)
-        assert (mine == logits // 2).sum() >= 2  # the logits shard and its gradient, each step
+        plain = gathered.filter(pl.col("rank") == rank)["delta_bytes"]
+        # At least the gathered logits and their gradient in each of the 2 profiled steps.
+        assert plain.max() == logits and (plain == logits).sum() >= 2 * 2, (rank, plain.max(), logits)
+        mine = sharded.filter(pl.col("rank") == rank)["delta_bytes"]
+        assert mine.max() == logits // 2 and (mine >= logits).sum() == 0, (rank, mine.max(), logits)
 
 
 def test_tp_shards_heads_and_mlp(runs):
