@@ -12,7 +12,8 @@ reduce through GPU 0, and one GIL for N GPUs, which is why DDP (one process per 
 torchrun starts this one process as a world of 1 (the harness's process group, NCCL, unused by
 DataParallel: its copies are torch.cuda.comm, not c10d collectives), so run.json has
 world_size 1, one trace (rank0.json.gz, kernels of every GPU in it, pid = the GPU's index),
-mesh {"dp": N} and gpus_per_process N.
+mesh {"dp": N}, gpus_per_process N and ranks[0].memory.max_memory_allocated_by_gpu_bytes, one peak
+per GPU: cuda:0's is the highest (the model, the optimizer, the gathered outputs), the lesson.
 """
 
 from __future__ import annotations
@@ -31,16 +32,10 @@ def apply_dp(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
     # The model is already on cuda:0 (harness: local rank 0); DataParallel's home device must be it.
     dp = nn.DataParallel(model, device_ids=list(range(gpus)), output_device=0)
     optimizer = harness.make_optimizer(dp.parameters(), ctx.opts)  # the cuda:0 parameters only
-
-    extra = {"gpus_per_process": gpus}
-
-    def record_every_gpu_peak() -> None:
-        # The harness records cuda:0's peak; the replicas' GPUs hold activations and copies too.
-        extra["max_memory_allocated_by_gpu_bytes"] = [torch.cuda.max_memory_allocated(i) for i in range(gpus)]
-
     # The one process takes the whole global batch on cuda:0 (dp_size 1): DataParallel scatters it.
-    return harness.Parallel(dp, optimizer, mesh={"dp": gpus}, dp_rank=0, dp_size=1, extra=extra,
-                            after_training=record_every_gpu_peak)
+    # gpus: the harness resets and records the peak of every GPU (ranks[0].memory), where the
+    # replicas' copies and activations sit beside cuda:0's model, optimizer, gathered logits and loss.
+    return harness.Parallel(dp, optimizer, mesh={"dp": gpus}, dp_rank=0, dp_size=1, gpus=gpus)
 
 
 if __name__ == "__main__":

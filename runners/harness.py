@@ -95,6 +95,9 @@ class Parallel:
     # How many shards each sequence is cut into (ulysses, ring: the ranks); a rank's loss covers
     # seq_len / seq_shards tokens of each of its rows.
     seq_shards: int = 1
+    # CUDA GPUs this process drives, from its own (cuda:local_rank) on: 1, or dp's N. Each one's
+    # peak is reset before training and recorded (run.json ranks[].memory).
+    gpus: int = 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +245,7 @@ class MemoryProbe:
             "grads_bytes": None,
             "optimizer_bytes": None,
             "max_memory_allocated_bytes": None,
+            "max_memory_allocated_by_gpu_bytes": None,
         }
 
     def after_forward(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -313,8 +317,9 @@ def train(ctx: Context, par: Parallel) -> dict:
     )
     progress_rank = _first_loss_rank(par)
     probe = MemoryProbe()
-    if ctx.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(ctx.device)  # the peak of training, not of building the model
+    gpus = [ctx.device.index + i for i in range(par.gpus)] if ctx.device.type == "cuda" else []
+    for gpu in gpus:  # every GPU's peak of training, not of building the model (dp: its replicas' too)
+        torch.cuda.reset_peak_memory_stats(gpu)
     losses: list[float | None] = []
     step_times: list[float] = []
     with profiler:
@@ -343,8 +348,9 @@ def train(ctx: Context, par: Parallel) -> dict:
                     f"{step_times[-1] * 1e3:8.1f} ms{phase}",
                     flush=True,
                 )
-    if ctx.device.type == "cuda":
+    if gpus:
         probe.numbers["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(ctx.device)
+        probe.numbers["max_memory_allocated_by_gpu_bytes"] = [torch.cuda.max_memory_allocated(g) for g in gpus]
     return {
         "rank": ctx.rank,
         "host": socket.gethostname(),
@@ -407,8 +413,8 @@ def write_manifest(ctx: Context, par: Parallel, n_params: int, ranks: list[dict]
         "mesh": par.mesh,
         "backend": ctx.backend,
         "device": ctx.device.type,
-        # GPUs each process drives: 1 under NCCL (0 on CPU); dp (DataParallel) overrides it with N.
-        "gpus_per_process": 1 if ctx.device.type == "cuda" else 0,
+        # GPUs each process drives: 1 under NCCL (0 on CPU); dp (DataParallel) N.
+        "gpus_per_process": par.gpus if ctx.device.type == "cuda" else 0,
         "device_name": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else platform.processor() or "cpu",
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "ptprof": ptprof_version},
         "hosts": sorted({r["host"] for r in ranks}),
