@@ -6,6 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.errors import printable
+from profiler.theory_memory import state_on_host
 from profiler.textfmt import (
     MMM, NONE, WIDTH, collapse, collapsed_table, fmt_bytes, fmt_pct, fmt_since, min_median_max, more, per_run,
     sparkline, strings, table, title, truncate, _number,
@@ -51,6 +52,8 @@ def memory_sections(a, runs: list[str], full: bool) -> list[str]:
         labels = {"params_bytes": "parameters", "params_at_rest_bytes": "parameters at rest", "grads_bytes": "gradients",
                   "optimizer_bytes": "optimizer state", "max_memory_allocated_bytes": "max allocated (torch)"}
         out.append(title("Persistent memory", "what each rank holds through the step (run.json)"))
+        out += [printable(f"  (run {run}: in host memory, fsdp --offload; the GPU holds none of it between uses)")
+                for run in runs if state_on_host(a.runs.get(run))]
         if full:
             header = ["rank", "params", "at rest", "grads", "optimizer", "max allocated"]
             out += per_run(runs, strings(persistent), lambda p: table(header, [

@@ -214,14 +214,28 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
     return out, None
 
 
+def state_on_host(manifest: dict | None) -> bool:
+    """True where the run kept its persistent state in host memory though it trained on a device
+    (fsdp --offload: run.json `offload.state_device` "cpu"; older files: options.offload)."""
+    where = manifest_field(manifest, "offload", "state_device")
+    return where == "cpu" if where is not None else manifest_field(manifest, "options", "offload") is True
+
+
+OFFLOAD_NOTE = ("fsdp --offload: the persistent parameters, gradients and optimizer state (run.json memory, "
+                "theory) are in host memory; the GPU holds none of them between uses, only what a unit gathers")
+
+
 def memory_notes(runs: dict[str, dict | None]) -> list[str]:
-    """Why a run with a run.json has no memory theory (one line per such run), for the warnings."""
+    """Why a run with a run.json has no memory theory, and where its persistent state is in host
+    memory (one line per such run), for the warnings."""
     notes = []
     for run, manifest in runs.items():
         if isinstance(manifest, dict):
             _, why = rank_layouts(manifest)
             if why:
                 notes.append(f"run {run}: {why}")
+            if state_on_host(manifest):
+                notes.append(f"run {run}: {OFFLOAD_NOTE}")
     return notes
 
 
@@ -233,6 +247,8 @@ def predict_memory(runs: dict[str, dict | None]) -> pl.DataFrame:
             continue
         ranks, why = rank_layouts(manifest)
         dt, note, _ = run_dtypes(manifest)
+        if state_on_host(manifest):
+            note = "; ".join(filter(None, [note, "in host memory (fsdp --offload), not on the GPU"]))
         for r in ranks:
             b = layout_bytes(r["shapes"], r["layout"], r["dp"], r["dp_rank"], dt)
             if sum(b.values()) >= 2**63:  # e.g. absurd expert counts: no number that overflows the frame
@@ -323,6 +339,8 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
       allocates again is (gradients freed by zero_grad(set_to_none=True), FSDP2's gathered
       parameters). So activation = peak − those re-allocated bytes, and the footprint at the peak
       = peak + what was allocated before.
+    With the state in host memory (fsdp --offload) a device holds no persistent bytes: activation
+    = peak, which then includes the units' gathered parameters and gradients while they run.
     activation_pct = activation / footprint. A subtraction below 0 is clamped to 0 with a note;
     without a prediction (no run.json) the share is null. A GPU rank's host (cpu) curve is left out.
     """
@@ -335,6 +353,7 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
     peaks = pl.concat([peaks.filter(pl.col("mem_device") != "cpu"),
                        peaks.filter(pl.col("mem_device") == "cpu").join(on_device, on=["run", "rank"], how="anti")])
     paradigm = {run: (m or {}).get("paradigm") if isinstance(m, dict) else None for run, m in runs.items()}
+    on_host = {run for run, m in runs.items() if isinstance(m, dict) and state_on_host(m)}
     pred = {(r["run"], r["rank"]): r for r in memory.iter_rows(named=True)}
     rows = []
     for run, rank, device, peak in peaks.sort("run", "rank", "mem_device").iter_rows():
@@ -347,7 +366,12 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
             rows.append(row)
             continue
         persistent = p["params_bytes"] + p["grads_bytes"] + p["optimizer_bytes"]
-        if device != "cpu":
+        if device != "cpu" and run in on_host:  # fsdp --offload: none of it is on the device
+            persistent = 0
+            row["basis"] = ("device counter (includes everything); persistent state in host memory (--offload): "
+                            "activation = peak (with the units' gathered parameters and gradients)")
+            transient, footprint = peak, peak
+        elif device != "cpu":
             row["basis"] = "device counter (includes everything): activation = peak − persistent"
             transient, footprint = peak - persistent, peak
         else:

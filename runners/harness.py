@@ -444,6 +444,8 @@ def write_manifest(ctx: Context, par: Parallel, n_params: int, ranks: list[dict]
         "phases": par.phases | ({"recompute": PHASE_RECOMPUTE} if opts.recompute else {}),
         # Activation checkpointing (--recompute): what is recomputed and the span that marks it.
         "recompute": {"granularity": "block", "span": PHASE_RECOMPUTE} if opts.recompute else None,
+        # fsdp --offload: where the sharded state (ranks[].memory's params, grads, optimizer) lives.
+        "offload": {"policy": "CPUOffloadPolicy", "state_device": "cpu", "pin_memory": True} if opts.offload else None,
         "losses": global_losses(ranks),
         "ranks": ranks,
         "pipeline": None,

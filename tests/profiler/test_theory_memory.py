@@ -227,6 +227,28 @@ def test_activation_peak_rules():
     assert by["foreign"]["activation_pct"] is None and "no persistent-memory theory" in by["foreign"]["note"]
 
 
+
+def test_offloaded_state_is_host_memory_not_the_gpus():
+    # fsdp --offload: run.json says the state is on the CPU. The bytes are fsdp's (run.json measures
+    # the host tensors), but the report says where they are, and a GPU peak holds none of them.
+    offload = {"policy": "CPUOffloadPolicy", "state_device": "cpu", "pin_memory": True}
+    runs = {"off": manifest("fsdp", offload=offload), "plain": manifest("fsdp", offload=None),
+            "old": manifest("fsdp", options={"experts": None, "offload": True})}  # before the offload block
+    m = {r["run"]: r for r in predict_memory(runs).filter(pl.col("rank") == 0).iter_rows(named=True)}
+    assert m["off"]["total_bytes"] == m["plain"]["total_bytes"] > 0
+    assert "in host memory (fsdp --offload)" in m["off"]["note"] and "host" not in (m["plain"]["note"] or "")
+    notes = memory_notes(runs)
+    assert [n.split(":")[0] for n in notes if "host memory" in n] == ["run off", "run old"]
+    assert "the GPU holds none of them between uses" in notes[0]
+    mem = predict_memory(runs).filter(pl.col("rank") == 0)
+    peaks = pl.DataFrame({"run": ["off", "plain"], "rank": [0, 0], "mem_device": ["cuda:0", "cuda:0"],
+                          "peak_allocated_bytes": [4 * 10**6, 4 * 10**6]})
+    a = {r["run"]: r for r in activation_peak(peaks, mem, runs).iter_rows(named=True)}
+    persistent = m["plain"]["total_bytes"]
+    assert (a["plain"]["persistent_bytes"], a["plain"]["activation_bytes"]) == (persistent, 4 * 10**6 - persistent)
+    assert (a["off"]["persistent_bytes"], a["off"]["activation_bytes"], a["off"]["activation_pct"]) == (0, 4 * 10**6, 100.0)
+    assert "host memory" in a["off"]["basis"]
+
 # ---------------------------------------------------------------------------------------------
 # Real runs: the theory equals what run.json measured, within 1 %, on every rank.
 
@@ -262,3 +284,22 @@ def test_persistent_memory_matches_theory(runs, paradigm, ranks, flags):
         # Each layer lives on exactly one pipeline rank: the ranks add up to tiny8 (8 blocks).
         tiny8 = 2 * V * D + S * D + 8 * BLOCK + 2 * D
         assert pred["n_params"].sum() == m["model"]["n_params"] == tiny8
+
+
+@pytest.mark.multirank
+def test_report_of_an_offloaded_run_says_its_state_is_in_host_memory(runs, tmp_path):
+    # An fsdp run (CPU here) relabelled as run.json records fsdp --offload on a GPU machine: the
+    # text report and the JSON warnings say where the persistent state is.
+    import shutil
+
+    from profiler import analyze, load_traces
+    from profiler.text import format_tables
+
+    run = tmp_path / "off"
+    shutil.copytree(runs("fsdp", 2), run)
+    m = json.loads((run / "run.json").read_text())
+    m["offload"] = {"policy": "CPUOffloadPolicy", "state_device": "cpu", "pin_memory": True}
+    (run / "run.json").write_text(json.dumps(m))
+    a = analyze(load_traces(run))
+    assert sum("host memory" in w for w in a.warnings) == 1
+    assert f"(run {m['run_id']}: in host memory, fsdp --offload; the GPU holds none of it between uses)" in format_tables(a)

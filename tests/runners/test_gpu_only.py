@@ -151,6 +151,8 @@ def test_fsdp_offload(tmp_path):
     off, off_dir = gpu_run(tmp_path, "off", "fsdp", "--gpus", ranks, "--offload")
     plain, plain_dir = gpu_run(tmp_path, "plain", "fsdp", "--gpus", ranks)
     assert_single_process_losses(off["losses"])
+    assert off["offload"] == {"policy": "CPUOffloadPolicy", "state_device": "cpu", "pin_memory": True}
+    assert plain["offload"] is None
     units = 4  # tiny: embeddings, 2 blocks, norm + head (runners/fsdp.py apply_fsdp_units)
     for rank in range(int(ranks)):
         copies, base = gpu_copies(off_dir, rank), gpu_copies(plain_dir, rank)
