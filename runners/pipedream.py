@@ -28,6 +28,7 @@ optimizer phase is empty here: its optimizer is a view whose step() does nothing
 
 from __future__ import annotations
 
+import gc
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -92,7 +93,8 @@ class PipeDreamStage:
         self.version = 0  # AdamW steps taken so far
         # g -> (input, output or loss, stashed weights, version its forward used)
         self.inflight: dict[int, tuple] = {}
-        self.sends: list = []  # outstanding isend works (and their tensors, kept alive)
+        self.sends: list = []  # this step's isend works (and their tensors, kept alive until waited)
+        self.prev_sends: list = []  # the previous step's
         # [[g, version], ...] of this step's forwards and backwards; per step in `versions`.
         self.versions: dict[int, dict] = {}
         self.fwd_versions: list[list[int]] = []
@@ -111,10 +113,18 @@ class PipeDreamStage:
     def _send(self, t: torch.Tensor, peer: int) -> None:
         # Asynchronous: a blocking send could wait for a receive the peer posts only later in
         # its order. Activations go s -> s+1 and gradients s+1 -> s, so each ordered pair of
-        # ranks carries one kind of message, matched in order.
+        # ranks carries one kind of message, matched in order. The work (and its tensor) must
+        # live until wait(): gloo's transport thread still writes to a freed send's buffer
+        # (heap corruption seen at 4 ranks when completed-looking works were dropped).
         t = t.detach().contiguous()
         self.sends.append((dist.isend(t, dst=peer), t))
-        self.sends = [(w, x) for w, x in self.sends if not w.is_completed()]
+
+    def end_step(self) -> None:
+        """Wait for the previous step's sends: by now their receives are posted (the peers ran
+        the forwards this step's receives needed), so this never stalls the stream."""
+        for work, _ in self.prev_sends:
+            work.wait()
+        self.prev_sends, self.sends = self.sends, []
 
     def forward(self, g: int, tokens: torch.Tensor, targets: torch.Tensor, act_shape) -> torch.Tensor | None:
         """Forward of microbatch g on a stash of the current weights; the loss on the last stage."""
@@ -156,9 +166,9 @@ class PipeDreamStage:
         """The run's end: the last w backwards and updates, then every send completed."""
         for g in sorted(self.inflight):
             self.backward(g)
-        for work, _ in self.sends:
+        for work, _ in self.prev_sends + self.sends:
             work.wait()
-        self.sends = []
+        self.prev_sends, self.sends = [], []
 
 
 def pipedream_step(engine: PipeDreamStage, opts: RunOptions):
@@ -183,6 +193,7 @@ def pipedream_step(engine: PipeDreamStage, opts: RunOptions):
                 probe.after_forward(par.model, par.optimizer)
             if g - engine.warmup >= 0:
                 engine.backward(g - engine.warmup, probe if probe.sampling else None)
+        engine.end_step()
         engine.versions[k] = {"forward": engine.fwd_versions, "backward": engine.bwd_versions}
         probe.numbers["stashed_params_bytes"] = engine.max_stashed * engine.stash_bytes
         step[0] += 1
@@ -221,6 +232,10 @@ def apply_pipedream(model: GPT, ctx: harness.Context) -> harness.Parallel:
 
     def after_training() -> None:
         engine.fwd_versions, engine.bwd_versions = [], []
+        # Collect the training's garbage before the drain: at 4 ranks, collecting it only after
+        # the drain's backwards (graphs built while the profiler ran, run after it stopped)
+        # segfaulted in the collector on every stage (torch 2.13, gloo). Cause not pinned down.
+        gc.collect()
         engine.drain()
         # Every stage's weight versions, for run.json (rank 0 writes it); after profiling, so this
         # collective is in no trace.
