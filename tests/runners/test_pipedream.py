@@ -18,6 +18,7 @@ import gzip
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 import torch
 from torch.func import functional_call
@@ -144,3 +145,25 @@ def test_spans_run_the_steady_state_order(pd2):
         # step's first (run.json) shifted to the run's numbering, no fill and no drain.
         want = [(k, s, i + step * mb) for step in (1, 2) for k, s, i in pp["ideal_order"][rank]]
         assert ran == want, (rank, ran[:12], want[:12])
+
+
+def test_analysis_shows_no_flush_bubble(pd2):
+    # The pipeline analysis of the real run: the order as planned, a textbook bubble and a
+    # schedule share of 0 (a stream), the p2p bytes and the stashed memory as the theory says.
+    from profiler import load_traces, pipeline_actions, pipeline_summary
+    from profiler.steps import profiler_steps
+    from profiler.theory_memory import memory_check, predict_memory
+    from profiler.memory import persistent_memory
+
+    traces = load_traces(pd2)
+    actions = pipeline_actions(traces.events, runs=traces.runs)
+    s = pipeline_summary(actions, traces.runs, steps=profiler_steps(traces.events))
+    assert s["schedule"].unique().to_list() == ["pipedream"] and s.height == 2 * ACTIVE
+    assert s["order_matches"].all(), s.select("rank", "step", "order_matches")
+    assert (s["theory_pct"] == 0).all()
+    # The uniform-stage replay's period is exactly its work, up to float rounding.
+    assert (s["schedule_bubble_pct"].abs() < 1e-6).all(), s.select("rank", "step", "schedule_bubble_pct")
+    assert s["ideal_pct"].is_not_null().all() and (s["bubble_pct"] < 100).all()
+    check = memory_check(predict_memory(traces.runs), persistent_memory(traces.runs))
+    stashed = check.filter(pl.col("quantity") == "memory.stashed_params_bytes")
+    assert stashed.height == 2 and (stashed["verdict"] == "match").all()
