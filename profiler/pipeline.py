@@ -4,7 +4,7 @@ bubble and the bubble of the schedule's ideal order replayed with the measured d
 Input: the pipeline runners' compute spans `ptprof/pp/{kind} s{stage} mb{microbatch}`
 (docs/run-layout.md, "Pipeline runs"; run.json's `pipeline.span_format`): kind F forward, B full
 backward, I input-gradient backward, W weight-gradient backward, L the loss (last stage, right
-after its F). The spans hold compute only; sends and receive waits fall between them.
+after its F), U pipedream's per-microbatch weight update (after its B). The spans hold compute only; sends and receive waits fall between them.
 
 Per (run, step), with p pipeline ranks, m microbatches and v stages per rank:
 
@@ -14,13 +14,19 @@ Per (run, step), with p pipeline ranks, m microbatches and v stages per rank:
   coordinate): each is its own window and replay, and run.json's per-coordinate `ideal_order`
   applies to every group. Ranks on different
   hosts are compared on their own clocks, so across hosts this is only as good as clock sync.
+  A stream run (run.json `pipeline.stream`: pipedream, no flush) has no common window: its ranks
+  run their steps staggered, so each rank's window is its own step (its ProfilerStep span when
+  `steps` is given, else its first to last action), its microbatches (numbered over the run) are
+  counted from the step's first (g - step·M), and its replay is the steady state (stream_replay).
+  The split's rank-time is then Σ of the ranks' windows.
 - bubble_pct (measured, per rank) = 100 * (1 - busy_us / window_us), busy_us being the union of
   the rank's action spans (L included).
 - theory_pct, the textbook bubble fraction of the step time (uniform stages, no communication):
   GPipe and 1F1B (p-1)/(m+p-1) (Huang et al. 2019; Narayanan et al. 2021), interleaved 1F1B
   (p-1)/(v*m+p-1) (Narayanan et al. 2021: the bubble shrinks by v), ZB-H1 (zero-bubble, v = 1)
   (p-1)(F+I-W) / (m(F+I+W) + (p-1)(F+I-W)) with the step's mean F, I, W durations (Qi et al.
-  2023). Null for ZB-V and DualPipeV, which have no such closed form.
+  2023), PipeDream 0 (no flush; Narayanan et al. 2019). Null for ZB-V and DualPipeV, which have
+  no such closed form.
 - ideal_pct: the bubble of run.json's `ideal_order` (else the order the rank actually ran)
   replayed by `simulate_order` with this step's measured durations and only the pipeline's own
   dependencies: what the schedule would give with free communication and no launch gaps.
