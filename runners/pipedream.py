@@ -232,9 +232,10 @@ def apply_pipedream(model: GPT, ctx: harness.Context) -> harness.Parallel:
 
     def after_training() -> None:
         engine.fwd_versions, engine.bwd_versions = [], []
-        # Collect the training's garbage before the drain: at 4 ranks, collecting it only after
-        # the drain's backwards (graphs built while the profiler ran, run after it stopped)
-        # segfaulted in the collector on every stage (torch 2.13, gloo). Cause not pinned down.
+        # Free the finished torch profiler first: it is left in reference cycles (the garbage here
+        # is torch.profiler.profile and its autograd profile), and collecting it after the drain's
+        # backwards of graphs recorded while it ran segfaults or corrupts the heap (torch 2.13,
+        # seen at 2 and 4 ranks with a gc.collect() after the drain; collecting before is clean).
         gc.collect()
         engine.drain()
         # Every stage's weight versions, for run.json (rank 0 writes it); after profiling, so this
