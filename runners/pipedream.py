@@ -90,11 +90,14 @@ class PipeDreamStage:
         self.names = [n for n, _ in module.named_parameters()]
         self.params = [p for _, p in module.named_parameters()]
         self.device = device
+        rows = opts.global_batch_size // microbatches
+        self.msg_shape = (rows, opts.sequence_length, module.cfg.d_model)  # one microbatch's residual stream
+        self.total = opts.steps * microbatches  # microbatches in the run
+        self.posted: dict[int, tuple] = {}  # peer -> the receive posted ahead (work, buffer)
         self.version = 0  # AdamW steps taken so far
         # g -> (input, output or loss, stashed weights, version its forward used)
         self.inflight: dict[int, tuple] = {}
-        self.sends: list = []  # this step's isend works (and their tensors, kept alive until waited)
-        self.prev_sends: list = []  # the previous step's
+        self.sends: list = []  # isend works not yet waited for (and their tensors, kept alive)
         # [[g, version], ...] of this step's forwards and backwards; per step in `versions`.
         self.versions: dict[int, dict] = {}
         self.fwd_versions: list[list[int]] = []
@@ -105,30 +108,47 @@ class PipeDreamStage:
     def _span(self, kind: str, g: int) -> record_function:
         return record_function(harness.PP_ACTION.format(kind=kind, stage=self.stage, microbatch=g))
 
-    def _recv(self, shape, peer: int) -> torch.Tensor:
-        buf = torch.empty(shape, device=self.device)
-        dist.recv(buf, src=peer)  # waits outside every compute span: pipeline bubble or comm wait
+    def _recv(self, peer: int, ahead: bool) -> torch.Tensor:
+        """The next tensor from a neighbour (an activation from s-1, a gradient from s+1).
+
+        With `ahead`, the receive of the next one from that neighbour is posted at once (messages
+        between two ranks arrive in microbatch order), so the neighbour's send completes as soon
+        as its data is here instead of waiting for us to ask. Not across a step boundary, so that
+        each step's trace holds its own M receives per neighbour (the p2p theory's count).
+
+        The sends posted since our last receive are completed here, after the receive is posted,
+        as torch's 1F1B fuses a send with the next receive: a gloo send completes once the peer
+        has posted the matching receive, so waiting for it before posting ours could deadlock.
+        All of it falls outside the compute spans.
+        """
+        work, buf = self.posted.pop(peer, None) or self._post(peer)
+        if ahead:
+            self.posted[peer] = self._post(peer)
+        self._wait_sends()
+        work.wait()
         return buf
 
+    def _post(self, peer: int):
+        buf = torch.empty(self.msg_shape, device=self.device)
+        return dist.irecv(buf, src=peer), buf
+
     def _send(self, t: torch.Tensor, peer: int) -> None:
-        # Asynchronous: a blocking send could wait for a receive the peer posts only later in
-        # its order. Activations go s -> s+1 and gradients s+1 -> s, so each ordered pair of
-        # ranks carries one kind of message, matched in order. The work (and its tensor) must
-        # live until wait(): gloo's transport thread still writes to a freed send's buffer
-        # (heap corruption seen at 4 ranks when completed-looking works were dropped).
+        # Asynchronous, completed at the next receive (or the drain). Activations go s -> s+1 and
+        # gradients s+1 -> s, so each ordered pair of ranks carries one kind of message, matched
+        # in order. The work (and its tensor) must live until wait(): dropping a gloo send before
+        # it completes lets gloo's transport thread write to freed memory (heap corruption seen).
         t = t.detach().contiguous()
         self.sends.append((dist.isend(t, dst=peer), t))
 
-    def end_step(self) -> None:
-        """Wait for the previous step's sends: by now their receives are posted (the peers ran
-        the forwards this step's receives needed), so this never stalls the stream."""
-        for work, _ in self.prev_sends:
+    def _wait_sends(self) -> None:
+        for work, _ in self.sends:
             work.wait()
-        self.prev_sends, self.sends = self.sends, []
+        self.sends = []
 
-    def forward(self, g: int, tokens: torch.Tensor, targets: torch.Tensor, act_shape) -> torch.Tensor | None:
+    def forward(self, g: int, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """Forward of microbatch g on a stash of the current weights; the loss on the last stage."""
-        x = tokens if self.first else self._recv(act_shape, self.stage - 1).requires_grad_()
+        # The next forward's activation is received ahead within this step (g's step is g // M).
+        x = tokens if self.first else self._recv(self.stage - 1, ahead=(g + 1) % self.m != 0).requires_grad_()
         stash = {n: p.detach().clone().requires_grad_() for n, p in zip(self.names, self.params)}
         with self._span("F", g):
             out = functional_call(self.module, stash, (x,))
@@ -143,10 +163,13 @@ class PipeDreamStage:
         self.max_stashed = max(self.max_stashed, len(self.inflight))
         return loss
 
-    def backward(self, g: int, probe: harness.MemoryProbe | None = None) -> None:
+    def backward(self, g: int, probe: harness.MemoryProbe | None = None, *, drain: bool = False) -> None:
         """Backward of microbatch g through the weights its forward used, then one AdamW step."""
         x, out, stash, version = self.inflight.pop(g)
-        grad = None if self.last else self._recv(out.shape, self.stage + 1)
+        # B(g) runs in step (g + w) // M: receive the next gradient ahead within that step (or
+        # during the drain, which is outside the steps).
+        ahead = g + 1 < self.total and (drain or (g + 1 + self.warmup) % self.m != 0)
+        grad = None if self.last else self._recv(self.stage + 1, ahead=ahead)
         with self._span("B", g):
             torch.autograd.backward(out, grad)
         if not self.first:
@@ -165,35 +188,31 @@ class PipeDreamStage:
     def drain(self) -> None:
         """The run's end: the last w backwards and updates, then every send completed."""
         for g in sorted(self.inflight):
-            self.backward(g)
-        for work, _ in self.prev_sends + self.sends:
-            work.wait()
-        self.prev_sends, self.sends = [], []
+            self.backward(g, drain=True)
+        self._wait_sends()
+        assert not self.posted, f"stage {self.stage}: receives left posted after the drain"
 
 
 def pipedream_step(engine: PipeDreamStage, opts: RunOptions):
     """The harness's train_step: one step of the stream (module docstring); returns the mean of
     its M microbatch losses on the last stage (None elsewhere)."""
     step = [0]
-    cfg = engine.module.cfg
 
     def train_step(par: harness.Parallel, inputs, targets, probe: harness.MemoryProbe):
         k, m = step[0], engine.m
         rows = inputs.shape[0] // m
-        act_shape = (rows, inputs.shape[1], cfg.d_model)
         losses = []
         engine.fwd_versions, engine.bwd_versions = [], []
         for i in range(m):
             g = k * m + i
             sl = slice(i * rows, (i + 1) * rows)
-            loss = engine.forward(g, inputs[sl], targets[sl], act_shape)
+            loss = engine.forward(g, inputs[sl], targets[sl])
             if loss is not None:
                 losses.append(loss.detach())
             if probe.sampling:
                 probe.after_forward(par.model, par.optimizer)
             if g - engine.warmup >= 0:
                 engine.backward(g - engine.warmup, probe if probe.sampling else None)
-        engine.end_step()
         engine.versions[k] = {"forward": engine.fwd_versions, "backward": engine.bwd_versions}
         probe.numbers["stashed_params_bytes"] = engine.max_stashed * engine.stash_bytes
         step[0] += 1
