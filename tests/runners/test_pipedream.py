@@ -26,7 +26,7 @@ from torch.func import functional_call
 from runners.harness import synthetic_batch
 from runners.model import GPT, GPTConfig, lm_loss
 from runners.options import MODEL_PRESETS
-from tests.conftest import STEPS
+from tests.conftest import STEPS, ptprof
 from tests.runners.reference import single_process_losses
 
 pytestmark = pytest.mark.multirank
@@ -167,3 +167,21 @@ def test_analysis_shows_no_flush_bubble(pd2):
     check = memory_check(predict_memory(traces.runs), persistent_memory(traces.runs))
     stashed = check.filter(pl.col("quantity") == "memory.stashed_params_bytes")
     assert stashed.height == 2 and (stashed["verdict"] == "match").all()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--gpus", "2", "--microbatches", "3"],
+         "--batch-size 8 does not split into 3 equal microbatches; use --microbatches dividing 8"),
+        (["--gpus", "4", "--model", "tiny"], "pipedream over 4 ranks needs 4 layers, but model 'tiny' has 2; use --model tiny8"),
+        (["--gpus", "2", "--model", "tiny8", "--stage-layers", "2,5"],
+         "--stage-layers 2,5 gives 2 stage(s) of 7 blocks; pipedream over 2 ranks needs 2 counts summing to the 8 layers "
+         "of model 'tiny8'"),
+    ],
+)
+def test_impossible_requests_are_one_line_errors(tmp_path, args, message):
+    res = ptprof("run", "pipedream", *args, "--out", str(tmp_path))
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == f"ptprof run: error: {message}"
+    assert not list(tmp_path.iterdir())
