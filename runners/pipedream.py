@@ -193,7 +193,7 @@ class PipeDreamStage:
         assert not self.posted, f"stage {self.stage}: receives left posted after the drain"
 
 
-def pipedream_step(engine: PipeDreamStage, opts: RunOptions):
+def pipedream_step(engine: PipeDreamStage):
     """The harness's train_step: one step of the stream (module docstring); returns the mean of
     its M microbatch losses on the last stage (None elsewhere)."""
     step = [0]
@@ -277,7 +277,7 @@ def apply_pipedream(model: GPT, ctx: harness.Context) -> harness.Parallel:
         mesh={"pp": p},
         dp_rank=0,
         dp_size=1,
-        train_step=pipedream_step(engine, ctx.opts),
+        train_step=pipedream_step(engine),
         reports_loss=engine.last,
         extra=extra,
         phases={"optimizer": harness.PHASE_OPTIMIZER},
