@@ -175,6 +175,8 @@ def test_analysis_shows_no_flush_bubble(pd2):
         (["--gpus", "2", "--microbatches", "3"],
          "--batch-size 8 does not split into 3 equal microbatches; use --microbatches dividing 8"),
         (["--gpus", "4", "--model", "tiny"], "pipedream over 4 ranks needs 4 layers, but model 'tiny' has 2; use --model tiny8"),
+        (["--gpus", "4", "--model", "tiny8", "--microbatches", "2"],  # stage 0's 3 warmup forwards > 2 per step
+         "pipedream over 4 ranks needs at least 3 microbatches per step (P-1 to fill the pipeline), got 2"),
         (["--gpus", "2", "--model", "tiny8", "--stage-layers", "2,5"],
          "--stage-layers 2,5 gives 2 stage(s) of 7 blocks; pipedream over 2 ranks needs 2 counts summing to the 8 layers "
          "of model 'tiny8'"),
