@@ -246,6 +246,9 @@ class MemoryProbe:
             "optimizer_bytes": None,
             "max_memory_allocated_bytes": None,
             "max_memory_allocated_by_gpu_bytes": None,
+            # Weight copies a runner keeps besides its parameters (pipedream's weight stashing: the
+            # most held at once over the run, set by the runner); None where nothing is stashed.
+            "stashed_params_bytes": None,
         }
 
     def after_forward(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
