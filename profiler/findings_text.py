@@ -84,6 +84,10 @@ COLLECTIVE_CHANGES: dict[tuple[str, str | None], str] = {
 MOE_ALL_TO_ALL_CHANGE = ("overlap the expert dispatch and combine with compute (split the batch and pipeline the "
                          "all-to-all, or run a shared expert meanwhile); a lower capacity factor sends less")
 GENERIC_CHANGE = "overlap it with compute (issue it asynchronously, wait later) or send fewer, larger messages"
+# Phase "recompute": the forward's collectives run again by activation checkpointing (--recompute).
+RECOMPUTE_CHANGE = ("these are the recomputed forward's collectives (--recompute reruns each block, its collectives "
+                    "included, inside backward): recompute selectively (only the attention core, or fewer blocks), "
+                    "or drop --recompute where activation memory allows")
 
 
 def collective_change(kind: str | None, phase: str | None, paradigm: str | None = None) -> str:
@@ -92,6 +96,8 @@ def collective_change(kind: str | None, phase: str | None, paradigm: str | None 
     kind = "send" if kind in ("recv", "send_recv") else kind
     if kind is None:
         return GENERIC_CHANGE
+    if phase == "recompute":
+        return RECOMPUTE_CHANGE
     if kind == "all_to_all" and paradigm == "ep":
         return MOE_ALL_TO_ALL_CHANGE
     return COLLECTIVE_CHANGES.get((kind, phase)) or COLLECTIVE_CHANGES.get((kind, None)) or GENERIC_CHANGE

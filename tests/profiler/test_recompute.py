@@ -144,3 +144,11 @@ def test_theory_check_matches_on_recompute_runs(runs, paradigm, flags):
                 assert got == want["bytes"].sum()
     else:
         assert measured.is_empty() and predicted.is_empty()
+
+
+def test_exposed_collectives_of_the_recomputed_forward_get_recompute_advice():
+    from profiler.findings_text import RECOMPUTE_CHANGE, collective_change
+
+    assert collective_change("all_reduce", "recompute", "tp") == RECOMPUTE_CHANGE
+    assert collective_change("all_to_all", "recompute", "ep") == RECOMPUTE_CHANGE
+    assert collective_change("all_reduce", "backward", "tp") != RECOMPUTE_CHANGE
