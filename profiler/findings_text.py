@@ -83,6 +83,14 @@ COLLECTIVE_CHANGES: dict[tuple[str, str | None], str] = {
 # An all-to-all of an expert-parallel run (run.json paradigm ep) is the MoE dispatch and combine.
 MOE_ALL_TO_ALL_CHANGE = ("overlap the expert dispatch and combine with compute (split the batch and pipeline the "
                          "all-to-all, or run a shared expert meanwhile); a lower capacity factor sends less")
+# A send or receive of a ring-attention run (paradigm ring) is a K/V block travelling the ring.
+RING_P2P_CHANGE = ("a ring-attention K/V block's transfer hides under the attention on the block before only when a rank's shard "
+                   "s/P ≥ F·dtype/β (device FLOP/s F, link bytes/s β: docs/theory.md): longer sequences per rank or "
+                   "fewer ring ranks; the runner already computes on each block while the next one travels")
+# An all-to-all of a ulysses run turns sequence shards into head shards around every attention.
+ULYSSES_ALL_TO_ALL_CHANGE = ("the Ulysses all-to-alls sit between every layer's projections and its attention: keep "
+                             "the sequence-parallel group on the fastest links (within a node), send q, k and v in one "
+                             "all-to-all, or use ring attention, whose K/V exchanges overlap the block computation")
 GENERIC_CHANGE = "overlap it with compute (issue it asynchronously, wait later) or send fewer, larger messages"
 # Phase "recompute": the forward's collectives run again by activation checkpointing (--recompute).
 RECOMPUTE_CHANGE = ("these are the recomputed forward's collectives (--recompute reruns each block, its collectives "
@@ -100,6 +108,10 @@ def collective_change(kind: str | None, phase: str | None, paradigm: str | None 
         return RECOMPUTE_CHANGE
     if kind == "all_to_all" and paradigm == "ep":
         return MOE_ALL_TO_ALL_CHANGE
+    if kind == "send" and paradigm == "ring":
+        return RING_P2P_CHANGE
+    if kind == "all_to_all" and paradigm == "ulysses":
+        return ULYSSES_ALL_TO_ALL_CHANGE
     return COLLECTIVE_CHANGES.get((kind, phase)) or COLLECTIVE_CHANGES.get((kind, None)) or GENERIC_CHANGE
 
 

@@ -142,8 +142,9 @@ def _rank_rows(m: dict, facts: dict, rank: int) -> list[dict]:
         rows = _fsdp(facts, facts["params"], m["world_size"], rank=0, tp=1, reshard=paradigm == "fsdp", dim="dp")
     elif paradigm == "tp":
         b = m.get("local_batch_size") or m.get("global_batch_size")
+        opts = m.get("options") or {}
         rows = _tp(m, facts, facts["params"], m["world_size"], b=b, microbatches=1, first=True, last=True,
-                   sp=bool((m.get("options") or {}).get("sp")))
+                   sp=bool(opts.get("sp")), loss_parallel=bool(opts.get("loss_parallel")))
     elif paradigm == "ep":
         rows = _ep(m, facts, rank)
     elif paradigm == "hybrid":
@@ -198,9 +199,10 @@ def _fsdp(facts: dict, params, n: int, *, rank: int, tp: int, reshard: bool, dim
 
 
 def _tp(m: dict, facts: dict, params, t: int, *, b: int, microbatches: int, first: bool, last: bool,
-        sp: bool, dim: str = "tp", fsdp: bool = False) -> list[dict]:
+        sp: bool, dim: str = "tp", fsdp: bool = False, loss_parallel: bool = False) -> list[dict]:
     """Megatron TP (runners/tp_sp.py) of the blocks in `params` (and the head when `last`), over t
-    ranks, for `microbatches` passes of b sequences."""
+    ranks, for `microbatches` passes of b sequences; `loss_parallel`: the vocabulary-parallel
+    cross-entropy instead of the logits' all-gather."""
     model, eb = m["model"], facts["eb"]
     s, h, v = model["seq_len"], model["d_model"], model["vocab_size"]
     layers = len({p.layer for p in params if p.layer is not None})
@@ -239,9 +241,23 @@ def _tp(m: dict, facts: dict, params, t: int, *, b: int, microbatches: int, firs
         else:
             rows.append(_row(dim, "backward", "all_reduce", t, mb, mb * act,
                              f"the vocabulary-parallel head's input gradient: {bsh}"))
-        rows.append(_row(dim, "forward", "all_gather", t, mb, mb * logits, f"logits for the loss: b·s·V·{eb} B",
-                         "Megatron instead runs a vocabulary-parallel cross-entropy (all-reduces of b·s)"))
+        if loss_parallel:
+            rows.append(_tp_loss_parallel_row(dim, t, b * s, mb))
+        else:
+            rows.append(_row(dim, "forward", "all_gather", t, mb, mb * logits, f"logits for the loss: b·s·V·{eb} B",
+                             "Megatron instead runs a vocabulary-parallel cross-entropy (all-reduces of b·s): "
+                             "--loss-parallel"))
     return rows
+
+
+def _tp_loss_parallel_row(dim: str, t: int, tokens: int, mb: int) -> dict:
+    """torch's loss_parallel (torch/distributed/tensor/parallel/loss.py, 2.13): the forward
+    all-reduces three fp32 numbers per token over the vocabulary shards (Megatron's
+    vocabulary-parallel cross-entropy); its fused backward communicates nothing."""
+    return _row(dim, "forward", "all_reduce", t, 3 * mb, 3 * mb * tokens * 4,
+                f"3 of b·s·4 = {tokens}·4 B: the row max, the sum of exponentials, the target's logit",
+                "vocabulary-parallel cross-entropy in fp32 (lm_loss casts); replaces the logits' all-gather "
+                "of b·s·V; the loss's backward needs none")
 
 
 def _ep(m: dict, facts: dict, rank: int) -> list[dict]:

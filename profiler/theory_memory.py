@@ -154,16 +154,20 @@ def rank_layouts(manifest: dict) -> tuple[list[dict], str | None]:
         return [], f"run.json's {experts} experts are beyond any real model: no memory theory"
     if not world or world > MAX_WORLD:
         return [], "run.json has no plausible world_size: no memory theory"
+    if paradigm == "dp":  # DataParallel: one process holds the whole model on its first GPU, as ddp
+        mesh = {}  # (its dp degree counts GPUs, not processes; the replicas live only inside a step)
     dp, pp, tp = (_int(mesh.get(k), 1) for k in ("dp", "pp", "tp"))
     ep = _int(mesh.get("ep"), 1)
-    if dp * pp * tp * ep != world:
+    # Sequence / context parallel ranks (ulysses "sp", ring "cp") hold the whole model, as ddp.
+    seq_par = _int(mesh.get("sp"), 1) * _int(mesh.get("cp"), 1)
+    if dp * pp * tp * ep * seq_par != world:
         return [], f"mesh {mesh} does not multiply to world_size {world}: no memory theory"
     if paradigm in ("ddp", "zero1", "zero2", "fsdp"):
         layout = paradigm
     elif paradigm == "hybrid":
         layout = "ddp" if dp == 1 else ("zero2" if pp > 1 else "fsdp")  # pp>1: reshard_after_forward=False
     else:
-        layout = "ddp"  # tp, ep and pipelines replicate (no data-parallel sharding)
+        layout = "ddp"  # tp, ep, pipelines, ulysses and ring replicate (no data-parallel sharding)
     if pp > 1:
         if not pipe or not isinstance(pipe.get("stage_layers"), list) or not isinstance(pipe.get("stage_to_rank"), list):
             return [], "run.json's pipeline block has no stage_layers / stage_to_rank: no memory theory"
@@ -305,7 +309,7 @@ def memory_check(memory: pl.DataFrame, persistent: pl.DataFrame) -> pl.DataFrame
 
 # Paradigms whose gradients are views of DDP's buckets (gradient_as_bucket_view=True), allocated
 # when the model is wrapped: never freed by zero_grad, so never in a CPU curve.
-BUCKETED_GRADS = ("ddp", "zero1")
+BUCKETED_GRADS = ("ddp", "zero1", "ring")
 
 
 def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict[str, dict | None]) -> pl.DataFrame:

@@ -116,7 +116,7 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str, bool]:
     if not opts.out.strip():  # Path("") is ".": an empty --out would silently mean this folder
         raise UsageError("--out is empty: give the folder that receives <run-id>/ (default traces)")
     _check_out(Path(opts.out), name)
-    device = _pick_device(ns.device, ns.gpus)
+    device = _pick_device(ns.device, ns.gpus, cpu_ok=gpu_only_reason(opts) is None)
     if device == "cpu" and (reason := gpu_only_reason(opts)):
         raise UsageError(reason)
     return dataclasses.replace(opts, device=device), device, chosen
@@ -161,7 +161,8 @@ def _check_out(out: Path, name: str) -> None:
         raise UsageError(f"--out {out}: {err.strerror or err}") from None
 
 
-def _pick_device(requested: str, n: int) -> str:
+def _pick_device(requested: str, n: int, *, cpu_ok: bool = True) -> str:
+    """"cuda" or "cpu" for --gpus `n` (GPUs of the node: one per rank, or dp's one process's)."""
     import torch  # only here: --help and argument errors should not wait for torch to import
 
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -171,7 +172,7 @@ def _pick_device(requested: str, n: int) -> str:
         hint = " (CUDA_VISIBLE_DEVICES=" + os.environ["CUDA_VISIBLE_DEVICES"] + ")" if "CUDA_VISIBLE_DEVICES" in os.environ else ""
         raise UsageError(
             f"--gpus {n} needs {n} GPUs on this node but {visible} {'is' if visible == 1 else 'are'} visible{hint}; "
-            f"lower --gpus or use --device cpu for gloo ranks"
+            + ("lower --gpus or use --device cpu for gloo ranks" if cpu_ok else "lower --gpus")
         )
     return "cuda"
 
@@ -225,6 +226,8 @@ def _print_plan(opts: RunOptions, device: str, model_chosen: bool) -> None:
     world = opts.world_size
     if device == "cpu":
         print(f"No GPU in use: running {world} gloo ranks on CPU (timings are indicative only).")
+    elif PARADIGMS[opts.paradigm].processes_per_node(opts) != opts.gpus:
+        print(f"Running 1 process per node driving {opts.gpus} GPUs ({opts.paradigm}).")
     else:
         print(f"Running {world} NCCL ranks, one GPU each.")
     layers = opts.preset[2]
@@ -246,7 +249,8 @@ def _profile_plan(opts: RunOptions) -> str:
 
 def _run_and_publish(ns: argparse.Namespace, opts: RunOptions, tmp: Path, model_chosen: bool) -> int:
     """Launch the ranks; on node 0, publish tmp as <out>/<run-id> when every file is there."""
-    out, world = Path(opts.out), opts.world_size
+    # Processes, hence traces: one per GPU, except dp's single process driving --gpus GPUs.
+    out, world = Path(opts.out), PARADIGMS[opts.paradigm].processes_per_node(opts) * opts.nnodes
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores; also silences torchrun's note
     os.environ["PTPROF_RUN_ID"] = opts.run_id  # lets tests (and users) find this run's processes
     started = time.time()
@@ -304,7 +308,7 @@ def _print_summary(run_dir: Path, elapsed_s: float, model_chosen: bool) -> None:
     mem = ranks[0]["memory"]
     print(
         f"\n{manifest['run_id']}: {manifest['paradigm']} on {manifest['world_size']} {manifest['backend']} "
-        f"ranks ({manifest['device']}), {len(manifest['losses'])} steps in {elapsed_s:.1f} s"
+        f"ranks ({manifest['device']}{_gpus_each(manifest)}), {len(manifest['losses'])} steps in {elapsed_s:.1f} s"
     )
     if losses:
         print(f"  loss            {losses[0]:.4f} -> {losses[-1]:.4f} (global batch, all ranks)")
@@ -326,6 +330,12 @@ def _print_summary(run_dir: Path, elapsed_s: float, model_chosen: bool) -> None:
     )
     print(f"  traces          {run_dir}/ ({len(ranks)} ranks, {_fmt_bytes(trace_bytes)})")
     print(f"  next            ptprof analyze {run_dir}")
+
+
+def _gpus_each(manifest: dict) -> str:
+    """', 2 GPUs each' where a process drives several GPUs (dp), else ''."""
+    n = manifest.get("gpus_per_process")
+    return f", {n} GPUs each" if isinstance(n, int) and n > 1 else ""
 
 
 def _fmt_bytes(n: int | None) -> str:

@@ -407,6 +407,8 @@ def write_manifest(ctx: Context, par: Parallel, n_params: int, ranks: list[dict]
         "mesh": par.mesh,
         "backend": ctx.backend,
         "device": ctx.device.type,
+        # GPUs each process drives: 1 under NCCL (0 on CPU); dp (DataParallel) overrides it with N.
+        "gpus_per_process": 1 if ctx.device.type == "cuda" else 0,
         "device_name": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else platform.processor() or "cpu",
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "ptprof": ptprof_version},
         "hosts": sorted({r["host"] for r in ranks}),

@@ -30,7 +30,7 @@ class RunOptions:
     """Everything a run depends on; stored verbatim in run.json["options"]."""
 
     paradigm: str  # runner name, e.g. "ddp", "fsdp" (see runners.paradigms.PARADIGMS)
-    gpus: int  # ranks per node: one GPU each under NCCL, one CPU process each under gloo
+    gpus: int  # ranks per node: one GPU each under NCCL, one CPU process each under gloo; dp: GPUs of its one process
     nnodes: int = 1  # nodes taking part (torchrun --nnodes)
     steps: int = 5  # training steps, all of them run; the profiler records the last `active`
     model: str = "tiny"  # size preset, a key of MODEL_PRESETS (`ptprof run` picks the smallest that fits)

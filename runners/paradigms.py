@@ -52,7 +52,10 @@ def _check_sequence_parallel(opts: RunOptions) -> str | None:
     # into 2P chunks, two per rank, for a balanced causal mask (seq % 2P).
     p, n_heads, seq = opts.world_size, opts.preset[3], opts.sequence_length
     if opts.paradigm == "ulysses" and n_heads % p:
-        return f"ulysses over {p} ranks needs attention heads ({n_heads}, model {opts.model!r}) divisible by {p}"
+        fits = [str(d) for d in range(2, n_heads + 1) if n_heads % d == 0 and seq % d == 0]
+        hint = f": use --gpus {' or '.join(fits)}" if fits else ""
+        return (f"ulysses over {p} ranks needs attention heads ({n_heads}, model {opts.model!r}) divisible by {p} "
+                f"(each rank attends with heads/{p} of them){hint}")
     chunks = 2 * p if opts.paradigm == "ring" else p
     if seq % chunks:
         return f"{opts.paradigm} over {p} ranks needs --seq-len ({seq}) divisible by {chunks}"
@@ -254,6 +257,8 @@ PARADIGMS: dict[str, Paradigm] = {
         "torch.nn.DataParallel: one process drives --gpus GPUs, model replicated every step (GPU only)",
         needs_gpu="dp (torch.nn.DataParallel) drives several GPUs from one process and needs CUDA; use ddp for gloo ranks on CPU",
         processes_per_node=lambda opts: 1,
+        check=lambda opts: (f"dp is one process on one node (torch.nn.DataParallel); --nnodes {opts.nnodes} needs ddp"
+                            if opts.nnodes > 1 else None),
     ),
     "hybrid": Paradigm(
         "runners.hybrid",

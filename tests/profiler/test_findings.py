@@ -112,6 +112,9 @@ def test_all_to_all_advice_is_moe_only_for_an_expert_parallel_run():
     assert "capacity factor" not in foreign and "embedding" in foreign  # a TorchRec all-to-all is no MoE
     e.runs = {"A": {"paradigm": "ep"}}
     assert "capacity factor" in only(F.exposed_comm_rule(e))["change"]
+    e.runs = {"A": {"paradigm": "ulysses"}}  # sequence shards to head shards around attention
+    ulysses = only(F.exposed_comm_rule(e))["change"]
+    assert "Ulysses" in ulysses and "capacity factor" not in ulysses
 
 
 def test_exposed_comm_names_the_largest_part_when_no_collective_has_most():

@@ -95,6 +95,23 @@ def test_tp_megatron_activations(sp):
                       "all_reduce": 3 * (4 * L + 2) * H * 4}
 
 
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_loss_parallel_replaces_the_logits_gather(sp):
+    # torch's loss_parallel: 3 fp32 all-reduces of one number per token (max, sum of exp, the
+    # target's logit) in forward instead of the b·s·V logits all-gather; nothing else changes.
+    m = manifest(paradigm="tp", mesh={"tp": 2}, local_batch_size=B, options={"sp": sp, "loss_parallel": True})
+    c = predict_comm({"r": m}).filter(pl.col("rank") == 1)
+    by = dict(c.group_by("collective").agg(pl.col("bytes").sum()).iter_rows())
+    loss = 3 * B * S * 4  # 3 x 8·32 tokens x 4 B = 3,072 B
+    if not sp:
+        assert by == {"all_reduce": (6 * L + 1) * ACT + loss}
+    else:
+        assert by == {"all_gather": (4 * L + 2) * ACT, "reduce_scatter": (4 * L + 1) * ACT,
+                      "all_reduce": 3 * (4 * L + 2) * H * 4 + loss}
+    row = c.filter(pl.col("formula").str.contains("row max")).to_dicts()
+    assert [(r["phase"], r["calls"], r["bytes"]) for r in row] == [("forward", 3, 3072)]
+
+
 def test_hybrid_sp_layernorm_gradients_with_and_without_fsdp():
     # Checked on real runs (dp2 pp1 tp2 --sp; dp1 pp2 tp2 --sp): with FSDP each sequence-parallel
     # LayerNorm gradient is all-reduced once in backward; without, AdamW all-reduces it 3 times.
@@ -294,6 +311,12 @@ def test_tensor_parallel_bytes_match_theory(runs, ranks, sp):
     else:
         want = {"all_reduce": (6 * L + 1) * ACT, "all_gather": LOGITS}
     assert_golden(runs("tp", ranks, *(["--sp"] if sp else [])), lambda rank, step: want)
+
+
+@pytest.mark.multirank
+def test_tp_loss_parallel_bytes_match_theory(runs):
+    want = {"all_reduce": (6 * L + 1) * ACT + 3 * B * S * 4}  # no all_gather: the logits stay sharded
+    assert_golden(runs("tp", 2, "--loss-parallel"), lambda rank, step: want)
 
 
 EP_FLAGS = ("--experts", "4", "--top-k", "2", "--capacity-factor", "4")  # tests/runners/test_ep.py NO_DROP

@@ -57,6 +57,14 @@ def test_tiny_model_under_ddp_is_16_bytes_per_param_plus_step_scalars():
     assert "fp32 assumed" in row["note"]
 
 
+def test_dataparallel_is_one_process_holding_what_a_ddp_rank_holds():
+    # dp: world 1 (one process), mesh {"dp": 2} counts its GPUs; cuda:0 holds model + optimizer.
+    m = predict_memory({"r": manifest("dp", world=1, mesh={"dp": 2})})
+    assert m.height == 1
+    row = m.row(0, named=True)
+    assert (row["params_bytes"], row["grads_bytes"], row["optimizer_bytes"]) == (4 * TINY, 4 * TINY, 8 * TINY + 4 * N_TENSORS)
+
+
 def test_mixed_precision_dtypes_give_the_2_2_12_rule():
     dt, note, why = run_dtypes({"dtypes": {"param": "bfloat16", "grad": "bfloat16", "optimizer": "float32", "master": "float32"}})
     assert (dt.per_param, dt.optimizer_per_param, note, why) == (16, 12, None, None)
