@@ -178,7 +178,7 @@ def _recompute(a, runs: list[str], full: bool) -> list[str]:
     out = [title("Recomputation", "forward run again in backward (--recompute): costs about one more forward")]
     header = ["rank", "spans/step", "forward", "recompute", "backward", "recomp/fwd", "predicted"]
     out += per_run(runs, per_rank, lambda p: table(header, [
-        [str(r["rank"]), sig3(r["recompute_spans"]), fmt_time(r["forward_us"]), fmt_time(r["recompute_us"]),
+        [str(r["rank"]), f"{r['recompute_spans']:g}", fmt_time(r["forward_us"]), fmt_time(r["recompute_us"]),
          fmt_time(r["backward_us"]), sig3(r["ratio"]), sig3(r["predicted_over_forward"])]
         for r in p.sort("rank").to_dicts()][: None if full else ROWS], "r" * 7, shrink=None))
     return out + ["  (mean per step; backward includes the recompute; predicted: the blocks' share of the forward FLOPs)"]
