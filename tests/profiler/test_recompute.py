@@ -144,6 +144,11 @@ def test_theory_check_matches_on_recompute_runs(runs, paradigm, flags):
                 assert got == want["bytes"].sum()
     else:
         assert measured.is_empty() and predicted.is_empty()
+    # the activation rows state theory's saved activations with and without recompute (ddp: b = 4)
+    notes = set(a.activation["note"])
+    if paradigm == "ddp":
+        assert notes == {"--recompute: predicted saved activations 561,152 B per rank instead of 1,056,768 B "
+                         "(−495,616 B: (L−1)·(A_block − b·s·h·4), A_block = b·s·(16h + heads + 4)·4 = 528,384 B)"}
 
 
 def test_exposed_collectives_of_the_recomputed_forward_get_recompute_advice():
