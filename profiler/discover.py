@@ -269,7 +269,9 @@ def _is_whole(v, low: int) -> bool:
 
 
 def _is_action(a) -> bool:
-    return isinstance(a, list) and len(a) == 3 and isinstance(a[0], str) and _is_whole(a[1], 0) and _is_whole(a[2], 0)
+    # The microbatch may be negative: a stream schedule's (pipedream) previous-step microbatch.
+    return (isinstance(a, list) and len(a) == 3 and isinstance(a[0], str) and _is_whole(a[1], 0)
+            and isinstance(a[2], int) and not isinstance(a[2], bool))
 
 
 # The run.json fields the profiler reads, and what each must be when present and not null.

@@ -14,7 +14,8 @@ import polars as pl
 from profiler.discover import manifest_field
 from profiler.steps import KEYS, assign_steps
 
-PERSISTENT_FIELDS = ["params_bytes", "params_at_rest_bytes", "grads_bytes", "optimizer_bytes", "max_memory_allocated_bytes"]
+PERSISTENT_FIELDS = ["params_bytes", "params_at_rest_bytes", "grads_bytes", "optimizer_bytes", "max_memory_allocated_bytes",
+                     "stashed_params_bytes"]  # the last: pipedream's weight stashing, else null
 
 
 # `Device Type` of `[memory]` events is torch's c10::DeviceType. ROCm builds record their GPU as

@@ -4,7 +4,7 @@ bubble and the bubble of the schedule's ideal order replayed with the measured d
 Input: the pipeline runners' compute spans `ptprof/pp/{kind} s{stage} mb{microbatch}`
 (docs/run-layout.md, "Pipeline runs"; run.json's `pipeline.span_format`): kind F forward, B full
 backward, I input-gradient backward, W weight-gradient backward, L the loss (last stage, right
-after its F). The spans hold compute only; sends and receive waits fall between them.
+after its F), U pipedream's per-microbatch weight update (after its B). The spans hold compute only; sends and receive waits fall between them.
 
 Per (run, step), with p pipeline ranks, m microbatches and v stages per rank:
 
@@ -14,13 +14,19 @@ Per (run, step), with p pipeline ranks, m microbatches and v stages per rank:
   coordinate): each is its own window and replay, and run.json's per-coordinate `ideal_order`
   applies to every group. Ranks on different
   hosts are compared on their own clocks, so across hosts this is only as good as clock sync.
+  A stream run (run.json `pipeline.stream`: pipedream, no flush) has no common window: its ranks
+  run their steps staggered, so each rank's window is its own step (its ProfilerStep span when
+  `steps` is given, else its first to last action), its microbatches (numbered over the run) are
+  counted from the step's first (g - step·M), and its replay is the steady state (stream_replay).
+  The split's rank-time is then Σ of the ranks' windows.
 - bubble_pct (measured, per rank) = 100 * (1 - busy_us / window_us), busy_us being the union of
   the rank's action spans (L included).
 - theory_pct, the textbook bubble fraction of the step time (uniform stages, no communication):
   GPipe and 1F1B (p-1)/(m+p-1) (Huang et al. 2019; Narayanan et al. 2021), interleaved 1F1B
   (p-1)/(v*m+p-1) (Narayanan et al. 2021: the bubble shrinks by v), ZB-H1 (zero-bubble, v = 1)
   (p-1)(F+I-W) / (m(F+I+W) + (p-1)(F+I-W)) with the step's mean F, I, W durations (Qi et al.
-  2023). Null for ZB-V and DualPipeV, which have no such closed form.
+  2023), PipeDream 0 (no flush; Narayanan et al. 2019). Null for ZB-V and DualPipeV, which have
+  no such closed form.
 - ideal_pct: the bubble of run.json's `ideal_order` (else the order the rank actually ran)
   replayed by `simulate_order` with this step's measured durations and only the pipeline's own
   dependencies: what the schedule would give with free communication and no launch gaps.
@@ -56,8 +62,8 @@ from profiler.intervals import union
 from profiler.steps import KEYS, assign_steps, names_matching, profiler_steps
 
 PP_SPAN_FORMAT = "ptprof/pp/{kind} s{stage} mb{microbatch}"  # runners/harness.py PP_ACTION
-ACTION_KINDS = ["F", "B", "I", "W", "L"]
-_FIELD_RE = {"kind": r"(?P<action>[FBIWL])", "stage": r"(?P<stage>\d+)", "microbatch": r"(?P<microbatch>\d+)"}
+ACTION_KINDS = ["F", "B", "I", "W", "L", "U"]
+_FIELD_RE = {"kind": r"(?P<action>[FBIWLU])", "stage": r"(?P<stage>\d+)", "microbatch": r"(?P<microbatch>\d+)"}
 
 ACTION_COLUMNS = {
     "run": pl.Categorical, "rank": pl.Int32, "step": pl.Int64, "action": pl.String, "stage": pl.Int64,
@@ -173,6 +179,8 @@ def zero_bubble_h1_pct(pp_ranks: int, microbatches: int, f_us: float, i_us: floa
 def schedule_theory_pct(schedule: str | None, pp_ranks: int, microbatches: int, stages_per_rank: int,
                         mean_us: dict[str, float]) -> float | None:
     """The textbook bubble of a named schedule (module docstring), or None where there is none."""
+    if schedule == "pipedream":  # asynchronous 1F1B never flushes: no bubble in steady state
+        return 0.0
     if schedule in ("gpipe", "1f1b", "interleaved-1f1b"):
         return theory_bubble_pct(pp_ranks, microbatches, stages_per_rank if schedule == "interleaved-1f1b" else 1)
     if schedule == "zero-bubble" and stages_per_rank == 1 and all(k in mean_us for k in "FIW"):
@@ -181,13 +189,15 @@ def schedule_theory_pct(schedule: str | None, pp_ranks: int, microbatches: int, 
 
 
 def simulate_order(order: list[list[tuple[str, int, int]]], dur_us: dict[tuple[str, int, int], float], *,
-                   last_stage: int) -> tuple[list[float], float] | None:
+                   last_stage: int, carried_in: bool = False) -> tuple[list[float], float] | None:
     """Replay per-rank action lists; returns (busy µs per rank, makespan µs), None if they deadlock.
 
     order[r]: rank r's actions (kind, stage, microbatch) in the order it runs them. Each rank runs
     its list in order; an action starts when the rank is free and its inputs exist: F(s, i) after
     F(s-1, i); B or I (s, i) after F(s, i) and, below the last stage, after the B or I of (s+1, i);
-    W(s, i) after I(s, i). Communication takes no time. dur_us must hold every action (fold the
+    W(s, i) after I(s, i); U(s, i) (pipedream's update) after B(s, i). With `carried_in` (a stream
+    schedule's order), a dependency on a negative microbatch, an earlier step's, is done at time 0.
+    Communication takes no time. dur_us must hold every action (fold the
     loss into the last stage's F). A discrete-event replay over the schedule's few hundred actions,
     not over trace events.
     """
@@ -201,7 +211,10 @@ def simulate_order(order: list[list[tuple[str, int, int]]], dur_us: dict[tuple[s
             return [("F", s - 1, i)] if s > 0 else []
         if kind in ("B", "I"):
             return [("F", s, i)] + ([grad(s + 1, i)] if s < last_stage else [])
-        return [("I", s, i)]  # W
+        return [("B" if kind == "U" else "I", s, i)]  # U, W
+
+    def ready(d: tuple[str, int, int]) -> bool:
+        return d in done or (carried_in and d[2] < 0)
 
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * len(order)
@@ -214,9 +227,9 @@ def simulate_order(order: list[list[tuple[str, int, int]]], dur_us: dict[tuple[s
             while pos[r] < len(acts):
                 action = acts[pos[r]]
                 needs = deps(*action)
-                if any(d not in done for d in needs):
+                if not all(map(ready, needs)):
                     break
-                start = max([free[r], *(done[d] for d in needs)])
+                start = max([free[r], *(done.get(d, 0.0) for d in needs)])
                 free[r] = done[action] = start + dur_us[action]
                 busy[r] += dur_us[action]
                 pos[r] += 1
@@ -226,9 +239,35 @@ def simulate_order(order: list[list[tuple[str, int, int]]], dur_us: dict[tuple[s
     return busy, max(free, default=0.0)
 
 
-def pipeline_summary(actions: pl.DataFrame, runs: dict[str, dict | None]) -> pl.DataFrame | None:
+def stream_replay(order: list[list[tuple[str, int, int]]], dur_us: dict[tuple[str, int, int], float], *,
+                  last_stage: int, microbatches: int) -> tuple[list[float], float] | None:
+    """The steady state of a stream schedule (pipedream): (busy µs per rank in one step, the step's
+    period µs), None if the order deadlocks.
+
+    `order` is one step's, microbatches counted from the step's first (negative: the previous
+    step's). Consecutive steps are replayed back to back (step c's microbatch i is c·M + i) and the
+    period is what one more step adds to the makespan, once the first step's fill has passed.
+    """
+    def tiled(n: int):
+        plan = [[(k, s, i + c * microbatches) for c in range(n) for k, s, i in acts] for acts in order]
+        durations = {(k, s, i + c * microbatches): dur_us[(k, s, i)] for c in range(n) for (k, s, i) in dur_us}
+        return simulate_order(plan, durations, last_stage=last_stage, carried_in=True)
+
+    n = len(order) + 2  # enough steps for the fill to pass
+    before, after = tiled(n), tiled(n + 1)
+    if before is None or after is None:
+        return None
+    # Differences of large sums: rounded to 1e-6 µs, so that a rank busy the whole period reads
+    # exactly 0 % idle rather than ±1e-14 %.
+    busy = [round(b - a, 6) for a, b in zip(before[0], after[0])]
+    return busy, max(round(after[1] - before[1], 6), *busy)
+
+
+def pipeline_summary(actions: pl.DataFrame, runs: dict[str, dict | None], *,
+                     steps: pl.DataFrame | None = None) -> pl.DataFrame | None:
     """Per (run, rank, step) of `pipeline_actions`: SUMMARY_COLUMNS (module docstring); None
-    when there are no actions in any step.
+    when there are no actions in any step. `steps`: profiler_steps' frame, the per-rank windows
+    of stream runs (else each rank's first to last action of the step).
 
     `order_matches`: the rank ran its F/B/I/W actions in exactly run.json's ideal order.
     """
@@ -249,9 +288,19 @@ def pipeline_summary(actions: pl.DataFrame, runs: dict[str, dict | None]) -> pl.
     span = actions.group_by("run", "_pipe", "step").agg(window_start_us=pl.col("start_us").min(), window_end_us=pl.col("end_us").max())
     busy = union(actions.select(*by, "start_us", "end_us"), by).group_by(by).agg(busy_us=(pl.col("end_us") - pl.col("start_us")).sum())
     grid = pipeline_grid(actions)
+    # A stream run (run.json pipeline.stream: pipedream) never flushes: its ranks run their steps
+    # staggered, so each rank's window is its own step (ProfilerStep span), not the pipeline's.
+    stream = [run for run, m in runs.items() if manifest_field(m, "pipeline", "stream") is True]
+    own = (steps.select(*by, "start_us", "end_us") if steps is not None
+           else actions.group_by(by).agg(start_us=pl.col("start_us").min(), end_us=pl.col("end_us").max()))
+    own = own.with_columns(pl.col("run").cast(pl.String)).filter(pl.col("run").is_in(stream)).cast(
+        {"run": actions.schema["run"], "rank": pl.Int32})
     measured = (
         busy.join(actions.select(*KEYS, "_pipe").unique(), on=KEYS)
         .join(span, on=["run", "_pipe", "step"])
+        .join(own.rename({"start_us": "_own_start", "end_us": "_own_end"}), on=by, how="left")
+        .with_columns(window_start_us=pl.coalesce("_own_start", "window_start_us"),
+                      window_end_us=pl.coalesce("_own_end", "window_end_us"))
         .join(grid.drop("order"), on=by, how="left")
         .with_columns(window_us=pl.col("window_end_us") - pl.col("window_start_us"))
         .with_columns(bubble_us=pl.col("window_us") - pl.col("busy_us"))
@@ -284,10 +333,13 @@ def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
     m = positive_int(cfg.get("microbatches")) or actions["microbatch"].n_unique()
     last_stage = cfg.get("loss_stage") if isinstance(cfg.get("loss_stage"), int) else actions["stage"].max()
     ideal = _ideal_order(manifest)
+    stream = cfg.get("stream") is True  # microbatches numbered over the run: step k's i is k·M + i
     rows = []
     for step in actions["step"].unique().sort().to_list():
         for members in pipes.values():  # coordinate -> global rank, one pipeline replica
             acts = actions.filter((pl.col("step") == step) & pl.col("rank").is_in(list(members.values())))
+            if stream:  # counted from the step's first, as ideal_order counts them
+                acts = acts.with_columns(pl.col("microbatch") - step * m)
             ran = {c: [(a, s, i) for a, s, i in acts.filter((pl.col("rank") == r) & pl.col("slot").is_not_null())
                        .sort("slot").select("action", "stage", "microbatch").iter_rows()] for c, r in members.items()}
             if ideal is not None and len(ideal) == p:
@@ -295,8 +347,12 @@ def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
             else:
                 plan, source = [ran.get(c, []) for c in range(max(members) + 1)], "measured"
             durations = _durations(acts, plan, last_stage)
-            sim = simulate_order(plan, durations, last_stage=last_stage) if plan else None
-            uniform = simulate_order(plan, uniform_durations(durations), last_stage=last_stage) if plan else None
+            if stream:
+                sim = stream_replay(plan, durations, last_stage=last_stage, microbatches=m) if plan else None
+                uniform = stream_replay(plan, uniform_durations(durations), last_stage=last_stage, microbatches=m) if plan else None
+            else:
+                sim = simulate_order(plan, durations, last_stage=last_stage) if plan else None
+                uniform = simulate_order(plan, uniform_durations(durations), last_stage=last_stage) if plan else None
             slowest, ratio = slowest_stage(durations)
             means = dict(acts.filter(pl.col("action") != "L").group_by("action").agg(pl.col("dur_us").mean()).iter_rows())
             theory = schedule_theory_pct(cfg.get("schedule"), p, m, v, means)
@@ -360,7 +416,7 @@ def bubble_split(busy_us: pl.Expr, window_us: pl.Expr, uniform: pl.Expr, ideal: 
     so that none is negative and they sum to pipeline_bubble_pct exactly.
     """
     work = busy_us.sum().over(over)
-    capacity = window_us * busy_us.count().over(over)  # one window per rank: P x window rank-µs
+    capacity = window_us.sum().over(over)  # one window per rank: P x window rank-µs (a stream run's differ)
     valid = (capacity > 0) & uniform.is_not_null() & ideal.is_not_null() & (uniform < 1) & (ideal < 1)
     bubble = pl.when(capacity > 0).then(100 * (1 - work / capacity))
     busy_pct = 100 * work / capacity

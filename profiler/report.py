@@ -89,7 +89,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     out = {k: _concat([r[k] for r in have_step]) for k in have_step[0]}
     steps = out["steps"]
     colls, actions = out["collectives"], out["actions"]
-    pipeline = pipeline_summary(actions, traces.runs)
+    pipeline = pipeline_summary(actions, traces.runs, steps=steps)
     skew = collective_skew(colls)
     warnings = list(traces.notes)  # the load's own (cache unusable, a folder split into its jobs, rank 0 assumed)
     warnings += [

@@ -273,7 +273,10 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
                                       "rrrrrl", shrink=None)
             return lines
         mean = part.group_by("run", "rank").agg(pl.col(list(labels) + split).mean())  # over the steps
-        lines = head + collapsed_table(collapse(mean, list(labels)), labels, fmt_pct)
+        named = labels | ({"theory_pct": "textbook (no flush)"} if r0["schedule"] == "pipedream" else {})
+        if r0["schedule"] == "pipedream":  # a stream: each rank's window is its own step
+            head[0] += "; asynchronous, no flush (each rank over its own step)"
+        lines = head + collapsed_table(collapse(mean, list(labels)), named, fmt_pct)
         if split and mean.select(pl.col(split).is_not_null().any()).row(0) != (False,) * len(split):
             lines += ["  where the bubble comes from (% of the pipeline's rank-time, mean of the steps):"]
             lines += collapsed_table(collapse(mean, split), {c: SPLIT_LABELS[c] for c in split}, fmt_pct)

@@ -50,11 +50,14 @@ def memory_sections(a, runs: list[str], full: bool) -> list[str]:
     if not persistent.is_empty():
         labels = {"params_bytes": "parameters", "params_at_rest_bytes": "parameters at rest", "grads_bytes": "gradients",
                   "optimizer_bytes": "optimizer state", "max_memory_allocated_bytes": "max allocated (torch)"}
+        if "stashed_params_bytes" in persistent.columns and persistent["stashed_params_bytes"].is_not_null().any():
+            labels["stashed_params_bytes"] = "stashed weights (pipedream)"
         out.append(title("Persistent memory", "what each rank holds through the step (run.json)"))
         if full:
-            header = ["rank", "params", "at rest", "grads", "optimizer", "max allocated"]
+            header = ["rank", "params", "at rest", "grads", "optimizer", "max allocated", "stashed"][: len(labels) + 1]
             out += per_run(runs, strings(persistent), lambda p: table(header, [
-                [str(r["rank"]), *[fmt_bytes(r[c]) for c in labels]] for r in p.sort("rank").to_dicts()], "r" * 6, shrink=None))
+                [str(r["rank"]), *[fmt_bytes(r[c]) for c in labels]] for r in p.sort("rank").to_dicts()], "r" * len(header),
+                shrink=None))
         else:
             stats = collapse(strings(persistent), list(labels))
             out += per_run(runs, stats, lambda p: collapsed_table(p, labels, fmt_bytes))

@@ -29,6 +29,9 @@ MEMORY_COLUMNS = {
     "run": pl.String, "rank": pl.Int32, "n_params": pl.Int64, "params_bytes": pl.Int64, "grads_bytes": pl.Int64,
     "optimizer_bytes": pl.Int64, "total_bytes": pl.Int64, "rule_bytes_per_param": pl.Float64, "formula": pl.String,
     "params_at_rest_bytes": pl.Int64, "layout": pl.String, "dp": pl.Int64, "note": pl.String,
+    # pipedream's weight stashing: the most stashed weight copies held at once, (P - s) x the
+    # stage's parameter bytes on stage s; null for every other paradigm (nothing stashed).
+    "stashed_params_bytes": pl.Int64,
 }
 # Per (run, layout): what every rank would hold under each data-parallel layout at this run's N
 # (the rank holding the most, `rank`).
@@ -239,10 +242,21 @@ def predict_memory(runs: dict[str, dict | None]) -> pl.DataFrame:
             if sum(b.values()) >= 2**63:  # e.g. absurd expert counts: no number that overflows the frame
                 continue
             rows.append({"run": run, "rank": r["rank"], **b,
+                         "stashed_params_bytes": stashed_params_bytes(manifest, r["rank"], b["params_bytes"]),
                          "total_bytes": b["params_bytes"] + b["grads_bytes"] + b["optimizer_bytes"],
                          "rule_bytes_per_param": float(dt.per_param), "formula": rule_formula(dt),
                          "layout": r["layout"], "dp": r["dp"], "note": note})
     return pl.DataFrame(rows, schema=MEMORY_COLUMNS)
+
+
+def stashed_params_bytes(manifest: dict, rank: int, params_bytes: int) -> int | None:
+    """PipeDream's stashed weights on stage s = rank (one stage per rank): (P - s) x the stage's
+    parameter bytes, one copy per in-flight microbatch (its w = P-1-s warmup forwards and the one
+    in its forward-backward pair; Narayanan et al. 2019, weight stashing). None for other paradigms."""
+    if manifest.get("paradigm") != "pipedream":
+        return None
+    p = _int(manifest.get("world_size"))
+    return (p - rank) * params_bytes if p and 0 <= rank < p else None
 
 
 def memory_whatif(runs: dict[str, dict | None]) -> pl.DataFrame:
@@ -275,7 +289,7 @@ def memory_whatif(runs: dict[str, dict | None]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=WHATIF_COLUMNS)
 
 
-MEASURED = ["params_bytes", "params_at_rest_bytes", "grads_bytes", "optimizer_bytes"]
+MEASURED = ["params_bytes", "params_at_rest_bytes", "grads_bytes", "optimizer_bytes", "stashed_params_bytes"]
 
 
 def memory_check(memory: pl.DataFrame, persistent: pl.DataFrame) -> pl.DataFrame:
@@ -286,7 +300,7 @@ def memory_check(memory: pl.DataFrame, persistent: pl.DataFrame) -> pl.DataFrame
     if memory.is_empty():
         return pl.DataFrame(schema=CHECK_COLUMNS)
     keys = ["run", "rank"]
-    pred = memory.select(*keys, *MEASURED).cast({"run": pl.String, "rank": pl.Int32}).unpivot(
+    pred = memory.select(*keys, *[c for c in MEASURED if c in memory.columns]).cast({"run": pl.String, "rank": pl.Int32}).unpivot(
         index=keys, variable_name="quantity", value_name="predicted")
     have = [c for c in MEASURED if c in persistent.columns]
     meas = (persistent.select(*keys, *have).cast({"run": pl.String, "rank": pl.Int32})
@@ -294,6 +308,8 @@ def memory_check(memory: pl.DataFrame, persistent: pl.DataFrame) -> pl.DataFrame
             if have and persistent.height else pl.DataFrame(schema={"run": pl.String, "rank": pl.Int32,
                                                                   "quantity": pl.String, "measured": pl.Int64}))
     both = pred.join(meas.cast({"measured": pl.Int64}), on=[*keys, "quantity"], how="left")
+    # Stashed weights are a row only where the theory has them (pipedream).
+    both = both.filter((pl.col("quantity") != "stashed_params_bytes") | pl.col("predicted").is_not_null())
     ok = pl.col("predicted").is_not_null() & (pl.col("predicted") > 0) & pl.col("measured").is_not_null()
     ratio = pl.when(ok).then(pl.col("measured") / pl.col("predicted"))
     verdict = (pl.when(pl.col("predicted").is_null()).then(pl.lit("no theory"))

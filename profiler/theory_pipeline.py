@@ -33,7 +33,10 @@ from profiler.theory_params import run_dtypes
 # run.json paradigms that are a pipeline schedule (runners/paradigms.py PIPELINE_SCHEDULES; the
 # profiler may not import runners). A hybrid run's pp dimension also has a `pipeline` block.
 MAX_BYTES = 2**63 - 1  # the bytes column is Int64
-PIPELINE_PARADIGMS = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev"})
+# pipedream (asynchronous 1F1B) moves the same messages: one activation and one gradient per
+# microbatch per boundary, M of each per step (its steps stream, but each runs M forwards and M
+# backwards in steady state; the first step's fill and the drain after the last differ).
+PIPELINE_PARADIGMS = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev", "pipedream"})
 
 
 def pipeline_p2p_rows(manifest: dict, rank: int) -> list[dict]:

@@ -242,6 +242,9 @@ class MemoryProbe:
             "grads_bytes": None,
             "optimizer_bytes": None,
             "max_memory_allocated_bytes": None,
+            # Weight copies a runner keeps besides its parameters (pipedream's weight stashing: the
+            # most held at once over the run, set by the runner); None where nothing is stashed.
+            "stashed_params_bytes": None,
         }
 
     def after_forward(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -74,6 +74,10 @@ def _check_pipedream(opts: RunOptions) -> str | None:
                 f"over {p} ranks needs {p} counts summing to the {n_layers} layers of model {opts.model!r}")
     if m > batch or batch % m:
         return f"--batch-size {batch} does not split into {m} equal microbatches; use --microbatches dividing {batch}"
+    if m < p - 1:
+        # Stage 0 runs P-1 forwards before its first backward: with fewer microbatches per step the
+        # fill spills into the next step, which then is not the steady state the analysis assumes.
+        return f"pipedream over {p} ranks needs at least {p - 1} microbatches per step (P-1 to fill the pipeline), got {m}"
     return None
 
 

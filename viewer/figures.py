@@ -27,8 +27,9 @@ BREAKDOWN_PARTS = [  # (column, legend, colour): stacked, they add up to the ran
     ("other_us", "other busy", CATEGORY_COLORS["other"]),
     ("idle_us", "idle", "#BDBDBD"),
 ]
-ACTION_COLORS = {"F": "#4C78A8", "B": "#E45756", "I": "#F58518", "W": "#72B7B2", "L": "#9D755D"}
-ACTION_NAMES = {"F": "forward", "B": "backward", "I": "backward (input grads)", "W": "backward (weight grads)", "L": "loss"}
+ACTION_COLORS = {"F": "#4C78A8", "B": "#E45756", "I": "#F58518", "W": "#72B7B2", "L": "#9D755D", "U": "#B279A2"}
+ACTION_NAMES = {"F": "forward", "B": "backward", "I": "backward (input grads)", "W": "backward (weight grads)", "L": "loss",
+                "U": "weight update (pipedream)"}
 PERSISTENT_PARTS = [("params_bytes", "parameters", "#4C78A8"), ("grads_bytes", "gradients", "#F58518"),
                     ("optimizer_bytes", "optimizer state", "#54A24B")]
 RUN_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"]

@@ -247,3 +247,30 @@ def test_real_hybrid_run_has_one_pipeline_per_pp_group(runs):
         per_step = s.filter(pl.col("rank").is_in(group)).group_by("step").agg(pl.col("window_us").n_unique())
         assert (per_step["window_us"] == 1).all()
     assert s.group_by("step").agg(pl.col("window_us").n_unique())["window_us"].max() > 1
+
+
+def pipedream_step_order(stage: int, ranks: int, m: int) -> list[tuple[str, int, int]]:
+    """One steady-state step of PipeDream's 1F1B on `stage`: F(i), B(i-w), U(i-w); w = P-1-s."""
+    w = ranks - 1 - stage
+    return [a for i in range(m) for a in (("F", stage, i), ("B", stage, i - w), ("U", stage, i - w))]
+
+
+def test_stream_replay_of_pipedream_has_no_bubble_with_uniform_stages():
+    # F 1, B 2, U 0.5 on every stage: the steady state runs back to back, period M x 3.5 on each
+    # rank, so the replay's bubble is 0 (where 1F1B's flush has (p-1)/(m+p-1)).
+    from profiler.pipeline import replay_bubble, stream_replay
+
+    p, m = 4, 8
+    order = [pipedream_step_order(s, p, m) for s in range(p)]
+    dur = {a: {"F": 1.0, "B": 2.0, "U": 0.5}[a[0]] for acts in order for a in acts}
+    busy, period = stream_replay(order, dur, last_stage=p - 1, microbatches=m)
+    assert busy == [m * 3.5] * p and period == pytest.approx(m * 3.5)
+    assert replay_bubble((busy, period)) == pytest.approx(0.0)
+    assert schedule_theory_pct("pipedream", p, m, 1, {}) == 0.0
+    # One stage twice as slow sets the pace: the others idle for the difference.
+    slow = {a: d * (2 if a[1] == 2 else 1) for a, d in dur.items()}
+    busy, period = stream_replay(order, slow, last_stage=p - 1, microbatches=m)
+    assert period == pytest.approx(2 * m * 3.5) and busy[2] == pytest.approx(period)
+    # Without carried-in microbatches (a previous step's, negative) the step alone deadlocks.
+    assert simulate_order(order, dur, last_stage=p - 1) is None
+    assert simulate_order(order, dur, last_stage=p - 1, carried_in=True) is not None
