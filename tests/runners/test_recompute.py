@@ -31,6 +31,8 @@ CASES = {
     "tp": ("tp", (), 2, 1),
     "1f1b": ("1f1b", PIPE, 4, 4),  # 4 of tiny8's 8 blocks per stage, 4 microbatches
     "ep": ("ep", NO_DROP, 2, 1),
+    # one block per stage (tiny), 4 microbatches a step; the recompute must see the stashed weights
+    "pipedream": ("pipedream", (), 1, 4),
 }
 OUTER = ("ptprof/backward", "ptprof/pp/B ")
 
