@@ -21,7 +21,8 @@ Sizes come from the enqueue's `Input Dims` / `Input type`, else from the gloo sp
 reduce-scatter as an all-reduce of the whole input, so such rows have `algo` "all_reduce" and their
 bus bandwidth uses the all-reduce factor (`note` says so).
 
-Phase: the step phase (`ptprof/forward|backward|optimizer`, or a pipeline action span) whose
+Phase: the step phase (`ptprof/forward|backward|optimizer`, a pipeline action span, or "recompute"
+for a `ptprof/recompute` span nested in one: the innermost span wins) whose
 main-thread span holds the collective's enqueue (gloo) or its kernel's launch (NCCL), by time.
 
 Bandwidths follow nccl-tests: `size_bytes` is its "size" (the all-reduce buffer, the all-gather
@@ -86,6 +87,9 @@ PHASE_SPANS = {"ptprof/forward": "forward", "ptprof/backward": "backward", "ptpr
 # B, I and W backward. Sends and receive waits fall between these spans (phase null).
 PP_PHASE_RE = r"^ptprof/pp/([FBIWL]) "
 PP_PHASE = {"F": "forward", "L": "forward", "B": "backward", "I": "backward", "W": "backward"}
+# Activation checkpointing (--recompute): a block's forward run again inside backward (or inside a
+# pipeline B action), nested in that phase's span. The innermost span wins: its collectives are "recompute".
+RECOMPUTE_SPAN = "ptprof/recompute"
 
 
 def _kind(name: pl.Expr) -> pl.Expr:
@@ -140,7 +144,9 @@ def _with_phase(colls: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
     the collective's `anchor_us` (its enqueue, or its kernel's launch); null where none does.
 
     By time, not thread: CUDA runs backward (and so DDP/FSDP's launches) on autograd threads while
-    the `ptprof/backward` span is on the main thread. The phase spans of a rank never overlap.
+    the `ptprof/backward` span is on the main thread. The phase spans of a rank never overlap each
+    other; `ptprof/recompute` spans nest inside them (and never in each other), and the innermost
+    span wins: a collective inside one is "recompute".
     """
     name = pl.col("name").cast(pl.String)
     spans = (
@@ -148,16 +154,23 @@ def _with_phase(colls: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
         .with_columns(_n=name)
         .with_columns(phase=pl.coalesce(
             pl.col("_n").replace_strict(PHASE_SPANS, default=None),
-            pl.col("_n").str.extract(PP_PHASE_RE, 1).replace_strict(PP_PHASE, default=None)))
+            pl.col("_n").str.extract(PP_PHASE_RE, 1).replace_strict(PP_PHASE, default=None),
+            pl.when(pl.col("_n") == RECOMPUTE_SPAN).then(pl.lit("recompute"))))
         .filter(pl.col("phase").is_not_null())
         .select(pl.col("run").cast(pl.String).alias("_run"), "rank", _ph_ts="ts_us", _ph_end="end_us", phase="phase")
         .sort("_ph_ts")
     )
     out = colls.with_columns(_run=pl.col("run").cast(pl.String), _anchor=pl.coalesce("anchor_us", "start_us"))
-    out = out.sort("_anchor").join_asof(spans, left_on="_anchor", right_on="_ph_ts", by=["_run", "rank"],
-                                        strategy="backward", check_sortedness=False)
-    inside = pl.col("_ph_end") >= pl.col("_anchor")
-    return out.with_columns(phase=pl.when(inside).then(pl.col("phase"))).drop("_run", "_anchor", "_ph_ts", "_ph_end", "anchor_us")
+    out = out.sort("_anchor")
+    # Two levels, each a set of non-overlapping spans: the phases, then the recompute spans in them.
+    for level, part in (("_outer", spans.filter(pl.col("phase") != "recompute")),
+                        ("_inner", spans.filter(pl.col("phase") == "recompute"))):
+        out = out.join_asof(part, left_on="_anchor", right_on="_ph_ts", by=["_run", "rank"],
+                            strategy="backward", check_sortedness=False)
+        out = out.with_columns(pl.when(pl.col("_ph_end") >= pl.col("_anchor")).then(pl.col("phase")).alias(level))
+        out = out.drop("_ph_ts", "_ph_end", "phase")
+    return (out.with_columns(phase=pl.coalesce("_inner", "_outer"))
+            .drop("_run", "_anchor", "_outer", "_inner", "anchor_us"))
 
 
 def _size_bytes(kind: pl.Expr, in_b: pl.Expr, out_b: pl.Expr) -> pl.Expr:

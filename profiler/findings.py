@@ -35,6 +35,7 @@ from profiler.findings_base import (  # noqa: F401  (thresholds re-exported: doc
     FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_COMPARISON_FINDINGS, MAX_FINDINGS, MEMORY_SAVING_MIN_PCT,
     SKEW_MIN_PCT, STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, VOLUME_MIN_PCT, Row, _finite, _row, _runs, _step_us, _str_run)
 from profiler.findings_memory import activation_memory_rule, persistent_memory_rule  # noqa: F401
+from profiler.findings_recompute import recompute_comparison_rule, recompute_rule  # noqa: F401
 
 
 def findings(a: "Analysis") -> pl.DataFrame:
@@ -495,4 +496,6 @@ RULES: dict[str, Callable[["Analysis"], list[Row]]] = {
     "activation-memory": activation_memory_rule,
     "idle": idle_rule,
     "comparison": comparison_rule,
+    "recompute": recompute_rule,
+    "recompute-comparison": recompute_comparison_rule,
 }

@@ -10,6 +10,7 @@ import polars as pl
 from profiler.findings_base import ACTIVATION_MIN_PCT, MEMORY_SAVING_MIN_PCT, Row, _row, _str_run
 from profiler.findings_text import bytes_text, pct, switch_change
 from profiler.theory_memory import ACTIVATION_COLUMNS
+from profiler.theory_recompute import recompute_on
 
 if TYPE_CHECKING:
     from profiler.report import Analysis
@@ -109,8 +110,14 @@ def activation_memory_rule(a: "Analysis") -> list[Row]:
                 f"({bytes_text(row['activation_bytes'])} of {bytes_text(row['footprint_bytes'])} on {row['mem_device']}; "
                 f"parameters, gradients and optimizer state hold {bytes_text(row['persistent_bytes'])})")
         evidence = f"run {run}, rank {row['rank']}, {row['mem_device']}" + (f"; {row['basis']}" if row.get("basis") else "")
-        change = ("recompute activations in backward (activation checkpointing: about +33 % compute, one more forward), "
-                  "use smaller microbatches, or sequence parallelism to split the remaining activations")
+        if recompute_on((getattr(a, "runs", None) or {}).get(run) or {}):
+            # Already checkpointed: what is left is block inputs, one block's activations, the head and loss.
+            text += "; activation checkpointing is on (--recompute)"
+            change = ("use smaller microbatches, or sequence / tensor parallelism to split what recomputation "
+                      "leaves (each block's input, one block's activations during its backward, the logits)")
+        else:
+            change = ("recompute activations in backward (activation checkpointing: about +33 % compute, one more "
+                      "forward), use smaller microbatches, or sequence parallelism to split the remaining activations")
         out.append(_row("activation-memory", run, row["rank"], row["activation_pct"], text + ".", evidence, change))
     return out
 

@@ -92,6 +92,10 @@ ULYSSES_ALL_TO_ALL_CHANGE = ("the Ulysses all-to-alls sit between every layer's 
                              "the sequence-parallel group on the fastest links (within a node), send q, k and v in one "
                              "all-to-all, or use ring attention, whose K/V exchanges overlap the block computation")
 GENERIC_CHANGE = "overlap it with compute (issue it asynchronously, wait later) or send fewer, larger messages"
+# Phase "recompute": the forward's collectives run again by activation checkpointing (--recompute).
+RECOMPUTE_CHANGE = ("these are the recomputed forward's collectives (--recompute reruns each block, its collectives "
+                    "included, inside backward): recompute selectively (only the attention core, or fewer blocks), "
+                    "or drop --recompute where activation memory allows")
 
 
 def collective_change(kind: str | None, phase: str | None, paradigm: str | None = None) -> str:
@@ -100,6 +104,8 @@ def collective_change(kind: str | None, phase: str | None, paradigm: str | None 
     kind = "send" if kind in ("recv", "send_recv") else kind
     if kind is None:
         return GENERIC_CHANGE
+    if phase == "recompute":
+        return RECOMPUTE_CHANGE
     if kind == "all_to_all" and paradigm == "ep":
         return MOE_ALL_TO_ALL_CHANGE
     if kind == "send" and paradigm == "ring":

@@ -18,6 +18,7 @@ from profiler.damaged import DAMAGED
 from profiler.exposed import exposed_comm
 from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
 from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
+from profiler.recompute import RECOMPUTE_COLUMNS, recompute_time, with_prediction
 from profiler.top_ops import top_kernels, top_operators
 from profiler.alphabeta import alpha_beta_predict, fit_alpha_beta
 from profiler.findings import FINDING_COLUMNS, findings
@@ -63,6 +64,8 @@ class Analysis:
     findings: pl.DataFrame  # profiler/findings.py, ranked; filled in last (the rules read the rest)
     # allocated bytes over time, ≤ 64 buckets per (rank, device): the sparklines of the text report
     memory_curve: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=CURVE_COLUMNS))
+    # per rank and step of runs with ptprof/recompute spans: forward, recompute, backward time (profiler/recompute.py)
+    recompute: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=RECOMPUTE_COLUMNS))
 
 
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
@@ -128,6 +131,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         stragglers=stragglers(skew),
         memory_peaks=out["memory_peaks"],
         memory_curve=out["memory_curve"],
+        recompute=with_prediction(out["recompute"], traces.runs),
         persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
         pipeline=pipeline,
         pipeline_grid=pipeline_grid(actions) if pipeline is not None else None,
@@ -202,6 +206,7 @@ def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dic
         "memory_curve": memory_curve(timeline),
         "top_operators": top_operators(events, n=top_n),
         "top_kernels": top_kernels(events, n=top_n),
+        "recompute": recompute_time(events),
     }
 
 
@@ -258,6 +263,7 @@ def build_report(a: Analysis) -> dict:
                 "persistent": _records(a.persistent_memory.filter(sel), drop=("run",)),
                 "curve": _records(a.memory_curve.filter(sel), drop=("run",)),
             },
+            "recompute": _records(a.recompute.filter(sel), drop=("run",)),
             "top_operators": _records(a.top_operators.filter(sel), drop=("run",)),
             "top_kernels": _records(a.top_kernels.filter(sel), drop=("run",)),
             "theory": {

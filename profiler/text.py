@@ -31,7 +31,7 @@ def format_tables(a, *, full: bool = False) -> str:
     columns but for warning/skipped lines; `full` shows every rank instead of min / median / max."""
     runs = a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
     out = _findings(a, runs, full) + _overview(a, full)
-    for part in (_theory_check, _theory_comm, _time, _collectives, _stragglers, _pipeline, memory_sections, _alpha_beta,
+    for part in (_theory_check, _theory_comm, _time, _recompute, _collectives, _stragglers, _pipeline, memory_sections, _alpha_beta,
                  _top_operators, _top_kernels):
         lines = part(a, runs, full)
         out += lines
@@ -164,6 +164,24 @@ def _time(a, runs: list[str], full: bool) -> list[str]:
     stats = collapse(per_rank, list(TIME_LABELS))
     out += per_run(runs, stats, lambda p: collapsed_table(p, TIME_LABELS, fmt))
     return out
+
+
+def _recompute(a, runs: list[str], full: bool) -> list[str]:
+    """Forward, recompute and backward time per rank (mean per step) of runs with --recompute."""
+    rc = getattr(a, "recompute", None)
+    if rc is None or rc.is_empty():
+        return []
+    per_rank = (strings(rc).group_by("run", "rank").agg(
+        pl.col("recompute_spans", "forward_us", "recompute_us", "backward_us").mean(),
+        pl.col("predicted_over_forward").first())
+        .with_columns(ratio=pl.when(pl.col("forward_us") > 0).then(pl.col("recompute_us") / pl.col("forward_us"))))
+    out = [title("Recomputation", "forward run again in backward (--recompute): costs about one more forward")]
+    header = ["rank", "spans/step", "forward", "recompute", "backward", "recomp/fwd", "predicted"]
+    out += per_run(runs, per_rank, lambda p: table(header, [
+        [str(r["rank"]), f"{r['recompute_spans']:g}", fmt_time(r["forward_us"]), fmt_time(r["recompute_us"]),
+         fmt_time(r["backward_us"]), sig3(r["ratio"]), sig3(r["predicted_over_forward"])]
+        for r in p.sort("rank").to_dicts()][: None if full else ROWS], "r" * 7, shrink=None))
+    return out + ["  (mean per step; backward includes the recompute; predicted: the blocks' share of the forward FLOPs)"]
 
 
 def _collectives(a, runs: list[str], full: bool) -> list[str]:

@@ -12,6 +12,7 @@ import polars as pl
 
 from profiler.theory_params import ddp_buckets, fsdp_padded_numel, mesh_coords, model_params, run_dtypes, tp_local_shape
 from profiler import theory_seq
+from profiler.theory_recompute import recompute_comm_rows
 from profiler.theory_pipeline import PIPELINE_PARADIGMS, pipeline_p2p_rows
 
 # One row per (run, rank, dim, phase, collective, group_size): what one rank does per step.
@@ -44,9 +45,10 @@ MAX_BYTES = 1 << 53  # bytes or calls beyond this (an exact float64 integer) com
 ACT_NOTE = "activations in the parameter dtype (the runners use no autocast)"
 
 
-def _row(dim, phase, collective, group, calls, nbytes, formula, note=None, step=None) -> dict:
+def _row(dim, phase, collective, group, calls, nbytes, formula, note=None, step=None, block=False) -> dict:
+    # block: a forward collective inside a transformer block, run again under --recompute.
     return {"dim": dim, "phase": phase, "collective": collective, "group_size": group, "calls": calls,
-            "bytes": nbytes, "formula": formula, "note": note, "step": step}
+            "bytes": nbytes, "formula": formula, "note": note, "step": step, "block": block}
 
 
 def predict_comm(runs: dict[str, dict | None]) -> pl.DataFrame:
@@ -151,6 +153,7 @@ def _rank_rows(m: dict, facts: dict, rank: int) -> list[dict]:
         rows = theory_seq.ulysses_rows(m, facts, rank)
     elif paradigm == "ring":
         rows = theory_seq.ring_rows(m, facts, rank)
+    rows += recompute_comm_rows(m, rows)
     if facts.get("note"):
         rows = [r | {"note": "; ".join(x for x in (r.get("note"), facts["note"]) if x)} for r in rows]
     return rows
@@ -208,15 +211,15 @@ def _tp(m: dict, facts: dict, params, t: int, *, b: int, microbatches: int, firs
     rows = []
     if not sp:
         rows += [_row(dim, "forward", "all_reduce", t, 2 * layers * mb, 2 * layers * mb * act,
-                      f"2 per layer of {bsh} (row-parallel wo, down outputs)", ACT_NOTE),
+                      f"2 per layer of {bsh} (row-parallel wo, down outputs)", ACT_NOTE, block=True),
                  _row(dim, "backward", "all_reduce", t, 4 * layers * mb, 4 * layers * mb * act,
                       f"4 per layer of {bsh}: column-parallel input gradients of wq, wk, wv, up",
                       "textbook Megatron: 2 per layer (Q, K, V fused into one column-parallel GEMM)")]
     else:
         rows += [_row(dim, "forward", "all_gather", t, 2 * layers * mb, 2 * layers * mb * act,
-                      f"2 per layer of {bsh}: attention and MLP inputs from sequence shards", ACT_NOTE),
+                      f"2 per layer of {bsh}: attention and MLP inputs from sequence shards", ACT_NOTE, block=True),
                  _row(dim, "forward", "reduce_scatter", t, 2 * layers * mb, 2 * layers * mb * act,
-                      f"2 per layer of {bsh}: wo and down outputs to sequence shards"),
+                      f"2 per layer of {bsh}: wo and down outputs to sequence shards", block=True),
                  _row(dim, "backward", "all_gather", t, (2 * layers + first) * mb, (2 * layers + first) * mb * act,
                       f"2 per layer of {bsh} (gradients of the reduce-scatters)"
                       + (" + 1: the first block's input slice" if first else "")),
@@ -268,14 +271,16 @@ def _ep(m: dict, facts: dict, rank: int) -> list[dict]:
                  "Φ of the replicated (non-expert) parameters, one flat all-reduce",
                  "experts' gradients need none: the all-to-all's backward brought them home")]
     k = len(layers)
-    rows += [_row("ep", "forward", "all_reduce", n, k, k * experts * 8, "int64 × experts: first-choice counts"),
-             _row("ep", "forward", "all_reduce", n, k, k * experts * eb, "experts × dtype: router probability sums"),
+    rows += [_row("ep", "forward", "all_reduce", n, k, k * experts * 8, "int64 × experts: first-choice counts", block=True),
+             _row("ep", "forward", "all_reduce", n, k, k * experts * eb, "experts × dtype: router probability sums",
+                  block=True),
              _row("ep", "backward", "all_reduce", n, k, k * experts * eb, "their gradient"),
-             _row("ep", "forward", "all_to_all", n, k, k * n * 8, "int64 × ranks: split sizes")]
+             _row("ep", "forward", "all_to_all", n, k, k * n * 8, "int64 × ranks: split sizes", block=True)]
     by_rank = moe.get("routing_by_rank") or []
     if experts and n and experts % n:  # the runner refuses this; a run.json saying it is damaged
         return rows + [_row("ep", ph, "all_to_all", n, 2 * k, None, "experts spread evenly over ranks",
-                            f"{experts} experts do not divide over {n} ranks: all-to-all sizes unknown")
+                            f"{experts} experts do not divide over {n} ranks: all-to-all sizes unknown",
+                            block=ph == "forward")
                        for ph in ("forward", "backward")]
     local = experts // n if n else 0
     b = m.get("local_batch_size") or (m.get("global_batch_size") or 0) // max(n, 1)
@@ -284,7 +289,8 @@ def _ep(m: dict, facts: dict, rank: int) -> list[dict]:
     textbook = f"textbook (GShard, capacity-padded): experts·C·h·{eb} = {experts}·{cap}·{h}·{eb} B each, ×4 per layer"
     if len(by_rank) != n or not local:
         note = "per-rank routing counts not in run.json (older run): all-to-all sizes unknown"
-        return rows + [_row("ep", ph, "all_to_all", n, 2 * k, None, textbook, note) for ph in ("forward", "backward")]
+        return rows + [_row("ep", ph, "all_to_all", n, 2 * k, None, textbook, note, block=ph == "forward")
+                       for ph in ("forward", "backward")]
     for step in range(len(by_rank[rank])):
         # sent: this rank's kept (token, expert) pairs; received: every rank's pairs for its experts.
         sent = [sum(layer["tokens_per_expert"]) for layer in by_rank[rank][step]]
@@ -294,7 +300,8 @@ def _ep(m: dict, facts: dict, rank: int) -> list[dict]:
         bwd = sum(sent) * h * eb + sum(recv) * (h + 1) * eb
         rows += [_row("ep", "forward", "all_to_all", n, 2 * k, fwd,
                       f"dispatch sent·(h+1)·{eb} (the expert index travels with each row) + combine received·h·{eb}; "
-                      + textbook, f"routing of step {step}: {sum(sent)} pairs sent, {sum(recv)} received", step=step),
+                      + textbook, f"routing of step {step}: {sum(sent)} pairs sent, {sum(recv)} received", step=step,
+                      block=True),
                  _row("ep", "backward", "all_to_all", n, 2 * k, bwd,
                       f"the gradients back: sent·h·{eb} + received·(h+1)·{eb}", None, step=step)]
     return rows

@@ -19,6 +19,7 @@ import math
 import polars as pl
 
 from profiler.discover import manifest_field
+from profiler.theory_recompute import activation_drop, recompute_on
 from profiler.theory_params import Dtypes, chunk_size, mesh_coords, model_params, run_dtypes, tp_local_shape
 
 # Per (run, rank): the predicted persistent bytes of this run's layout. n_params: elements of the
@@ -402,5 +403,17 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
             transient = 0
         row.update(persistent_bytes=persistent, footprint_bytes=footprint, activation_bytes=transient,
                    activation_pct=100.0 * transient / footprint if footprint > 0 else None)
+        row["note"] = "; ".join(x for x in (row["note"], _recompute_note(runs.get(run))) if x) or None
         rows.append(row)
     return pl.DataFrame(rows, schema=ACTIVATION_COLUMNS)
+
+
+def _recompute_note(manifest) -> str | None:
+    """With --recompute, theory's saved activations per rank with and without it (theory_recompute)."""
+    if not isinstance(manifest, dict) or not recompute_on(manifest):
+        return None
+    d = activation_drop(manifest, run_dtypes(manifest)[0].param)
+    if d is None:
+        return "--recompute: activations recomputed per block (no saved-activation prediction for this layout)"
+    return (f"--recompute: predicted saved activations {d['with_bytes']:,} B per rank instead of "
+            f"{d['without_bytes']:,} B (−{d['drop_bytes']:,} B: {d['formula']})")

@@ -7,8 +7,8 @@ receives the previous rank's, one message each of b·(s/P)·h elements (the bloc
 = h) in the activation dtype. Backward is autograd through the ring: each step's backward sends
 the gradients of the K and V blocks it received back to the rank they came from and receives the
 gradients of those it sent: the same messages, reversed. With --recompute every block's forward
-runs again inside backward, ring included: its forward messages again (phase `recompute` here,
-`backward` in the measured phases: the ptprof/recompute span sits inside ptprof/backward).
+runs again inside backward, ring included: its forward messages again (phase `recompute`, here
+and measured: the ptprof/recompute span inside ptprof/backward holds them).
 The replicated weights' gradients are averaged by DDP: profiler.theory's DDP rows.
 
 On gloo each message is a `gloo:send` / `gloo:recv` span on the main thread with its tensor's
@@ -51,7 +51,7 @@ def ulysses_rows(m: dict, facts: dict, rank: int) -> list[dict]:
     texts = {"forward": (formula, f"{ACT_NOTE}; {ULYSSES_NOTE}"),
              "backward": ("their 4 mirror all-to-alls per layer: the gradients back, same sizes", None),
              "recompute": ("the forward's 4 per layer again: --recompute reruns each block, all-to-alls "
-                           "included, inside backward", "measured inside the backward phase (span ptprof/recompute)")}
+                           "included, inside backward", "measured in phase recompute (span ptprof/recompute, inside backward)")}
     rows = [_row("sp", ph, "all_to_all", p, calls, None if why else calls * size, texts[ph][0], why or texts[ph][1])
             for ph in phases]
     # The weights are replicated over the sequence shards: DDP averages their gradients, as ddp does.
@@ -81,8 +81,8 @@ def ring_rows(m: dict, facts: dict, rank: int) -> list[dict]:
     passes = [("forward", "the K and V blocks passed to the next rank / from the previous"),
               ("backward", "their gradients, back to the rank each block came from (autograd through the ring)")]
     if recompute:
-        passes.append(("recompute", "--recompute reruns each block, ring included: measured inside the backward "
-                                    "phase (span ptprof/recompute)"))
+        passes.append(("recompute", "--recompute reruns each block, ring included: measured in phase recompute "
+                                    "(span ptprof/recompute, inside backward)"))
     rows = list(rows)
     for phase, note in passes:
         rows += [_ring_row(phase, kind, p, calls, calls * block, formula, note) for kind in ("send", "recv")]

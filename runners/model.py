@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from runners.options import MODEL_PRESETS
 
@@ -165,7 +165,11 @@ class Block(nn.Module):
             # Non-reentrant checkpoint: only x is saved; the body runs again when backward first
             # needs one of its activations, under RECOMPUTE_SPAN. Hooks on the block itself (FSDP's
             # all-gather) stay outside; hooks on its submodules (tensor parallel) run again.
-            return checkpoint(self.body, x, use_reentrant=False, context_fn=_recompute_contexts)
+            # Early stop off: the whole body runs again, the textbook full recomputation (one more
+            # forward). torch's default stops after the last saved tensor and would skip the
+            # block's tail, e.g. tensor parallelism's MLP all-reduce.
+            with set_checkpoint_early_stop(False):
+                return checkpoint(self.body, x, use_reentrant=False, context_fn=_recompute_contexts)
         return self.body(x)
 
     def body(self, x: torch.Tensor) -> torch.Tensor:

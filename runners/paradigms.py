@@ -138,6 +138,12 @@ PIPELINE_SCHEDULES: dict[str, PipelineSchedule] = {
 }
 
 
+# Schedules whose backward torch splits into input-grad (I) and weight-grad (W) actions. Activation
+# checkpointing recomputes a block in every autograd pass that needs its activations: once in I,
+# then once per parameter group in W (torch's stage_backward_weight), 9 forwards instead of one.
+SPLIT_BACKWARD = frozenset({"zero-bubble", "zbv", "dualpipev"})
+
+
 def hybrid_degrees(opts: RunOptions) -> tuple[int, int, int]:
     """(dp, pp, tp) of a hybrid run: --pp and --tp default to 1, --dp to the ranks left over."""
     pp, tp = opts.pp or 1, opts.tp or 1
@@ -170,6 +176,10 @@ def _check_pipeline(opts: RunOptions, *, replicas: int = 1) -> str | None:
     ranks = f"{p} ranks" if opts.paradigm == name else f"pp {p}"
     if p < 2:
         return f"{name} needs at least 2 ranks (pipeline stages on different ranks), got {p}"
+    if opts.recompute and name in SPLIT_BACKWARD:
+        return (f"--recompute does not fit {name}: torch splits its backward into I and W (W as one autograd.grad per "
+                f"parameter group), so each block's forward would run again in I and up to 8 times more in W; "
+                f"use gpipe, 1f1b or interleaved-1f1b")
     if schedule.fixed_stages and v != schedule.stages_per_rank:
         other = " (use interleaved-1f1b or zero-bubble for more)" if schedule.stages_per_rank == 1 else ""
         return f"{name} runs exactly {schedule.stages_per_rank} stage(s) per rank, got --stages-per-rank {v}{other}"

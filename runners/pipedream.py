@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
+from torch.nn.utils.stateless import _reparametrize_module  # functional_call's own swap, as a context
 from torch.profiler import record_function
 
 from runners import harness
@@ -170,7 +171,9 @@ class PipeDreamStage:
         # during the drain, which is outside the steps).
         ahead = g + 1 < self.total and (drain or (g + 1 + self.warmup) % self.m != 0)
         grad = None if self.last else self._recv(self.stage + 1, ahead=ahead)
-        with self._span("B", g):
+        # The stash stands in for the module's weights during backward too: with --recompute each
+        # checkpointed block runs its forward again here, and must see the weights its forward used.
+        with self._span("B", g), _reparametrize_module(self.module, stash):
             torch.autograd.backward(out, grad)
         if not self.first:
             self._send(x.grad, self.stage - 1)

@@ -253,3 +253,17 @@ def test_phase_is_the_span_around_the_enqueue_or_the_launch():
                       *nccl_call("all_reduce", 45, 2, 100, "float", tid=2), kernel(SENDRECV, "comm", 80, 10, 2),
                       *nccl_call("all_reduce", 65, 3, 100, "float", tid=2), kernel(SENDRECV, "comm", 90, 10, 3)])
     assert collectives(ev).sort("start_us")["phase"].to_list() == ["backward", "forward", None]
+
+
+def test_a_collective_inside_a_recompute_span_is_recompute_the_innermost_span_wins():
+    # --recompute: ptprof/recompute spans nest inside ptprof/backward (or a pipeline B action). A
+    # collective enqueued inside one is "recompute"; one after it, still inside backward, "backward"
+    # (the nested span must not hide it); after both, none.
+    ev = make_events([step(1, 0, 1000), phase_span("ptprof/backward", 5, 50), phase_span("ptprof/recompute", 8, 12),
+                      phase_span("ptprof/pp/B s0 mb0", 60, 30), phase_span("ptprof/recompute", 62, 10),
+                      *nccl_call("all_reduce", 10, 1, 100, "float", tid=2), kernel(SENDRECV, "comm", 100, 5, 1),
+                      *nccl_call("all_reduce", 30, 2, 100, "float", tid=2), kernel(SENDRECV, "comm", 110, 5, 2),
+                      *nccl_call("all_reduce", 65, 3, 100, "float", tid=2), kernel(SENDRECV, "comm", 120, 5, 3),
+                      *nccl_call("all_reduce", 80, 4, 100, "float", tid=2), kernel(SENDRECV, "comm", 130, 5, 4),
+                      *nccl_call("all_reduce", 95, 5, 100, "float", tid=2), kernel(SENDRECV, "comm", 140, 5, 5)])
+    assert collectives(ev).sort("start_us")["phase"].to_list() == ["recompute", "backward", "recompute", "backward", None]
