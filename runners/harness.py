@@ -30,6 +30,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.profiler import ProfilerActivity, record_function
 
+from runners.memory_probe import MemoryProbe, local_params, numel_by_dtype
 from runners.model import GPT, RECOMPUTE_SPAN, GPTConfig, count_params, lm_loss
 from runners.options import RunOptions, options_from_namespace, worker_parser
 
@@ -180,93 +181,6 @@ def local_batch(step: int, ctx: Context, par: Parallel):
     rows = opts.global_batch_size // par.dp_size
     sl = slice(par.dp_rank * rows, (par.dp_rank + 1) * rows)
     return inputs[sl].to(ctx.device), targets[sl].to(ctx.device)
-
-
-# ---------------------------------------------------------------------------------------------
-# Memory accounting
-
-
-def _storage_bytes(tensors) -> int:
-    """Bytes of distinct storages behind `tensors` (DTensors counted by their local shard).
-
-    Deduplicating by storage counts a flat buffer once however many views share it (DDP's
-    gradient buckets, FSDP2's all-gather output).
-    """
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if t is None:
-            continue
-        local = t.to_local() if hasattr(t, "to_local") else t
-        storage = local.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
-
-def _numel_by_dtype(params) -> dict[str, int]:
-    """Parameter elements by dtype name ("float32", "bfloat16"), local shards for DTensors."""
-    out: dict[str, int] = {}
-    for p in params:
-        local = p.to_local() if hasattr(p, "to_local") else p
-        name = str(local.dtype).removeprefix("torch.")
-        out[name] = out.get(name, 0) + local.numel()
-    return out
-
-
-def _local_params(optimizer: torch.optim.Optimizer) -> dict:
-    """run.json `ranks[].params`: the parameters this rank's optimizer holds (local shards):
-    tensors, elements and bytes, and elements by dtype."""
-    params = _optimizer_params(optimizer)
-    locals_ = [p.to_local() if hasattr(p, "to_local") else p for p in params]
-    return {"tensors": len(params), "count": sum(t.numel() for t in locals_),
-            "bytes": sum(t.numel() * t.element_size() for t in locals_), "by_dtype": _numel_by_dtype(params)}
-
-
-def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def _optimizer_state_tensors(optimizer: torch.optim.Optimizer):
-    # ZeroRedundancyOptimizer keeps this rank's shard of the state in its wrapped local optimizer.
-    local = getattr(optimizer, "optim", optimizer)
-    for state in local.state.values():
-        for value in state.values():
-            if torch.is_tensor(value):
-                yield value
-
-
-class MemoryProbe:
-    """Persistent memory actually held on this rank, sampled once (first step) at three points."""
-
-    def __init__(self) -> None:
-        self.sampling = True
-        self.numbers: dict[str, int | None] = {
-            "params_bytes": None,
-            "params_at_rest_bytes": None,
-            "grads_bytes": None,
-            "optimizer_bytes": None,
-            "max_memory_allocated_bytes": None,
-            "max_memory_allocated_by_gpu_bytes": None,
-            # Weight copies a runner keeps besides its parameters (pipedream's weight stashing: the
-            # most held at once over the run, set by the runner); None where nothing is stashed.
-            "stashed_params_bytes": None,
-        }
-
-    def after_forward(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        # The module's registered parameters now are whatever FSDP left unsharded after forward;
-        # the optimizer's are the shards. Both are held, so both count.
-        if self.sampling:
-            tensors = list(model.parameters()) + _optimizer_params(optimizer)
-            self.numbers["params_bytes"] = _storage_bytes(tensors)
-
-    def after_backward(self, model: nn.Module) -> None:
-        if self.sampling:
-            self.numbers["grads_bytes"] = _storage_bytes(p.grad for p in model.parameters())
-
-    def after_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        if self.sampling:
-            self.numbers["params_at_rest_bytes"] = _storage_bytes(model.parameters())
-            self.numbers["optimizer_bytes"] = _storage_bytes(_optimizer_state_tensors(optimizer))
-            self.sampling = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,9 +393,9 @@ def run_worker(opts: RunOptions, apply_fn: Callable[[nn.Module, Context], Parall
     ctx = init_distributed(opts)
     model = build_model(opts, **(moe_overrides(opts) if moe else {}))
     n_params = count_params(model)
-    param_dtypes = _numel_by_dtype(model.parameters())
+    param_dtypes = numel_by_dtype(model.parameters())
     par = apply_fn(model.to(ctx.device), ctx)
-    held = _local_params(par.optimizer)  # before training: what this rank's optimizer steps
+    held = local_params(par.optimizer)  # before training: what this rank's optimizer steps
     del model  # pipeline runners train copies of its stages: the whole model must not stay on the device
     results = train(ctx, par) | {"params": held}
     if par.after_training:
