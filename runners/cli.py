@@ -20,12 +20,12 @@ import json
 import os
 import re
 import shutil
-import stat
 import sys
 import time
 from pathlib import Path
 
 from runners.launch import describe_failures, launch
+from runners.listing import cmd_list, find_runs
 from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv
 from runners.paradigms import (DEFAULT_MODEL_CANDIDATES, PARADIGMS, check_flags, default_model, gpu_only_reason,
                                problem_with)
@@ -351,10 +351,9 @@ def _print_summary(run_dir: Path, elapsed_s: float, model_chosen: bool) -> None:
     # Two lines rather than one of ~130 columns: the summary fits 100 like `ptprof analyze`.
     print(f"  step time       {sum(rank_ms) / len(rank_ms):.1f} ms mean over profiled steps {steps} and "
           f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}, wall clock{spread}")
-    print(
-        "  rank 0 holds    "
-        + ", ".join(f"{k.removesuffix('_bytes')} {_fmt_bytes(mem[k])}" for k in ("params_bytes", "grads_bytes", "optimizer_bytes"))
-    )
+    held = ("params_bytes", "grads_bytes", "optimizer_bytes") + (("stashed_params_bytes",) if mem.get("stashed_params_bytes") else ())
+    where = " (host memory)" if manifest.get("offload") else ""  # fsdp --offload keeps the shards on the CPU
+    print("  rank 0 holds    " + ", ".join(f"{k.removesuffix('_bytes').replace('_', ' ')} {_fmt_bytes(mem[k])}" for k in held) + where)
     print(f"  traces          {run_dir}/ ({_plural(len(ranks), 'rank')}, {_fmt_bytes(trace_bytes)})")
     print(f"  next            ptprof analyze {run_dir}")
 
@@ -380,102 +379,6 @@ def _fmt_bytes(n: int | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
-
-
-# ---------------------------------------------------------------------------------------------
-# ptprof list
-
-
-_MANIFEST_MAX_BYTES = 64 << 20  # a run.json is a few KB; anything this big is not one
-
-
-def find_runs(root: Path) -> list[dict]:
-    """Complete runs under `root` (folders with a run.json), newest first. Hidden folders skipped.
-
-    A run.json that cannot be listed (unreadable, not JSON, too deep, wrong types) gives a row
-    {"run_id": folder, "error": what is wrong} instead of failing the listing.
-    """
-    runs = []
-    if not root.is_dir():
-        return runs
-    for manifest in sorted(root.glob("*/run.json")):
-        if manifest.parent.name.startswith("."):
-            continue
-        data, problem = _read_manifest(manifest)
-        if problem:
-            runs.append({"run_id": manifest.parent.name, "error": problem})
-            continue
-        data["_path"] = str(manifest.parent)
-        runs.append(data)
-    return sorted(runs, key=lambda r: r["created_at"] if isinstance(r.get("created_at"), str) else "", reverse=True)
-
-
-def _read_manifest(path: Path) -> tuple[dict | None, str | None]:
-    """(run.json's content, None), or (None, a short description of what is wrong with it)."""
-    try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):  # never opened: a FIFO would block the listing forever
-            return None, "run.json is not a regular file"
-        if st.st_size > _MANIFEST_MAX_BYTES:
-            return None, f"run.json is {st.st_size >> 20} MiB, too large for a manifest"
-        data = json.loads(path.read_bytes())
-    except RecursionError:
-        return None, "unreadable run.json: nested too deeply"
-    except (OSError, ValueError) as err:  # ValueError: bad JSON, or bytes that are not UTF-8
-        return None, f"unreadable run.json: {err}"
-    if not isinstance(data, dict):
-        return None, f"run.json holds a JSON {type(data).__name__}, not an object"
-    return data, _manifest_problem(data)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _manifest_problem(data: dict) -> str | None:
-    """The first field `ptprof list` shows that is missing or of the wrong type, or None."""
-    for key, ok, what in (
-        ("paradigm", lambda v: isinstance(v, str), "a string"),
-        ("world_size", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"),
-        ("backend", lambda v: isinstance(v, str), "a string"),
-        ("losses", lambda v: isinstance(v, list) and all(x is None or _is_number(x) for x in v), "a list of numbers"),
-    ):
-        if key not in data:
-            return f"run.json has no {key!r}"
-        if not ok(data[key]):
-            return f"run.json's {key!r} is not {what}: {_printable(json.dumps(data[key])[:40])}"
-    if "created_at" in data and not isinstance(data["created_at"], str):
-        return "run.json's 'created_at' is not a string"
-    return None
-
-
-def _printable(text: str, limit: int = 60) -> str:
-    """`text` for a terminal: control characters and undecodable bytes escaped, long text cut."""
-    text = text if text.isprintable() else repr(text)[1:-1]
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def cmd_list(ns: argparse.Namespace) -> int:
-    root = Path(ns.traces)
-    runs = find_runs(root)
-    if not runs:
-        print(f"no runs under {_printable(str(root), 200)}/ (make one with `ptprof run ddp --gpus 2`)")
-        return 0
-    # "steps run": every step trained, as in run.json's losses; the traces hold only the profiled ones.
-    header = f"{'run':<36} {'paradigm':<10} {'ranks':>5} {'backend':<7} {'steps run':>9} {'final loss':>10}  created"
-    print(header)
-    for r in runs:
-        name = _printable(Path(r["_path"]).name if "_path" in r else r["run_id"])
-        if "error" in r:
-            print(f"{name:<36} {_printable(r['error'], 200)}")
-            continue
-        losses = [x for x in r["losses"] if x is not None]
-        final = f"{losses[-1]:.4f}" if losses else "-"
-        print(
-            f"{name:<36} {_printable(r['paradigm'], 20):<10} {r['world_size']:>5} {_printable(r['backend'], 10):<7} "
-            f"{len(r['losses']):>9} {final:>10}  {_printable(r.get('created_at', ''), 40)}"
-        )
-    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # outside the launch (which reports its own): cmd_run has cleaned up
         print("ptprof: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader closed the pipe (`ptprof list | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE
 
 
 if __name__ == "__main__":

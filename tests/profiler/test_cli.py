@@ -164,3 +164,21 @@ def test_a_rank_without_the_step_is_left_out_and_named(tmp_path):
     a = analyze_traces(load_traces(tmp_path), step=2)
     assert a.breakdown["rank"].to_list() == [0]
     assert any("rank 1: no step 2 (its steps: 1); left out" in w for w in a.warnings), a.warnings
+
+
+def test_a_closed_pipe_stops_quietly():
+    """`ptprof analyze RUN | head -1`: the reader is gone before the report is written. The
+    command stops with 141 (128 + SIGPIPE) as Unix tools do, and no traceback on stderr. Same for
+    `ptprof list`. The read end is closed before the child starts, so every write fails."""
+    import os
+
+    for args in ([sys.executable, "-m", "profiler", "analyze", str(REPO / "traces" / "sample-ddp-2r")],
+                 [sys.executable, "-m", "runners.cli", "list", "--traces", str(REPO / "traces")]):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            res = subprocess.run(args, stdout=write, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120)
+        finally:
+            os.close(write)
+        assert res.returncode == 141, (args, res.stderr)
+        assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
