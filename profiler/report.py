@@ -22,7 +22,8 @@ from profiler.recompute import RECOMPUTE_COLUMNS, recompute_time, with_predictio
 from profiler.top_ops import top_kernels, top_operators
 from profiler.alphabeta import alpha_beta_predict, fit_alpha_beta
 from profiler.findings import FINDING_COLUMNS, findings
-from profiler.theory import predict_comm, theory_check
+from profiler.theory import predict_comm
+from profiler.theory_check import theory_check
 from profiler.theory_memory import activation_peak, memory_notes, memory_whatif, predict_memory
 
 REPORT_SCHEMA = "ptprof.report/1"

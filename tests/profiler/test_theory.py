@@ -10,7 +10,8 @@ import polars as pl
 import pytest
 
 from profiler import analyze, load_traces
-from profiler.theory import COMM_COLUMNS, CHECK_COLUMNS, comm_check, predict_comm
+from profiler.theory import COMM_COLUMNS, CHECK_COLUMNS, predict_comm
+from profiler.theory_check import comm_check
 from profiler.theory_params import fsdp_padded_numel
 from runners.options import MODEL_PRESETS
 from tests.runners.reference import param_bytes
