@@ -64,3 +64,23 @@ def test_the_step_count_warning_is_said_once_in_the_tables_and_the_json(tmp_path
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("different numbers of steps") == 1
     assert sum("different numbers of steps" in w for w in json.loads(out.read_text())["warnings"]) == 1
+
+
+def test_the_first_run_given_is_the_baseline_not_the_first_by_name(tmp_path):
+    import json
+
+    from tests.conftest import REPO
+    from tests.profiler.test_cli import analyze
+
+    out = tmp_path / "r.json"
+    # names that sort the other way: fsdp given first, ddp second
+    res = analyze(REPO / "traces" / "sample-fsdp-2r", REPO / "traces" / "sample-ddp-2r", "--json", out)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(out.read_text())
+    assert [r["run"] for r in report["runs"]] == ["sample-fsdp-2r", "sample-ddp-2r"]
+    window = next(r for r in report["comparison"] if r["metric"] == "window_us")
+    assert "sample-ddp-2r_diff_pct" in window and "sample-fsdp-2r_diff_pct" not in window
+    assert window["sample-ddp-2r_diff_pct"] == pytest.approx(
+        100 * (window["sample-ddp-2r"] - window["sample-fsdp-2r"]) / window["sample-fsdp-2r"])
+    # the text report's side by side: the change is "vs" the first given
+    assert "vs sample-fsdp-2r" in res.stdout and "vs sample-ddp-2r" not in res.stdout
