@@ -17,6 +17,7 @@ import polars as pl
 from profiler.discover import manifest_field
 from profiler.intervals import union
 from profiler.pipeline import schedule_theory_pct
+from profiler.textfmt import plural
 from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text)
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
         schedule, p_ranks, m = rp.select("schedule", "pp_ranks", "microbatches").row(0)
         per_rank = rp.group_by("rank").agg(pl.col("busy_us", "bubble_pct").mean()).sort("busy_us", descending=True)
         actions = a.pipeline_actions.filter(pl.col("run").cast(pl.String) == run)
-        text = f"The pipeline is idle {pct(bubble)} of its window (mean over {per_rank.height} ranks)"
+        text = f"The pipeline is idle {pct(bubble)} of its window (mean over {plural(per_rank.height, 'rank')})"
         parts = []
         if _finite(sched):
             what = f"{schedule}'s own bubble" if schedule else "the schedule's own bubble"

@@ -15,7 +15,7 @@ import polars as pl
 from profiler.errors import printable
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
     NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_range, fmt_since,
-    fmt_time, fmt_unit, min_median_max, more, per_run, sig3, sparkline, strings, table, title, truncate, wrap, _number,
+    fmt_time, fmt_unit, min_median_max, more, per_run, plural, sig3, sparkline, strings, table, title, truncate, wrap, _number,
 )
 from profiler.text_memory import memory_sections
 
@@ -181,7 +181,8 @@ def _recompute(a, runs: list[str], full: bool) -> list[str]:
         [str(r["rank"]), f"{r['recompute_spans']:g}", fmt_time(r["forward_us"]), fmt_time(r["recompute_us"]),
          fmt_time(r["backward_us"]), sig3(r["ratio"]), sig3(r["predicted_over_forward"])]
         for r in p.sort("rank").to_dicts()][: None if full else ROWS], "r" * 7, shrink=None))
-    return out + ["  (mean per step; backward includes the recompute; predicted: the blocks' share of the forward FLOPs)"]
+    return out + wrap("(mean per step; backward includes the recompute; predicted: the blocks' share of the forward "
+                      "FLOPs)", "  ", "   ")
 
 
 def _collectives(a, runs: list[str], full: bool) -> list[str]:
@@ -257,14 +258,14 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
 
     def render(part: pl.DataFrame) -> list[str]:
         r0 = part.row(0, named=True)
-        head = [f"  {r0['schedule']}: {r0['pp_ranks']} pipeline ranks, {r0['microbatches']} microbatches, "
-                f"{r0['stages_per_rank']} stage(s) per rank"]
+        head = (f"{r0['schedule']}: {plural(r0['pp_ranks'], 'pipeline rank')}, {plural(r0['microbatches'], 'microbatch')}, "
+                f"{plural(r0['stages_per_rank'], 'stage')} per rank")
         if full:
             header = ["rank", "step", "window", "busy", "bubble", "measured", "textbook", "ideal"]
             rows = [[str(r["rank"]), str(r["step"]), fmt_time(r["window_us"]), fmt_time(r["busy_us"]), fmt_time(r["bubble_us"]),
                      fmt_pct(r["bubble_pct"]), fmt_pct(r["theory_pct"]), fmt_pct(r["ideal_pct"])]
                     for r in part.sort("rank", "step").to_dicts()]
-            lines = head + table(header, rows, "r" * 8, shrink=None)
+            lines = wrap(head, "  ", "    ") + table(header, rows, "r" * 8, shrink=None)
             if split:  # one row per pipeline and step: every rank of a pipeline carries the same split
                 rows = part.select("step", *split, *[c for c in ("slowest_stage", "slowest_stage_ratio") if c in part.columns]
                                    ).unique(maintain_order=True).sort("step")
@@ -275,8 +276,8 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
         mean = part.group_by("run", "rank").agg(pl.col(list(labels) + split).mean())  # over the steps
         named = labels | ({"theory_pct": "textbook (no flush)"} if r0["schedule"] == "pipedream" else {})
         if r0["schedule"] == "pipedream":  # a stream: each rank's window is its own step
-            head[0] += "; asynchronous, no flush (each rank over its own step)"
-        lines = head + collapsed_table(collapse(mean, list(labels)), named, fmt_pct)
+            head += "; asynchronous, no flush (each rank over its own step)"
+        lines = wrap(head, "  ", "    ") + collapsed_table(collapse(mean, list(labels)), named, fmt_pct)
         if split and mean.select(pl.col(split).is_not_null().any()).row(0) != (False,) * len(split):
             lines += ["  where the bubble comes from (% of the pipeline's rank-time, mean of the steps):"]
             lines += collapsed_table(collapse(mean, split), {c: SPLIT_LABELS[c] for c in split}, fmt_pct)

@@ -48,6 +48,13 @@ def test_three_significant_digits():
     assert [sig3(x) for x in (float("nan"), float("inf"), None, True)] == ["—"] * 4
 
 
+def test_plurals():
+    from profiler.textfmt import plural
+
+    assert [plural(1, "microbatch"), plural(4, "microbatch"), plural(1, "rank"), plural(0, "rank")] == [
+        "1 microbatch", "4 microbatches", "1 rank", "0 ranks"]
+
+
 def test_human_units():
     assert fmt_bytes(1536 * 1024) == "1.50 MiB"
     assert fmt_bytes(64) == "64 B" and fmt_bytes(3 * 2**30) == "3.00 GiB" and fmt_bytes(1023.9 * 2**20) == "1.00 GiB"
@@ -239,6 +246,18 @@ def test_the_shipped_runs_fit_100_columns(sample):
         text = format_tables(a, full=full)
         assert not too_wide(text), too_wide(text)
         assert "== Where the time goes" in text and "== Collectives" in text
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("key", [("ddp", 2, "--profile-memory", "--recompute"), ("pipedream", 2)], ids=["recompute", "pipedream"])
+def test_recompute_and_pipedream_runs_fit_100_columns(runs, key):
+    # runs already made by tests/profiler/test_recompute.py and tests/runners/test_pipedream.py
+    a = analyze(load_traces([runs(*key)]))
+    for full in (False, True):
+        text = format_tables(a, full=full)
+        assert not too_wide(text), too_wide(text)
+        assert "1 microbatches" not in text and "stage(s)" not in text and " 1 ranks" not in text
+    assert ("== Recomputation" if key[0] == "ddp" else "pipedream: 2 pipeline ranks, 4 microbatches, 1 stage per rank") in text
 
 
 def test_two_runs_side_by_side_in_human_units():
