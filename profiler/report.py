@@ -18,7 +18,7 @@ from profiler.damaged import DAMAGED
 from profiler.exposed import exposed_comm
 from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
 from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
-from profiler.recompute import RECOMPUTE_COLUMNS, recompute_time, with_prediction
+from profiler.recompute import RECOMPUTE_COLUMNS, recompute_time, with_compute, with_prediction
 from profiler.top_ops import top_kernels, top_operators
 from profiler.alphabeta import alpha_beta_predict, fit_alpha_beta
 from profiler.findings import FINDING_COLUMNS, findings
@@ -132,7 +132,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         stragglers=stragglers(skew),
         memory_peaks=out["memory_peaks"],
         memory_curve=out["memory_curve"],
-        recompute=with_prediction(out["recompute"], traces.runs),
+        recompute=with_compute(with_prediction(out["recompute"], traces.runs), out["exposed"]),
         persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
         pipeline=pipeline,
         pipeline_grid=pipeline_grid(actions) if pipeline is not None else None,

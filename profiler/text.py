@@ -17,6 +17,8 @@ from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of
     NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_range, fmt_since,
     fmt_time, fmt_unit, min_median_max, more, per_run, plural, sig3, sparkline, strings, table, title, truncate, wrap, _number,
 )
+from profiler.findings_recompute import gathers_in_forward
+from profiler.recompute import ratio_on_compute
 from profiler.text_memory import memory_sections
 
 ROWS = 12  # rows per run of a long table (collectives, operators) unless full
@@ -172,17 +174,21 @@ def _recompute(a, runs: list[str], full: bool) -> list[str]:
     if rc is None or rc.is_empty():
         return []
     per_rank = (strings(rc).group_by("run", "rank").agg(
-        pl.col("recompute_spans", "forward_us", "recompute_us", "backward_us").mean(),
+        pl.col("recompute_spans", "forward_us", "recompute_us", "backward_us", "forward_comm_us", "recompute_comm_us").mean(),
         pl.col("predicted_over_forward").first())
-        .with_columns(ratio=pl.when(pl.col("forward_us") > 0).then(pl.col("recompute_us") / pl.col("forward_us"))))
+        .with_columns(ratio=ratio_on_compute()))
     out = [title("Recomputation", "forward run again in backward (--recompute): costs about one more forward")]
     header = ["rank", "spans/step", "forward", "recompute", "backward", "recomp/fwd", "predicted"]
     out += per_run(runs, per_rank, lambda p: table(header, [
         [str(r["rank"]), f"{r['recompute_spans']:g}", fmt_time(r["forward_us"]), fmt_time(r["recompute_us"]),
          fmt_time(r["backward_us"]), sig3(r["ratio"]), sig3(r["predicted_over_forward"])]
         for r in p.sort("rank").to_dicts()][: None if full else ROWS], "r" * 7, shrink=None))
-    return out + wrap("(mean per step; backward includes the recompute; predicted: the blocks' share of the forward "
-                      "FLOPs)", "  ", "   ")
+    return out + wrap("(mean per step; backward includes the recompute; recomp/fwd on compute time: each less its exposed "
+                      "communication, as a forward's collective waits are not recomputed; predicted: the blocks' share of "
+                      "the forward FLOPs)", "  ", "   ") + [
+        line for run in runs if gathers_in_forward(a, run) for line in wrap(
+            f"{run}: its forward all-gathers parameters, which the recomputation does not repeat: recomp/fwd is not "
+            "comparable with predicted", "  ", "   ")]
 
 
 def _collectives(a, runs: list[str], full: bool) -> list[str]:
