@@ -16,6 +16,7 @@ from profiler.load import Traces
 from profiler.memory import CURVE_COLUMNS, memory_curve, memory_peaks, memory_timeline, persistent_memory
 from profiler.damaged import DAMAGED
 from profiler.exposed import exposed_comm
+from profiler.intervals import union
 from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
 from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
 from profiler.recompute import RECOMPUTE_COLUMNS, recompute_time, with_compute, with_prediction
@@ -295,8 +296,11 @@ def compare_runs(a: Analysis) -> pl.DataFrame:
     ranks = a.breakdown.select("run", "rank")
     b = a.breakdown.group_by("run").agg(pl.col(RANK_METRICS).mean())
     s = a.step_stats.group_by("run").agg(step_mean_us=pl.col("mean_us").mean())
-    # Each rank's total time in collectives (0 for a rank with none), then the mean over ranks.
-    per_rank = a.collective_stats.group_by("run", "rank").agg(collective_us=pl.col("total_us").sum())
+    # Each rank's time in collectives (0 for a rank with none): the union of its calls, as calls in
+    # flight together (a ring's isend and irecv) are one stretch of time; then the mean over ranks.
+    calls = a.collectives.filter(pl.col("end_us") >= pl.col("start_us")).select("run", "rank", "start_us", "end_us")
+    per_rank = (union(calls, ["run", "rank"]).group_by("run", "rank")
+                .agg(collective_us=(pl.col("end_us") - pl.col("start_us")).sum()))
     c = (ranks.join(per_rank, on=["run", "rank"], how="left").fill_null(0.0)
          .group_by("run").agg(pl.col("collective_us").mean()))
     # A peak is a high-water mark: the largest over ranks is the one that limits the job.

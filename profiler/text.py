@@ -203,14 +203,15 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
              fmt_time(r["total_us"]), fmt_time(r["mean_us"]), fmt_bw(r["algbw_gbps"]), fmt_bw(r["busbw_gbps"])]
             for r in p.sort("rank", pl.col("total_us"), descending=[False, True]).to_dicts()], "rlllrrrrrr", shrink=(2, 3))
         return out + per_run(runs, stats, render)
-    timed = pl.col("total_us").filter(pl.col("busbw_gbps").is_not_null())  # no group size, no busbw: left out
+    timed = pl.col("wall_us").filter(pl.col("busbw_gbps").is_not_null())  # no group size, no busbw: left out
     # Per rank and collective kind (sizes and dtypes together: MoE all-to-alls differ in size on every rank):
-    # its total time, and the bus bandwidth of all its bytes (busbw x time summed = factor x bytes).
+    # its wall time (calls in flight together counted once), and the bus bandwidth of all its bytes
+    # (busbw x time summed = factor x bytes).
     keys = ["run", "collective", "group_size"]
     per_rank = (strings(stats).group_by(*keys, "rank", maintain_order=True)
-                .agg(calls=pl.col("count").sum(), total_us=pl.col("total_us").sum(), lo=pl.col("size_bytes").min(),
+                .agg(calls=pl.col("count").sum(), total_us=pl.col("wall_us").sum(), lo=pl.col("size_bytes").min(),
                      hi=pl.col("size_bytes").max(),
-                     busbw=pl.when(timed.sum() > 0).then((pl.col("busbw_gbps") * pl.col("total_us")).sum() / timed.sum()))
+                     busbw=pl.when(timed.sum() > 0).then((pl.col("busbw_gbps") * pl.col("wall_us")).sum() / timed.sum()))
                 .with_columns(key=pl.concat_str(pl.col(keys[1:]).cast(pl.String).fill_null("?"), separator="|")))
     per = (per_rank.group_by("run", "key", *keys[1:], maintain_order=True)
            .agg(calls_lo=pl.col("calls").min(), calls_hi=pl.col("calls").max(), lo=pl.col("lo").min(), hi=pl.col("hi").max(),
@@ -227,8 +228,9 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
                          calls, *min_median_max(r, fmt_time)[:1 if lone else 3], fmt_bw(r["busbw"])])
         return table(header, rows, "lrrrrrr", shrink=0) + more(p.height, ROWS)
 
-    out.append("  (per collective and group size: sizes of a call, calls and time per rank over the profiled")
-    out.append("   steps; busbw: of all its bytes, median over ranks; --full: per rank, message size and dtype)")
+    out += wrap("(per collective and group size: sizes of a call, calls and time per rank over the profiled steps, "
+                "calls in flight together counted once (a ring's isend/irecv); busbw: of all its bytes over that time, "
+                "median over ranks; --full: per rank, message size and dtype, total = summed call time)", "  ", "   ")
     return out + per_run(runs, per, render)
 
 

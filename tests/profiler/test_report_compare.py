@@ -23,6 +23,8 @@ def two_runs(steps_b: int = 3) -> SimpleNamespace:
                                  "mean_us": [50.0, 100.0, 100.0, 100.0]}),
         # A: rank 0 has two collectives (10 + 20), rank 1 one (50); B: rank 0 one (40), rank 1 none
         collective_stats=pl.DataFrame({"run": ["A", "A", "A", "B"], "rank": [0, 0, 1, 0], "total_us": [10.0, 20.0, 50.0, 40.0]}),
+        collectives=pl.DataFrame({"run": ["A", "A", "A", "B"], "rank": [0, 0, 1, 0], "start_us": [0.0, 100.0, 0.0, 0.0],
+                                  "end_us": [10.0, 120.0, 50.0, 40.0]}),
         memory_peaks=pl.DataFrame({"run": ["A", "A", "B", "B"], "rank": [0, 1, 0, 1],
                                    "peak_allocated_bytes": [1000, 3000, 2000, 2000]}),
     )
@@ -44,6 +46,14 @@ def test_each_metric_is_what_its_name_says():
     assert t["window_us"]["B_diff_pts"] is None
     # from 0 (idle_us 0 in both runs) there is no percent change: null, not NaN or inf
     assert (t["idle_us"]["A"], t["idle_us"]["B_diff_pct"]) == (0.0, None)
+
+
+def test_time_in_collectives_counts_calls_in_flight_together_once():
+    a = two_runs()
+    # A's rank 0: its 20 µs call now runs inside the 10 µs one's span ([0, 10) and [5, 25)): 25 µs, not 30
+    a.collectives = a.collectives.with_columns(start_us=pl.Series([0.0, 5.0, 0.0, 0.0]), end_us=pl.Series([10.0, 25.0, 50.0, 40.0]))
+    t = {r["metric"]: r for r in compare_runs(a).to_dicts()}
+    assert t["collective_us"]["A"] == (25.0 + 50.0) / 2
 
 
 def test_different_step_counts_are_a_warning():
