@@ -26,6 +26,11 @@ from tests.conftest import ptprof
         (["run", "fsdp", "--gpus", "2", "--pp", "2"], "--pp does not apply to fsdp: it is for hybrid"),
         (["run", "ddp", "--gpus", "2", "--microbatches", "4"], "--microbatches does not apply to ddp"),
         (["run", "ddp", "--gpus", "2", "--experts", "8"], "--experts does not apply to ddp: it is for ep"),
+        # ... also when given with its default value (a flag given is a flag meant)
+        (["run", "ddp", "--gpus", "2", "--schedule", "1f1b"], "--schedule does not apply to ddp: it is for hybrid"),
+        (["run", "ddp", "--gpus", "2", "--top-k=2"], "--top-k does not apply to ddp: it is for ep"),
+        (["run", "pipedream", "--gpus", "2", "--schedule", "1f1b"], "--schedule does not apply to pipedream"),
+        (["run", "ddp", "--gpus", "2", "--capacity", "1.25"], "--capacity-factor does not apply to ddp"),  # abbreviated
         # a timeout must be a finite, positive number of seconds (nan would never fire, 1e300 overflows)
         (["run", "ddp", "--gpus", "2", "--timeout", "nan"], "--timeout: must be a number of seconds"),
         (["run", "ddp", "--gpus", "2", "--timeout", "inf"], "--timeout: must be a number of seconds"),
