@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from profiler.discover import paradigm_label
 from profiler.errors import printable
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
     NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_range, fmt_since,
@@ -56,10 +57,10 @@ def _overview(a, full: bool) -> list[str]:
         files = r["file"].to_list()
         where = files[0] if len(files) == 1 else _common_folder(files) + f"/ ({len(files)} files)"
         device = ", ".join(sorted({d for d in r["device_kind"].to_list() if d}))
-        rows.append([run, str(manifest.get("paradigm") or "(foreign)"), str(r.height),
+        rows.append([run, paradigm_label(manifest) or "(foreign)", str(r.height),
                      "/".join(sorted({b for b in r["backend"].to_list() if b})) or NONE, device or NONE,
                      str(steps.get(run, NONE)), where])
-    out = [title("Runs", "what was loaded (steps: the profiled ProfilerStep numbers)")]
+    out = [title("Runs", "what was loaded (+sp, +lp loss parallel, +offload, +rc recompute; steps: profiled)")]
     out += table(["run", "paradigm", "ranks", "backend", "device", "steps", "traces"], rows, "llrllll", shrink=(6, 0), tail=True, least=24)
     if full:
         files = strings(a.ranks).select("run", "rank", "n_events", "device_name", "file")

@@ -260,6 +260,15 @@ def test_recompute_and_pipedream_runs_fit_100_columns(runs, key):
     assert ("== Recomputation" if key[0] == "ddp" else "pipedream: 2 pipeline ranks, 4 microbatches, 1 stage per rank") in text
 
 
+def test_the_runs_table_names_the_variant_flags(ddp):
+    run = ddp.ranks["run"].cast(pl.String)[0]
+    manifest = ddp.runs[run]
+    a = dataclasses.replace(ddp, runs={run: {**manifest, "options": {**manifest["options"], "recompute": True, "sp": True}}})
+    (row,) = [line for line in section(format_tables(a), "Runs") if line.startswith(f"  {run} ")]
+    assert row.split()[1] == "ddp+sp+rc"
+    assert section(format_tables(ddp), "Runs")[3].split()[1] == "ddp"
+
+
 def test_two_runs_side_by_side_in_human_units():
     a = analyze(load_traces([REPO / "traces" / "sample-ddp-2r", REPO / "traces" / "sample-fsdp-2r"]))
     text = format_tables(a)

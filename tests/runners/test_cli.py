@@ -171,6 +171,21 @@ def test_describe_failures_tells_causes_from_symptoms():
     assert "rank 0 gave up waiting" in line and "signal 9" not in line
 
 
+def test_list_names_the_variant_flags(tmp_path):
+    import json
+
+    for name, options in (("plain", {"recompute": False}), ("rc", {"recompute": True}),
+                          ("lp", {"loss_parallel": True, "sp": True}), ("odd", {"recompute": "yes"})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({
+            "run_id": name, "paradigm": "tp" if name == "lp" else "ddp", "world_size": 2, "backend": "gloo",
+            "losses": [5.0], "options": options}))
+    res = ptprof("list", "--traces", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    paradigm = {line.split()[0]: line.split()[1] for line in res.stdout.splitlines()[1:]}
+    assert paradigm == {"plain": "ddp", "rc": "ddp+rc", "lp": "tp+sp+lp", "odd": "ddp"}
+
+
 def test_list_shows_runs_and_skips_hidden(tmp_path):
     import json
 
