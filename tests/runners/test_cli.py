@@ -135,6 +135,18 @@ def test_existing_run_folder_is_not_overwritten(tmp_path):
     assert res.returncode == 2 and "already exists" in res.stderr
 
 
+def test_help_group_headings_name_who_takes_and_who_refuses_a_flag():
+    import re
+
+    from runners.paradigms import PARADIGM_FLAGS, SPLIT_BACKWARD
+
+    res = ptprof("run", "--help")
+    memory = next(line for line in res.stdout.splitlines() if line.startswith("memory trade-offs"))
+    pipeline = next(line for line in res.stdout.splitlines() if line.startswith("pipeline ("))
+    assert "every paradigm but" in memory and all(re.search(rf"\b{s}\b", memory) for s in SPLIT_BACKWARD), memory
+    assert all(re.search(rf"\b{p}\b", pipeline) for p in PARADIGM_FLAGS["microbatches"]), pipeline
+
+
 def test_help_explains_every_flag():
     res = ptprof("run", "--help")
     assert res.returncode == 0
