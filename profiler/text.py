@@ -10,6 +10,8 @@ be read (and grepped) as one message. No I/O here: the CLI prints.
 
 from __future__ import annotations
 
+import textwrap
+
 import polars as pl
 
 from profiler.discover import paradigm_label
@@ -337,14 +339,40 @@ def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
 
 def _theory_comm(a, runs: list[str], full: bool) -> list[str]:
     comm = a.theory_comm
-    if not full or comm is None or comm.is_empty():  # the default report has it beside measurement (theory check)
+    if comm is None or comm.is_empty():
         return []
+    if not full:
+        return _theory_formulas(comm, runs)
     out = [title("Predicted communication", "what the textbook says each rank moves per step")]
     header = ["rank", "dim", "phase", "collective", "ranks", "calls", "bytes", "ring traffic", "Φ"]
     return out + per_run(runs, comm, lambda p: table(header, [
         [str(r["rank"]), r["dim"] or NONE, r["phase"] or NONE, r["collective"] or NONE, str(r["group_size"] or "?"),
          fmt_count(r["calls"]), fmt_bytes(r["bytes"]), fmt_bytes(r["traffic_bytes"]), sig3(r["phi"])]
         for r in p.to_dicts()], "rlllrrrrr", shrink=(3, 2)))
+
+
+def _theory_formulas(comm: pl.DataFrame, runs: list[str]) -> list[str]:
+    """The formula behind each predicted row of the lowest rank of each run (send and recv of the
+    same messages on one line), wrapped to the report's width: what the bytes in the theory check mean."""
+    out = [title("Predicted communication", "the formula behind each prediction (lowest rank; --full: all)")]
+
+    def render(p: pl.DataFrame) -> list[str]:
+        p = p.filter(pl.col("rank") == p["rank"].min())
+        lines, seen = [], {}
+        for r in p.to_dicts():
+            key = (r["dim"], r["phase"], r["formula"], r["note"], r["calls"], r["bytes"])
+            if key in seen:  # a receive of the messages just sent: same line
+                seen[key][0] += "/" + (r["collective"] or NONE)
+                continue
+            seen[key] = [r["collective"] or NONE, r]
+        for kind, r in seen.values():
+            calls = "?" if r["calls"] is None else plural(r["calls"], "call")
+            head = f"{r['dim'] or NONE} {r['phase'] or NONE} {kind}: {calls}, {fmt_bytes(r['bytes'])}/step = "
+            text = head + "; ".join(x for x in (r["formula"], r["note"]) if x)
+            lines += textwrap.wrap(printable(text), WIDTH, initial_indent="  ", subsequent_indent="      ")
+        return lines
+
+    return out + per_run(runs, comm, render)
 
 
 def _top(a, frame: pl.DataFrame, runs: list[str], full: bool, name: str, meaning: str, value: str,

@@ -138,7 +138,8 @@ def test_findings_come_first_then_theory_then_tables(ddp):
     text = format_tables(a)
     titles = [line for line in text.split("\n") if line.startswith("== ")]
     assert titles[0].startswith("== Findings:") and titles[2].startswith("== Theory vs measured:")
-    assert titles[1].startswith("== Runs:") and titles[3].startswith("== Where the time goes:")
+    assert titles[1].startswith("== Runs:") and titles[3].startswith("== Predicted communication:")
+    assert titles[4].startswith("== Where the time goes:")
     findings = section(text, "Findings")
     assert findings[1].startswith("  1. Exposed communication is 45.0 %") and len(findings) > 5  # wrapped
     assert any(line.startswith("  2. Rank 0 starts collectives last.") for line in findings)
@@ -364,7 +365,8 @@ def test_alpha_beta_whatif_and_predicted_comm_from_their_schemas(ddp):
     layouts = section(text, "Memory by layout")
     (ddp_row,) = [line for line in layouts if line.startswith("  ddp ")]
     assert "16.0 MiB  ◀ this run" in ddp_row and "◀" not in "".join(line for line in layouts if "fsdp" in line)
-    assert "== Predicted communication" not in text  # default: beside measurement only
+    # Default: the formula behind the lowest rank's prediction, one line per row (rank 1's is the same).
+    assert section(text, "Predicted communication")[1:] == ["  dp backward all_reduce: 1 call, 4.00 MiB/step = 2Φ", ""]
     full = section(format_tables(a, full=True), "Predicted communication")
     assert [line.split()[:4] for line in full if "all_reduce" in line] == [["0", "dp", "backward", "all_reduce"],
                                                                            ["1", "dp", "backward", "all_reduce"]]
