@@ -19,13 +19,14 @@ SAMPLES = {  # folder -> the `ptprof run` arguments that make it (as shipped)
     "sample-fsdp-2r": ["fsdp", "--gpus", "2", "--profile-memory"],
     "sample-1f1b-2r": ["1f1b", "--gpus", "2", "--microbatches", "4"],
     "sample-zbv-2r": ["zbv", "--gpus", "2", "--model", "tiny8", "--microbatches", "4"],
+    "sample-ring-2r": ["ring", "--gpus", "2", "--profile-memory"],
 }
 BROKEN = "broken-run"  # a run folder whose only trace is not gzip, for the bad-data tests
 
 
 @pytest.fixture(scope="session")
 def traces_root(tmp_path_factory):
-    """A traces root holding the four sample runs, a foreign trace folder and a broken run."""
+    """A traces root holding the five sample runs, a foreign trace folder and a broken run."""
     root = tmp_path_factory.mktemp("traces")
     for name, args in SAMPLES.items():
         shipped = REPO / "traces" / name

@@ -98,7 +98,8 @@ def analysed_rows(store, pages) -> list[dict]:
 
 def test_runs_table_lists_every_run_and_shows_errors_in_place(store, pages):
     rows = {r["run"]: r for r in analysed_rows(store, pages)}
-    assert set(rows) == {"sample-ddp-2r", "sample-fsdp-2r", "sample-1f1b-2r", "sample-zbv-2r", "foreign-trace", BROKEN}
+    assert set(rows) == {"sample-ddp-2r", "sample-fsdp-2r", "sample-1f1b-2r", "sample-zbv-2r", "sample-ring-2r",
+                         "foreign-trace", BROKEN}
     assert rows[BROKEN]["status"] != "ok" and "gzip" in rows[BROKEN]["status"]
     assert rows["foreign-trace"]["status"] == "ok" and rows["foreign-trace"]["paradigm"] == "(foreign traces)"
     ddp = rows["sample-ddp-2r"]
