@@ -180,6 +180,11 @@ def test_analysis_shows_no_flush_bubble(pd2):
         (["--gpus", "2", "--model", "tiny8", "--stage-layers", "2,5"],
          "--stage-layers 2,5 gives 2 stage(s) of 7 blocks; pipedream over 2 ranks needs 2 counts summing to the 8 layers "
          "of model 'tiny8'"),
+        # Profiling step 0 (the fill) as steady state: every step profiled, the defaults at --steps 1.
+        (["--gpus", "2", "--steps", "2", "--warmup", "0", "--active", "2"],
+         "pipedream's step 0 fills the pipeline: profile from step 1 (--steps 3 or more for --active 2)"),
+        (["--gpus", "2", "--steps", "1"],
+         "pipedream's step 0 fills the pipeline: profile from step 1 (--steps 2 or more for --active 1)"),
     ],
 )
 def test_impossible_requests_are_one_line_errors(tmp_path, args, message):
