@@ -13,6 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.errors import printable
+from profiler.pipeline import slowest_over_steps
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
     NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_range, fmt_since,
     fmt_time, fmt_unit, min_median_max, more, per_run, sig3, sparkline, strings, table, title, truncate, wrap, _number,
@@ -280,9 +281,10 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
         if split and mean.select(pl.col(split).is_not_null().any()).row(0) != (False,) * len(split):
             lines += ["  where the bubble comes from (% of the pipeline's rank-time, mean of the steps):"]
             lines += collapsed_table(collapse(mean, split), {c: SPLIT_LABELS[c] for c in split}, fmt_pct)
-            if "slowest_stage" in part.columns and part["slowest_stage"].is_not_null().any():
-                worst = part.sort("slowest_stage_ratio", descending=True, nulls_last=True).row(0, named=True)
-                lines.append(f"  slowest stage: {_slowest(worst)} (its compute over the mean stage's)")
+            if (slowest := slowest_over_steps(part)) is not None:  # the one the finding names
+                stage, ratio = slowest
+                lines.append(f"  slowest stage: {_slowest({'slowest_stage': stage, 'slowest_stage_ratio': ratio})} "
+                             "(its compute over the mean stage's, in the steps it was slowest)")
         return lines
 
     out += per_run(runs, p, render)
