@@ -29,7 +29,7 @@ MEMORY_COLUMNS = {
     "run": pl.String, "rank": pl.Int32, "n_params": pl.Int64, "params_bytes": pl.Int64, "grads_bytes": pl.Int64,
     "optimizer_bytes": pl.Int64, "total_bytes": pl.Int64, "rule_bytes_per_param": pl.Float64, "formula": pl.String,
     "params_at_rest_bytes": pl.Int64, "layout": pl.String, "dp": pl.Int64, "note": pl.String,
-    # pipedream's weight stashing: the most stashed weight copies held at once, (P - s) x the
+    # pipedream's weight stashing: the most stashed weight copies held at once, (P - 1 - s) x the
     # stage's parameter bytes on stage s; null for every other paradigm (nothing stashed).
     "stashed_params_bytes": pl.Int64,
 }
@@ -266,13 +266,14 @@ def predict_memory(runs: dict[str, dict | None]) -> pl.DataFrame:
 
 
 def stashed_params_bytes(manifest: dict, rank: int, params_bytes: int) -> int | None:
-    """PipeDream's stashed weights on stage s = rank (one stage per rank): (P - s) x the stage's
-    parameter bytes, one copy per in-flight microbatch (its w = P-1-s warmup forwards and the one
-    in its forward-backward pair; Narayanan et al. 2019, weight stashing). None for other paradigms."""
+    """PipeDream's stashed weights on stage s = rank (one stage per rank): (P - 1 - s) x the stage's
+    parameter bytes. Its P - s in-flight microbatches (its w = P-1-s warmup forwards and the one in
+    its forward-backward pair) used P - s weight versions (Narayanan et al. 2019, weight stashing),
+    the newest of which is the live weights: w copies besides them. None for other paradigms."""
     if manifest.get("paradigm") != "pipedream":
         return None
     p = _int(manifest.get("world_size"))
-    return (p - rank) * params_bytes if p and 0 <= rank < p else None
+    return (p - 1 - rank) * params_bytes if p and 0 <= rank < p else None
 
 
 def memory_whatif(runs: dict[str, dict | None]) -> pl.DataFrame:
@@ -358,7 +359,7 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
       = peak + what was allocated before.
     With the state in host memory (fsdp --offload) a device holds no persistent bytes: activation
     = peak, which then includes the units' gathered parameters and gradients while they run.
-    pipedream's stashed weight copies (predicted `stashed_params_bytes`, made by each forward while
+    pipedream's stashed weight copies (predicted `stashed_params_bytes`, made by the updates while
     profiling ran) are not activations: persistent on a device, re-allocated on CPU.
     activation_pct = activation / footprint. A subtraction below 0 is clamped to 0 with a note;
     without a prediction (no run.json) the share is null. A GPU rank's host (cpu) curve is left out.
