@@ -289,7 +289,8 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
 
     out += per_run(runs, p, render)
     if a.pipeline_grid is not None and not a.pipeline_grid.is_empty():
-        out.append(title("Pipeline order", "each rank's actions as run (F forward, B backward, I/W input/weight grad)"))
+        # U: pipedream's AdamW step after each backward (its per-step optimizer phase is empty)
+        out.append(title("Pipeline order", "actions by rank (F forward, B backward, I/W input/weight grad, U weight update)"))
         grid = strings(a.pipeline_grid).sort("run", "rank", "step")
         out += per_run(runs, grid, lambda g: _orders(g, full))
     return out

@@ -373,6 +373,9 @@ def test_the_table_and_the_finding_name_the_same_slowest_stage():
     b = dataclasses.replace(a, pipeline=p)
     assert "  slowest stage: stage 1, 1.15× (its compute over the mean stage's, in the steps it was slowest)" in (
         section(format_tables(b), "Pipeline bubble"))
+    # The order's legend names every action a grid can hold, pipedream's U included, untruncated.
+    assert "== Pipeline order: actions by rank (F forward, B backward, I/W input/weight grad, U weight update)" in (
+        format_tables(b).splitlines())
     (f,) = F.pipeline_bubble_rule(b)
     assert "the slowest stage is stage 1 (rank 1), 1.15× the mean stage's compute." in f["text"]
 
