@@ -28,8 +28,8 @@ older than the update its gradient makes (staleness, run.json: measured from the
 Vertical sync (every stage using the same version for one microbatch) is not implemented.
 
 Compute runs under `harness.PP_ACTION` spans: F, L (the loss, last stage), B, and U (the AdamW step
-after each backward); microbatches are numbered globally (g above). The harness's per-step
-optimizer phase is empty here: its optimizer is a view whose step() does nothing.
+after each backward); microbatches are numbered globally (g above). No per-step phase is
+recorded (run.json "phases": {}): the harness's optimizer is a view whose step() does nothing.
 """
 
 from __future__ import annotations
@@ -310,7 +310,7 @@ def apply_pipedream(model: GPT, ctx: harness.Context) -> harness.Parallel:
         train_step=pipedream_step(engine),
         reports_loss=engine.last,
         extra=extra,
-        phases={"optimizer": harness.PHASE_OPTIMIZER},
+        phases={},  # no per-step phase: the updates are the U spans (no empty ptprof/optimizer span)
         after_training=after_training,
     )
 

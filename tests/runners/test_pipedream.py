@@ -118,6 +118,11 @@ def test_versions_staleness_and_stashed_memory(pd2):
     assert (pp["schedule"], pp["ranks"], pp["microbatches"], pp["stage_to_rank"]) == ("pipedream", p, mb, [0, 1])
     assert pp["order_source"] == "pipedream 1F1B (async)" and pp["stream"] is True
     assert m["mesh"] == {"pp": p}
+    # No per-step phase: the updates are the U spans, so no empty ptprof/optimizer span either.
+    assert m["phases"] == {}
+    for rank in range(p):
+        with gzip.open(pd2 / f"rank{rank}.json.gz", "rt") as f:
+            assert not any(e.get("name") == "ptprof/optimizer" for e in json.load(f)["traceEvents"])
     for st in m["pipedream"]["stages"]:
         s, w = st["stage"], p - 1 - st["stage"]
         # w updates between a microbatch's forward and its own; P - s versions in flight, the newest
