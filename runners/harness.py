@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import dataclasses
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -268,6 +269,12 @@ def train(ctx: Context, par: Parallel) -> dict:
                     f"{step_times[-1] * 1e3:8.1f} ms{phase}",
                     flush=True,
                 )
+    # Free the finished profiler now, for every runner: it is left in reference cycles (the
+    # torch.profiler.profile and its autograd profile), and a later automatic collection that
+    # frees it while autograd runs graphs recorded under it (pipedream's drain in after_training)
+    # segfaults or corrupts the heap (torch 2.13, seen at 2 and 4 ranks).
+    del profiler
+    gc.collect()
     if gpus:
         probe.numbers["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(ctx.device)
         probe.numbers["max_memory_allocated_by_gpu_bytes"] = [torch.cuda.max_memory_allocated(g) for g in gpus]

@@ -34,7 +34,6 @@ recorded (run.json "phases": {}): the harness's optimizer is a view whose step()
 
 from __future__ import annotations
 
-import gc
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -281,12 +280,7 @@ def apply_pipedream(model: GPT, ctx: harness.Context) -> harness.Parallel:
 
     def after_training() -> None:
         engine.fwd_versions, engine.bwd_versions = [], []
-        # Free the finished torch profiler first: it is left in reference cycles (the garbage here
-        # is torch.profiler.profile and its autograd profile), and collecting it after the drain's
-        # backwards of graphs recorded while it ran segfaults or corrupts the heap (torch 2.13,
-        # seen at 2 and 4 ranks with a gc.collect() after the drain; collecting before is clean).
-        gc.collect()
-        engine.drain()
+        engine.drain()  # after harness.train freed the profiler (see there: a gc during it crashes)
         # Every stage's weight versions, for run.json (rank 0 writes it); after profiling, so this
         # collective is in no trace.
         mine = {"stage": s, "steps": [engine.versions[k] for k in sorted(engine.versions)],
