@@ -57,7 +57,8 @@ def _optimizer_state_tensors(optimizer: torch.optim.Optimizer):
 
 
 class MemoryProbe:
-    """Persistent memory actually held on this rank, sampled once (first step) at three points."""
+    """Persistent memory actually held on this rank, sampled at three points of the first step that
+    runs a backward (the first step, except on an early pipedream stage with few microbatches)."""
 
     def __init__(self) -> None:
         self.sampling = True
@@ -88,4 +89,6 @@ class MemoryProbe:
         if self.sampling:
             self.numbers["params_at_rest_bytes"] = _storage_bytes(model.parameters())
             self.numbers["optimizer_bytes"] = _storage_bytes(_optimizer_state_tensors(optimizer))
-            self.sampling = False
+            # Done once a step has run a backward: a pipedream stage may only run forwards in step 0
+            # (its first backward comes after P-1-s forwards), leaving no gradients or optimizer state yet.
+            self.sampling = self.numbers["grads_bytes"] is None
