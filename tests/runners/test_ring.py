@@ -89,8 +89,8 @@ def test_ring_passes_blocks_and_gradients_between_4_processes(tmp_path):
     ranks previous and next are the same rank, so a wrong direction shows only from 3 up."""
     import torch.multiprocessing as mp
 
-    # fork: the ranks start with torch already imported (spawn re-imports it in each: ~10x slower)
-    mp.start_processes(_ring_ranks, args=(4, str(tmp_path / "store")), nprocs=4, start_method="fork")
+    # spawn, not fork: a fork after this process's torch ran ops hangs in the children's thread pool
+    mp.spawn(_ring_ranks, args=(4, str(tmp_path / "store")), nprocs=4)
 
 
 @pytest.mark.multirank
