@@ -35,6 +35,7 @@ import json
 
 import polars as pl
 
+from profiler.intervals import union
 from profiler.steps import KEYS, assign_steps
 
 # Kernel-name and arg spellings -> our collective kinds.
@@ -382,15 +383,26 @@ def _single_groups(ranks: pl.DataFrame | None) -> pl.DataFrame:
 
 def collective_stats(colls: pl.DataFrame) -> pl.DataFrame:
     """Per (run, rank, collective, algo, group, dtype, size_bytes): count, total/mean time, bytes,
-    algbw_gbps and busbw_gbps (GB/s = 1e9 bytes/s) over the summed time."""
+    algbw_gbps and busbw_gbps (GB/s = 1e9 bytes/s).
+
+    total_us sums the calls' durations: calls in flight together (a ring's or a pipeline's isend /
+    irecv) each count, so it can exceed the window. wall_us is the union of the calls' intervals,
+    the time at least one was in flight; the bandwidths are over wall_us (bytes moved together share
+    the time: over the sum they would be understated)."""
     by = [*KEYS, "collective", "algo", "group", "group_size", "dtype", "size_bytes"]
-    stats = colls.group_by(by).agg(
+    keyed = colls.with_columns(_key=pl.struct(*by).hash())  # by holds nulls (dtype, group): one key column
+    wall = (union(keyed.select("_key", "start_us", "end_us").filter(pl.col("end_us") >= pl.col("start_us")), ["_key"])
+            .group_by("_key").agg(wall_us=(pl.col("end_us") - pl.col("start_us")).sum()))
+    stats = keyed.group_by(by).agg(
         count=pl.len(),
         total_us=pl.col("dur_us").sum(),
         mean_us=pl.col("dur_us").mean(),
         total_bytes=pl.when(pl.col("size_bytes").is_not_null().any()).then(pl.col("size_bytes").sum()),
         note=pl.col("note").drop_nulls().first(),
-    ).with_columns(algbw_gbps=pl.col("total_bytes") / pl.col("total_us") / 1e3)
+        _key=pl.col("_key").first(),
+    ).join(wall, on="_key", how="left").drop("_key").with_columns(
+        wall_us=pl.coalesce("wall_us", "total_us"))
+    stats = stats.with_columns(algbw_gbps=pl.col("total_bytes") / pl.col("wall_us") / 1e3)
     n = pl.col("group_size").cast(pl.Float64)
     factor = pl.lit(1.0)
     for kind, f in BUSBW_FACTOR.items():

@@ -264,6 +264,19 @@ def manifest_field(manifest: dict | None, *keys: str):
     return value
 
 
+# The variant flags of `ptprof run`, as the short suffix the Runs table shows ("tp+lp", "ddp+rc").
+VARIANT_FLAGS = (("sp", "sp"), ("loss_parallel", "lp"), ("offload", "offload"), ("recompute", "rc"))
+
+
+def paradigm_label(manifest: dict | None) -> str | None:
+    """run.json's paradigm with its variant flags (options sp, loss_parallel, offload, recompute) as
+    "+" suffixes: "tp+sp+lp", "ddp+rc"; None without a paradigm."""
+    paradigm = manifest_field(manifest, "paradigm")
+    if not isinstance(paradigm, str):
+        return None
+    return "+".join([paradigm, *(short for key, short in VARIANT_FLAGS if manifest_field(manifest, "options", key) is True)])
+
+
 def _is_whole(v, low: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= low
 

@@ -17,7 +17,8 @@ import polars as pl
 from profiler.discover import manifest_field
 from profiler.intervals import union
 from profiler.pipeline import schedule_theory_pct, slowest_over_steps
-from profiler.findings_text import (bytes_text, collective_change, ms, num, pct, phase_text, steps_text)
+from profiler.textfmt import plural
+from profiler.findings_text import (bytes_text, collective_change, ms, num, one_time_change, pct, phase_text, steps_text)
 
 if TYPE_CHECKING:
     from profiler.report import Analysis
@@ -73,7 +74,7 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
         text = (f"Communication with no compute under it takes {pct(share)} of rank {rank}'s step time "
                 f"({ms(exp_us)} of {ms(win_us)} over {steps_text(step_list)})")
         evidence = f"run {run}, rank {rank}" + (f" (the worst of {n_ranks})" if n_ranks > 1 else "") + f", {steps_text(step_list)}"
-        kind, phase = None, None
+        kind, phase, once = None, None, False
         if exposed is not None and not exposed.is_empty():
             by = (exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank))
                   .group_by("collective", "phase").agg(pl.col("exposed_us", "comm_us", "calls").sum())
@@ -83,11 +84,22 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                 top_pct = 100 * top_us / exp_us
                 text += (f"; {'most of it' if top_pct >= 50 else 'the largest part'} is {kind} {phase_text(phase)}: "
                          f"{ms(top_us)}, {pct(top_pct)} of the exposed time, in {calls} calls")
+                # A collective in fewer profiled steps than the rank ran is no per-step cost (DDP's bucket
+                # rebuild broadcasts once, in step 1): say where it happened, never "every step".
+                mine = exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank) & (pl.col("collective") == kind)
+                                      & (pl.col("phase").is_null() if phase is None else pl.col("phase") == phase))
+                seen = sorted(mine.filter(pl.col("calls") > 0)["step"].drop_nulls().unique().to_list())
+                once = bool(seen) and len(step_list) > len(seen)
+                if once:
+                    text += f", only in {steps_text(seen)} of {steps_text(step_list)}"
                 evidence += "; exposed by collective: " + ", ".join(
                     # c sums the calls' durations: overlapping calls count each, so it is no wall time
                     f"{k} {phase_text(p)} {ms(e)} of {ms(c)} summed call time" for k, p, e, c, _ in by.head(3).iter_rows())
         paradigm = manifest_field((getattr(a, "runs", None) or {}).get(run), "paradigm")
-        out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, collective_change(kind, phase, paradigm)))
+        change = collective_change(kind, phase, paradigm)
+        if kind is not None and once:
+            change = one_time_change(kind, phase)
+        out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, change))
     return out
 
 
@@ -122,7 +134,7 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
         schedule, p_ranks, m = rp.select("schedule", "pp_ranks", "microbatches").row(0)
         per_rank = rp.group_by("rank").agg(pl.col("busy_us", "bubble_pct").mean()).sort("busy_us", descending=True)
         actions = a.pipeline_actions.filter(pl.col("run").cast(pl.String) == run)
-        text = f"The pipeline is idle {pct(bubble)} of its window (mean over {per_rank.height} ranks)"
+        text = f"The pipeline is idle {pct(bubble)} of its window (mean over {plural(per_rank.height, 'rank')})"
         parts = []
         if _finite(sched):
             what = f"{schedule}'s own bubble" if schedule else "the schedule's own bubble"

@@ -11,6 +11,7 @@ import polars as pl
 from profiler.discover import manifest_field
 from profiler.findings_base import Row, _finite, _row, _step_us, _str_run
 from profiler.findings_text import bytes_text, ms, num, pct
+from profiler.recompute import ratio_on_compute
 from profiler.theory_recompute import activation_drop, recompute_on
 
 if TYPE_CHECKING:
@@ -25,9 +26,32 @@ def _per_rank(a: "Analysis", run: str) -> pl.DataFrame:
     if rc is None or rc.is_empty():
         return pl.DataFrame()
     r = rc.filter((pl.col("run") == run) & pl.col("recompute_us").is_not_null() & pl.col("forward_us").is_not_null())
-    return r.group_by("rank").agg(pl.col("recompute_us", "forward_us", "recompute_spans").mean(),
-                                  pl.col("predicted_over_forward").first()).sort("recompute_us", "rank",
-                                                                                 descending=[True, False])
+    comm = [c for c in ("forward_comm_us", "recompute_comm_us") if c in r.columns]
+    return (r.group_by("rank").agg(pl.col("recompute_us", "forward_us", "recompute_spans", *comm).mean(),
+                                   pl.col("predicted_over_forward").first())
+            .with_columns(ratio=ratio_on_compute(), forward_compute_us=pl.col("forward_us") - (
+                pl.col("forward_comm_us").fill_null(0.0) if comm else 0.0))
+            .sort("recompute_us", "rank", descending=[True, False]))
+
+
+def gathers_in_forward(a: "Analysis", run: str) -> bool:
+    """The run's forward all-gathers parameters (fsdp / ZeRO-3): its time holds the gathers and their
+    copies, which the recomputation (on the parameters backward gathered) does not repeat."""
+    c = _str_run(getattr(a, "collectives", None))
+    if c is None or c.is_empty() or "phase" not in c.columns:
+        return False
+    return c.filter((pl.col("run") == run) & (pl.col("collective") == "all_gather") & (pl.col("phase") == "forward")).height > 0
+
+
+NOT_COMPARABLE = ("; not comparable with the prediction: the forward also all-gathers parameters (and copies them "
+                  "in and out), which the recomputation, on the parameters backward gathered, does not repeat")
+
+
+def _forward_text(fwd_us: float, compute_us: float) -> str:
+    """The forward's time, and its compute time where exposed communication took part of it."""
+    if _finite(compute_us) and compute_us < 0.95 * fwd_us:
+        return f"forward {ms(fwd_us)}, {ms(compute_us)} of it compute, the rest collective waits"
+    return f"forward {ms(fwd_us)}"
 
 
 def _prediction(pred) -> str:
@@ -46,13 +70,15 @@ def recompute_rule(a: "Analysis") -> list[Row]:
         per_rank, step = _per_rank(a, run), steps.get(run)
         if per_rank.is_empty() or step is None:
             continue
-        rank, rc_us, fwd_us, spans, pred = per_rank.select("rank", "recompute_us", "forward_us", "recompute_spans",
-                                                           "predicted_over_forward").row(0)
-        if not _finite(rc_us, fwd_us) or fwd_us <= 0:
+        rank, rc_us, fwd_us, spans, pred, ratio, fwd_compute = per_rank.select(
+            "rank", "recompute_us", "forward_us", "recompute_spans", "predicted_over_forward", "ratio", "forward_compute_us").row(0)
+        if not _finite(rc_us, fwd_us, ratio) or fwd_us <= 0:
             continue
         share = 100 * rc_us / step
         text = (f"Recomputation (--recompute) takes {pct(share)} of the step on rank {rank}: {ms(rc_us)} per step, "
-                f"{num(rc_us / fwd_us)}× its forward ({ms(fwd_us)}{_prediction(pred)})")
+                f"{num(ratio)}× its forward's compute ({_forward_text(fwd_us, fwd_compute)}{_prediction(pred)})")
+        if gathers_in_forward(a, run):
+            text += NOT_COMPARABLE
         drop = activation_drop(((getattr(a, "runs", None) or {}).get(run)) or {})
         if drop:
             text += (f"; it saves about {bytes_text(drop['drop_bytes'])} of activations per rank "
@@ -91,8 +117,9 @@ def recompute_comparison_rule(a: "Analysis") -> list[Row]:
             per_rank = _per_rank(a, on)
             if before is None or after is None or before <= 0 or per_rank.is_empty():
                 continue
-            rc_us, fwd_us, pred = (per_rank[c].mean() for c in ("recompute_us", "forward_us", "predicted_over_forward"))
-            if not _finite(rc_us, fwd_us) or fwd_us <= 0:
+            rc_us, fwd_us, pred, ratio, fwd_compute = (per_rank[c].mean() for c in (
+                "recompute_us", "forward_us", "predicted_over_forward", "ratio", "forward_compute_us"))
+            if not _finite(rc_us, fwd_us, ratio) or fwd_us <= 0:
                 continue
             dropped = before - after
             text = (f"With --recompute ({on}) the memory peak {'dropped' if dropped >= 0 else 'grew'} by "
@@ -101,8 +128,19 @@ def recompute_comparison_rule(a: "Analysis") -> list[Row]:
             drop = activation_drop(runs[on])
             if drop:
                 text += f"; predicted −{bytes_text(drop['drop_bytes'])} of saved activations"
-            text += (f") and compute grew by about one forward: recomputation {ms(rc_us)} per step against a forward of "
-                     f"{ms(fwd_us)} ({num(rc_us / fwd_us)}×{_prediction(pred)})")
+            text += (f"); the recomputation takes {ms(rc_us)} per step, {num(ratio)}× its forward's compute "
+                     f"({_forward_text(fwd_us, fwd_compute)}{_prediction(pred)})")
+            if gathers_in_forward(a, on):
+                text += NOT_COMPARABLE
+            c_off, c_on = _compute(a, off), _compute(a, on)
+            if _finite(c_off, c_on) and c_off > 0:
+                grew = c_on - c_off
+                text += (f"; measured compute {ms(c_off)} → {ms(c_on)} per step ({'+' if grew >= 0 else '−'}"
+                         f"{pct(100 * abs(grew) / c_off)})")
+                if grew < 0.5 * rc_us:  # fell, or grew by far less than the recomputation the spans time
+                    text += (f", {'less' if grew < 0 else 'less than half the recomputation'}: the two runs' timings "
+                             "differ by more than the recomputation (CPU timings of short runs are noisy), so the time "
+                             "comparison is inconclusive; the ptprof/recompute spans time the recomputation itself")
             if steps.get(on) and steps.get(off):
                 text += f"; step {ms(steps[off])} → {ms(steps[on])} ({'+' if steps[on] >= steps[off] else '−'}" \
                         f"{pct(100 * abs(steps[on] - steps[off]) / steps[off])})"
@@ -111,6 +149,15 @@ def recompute_comparison_rule(a: "Analysis") -> list[Row]:
                       f"their memory for one more forward; {SELECTIVE} buys most of it for less")
             out.append(_row("recompute-comparison", None, None, 100 * max(dropped, 0) / before, text + ".", evidence, change))
     return out
+
+
+def _compute(a: "Analysis", run: str) -> float | None:
+    """The run's compute time, mean per rank and profiled step (profiler.breakdown), or None."""
+    b = _str_run(getattr(a, "breakdown_steps", None))
+    if b is None or b.is_empty() or "compute_us" not in b.columns:
+        return None
+    v = b.filter((pl.col("run") == run) & (pl.col("window_us") > 0))["compute_us"].drop_nulls()
+    return float(v.mean()) if v.len() else None
 
 
 def _key(manifest: dict | None) -> tuple | None:

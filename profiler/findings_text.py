@@ -76,7 +76,7 @@ COLLECTIVE_CHANGES: dict[tuple[str, str | None], str] = {
     ("broadcast", "optimizer"): "ZeroRedundancyOptimizer broadcasts each rank's updated shard after every step: fewer, "
                                 "larger broadcasts (parameters_as_bucket_view=True), or overlap them with DDP's backward "
                                 "(overlap_with_ddp=True with its DDP comm hook)",
-    ("broadcast", None): "a broadcast in every step: turn off what issues it where it is not needed (DDP "
+    ("broadcast", None): "a broadcast in every profiled step: turn off what issues it where it is not needed (DDP "
                          "broadcast_buffers=False without changing buffers; ZeroRedundancyOptimizer's parameter broadcast "
                          "is the price of ZeRO-1 in torch)",
 }
@@ -96,6 +96,13 @@ GENERIC_CHANGE = "overlap it with compute (issue it asynchronously, wait later) 
 RECOMPUTE_CHANGE = ("these are the recomputed forward's collectives (--recompute reruns each block, its collectives "
                     "included, inside backward): recompute selectively (only the attention core, or fewer blocks), "
                     "or drop --recompute where activation memory allows")
+
+
+def one_time_change(kind: str, phase: str | None) -> str:
+    """The change for exposed communication seen in only some profiled steps: a one-time cost."""
+    return (f"this {kind} {phase_text(phase)} is no per-step cost: it ran in some profiled steps only (DDP rebuilds its "
+            "buckets and broadcasts their order once, in step 1: docs/theory.md); it fades in a long run, so profile "
+            "later steps (ptprof run --warmup 2 or more) to see the steady state before acting on it")
 
 
 def collective_change(kind: str | None, phase: str | None, paradigm: str | None = None) -> str:

@@ -207,7 +207,12 @@ def load_traces(
         if len(problems) == 1:
             raise problems[0]
         raise TraceError(None, "no usable traces: " + "; ".join(str(p) for p in problems))  # one line (cli prints it so)
-    order = sorted(range(len(rows)), key=lambda i: (rows[i]["run"], rows[i]["rank"]))
+    # Runs in the order given on the command line (the first is the baseline every comparison is
+    # against: docs/report.md), ranks in order within each run.
+    given = {}
+    for src in sources:
+        given.setdefault(src.run, len(given))
+    order = sorted(range(len(rows)), key=lambda i: (given[rows[i]["run"]], rows[i]["rank"]))
     ranks = pl.DataFrame([rows[i] for i in order], schema_overrides={"unknown_categories": pl.String}).with_columns(
         pl.col("run").cast(pl.Categorical))
     runs = {r: m for r, m in runs.items() if r in set(ranks["run"].cast(pl.String))}

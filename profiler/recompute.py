@@ -23,6 +23,7 @@ BACKWARD_RE = r"^(ptprof/backward$|ptprof/pp/[BIW] )"
 RECOMPUTE_COLUMNS = {
     "run": pl.String, "rank": pl.Int32, "step": pl.Int64, "device": pl.String, "recompute_spans": pl.Int64,
     "forward_us": pl.Float64, "recompute_us": pl.Float64, "backward_us": pl.Float64,
+    "forward_comm_us": pl.Float64, "recompute_comm_us": pl.Float64,
     "recompute_over_forward": pl.Float64, "predicted_over_forward": pl.Float64, "note": pl.String,
 }
 
@@ -60,6 +61,7 @@ def recompute_time(events: pl.DataFrame) -> pl.DataFrame:
             .with_columns(recompute_over_forward=pl.when(pl.col("forward_us") > 0)
                           .then(pl.col("recompute_us") / pl.col("forward_us")),
                           predicted_over_forward=pl.lit(None, pl.Float64),
+                          forward_comm_us=pl.lit(None, pl.Float64), recompute_comm_us=pl.lit(None, pl.Float64),
                           run=pl.col("run").cast(pl.String))
             .select(list(RECOMPUTE_COLUMNS)).cast(RECOMPUTE_COLUMNS).sort(*KEYS, "step"))
 
@@ -73,3 +75,29 @@ def with_prediction(frame: pl.DataFrame, runs: dict[str, dict | None]) -> pl.Dat
     table = pl.DataFrame({"run": list(pred), "_p": list(pred.values())}, schema={"run": pl.String, "_p": pl.Float64})
     return (frame.join(table, on="run", how="left")
             .with_columns(predicted_over_forward=pl.coalesce("_p", "predicted_over_forward")).drop("_p"))
+
+
+def with_compute(frame: pl.DataFrame, exposed: pl.DataFrame) -> pl.DataFrame:
+    """The ratio on compute time: `forward_comm_us` / `recompute_comm_us`, the exposed communication
+    (no compute under it; profiler.exposed) of phase forward / recompute in that rank's step, and
+    `recompute_over_forward` = (recompute_us - recompute_comm_us) / (forward_us - forward_comm_us).
+
+    A forward that waits on collectives (fsdp's all-gathers, DDP's step-1 broadcasts) has a wall
+    time the recomputation does not repeat: their wall-time ratio would say nothing about compute."""
+    if frame.is_empty():
+        return frame
+    keys = ["run", "rank", "step"]
+    comm = (exposed.with_columns(pl.col("run").cast(pl.String)).filter(pl.col("phase").is_in(["forward", "recompute"]))
+            .group_by(*keys).agg(_f=pl.col("exposed_us").filter(pl.col("phase") == "forward").sum(),
+                                 _r=pl.col("exposed_us").filter(pl.col("phase") == "recompute").sum()))
+    return (frame.join(comm.cast({"rank": pl.Int32, "step": pl.Int64}), on=keys, how="left")
+            .with_columns(forward_comm_us=pl.when(pl.col("forward_us").is_not_null()).then(pl.col("_f").fill_null(0.0)),
+                          recompute_comm_us=pl.when(pl.col("recompute_us").is_not_null()).then(pl.col("_r").fill_null(0.0)))
+            .with_columns(recompute_over_forward=ratio_on_compute())
+            .select(list(RECOMPUTE_COLUMNS)))
+
+
+def ratio_on_compute() -> pl.Expr:
+    """recompute/forward on compute time (with_compute), of columns that may be means over steps."""
+    fwd = pl.col("forward_us") - pl.col("forward_comm_us").fill_null(0.0)
+    return pl.when(fwd > 0).then((pl.col("recompute_us") - pl.col("recompute_comm_us").fill_null(0.0)) / fwd)

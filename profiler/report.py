@@ -16,9 +16,10 @@ from profiler.load import Traces
 from profiler.memory import CURVE_COLUMNS, memory_curve, memory_peaks, memory_timeline, persistent_memory
 from profiler.damaged import DAMAGED
 from profiler.exposed import exposed_comm
+from profiler.intervals import union
 from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
 from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
-from profiler.recompute import RECOMPUTE_COLUMNS, recompute_time, with_prediction
+from profiler.recompute import RECOMPUTE_COLUMNS, recompute_time, with_compute, with_prediction
 from profiler.top_ops import top_kernels, top_operators
 from profiler.alphabeta import alpha_beta_predict, fit_alpha_beta
 from profiler.findings import FINDING_COLUMNS, findings
@@ -132,7 +133,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         stragglers=stragglers(skew),
         memory_peaks=out["memory_peaks"],
         memory_curve=out["memory_curve"],
-        recompute=with_prediction(out["recompute"], traces.runs),
+        recompute=with_compute(with_prediction(out["recompute"], traces.runs), out["exposed"]),
         persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
         pipeline=pipeline,
         pipeline_grid=pipeline_grid(actions) if pipeline is not None else None,
@@ -295,8 +296,11 @@ def compare_runs(a: Analysis) -> pl.DataFrame:
     ranks = a.breakdown.select("run", "rank")
     b = a.breakdown.group_by("run").agg(pl.col(RANK_METRICS).mean())
     s = a.step_stats.group_by("run").agg(step_mean_us=pl.col("mean_us").mean())
-    # Each rank's total time in collectives (0 for a rank with none), then the mean over ranks.
-    per_rank = a.collective_stats.group_by("run", "rank").agg(collective_us=pl.col("total_us").sum())
+    # Each rank's time in collectives (0 for a rank with none): the union of its calls, as calls in
+    # flight together (a ring's isend and irecv) are one stretch of time; then the mean over ranks.
+    calls = a.collectives.filter(pl.col("end_us") >= pl.col("start_us")).select("run", "rank", "start_us", "end_us")
+    per_rank = (union(calls, ["run", "rank"]).group_by("run", "rank")
+                .agg(collective_us=(pl.col("end_us") - pl.col("start_us")).sum()))
     c = (ranks.join(per_rank, on=["run", "rank"], how="left").fill_null(0.0)
          .group_by("run").agg(pl.col("collective_us").mean()))
     # A peak is a high-water mark: the largest over ranks is the one that limits the job.

@@ -10,14 +10,19 @@ be read (and grepped) as one message. No I/O here: the CLI prints.
 
 from __future__ import annotations
 
+import textwrap
+
 import polars as pl
 
+from profiler.discover import paradigm_label
 from profiler.errors import printable
 from profiler.pipeline import slowest_over_steps
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
     NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_range, fmt_since,
-    fmt_time, fmt_unit, min_median_max, more, per_run, sig3, sparkline, strings, table, title, truncate, wrap, _number,
+    fmt_time, fmt_unit, min_median_max, more, per_run, plural, sig3, sparkline, strings, table, title, truncate, wrap, _number,
 )
+from profiler.findings_recompute import gathers_in_forward
+from profiler.recompute import ratio_on_compute
 from profiler.text_memory import memory_sections
 
 ROWS = 12  # rows per run of a long table (collectives, operators) unless full
@@ -55,10 +60,10 @@ def _overview(a, full: bool) -> list[str]:
         files = r["file"].to_list()
         where = files[0] if len(files) == 1 else _common_folder(files) + f"/ ({len(files)} files)"
         device = ", ".join(sorted({d for d in r["device_kind"].to_list() if d}))
-        rows.append([run, str(manifest.get("paradigm") or "(foreign)"), str(r.height),
+        rows.append([run, paradigm_label(manifest) or "(foreign)", str(r.height),
                      "/".join(sorted({b for b in r["backend"].to_list() if b})) or NONE, device or NONE,
                      str(steps.get(run, NONE)), where])
-    out = [title("Runs", "what was loaded (steps: the profiled ProfilerStep numbers)")]
+    out = [title("Runs", "what was loaded (+sp, +lp loss parallel, +offload, +rc recompute; steps: profiled)")]
     out += table(["run", "paradigm", "ranks", "backend", "device", "steps", "traces"], rows, "llrllll", shrink=(6, 0), tail=True, least=24)
     if full:
         files = strings(a.ranks).select("run", "rank", "n_events", "device_name", "file")
@@ -173,16 +178,21 @@ def _recompute(a, runs: list[str], full: bool) -> list[str]:
     if rc is None or rc.is_empty():
         return []
     per_rank = (strings(rc).group_by("run", "rank").agg(
-        pl.col("recompute_spans", "forward_us", "recompute_us", "backward_us").mean(),
+        pl.col("recompute_spans", "forward_us", "recompute_us", "backward_us", "forward_comm_us", "recompute_comm_us").mean(),
         pl.col("predicted_over_forward").first())
-        .with_columns(ratio=pl.when(pl.col("forward_us") > 0).then(pl.col("recompute_us") / pl.col("forward_us"))))
+        .with_columns(ratio=ratio_on_compute()))
     out = [title("Recomputation", "forward run again in backward (--recompute): costs about one more forward")]
     header = ["rank", "spans/step", "forward", "recompute", "backward", "recomp/fwd", "predicted"]
     out += per_run(runs, per_rank, lambda p: table(header, [
         [str(r["rank"]), f"{r['recompute_spans']:g}", fmt_time(r["forward_us"]), fmt_time(r["recompute_us"]),
          fmt_time(r["backward_us"]), sig3(r["ratio"]), sig3(r["predicted_over_forward"])]
         for r in p.sort("rank").to_dicts()][: None if full else ROWS], "r" * 7, shrink=None))
-    return out + ["  (mean per step; backward includes the recompute; predicted: the blocks' share of the forward FLOPs)"]
+    return out + wrap("(mean per step; backward includes the recompute; recomp/fwd on compute time: each less its exposed "
+                      "communication, as a forward's collective waits are not recomputed; predicted: the blocks' share of "
+                      "the forward FLOPs)", "  ", "   ") + [
+        line for run in runs if gathers_in_forward(a, run) for line in wrap(
+            f"{run}: its forward all-gathers parameters, which the recomputation does not repeat: recomp/fwd is not "
+            "comparable with predicted", "  ", "   ")]
 
 
 def _collectives(a, runs: list[str], full: bool) -> list[str]:
@@ -197,14 +207,15 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
              fmt_time(r["total_us"]), fmt_time(r["mean_us"]), fmt_bw(r["algbw_gbps"]), fmt_bw(r["busbw_gbps"])]
             for r in p.sort("rank", pl.col("total_us"), descending=[False, True]).to_dicts()], "rlllrrrrrr", shrink=(2, 3))
         return out + per_run(runs, stats, render)
-    timed = pl.col("total_us").filter(pl.col("busbw_gbps").is_not_null())  # no group size, no busbw: left out
+    timed = pl.col("wall_us").filter(pl.col("busbw_gbps").is_not_null())  # no group size, no busbw: left out
     # Per rank and collective kind (sizes and dtypes together: MoE all-to-alls differ in size on every rank):
-    # its total time, and the bus bandwidth of all its bytes (busbw x time summed = factor x bytes).
+    # its wall time (calls in flight together counted once), and the bus bandwidth of all its bytes
+    # (busbw x time summed = factor x bytes).
     keys = ["run", "collective", "group_size"]
     per_rank = (strings(stats).group_by(*keys, "rank", maintain_order=True)
-                .agg(calls=pl.col("count").sum(), total_us=pl.col("total_us").sum(), lo=pl.col("size_bytes").min(),
+                .agg(calls=pl.col("count").sum(), total_us=pl.col("wall_us").sum(), lo=pl.col("size_bytes").min(),
                      hi=pl.col("size_bytes").max(),
-                     busbw=pl.when(timed.sum() > 0).then((pl.col("busbw_gbps") * pl.col("total_us")).sum() / timed.sum()))
+                     busbw=pl.when(timed.sum() > 0).then((pl.col("busbw_gbps") * pl.col("wall_us")).sum() / timed.sum()))
                 .with_columns(key=pl.concat_str(pl.col(keys[1:]).cast(pl.String).fill_null("?"), separator="|")))
     per = (per_rank.group_by("run", "key", *keys[1:], maintain_order=True)
            .agg(calls_lo=pl.col("calls").min(), calls_hi=pl.col("calls").max(), lo=pl.col("lo").min(), hi=pl.col("hi").max(),
@@ -221,8 +232,9 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
                          calls, *min_median_max(r, fmt_time)[:1 if lone else 3], fmt_bw(r["busbw"])])
         return table(header, rows, "lrrrrrr", shrink=0) + more(p.height, ROWS)
 
-    out.append("  (per collective and group size: sizes of a call, calls and time per rank over the profiled")
-    out.append("   steps; busbw: of all its bytes, median over ranks; --full: per rank, message size and dtype)")
+    out += wrap("(per collective and group size: sizes of a call, calls and time per rank over the profiled steps, "
+                "calls in flight together counted once (a ring's isend/irecv); busbw: of all its bytes over that time, "
+                "median over ranks; --full: per rank, message size and dtype, total = summed call time)", "  ", "   ")
     return out + per_run(runs, per, render)
 
 
@@ -258,14 +270,14 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
 
     def render(part: pl.DataFrame) -> list[str]:
         r0 = part.row(0, named=True)
-        head = [f"  {r0['schedule']}: {r0['pp_ranks']} pipeline ranks, {r0['microbatches']} microbatches, "
-                f"{r0['stages_per_rank']} stage(s) per rank"]
+        head = (f"{r0['schedule']}: {plural(r0['pp_ranks'], 'pipeline rank')}, {plural(r0['microbatches'], 'microbatch')}, "
+                f"{plural(r0['stages_per_rank'], 'stage')} per rank")
         if full:
             header = ["rank", "step", "window", "busy", "bubble", "measured", "textbook", "ideal"]
             rows = [[str(r["rank"]), str(r["step"]), fmt_time(r["window_us"]), fmt_time(r["busy_us"]), fmt_time(r["bubble_us"]),
                      fmt_pct(r["bubble_pct"]), fmt_pct(r["theory_pct"]), fmt_pct(r["ideal_pct"])]
                     for r in part.sort("rank", "step").to_dicts()]
-            lines = head + table(header, rows, "r" * 8, shrink=None)
+            lines = wrap(head, "  ", "    ") + table(header, rows, "r" * 8, shrink=None)
             if split:  # one row per pipeline and step: every rank of a pipeline carries the same split
                 rows = part.select("step", *split, *[c for c in ("slowest_stage", "slowest_stage_ratio") if c in part.columns]
                                    ).unique(maintain_order=True).sort("step")
@@ -276,8 +288,8 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
         mean = part.group_by("run", "rank").agg(pl.col(list(labels) + split).mean())  # over the steps
         named = labels | ({"theory_pct": "textbook (no flush)"} if r0["schedule"] == "pipedream" else {})
         if r0["schedule"] == "pipedream":  # a stream: each rank's window is its own step
-            head[0] += "; asynchronous, no flush (each rank over its own step)"
-        lines = head + collapsed_table(collapse(mean, list(labels)), named, fmt_pct)
+            head += "; asynchronous, no flush (each rank over its own step)"
+        lines = wrap(head, "  ", "    ") + collapsed_table(collapse(mean, list(labels)), named, fmt_pct)
         if split and mean.select(pl.col(split).is_not_null().any()).row(0) != (False,) * len(split):
             lines += ["  where the bubble comes from (% of the pipeline's rank-time, mean of the steps):"]
             lines += collapsed_table(collapse(mean, split), {c: SPLIT_LABELS[c] for c in split}, fmt_pct)
@@ -330,14 +342,40 @@ def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
 
 def _theory_comm(a, runs: list[str], full: bool) -> list[str]:
     comm = a.theory_comm
-    if not full or comm is None or comm.is_empty():  # the default report has it beside measurement (theory check)
+    if comm is None or comm.is_empty():
         return []
+    if not full:
+        return _theory_formulas(comm, runs)
     out = [title("Predicted communication", "what the textbook says each rank moves per step")]
     header = ["rank", "dim", "phase", "collective", "ranks", "calls", "bytes", "ring traffic", "Φ"]
     return out + per_run(runs, comm, lambda p: table(header, [
         [str(r["rank"]), r["dim"] or NONE, r["phase"] or NONE, r["collective"] or NONE, str(r["group_size"] or "?"),
          fmt_count(r["calls"]), fmt_bytes(r["bytes"]), fmt_bytes(r["traffic_bytes"]), sig3(r["phi"])]
         for r in p.to_dicts()], "rlllrrrrr", shrink=(3, 2)))
+
+
+def _theory_formulas(comm: pl.DataFrame, runs: list[str]) -> list[str]:
+    """The formula behind each predicted row of the lowest rank of each run (send and recv of the
+    same messages on one line), wrapped to the report's width: what the bytes in the theory check mean."""
+    out = [title("Predicted communication", "the formula behind each prediction (lowest rank; --full: all)")]
+
+    def render(p: pl.DataFrame) -> list[str]:
+        p = p.filter(pl.col("rank") == p["rank"].min())
+        lines, seen = [], {}
+        for r in p.to_dicts():
+            key = (r["dim"], r["phase"], r["formula"], r["note"], r["calls"], r["bytes"])
+            if key in seen:  # a receive of the messages just sent: same line
+                seen[key][0] += "/" + (r["collective"] or NONE)
+                continue
+            seen[key] = [r["collective"] or NONE, r]
+        for kind, r in seen.values():
+            calls = "?" if r["calls"] is None else plural(r["calls"], "call")
+            head = f"{r['dim'] or NONE} {r['phase'] or NONE} {kind}: {calls}, {fmt_bytes(r['bytes'])}/step = "
+            text = head + "; ".join(x for x in (r["formula"], r["note"]) if x)
+            lines += textwrap.wrap(printable(text), WIDTH, initial_indent="  ", subsequent_indent="      ")
+        return lines
+
+    return out + per_run(runs, comm, render)
 
 
 def _top(a, frame: pl.DataFrame, runs: list[str], full: bool, name: str, meaning: str, value: str,

@@ -143,6 +143,13 @@ def title(name: str, meaning: str) -> str:
     return truncate(f"\n== {name}: {meaning}", WIDTH + 1)  # +1: the leading newline is no column
 
 
+def plural(n, noun: str) -> str:
+    """"1 microbatch", "4 microbatches", "1 rank", "2 ranks" (n a whole number)."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {noun}{'es' if noun.endswith(('s', 'sh', 'ch', 'x')) else 's'}"
+
+
 def wrap(text: str, first: str, rest: str) -> list[str]:
     """Text wrapped at WIDTH, made printable first (a name from a trace never starts a line)."""
     # Paths and names stay whole where they fit: no break at their hyphens.

@@ -27,8 +27,8 @@ from pathlib import Path
 from runners.launch import describe_failures, launch
 from runners.listing import cmd_list, find_runs
 from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv
-from runners.paradigms import (DEFAULT_MODEL_CANDIDATES, PARADIGMS, check_flags, default_model, gpu_only_reason,
-                               problem_with)
+from runners.paradigms import (DEFAULT_MODEL_CANDIDATES, PARADIGMS, check_flags, default_model, given_fields,
+                               gpu_only_reason, problem_with)
 
 __all__ = ["describe_failures", "find_runs", "main"]
 
@@ -109,7 +109,8 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str, bool]:
     _check_name(name)
     opts = options_from_namespace(ns, run_id=name)
     chosen = ns.model is None
-    if problem := check_flags(opts):  # a flag of another paradigm: whatever the device
+    # a flag of another paradigm, even given with its default value: whatever the device
+    if problem := check_flags(opts, given_fields(getattr(ns, "argv", None) or sys.argv[1:])):
         raise UsageError(problem)
     # A GPU-only request (dp, fsdp --offload) on CPU is refused for that first: its batch split or
     # model checks would only send the user fixing what cannot run here anyway.
@@ -420,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         ns = parser.parse_args(argv)
+        ns.argv = list(argv)  # the flags given, default values included (check_flags)
         if ns.command == "run":
             return cmd_run(ns)
         if ns.command == "list":

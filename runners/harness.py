@@ -200,6 +200,23 @@ def data_parallel_step(par: Parallel, inputs, targets, probe: MemoryProbe) -> to
     return loss
 
 
+def sequence_shard_step(model: nn.Module, optimizer: torch.optim.Optimizer, positions: torch.Tensor):
+    """The train_step of a sequence/context-parallel rank (ulysses, ring): the harness hands every
+    rank the whole global batch (dp_size 1); this rank trains on the tokens at `positions` of every
+    row, with their true positions, so its loss is the mean over its own tokens."""
+
+    def train_step(par: Parallel, inputs, targets, probe: MemoryProbe) -> torch.Tensor:
+        with record_function(PHASE_FORWARD):
+            loss = lm_loss(model(inputs[:, positions], positions=positions), targets[:, positions])
+        probe.after_forward(model, optimizer)
+        with record_function(PHASE_BACKWARD):
+            loss.backward()
+        probe.after_backward(model)
+        return loss
+
+    return train_step
+
+
 def _maybe_inject_fault(rank: int, step: int) -> None:
     spec = os.environ.get(FAULT_ENV)
     if not spec:

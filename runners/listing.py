@@ -78,6 +78,16 @@ def _printable(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# The variant flags of `ptprof run` as "+" suffixes of the paradigm ("tp+lp", "ddp+rc"), as in
+# ptprof analyze's Runs table (profiler.discover.paradigm_label).
+VARIANT_FLAGS = (("sp", "sp"), ("loss_parallel", "lp"), ("offload", "offload"), ("recompute", "rc"))
+
+
+def paradigm_label(r: dict) -> str:
+    options = r.get("options") if isinstance(r.get("options"), dict) else {}
+    return "+".join([r["paradigm"], *(short for key, short in VARIANT_FLAGS if options.get(key) is True)])
+
+
 def cmd_list(ns: argparse.Namespace) -> int:
     root = Path(ns.traces)
     runs = find_runs(root)
@@ -85,7 +95,7 @@ def cmd_list(ns: argparse.Namespace) -> int:
         print(f"no runs under {_printable(str(root), 200)}/ (make one with `ptprof run ddp --gpus 2`)")
         return 0
     # "steps run": every step trained, as in run.json's losses; the traces hold only the profiled ones.
-    header = f"{'run':<36} {'paradigm':<10} {'ranks':>5} {'backend':<7} {'steps run':>9} {'final loss':>10}  created"
+    header = f"{'run':<36} {'paradigm':<14} {'ranks':>5} {'backend':<7} {'steps run':>9} {'final loss':>10}  created"
     print(header)
     for r in runs:
         name = _printable(Path(r["_path"]).name if "_path" in r else r["run_id"])
@@ -95,7 +105,7 @@ def cmd_list(ns: argparse.Namespace) -> int:
         losses = [x for x in r["losses"] if x is not None]
         final = f"{losses[-1]:.4f}" if losses else "-"
         print(
-            f"{name:<36} {_printable(r['paradigm'], 20):<10} {r['world_size']:>5} {_printable(r['backend'], 10):<7} "
+            f"{name:<36} {_printable(paradigm_label(r), 24):<14} {r['world_size']:>5} {_printable(r['backend'], 10):<7} "
             f"{len(r['losses']):>9} {final:>10}  {_printable(r.get('created_at', ''), 40)}"
         )
     return 0

@@ -218,7 +218,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-memory", action="store_true", help="record allocator [memory] events")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (bigger traces)")
 
-    m = parser.add_argument_group("memory trade-offs (--recompute: every paradigm; --offload: fsdp)")
+    m = parser.add_argument_group("memory trade-offs (--recompute: every paradigm but zero-bubble, zbv, dualpipev and "
+                                  "hybrid --schedule zbv, whose split I/W backward refuses it; --offload: fsdp, GPU only)")
     m.add_argument(
         "--recompute",
         action="store_true",
@@ -233,7 +234,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "copied to the GPU for each unit (GPU only)",
     )
 
-    pp = parser.add_argument_group("pipeline (gpipe, 1f1b, interleaved-1f1b, zero-bubble, zbv, dualpipev, hybrid)")
+    pp = parser.add_argument_group("pipeline (gpipe, 1f1b, interleaved-1f1b, zero-bubble, zbv, dualpipev, hybrid, "
+                                   "pipedream; pipedream takes --microbatches and --stage-layers only)")
     pp.add_argument(
         "--microbatches",
         type=_positive_int,

@@ -325,11 +325,24 @@ def gpu_only_reason(opts: RunOptions) -> str | None:
     return None
 
 
-def check_flags(opts: RunOptions) -> str | None:
-    """A one-line problem when a flag is given that `opts.paradigm` does not use, else None."""
+def given_fields(argv: list[str]) -> set[str]:
+    """The PARADIGM_FLAGS fields whose flag is on the command line (`--top-k 2`, `--top-k=2`, or an
+    abbreviation argparse took, `--sched`): given, whatever the value, even the default."""
+    exact = {flag_of(f.name) for f in dataclasses.fields(RunOptions)}
+    tokens = [t.split("=", 1)[0] for t in argv if t.startswith("--") and len(t) > 2]
+    return {f for f in PARADIGM_FLAGS
+            if any(t == flag_of(f) or (t not in exact and flag_of(f).startswith(t)) for t in tokens)}
+
+
+def check_flags(opts: RunOptions, given: set[str] | None = None) -> str | None:
+    """A one-line problem when a flag is given that `opts.paradigm` does not use, else None.
+
+    given: the fields whose flags the command line holds (given_fields); without it, a flag counts
+    as given where its value is not the default (a flag given with its default value goes unseen)."""
     defaults = RunOptions(paradigm=opts.paradigm, gpus=opts.gpus, nnodes=opts.nnodes)
     for field, users in PARADIGM_FLAGS.items():
-        if opts.paradigm not in users and getattr(opts, field) != getattr(defaults, field):
+        said = field in given if given is not None else getattr(opts, field) != getattr(defaults, field)
+        if opts.paradigm not in users and said:
             return f"{flag_of(field)} does not apply to {opts.paradigm}: it is for {', '.join(sorted(users))}"
     return None
 

@@ -35,10 +35,8 @@ import math
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.profiler import record_function
 
 from runners import harness
-from runners.model import lm_loss
 
 
 def zigzag_positions(seq_len: int, rank: int, world: int) -> torch.Tensor:
@@ -141,17 +139,9 @@ def apply_ring(model, ctx: harness.Context) -> harness.Parallel:
     ddp = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
     optimizer = harness.make_optimizer(ddp.parameters(), ctx.opts)
 
-    def train_step(par: harness.Parallel, inputs, targets, probe: harness.MemoryProbe):
-        # The harness hands every rank the whole batch (dp_size 1): keep our two chunks of each row.
-        with record_function(harness.PHASE_FORWARD):
-            loss = lm_loss(ddp(inputs[:, positions], positions=positions), targets[:, positions])
-        probe.after_forward(ddp, optimizer)
-        with record_function(harness.PHASE_BACKWARD):
-            loss.backward()
-        probe.after_backward(ddp)
-        return loss
-
-    par = harness.Parallel(ddp, optimizer, mesh={"cp": p}, dp_rank=0, dp_size=1, train_step=train_step, seq_shards=p)
+    # Every rank gets the whole batch and trains on its own tokens of each row (harness.sequence_shard_step).
+    step = harness.sequence_shard_step(ddp, optimizer, positions)
+    par = harness.Parallel(ddp, optimizer, mesh={"cp": p}, dp_rank=0, dp_size=1, train_step=step, seq_shards=p)
     # run.json: how the sequence was cut (docs/run-layout.md); rank_chunks[r] = the chunks rank r holds.
     par.extra = {"sequence_parallel": {"kind": "ring", "shards": p, "layout": "zigzag", "chunks_per_rank": 2,
                                        "chunk_len": seq // (2 * p), "rank_chunks": [[r, 2 * p - 1 - r] for r in range(p)]}}

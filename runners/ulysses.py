@@ -20,10 +20,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.profiler import record_function
 
 from runners import harness
-from runners.model import GPT, causal_attention, lm_loss
+from runners.model import GPT, causal_attention
 
 
 class _AllToAll(torch.autograd.Function):
@@ -89,19 +88,9 @@ def apply_ulysses(model: GPT, ctx: harness.Context) -> harness.Parallel:
     t = s // p  # tokens per rank of every sequence (paradigms.py checks s % P and H % P)
     positions = torch.arange(r * t, (r + 1) * t, device=ctx.device)
 
-    def train_step(par: harness.Parallel, inputs, targets, probe: harness.MemoryProbe):
-        # The harness hands every rank the whole global batch (dp_size 1): keep this rank's slice
-        # of each sequence, and of its targets, so the loss is over this rank's own tokens.
-        inputs, targets = inputs[:, r * t : (r + 1) * t], targets[:, r * t : (r + 1) * t]
-        with record_function(harness.PHASE_FORWARD):
-            loss = lm_loss(ddp(inputs, positions=positions), targets)
-        probe.after_forward(ddp, optimizer)
-        with record_function(harness.PHASE_BACKWARD):
-            loss.backward()
-        probe.after_backward(ddp)
-        return loss
-
-    par = harness.Parallel(ddp, optimizer, mesh={"sp": p}, dp_rank=0, dp_size=1, train_step=train_step, seq_shards=p)
+    # Every rank gets the whole batch and trains on its own tokens of each row (harness.sequence_shard_step).
+    step = harness.sequence_shard_step(ddp, optimizer, positions)
+    par = harness.Parallel(ddp, optimizer, mesh={"sp": p}, dp_rank=0, dp_size=1, train_step=step, seq_shards=p)
     par.extra = {"sequence_parallel": {"kind": "ulysses", "shards": p, "tokens_per_rank": t,
                                        "heads_per_rank": model.cfg.n_heads // p, "split": "contiguous"}}
     return par

@@ -48,6 +48,20 @@ def test_busbw_uses_nccl_tests_factors():
     assert ar["busbw_gbps"] == pytest.approx(ar["algbw_gbps"] * 2 * (2 - 1) / 2)
 
 
+def test_calls_in_flight_together_count_once_in_the_wall_time_and_the_bandwidth():
+    # a ring's two irecvs of 1000 B in flight together: [0, 100) and [50, 150) µs
+    c = pl.DataFrame({"run": ["r", "r"], "rank": [0, 0], "collective": ["recv", "recv"], "algo": ["recv", "recv"],
+                      "group": ["0", "0"], "group_size": [2, 2], "dtype": ["float", "float"], "size_bytes": [1000, 1000],
+                      "start_us": [0.0, 50.0], "end_us": [100.0, 150.0], "dur_us": [100.0, 100.0], "note": [None, None]},
+                     schema_overrides={"rank": pl.Int32, "note": pl.String})
+    s = collective_stats(c).row(0, named=True)
+    assert (s["count"], s["total_us"], s["wall_us"]) == (2, 200.0, 150.0)  # summed call time vs their union
+    assert s["algbw_gbps"] == pytest.approx(2000 / 150 / 1e3) and s["busbw_gbps"] == s["algbw_gbps"]  # recv: factor 1
+    # apart, the union is the sum
+    apart = collective_stats(c.with_columns(start_us=pl.Series([0.0, 200.0]), end_us=pl.Series([100.0, 300.0]))).row(0, named=True)
+    assert apart["wall_us"] == apart["total_us"] == 200.0
+
+
 def test_gpu_collectives_from_kernel_names_and_args():
     ev = make_events([
         step(1, 0, 100), launch(1, 1), launch(2, 2),

@@ -112,7 +112,7 @@ def test_random_overlaps_agree_with_a_unit_grid_count():
         running = [c for c, s, e in calls if s <= t < e]
         for c in running:
             expected[c] += 1 / len(running)
-    events = pl.DataFrame({"run": "r", "rank": 0, "device": "gpu", "kind": "compute", "step": 1,
+    events = pl.DataFrame({"run": "r", "rank": 0, "device": "gpu", "pid": 0, "kind": "compute", "step": 1,
                            "ts_us": [float(s) for s, _ in comp], "end_us": [float(e) for _, e in comp]})
     colls = pl.DataFrame({"run": "r", "rank": 0, "step": 1, "source": "nccl", "collective": [c for c, _, _ in calls],
                           "start_us": [float(s) for _, s, _ in calls], "end_us": [float(e) for _, _, e in calls],

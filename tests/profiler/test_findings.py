@@ -117,6 +117,20 @@ def test_all_to_all_advice_is_moe_only_for_an_expert_parallel_run():
     assert "Ulysses" in ulysses and "capacity factor" not in ulysses
 
 
+def test_a_collective_in_one_of_the_profiled_steps_is_no_per_step_cost():
+    # rank 0 profiled steps 1 and 2; its exposed broadcast (DDP's bucket rebuild) ran in step 1 only
+    e = exposed_case()
+    e.breakdown_steps = frame([{"run": "A", "rank": k, "step": s} for k in (0, 1) for s in (1, 2)], BREAKDOWN | {"step": pl.Int64})
+    e.exposed = e.exposed.with_columns(collective=pl.Series(["broadcast", "all_reduce"]))
+    f = only(F.exposed_comm_rule(e))
+    assert "most of it is broadcast in forward: 150 µs, 75.0 % of the exposed time, in 3 calls, only in step 1 of steps 1, 2" in f["text"]
+    assert "every" not in f["change"] and "once, in step 1" in f["change"] and "--warmup" in f["change"]
+    # in every profiled step it is a per-step cost: the usual advice
+    e.exposed = pl.concat([e.exposed, e.exposed.with_columns(step=pl.lit(2, pl.Int64))])
+    f = only(F.exposed_comm_rule(e))
+    assert "only in" not in f["text"] and "broadcast_buffers=False" in f["change"]
+
+
 def test_exposed_comm_names_the_largest_part_when_no_collective_has_most():
     e = exposed_case()
     e.exposed = e.exposed.with_columns(exposed_us=pl.Series([90.0, 60.0]))  # 90 of 200: 45 %

@@ -70,11 +70,14 @@ def test_activation_drop_keeps_block_inputs_and_one_block():
 # Findings on hand-made frames: run A recomputes (4 ms per step on rank 1 against a 10 ms forward,
 # step 40 ms), run B is the same ddp job without it.
 
-def recompute_case(peaks=(3 * 2**20, 2 * 2**20)) -> object:
+def recompute_case(peaks=(3 * 2**20, 2 * 2**20), compute=(20_000.0, 24_000.0), forward_comm_us=0.0) -> object:
+    # compute: (B, A) compute per rank and step; forward_comm_us: A's forward collective waits
     rc = frame([{"run": "A", "rank": r, "step": s, "device": "cpu", "recompute_spans": 2, "forward_us": 10_000.0,
-                 "recompute_us": 3000.0 + 1000 * r, "backward_us": 20_000.0, "predicted_over_forward": 0.867}
+                 "recompute_us": 3000.0 + 1000 * r, "backward_us": 20_000.0, "predicted_over_forward": 0.867,
+                 "forward_comm_us": forward_comm_us, "recompute_comm_us": 0.0}
                 for r in (0, 1) for s in (1, 2)], RECOMPUTE_COLUMNS)
-    steps = frame([{"run": run, "rank": r, "step": s, "window_us": w} for run, w in (("A", 40_000.0), ("B", 32_000.0))
+    steps = frame([{"run": run, "rank": r, "step": s, "window_us": w, "compute_us": c}
+                   for run, w, c in (("A", 40_000.0, compute[1]), ("B", 32_000.0, compute[0]))
                    for r in (0, 1) for s in (1, 2)], BREAKDOWN | {"step": pl.Int64})
     mem = frame([{"run": run, "rank": 0, "mem_device": "cpu", "peak_allocated_bytes": p}
                  for run, p in zip("BA", peaks)],
@@ -88,19 +91,23 @@ def test_recompute_finding_names_its_share_of_the_step_and_what_it_saves():
     f = only(F.recompute_rule(recompute_case()))
     assert (f["rule"], f["run"], f["rank"], f["score"]) == ("recompute", "A", 1, 10.0)  # 4 of 40 ms
     assert f["text"] == ("Recomputation (--recompute) takes 10.0 % of the step on rank 1: 4.00 ms per step, 0.400× its "
-                         "forward (10.0 ms; predicted ≈ 0.867×, one more forward of the blocks); it saves about 484 KiB "
+                         "forward's compute (forward 10.0 ms; predicted ≈ 0.867×, one more forward of the blocks); it saves about 484 KiB "
                          "of activations per rank (predicted: (L−1)·(A_block − b·s·h·4), A_block = b·s·(16h + heads + "
                          "4)·4 = 528,384 B).")
     assert "drop --recompute to win back about 10.0 %" in f["change"]
 
 
-def test_recompute_comparison_says_the_peak_dropped_and_compute_grew_by_a_forward():
+def test_recompute_comparison_says_the_peak_dropped_and_the_measured_compute_change():
     f = only(F.recompute_comparison_rule(recompute_case()))
     assert (f["rule"], f["run"], f["score"]) == ("recompute-comparison", None, pytest.approx(100 / 3))
     assert f["text"] == ("With --recompute (A) the memory peak dropped by 1.00 MiB against B (3.00 MiB → 2.00 MiB, "
-                         "−33.3 %; predicted −484 KiB of saved activations) and compute grew by about one forward: "
-                         "recomputation 3.50 ms per step against a forward of 10.0 ms (0.350×; predicted ≈ 0.867×, one "
-                         "more forward of the blocks); step 32.0 ms → 40.0 ms (+25.0 %).")
+                         "−33.3 %; predicted −484 KiB of saved activations); the recomputation takes 3.50 ms per step, "
+                         "0.350× its forward's compute (forward 10.0 ms; predicted ≈ 0.867×, one more forward of the "
+                         "blocks); measured compute 20.0 ms → 24.0 ms per step (+20.0 %); step 32.0 ms → 40.0 ms (+25.0 %).")
+    # compute fell (noise): said as measured, and the time comparison called inconclusive, never "grew"
+    fell = only(F.recompute_comparison_rule(recompute_case(compute=(20_000.0, 15_000.0))))["text"]
+    assert "measured compute 20.0 ms → 15.0 ms per step (−25.0 %), less: " in fell and "inconclusive" in fell
+    assert "grew" not in fell
     # not comparable: another model, or both recomputing
     other = recompute_case()
     other.runs["B"] = manifest("ddp", recompute=False) | {"global_batch_size": 16}
@@ -108,6 +115,32 @@ def test_recompute_comparison_says_the_peak_dropped_and_compute_grew_by_a_forwar
     both = recompute_case()
     both.runs["B"] = manifest("ddp")
     assert F.recompute_comparison_rule(both) == []
+
+
+def test_the_ratio_is_on_compute_time_and_not_comparable_where_the_forward_gathers_parameters():
+    # A's forward waits 5 ms of its 10 ms on collectives: rank 1's 4 ms recomputation is 0.8× its 5 ms of compute
+    a = recompute_case(forward_comm_us=5000.0)
+    f = only(F.recompute_rule(a))
+    assert "4.00 ms per step, 0.800× its forward's compute (forward 10.0 ms, 5.00 ms of it compute, the rest collective waits" in f["text"]
+    assert "not comparable" not in f["text"]
+    # a forward that all-gathers parameters (fsdp) does work the recomputation does not repeat
+    a.collectives = pl.DataFrame({"run": ["A"], "rank": [0], "collective": ["all_gather"], "phase": ["forward"]})
+    assert "not comparable with the prediction: the forward also all-gathers parameters" in only(F.recompute_rule(a))["text"]
+    assert "not comparable" in only(F.recompute_comparison_rule(a))["text"]
+
+
+def test_with_compute_takes_the_exposed_communication_of_each_phase():
+    from profiler.exposed import EXPOSED_COLUMNS
+    from profiler.recompute import with_compute
+
+    rc = frame([{"run": "A", "rank": 0, "step": 1, "forward_us": 10_000.0, "recompute_us": 4000.0}], RECOMPUTE_COLUMNS)
+    ex = frame([{"run": "A", "rank": 0, "step": 1, "collective": c, "phase": p, "exposed_us": e}
+                for c, p, e in (("broadcast", "forward", 2000.0), ("all_gather", "forward", 3000.0),
+                                ("all_reduce", "recompute", 1000.0), ("all_reduce", "backward", 7000.0))],
+               EXPOSED_COLUMNS | {"run": pl.String})
+    got = with_compute(rc, ex).row(0, named=True)
+    assert (got["forward_comm_us"], got["recompute_comm_us"]) == (5000.0, 1000.0)
+    assert got["recompute_over_forward"] == pytest.approx((4000 - 1000) / (10_000 - 5000))
 
 
 def test_activation_rule_does_not_suggest_recompute_when_it_is_on():

@@ -23,6 +23,8 @@ def two_runs(steps_b: int = 3) -> SimpleNamespace:
                                  "mean_us": [50.0, 100.0, 100.0, 100.0]}),
         # A: rank 0 has two collectives (10 + 20), rank 1 one (50); B: rank 0 one (40), rank 1 none
         collective_stats=pl.DataFrame({"run": ["A", "A", "A", "B"], "rank": [0, 0, 1, 0], "total_us": [10.0, 20.0, 50.0, 40.0]}),
+        collectives=pl.DataFrame({"run": ["A", "A", "A", "B"], "rank": [0, 0, 1, 0], "start_us": [0.0, 100.0, 0.0, 0.0],
+                                  "end_us": [10.0, 120.0, 50.0, 40.0]}),
         memory_peaks=pl.DataFrame({"run": ["A", "A", "B", "B"], "rank": [0, 1, 0, 1],
                                    "peak_allocated_bytes": [1000, 3000, 2000, 2000]}),
     )
@@ -46,6 +48,14 @@ def test_each_metric_is_what_its_name_says():
     assert (t["idle_us"]["A"], t["idle_us"]["B_diff_pct"]) == (0.0, None)
 
 
+def test_time_in_collectives_counts_calls_in_flight_together_once():
+    a = two_runs()
+    # A's rank 0: its 20 µs call now runs inside the 10 µs one's span ([0, 10) and [5, 25)): 25 µs, not 30
+    a.collectives = a.collectives.with_columns(start_us=pl.Series([0.0, 5.0, 0.0, 0.0]), end_us=pl.Series([10.0, 25.0, 50.0, 40.0]))
+    t = {r["metric"]: r for r in compare_runs(a).to_dicts()}
+    assert t["collective_us"]["A"] == (25.0 + 50.0) / 2
+
+
 def test_different_step_counts_are_a_warning():
     (w,) = comparison_warnings(two_runs())
     assert "different numbers of steps" in w and "A: 2" in w and "B: 3" in w
@@ -64,3 +74,23 @@ def test_the_step_count_warning_is_said_once_in_the_tables_and_the_json(tmp_path
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("different numbers of steps") == 1
     assert sum("different numbers of steps" in w for w in json.loads(out.read_text())["warnings"]) == 1
+
+
+def test_the_first_run_given_is_the_baseline_not_the_first_by_name(tmp_path):
+    import json
+
+    from tests.conftest import REPO
+    from tests.profiler.test_cli import analyze
+
+    out = tmp_path / "r.json"
+    # names that sort the other way: fsdp given first, ddp second
+    res = analyze(REPO / "traces" / "sample-fsdp-2r", REPO / "traces" / "sample-ddp-2r", "--json", out)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(out.read_text())
+    assert [r["run"] for r in report["runs"]] == ["sample-fsdp-2r", "sample-ddp-2r"]
+    window = next(r for r in report["comparison"] if r["metric"] == "window_us")
+    assert "sample-ddp-2r_diff_pct" in window and "sample-fsdp-2r_diff_pct" not in window
+    assert window["sample-ddp-2r_diff_pct"] == pytest.approx(
+        100 * (window["sample-ddp-2r"] - window["sample-fsdp-2r"]) / window["sample-fsdp-2r"])
+    # the text report's side by side: the change is "vs" the first given
+    assert "vs sample-fsdp-2r" in res.stdout and "vs sample-ddp-2r" not in res.stdout

@@ -48,6 +48,13 @@ def test_three_significant_digits():
     assert [sig3(x) for x in (float("nan"), float("inf"), None, True)] == ["—"] * 4
 
 
+def test_plurals():
+    from profiler.textfmt import plural
+
+    assert [plural(1, "microbatch"), plural(4, "microbatch"), plural(1, "rank"), plural(0, "rank")] == [
+        "1 microbatch", "4 microbatches", "1 rank", "0 ranks"]
+
+
 def test_human_units():
     assert fmt_bytes(1536 * 1024) == "1.50 MiB"
     assert fmt_bytes(64) == "64 B" and fmt_bytes(3 * 2**30) == "3.00 GiB" and fmt_bytes(1023.9 * 2**20) == "1.00 GiB"
@@ -131,7 +138,8 @@ def test_findings_come_first_then_theory_then_tables(ddp):
     text = format_tables(a)
     titles = [line for line in text.split("\n") if line.startswith("== ")]
     assert titles[0].startswith("== Findings:") and titles[2].startswith("== Theory vs measured:")
-    assert titles[1].startswith("== Runs:") and titles[3].startswith("== Where the time goes:")
+    assert titles[1].startswith("== Runs:") and titles[3].startswith("== Predicted communication:")
+    assert titles[4].startswith("== Where the time goes:")
     findings = section(text, "Findings")
     assert findings[1].startswith("  1. Exposed communication is 45.0 %") and len(findings) > 5  # wrapped
     assert any(line.startswith("  2. Rank 0 starts collectives last.") for line in findings)
@@ -241,6 +249,27 @@ def test_the_shipped_runs_fit_100_columns(sample):
         assert "== Where the time goes" in text and "== Collectives" in text
 
 
+@pytest.mark.multirank
+@pytest.mark.parametrize("key", [("ddp", 2, "--profile-memory", "--recompute"), ("pipedream", 2)], ids=["recompute", "pipedream"])
+def test_recompute_and_pipedream_runs_fit_100_columns(runs, key):
+    # runs already made by tests/profiler/test_recompute.py and tests/runners/test_pipedream.py
+    a = analyze(load_traces([runs(*key)]))
+    for full in (False, True):
+        text = format_tables(a, full=full)
+        assert not too_wide(text), too_wide(text)
+        assert "1 microbatches" not in text and "stage(s)" not in text and " 1 ranks" not in text
+    assert ("== Recomputation" if key[0] == "ddp" else "pipedream: 2 pipeline ranks, 4 microbatches, 1 stage per rank") in text
+
+
+def test_the_runs_table_names_the_variant_flags(ddp):
+    run = ddp.ranks["run"].cast(pl.String)[0]
+    manifest = ddp.runs[run]
+    a = dataclasses.replace(ddp, runs={run: {**manifest, "options": {**manifest["options"], "recompute": True, "sp": True}}})
+    (row,) = [line for line in section(format_tables(a), "Runs") if line.startswith(f"  {run} ")]
+    assert row.split()[1] == "ddp+sp+rc"
+    assert section(format_tables(ddp), "Runs")[3].split()[1] == "ddp"
+
+
 def test_two_runs_side_by_side_in_human_units():
     a = analyze(load_traces([REPO / "traces" / "sample-ddp-2r", REPO / "traces" / "sample-fsdp-2r"]))
     text = format_tables(a)
@@ -336,7 +365,8 @@ def test_alpha_beta_whatif_and_predicted_comm_from_their_schemas(ddp):
     layouts = section(text, "Memory by layout")
     (ddp_row,) = [line for line in layouts if line.startswith("  ddp ")]
     assert "16.0 MiB  ◀ this run" in ddp_row and "◀" not in "".join(line for line in layouts if "fsdp" in line)
-    assert "== Predicted communication" not in text  # default: beside measurement only
+    # Default: the formula behind the lowest rank's prediction, one line per row (rank 1's is the same).
+    assert section(text, "Predicted communication")[1:] == ["  dp backward all_reduce: 1 call, 4.00 MiB/step = 2Φ", ""]
     full = section(format_tables(a, full=True), "Predicted communication")
     assert [line.split()[:4] for line in full if "all_reduce" in line] == [["0", "dp", "backward", "all_reduce"],
                                                                            ["1", "dp", "backward", "all_reduce"]]

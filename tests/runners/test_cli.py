@@ -26,6 +26,11 @@ from tests.conftest import ptprof
         (["run", "fsdp", "--gpus", "2", "--pp", "2"], "--pp does not apply to fsdp: it is for hybrid"),
         (["run", "ddp", "--gpus", "2", "--microbatches", "4"], "--microbatches does not apply to ddp"),
         (["run", "ddp", "--gpus", "2", "--experts", "8"], "--experts does not apply to ddp: it is for ep"),
+        # ... also when given with its default value (a flag given is a flag meant)
+        (["run", "ddp", "--gpus", "2", "--schedule", "1f1b"], "--schedule does not apply to ddp: it is for hybrid"),
+        (["run", "ddp", "--gpus", "2", "--top-k=2"], "--top-k does not apply to ddp: it is for ep"),
+        (["run", "pipedream", "--gpus", "2", "--schedule", "1f1b"], "--schedule does not apply to pipedream"),
+        (["run", "ddp", "--gpus", "2", "--capacity", "1.25"], "--capacity-factor does not apply to ddp"),  # abbreviated
         # a timeout must be a finite, positive number of seconds (nan would never fire, 1e300 overflows)
         (["run", "ddp", "--gpus", "2", "--timeout", "nan"], "--timeout: must be a number of seconds"),
         (["run", "ddp", "--gpus", "2", "--timeout", "inf"], "--timeout: must be a number of seconds"),
@@ -130,6 +135,18 @@ def test_existing_run_folder_is_not_overwritten(tmp_path):
     assert res.returncode == 2 and "already exists" in res.stderr
 
 
+def test_help_group_headings_name_who_takes_and_who_refuses_a_flag():
+    import re
+
+    from runners.paradigms import PARADIGM_FLAGS, SPLIT_BACKWARD
+
+    res = ptprof("run", "--help")
+    memory = next(line for line in res.stdout.splitlines() if line.startswith("memory trade-offs"))
+    pipeline = next(line for line in res.stdout.splitlines() if line.startswith("pipeline ("))
+    assert "every paradigm but" in memory and all(re.search(rf"\b{s}\b", memory) for s in SPLIT_BACKWARD), memory
+    assert all(re.search(rf"\b{p}\b", pipeline) for p in PARADIGM_FLAGS["microbatches"]), pipeline
+
+
 def test_help_explains_every_flag():
     res = ptprof("run", "--help")
     assert res.returncode == 0
@@ -164,6 +181,21 @@ def test_describe_failures_tells_causes_from_symptoms():
     line = describe_failures({0: timeout, 1: killed}, 2, stopped=frozenset({1}))
     assert line.startswith("rank 1 stopped responding (rank 1's process was stopped: SIGSTOP")
     assert "rank 0 gave up waiting" in line and "signal 9" not in line
+
+
+def test_list_names_the_variant_flags(tmp_path):
+    import json
+
+    for name, options in (("plain", {"recompute": False}), ("rc", {"recompute": True}),
+                          ("lp", {"loss_parallel": True, "sp": True}), ("odd", {"recompute": "yes"})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({
+            "run_id": name, "paradigm": "tp" if name == "lp" else "ddp", "world_size": 2, "backend": "gloo",
+            "losses": [5.0], "options": options}))
+    res = ptprof("list", "--traces", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    paradigm = {line.split()[0]: line.split()[1] for line in res.stdout.splitlines()[1:]}
+    assert paradigm == {"plain": "ddp", "rc": "ddp+rc", "lp": "tp+sp+lp", "odd": "ddp"}
 
 
 def test_list_shows_runs_and_skips_hidden(tmp_path):

@@ -194,7 +194,7 @@ def test_stage_layers_unbalance_one_stage(runs):
          "--stage-layers 2,5 gives 2 stage(s) of 7 blocks; 1f1b over 2 ranks x 1 stage(s) per rank needs 2 counts "
          "summing to the 8 layers of model 'tiny8'"),
         (["ddp", "--gpus", "2", "--stage-layers", "1,1"],
-         "--stage-layers does not apply to ddp: it is for 1f1b, dualpipev, gpipe, interleaved-1f1b, zbv, zero-bubble"),
+         "--stage-layers does not apply to ddp: it is for 1f1b, dualpipev, gpipe, interleaved-1f1b, pipedream, zbv, zero-bubble"),
     ],
 )
 def test_impossible_schedules_are_one_line_errors(tmp_path, args, message):
