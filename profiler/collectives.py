@@ -86,8 +86,9 @@ COLUMNS = ["run", "rank", "step", "seq", "collective", "algo", "group", "group_s
 PHASE_SPANS = {"ptprof/forward": "forward", "ptprof/backward": "backward", "ptprof/optimizer": "optimizer"}
 # Pipeline action spans `ptprof/pp/{kind} s{stage} mb{microbatch}`: F (and the loss L) are forward,
 # B, I and W backward. Sends and receive waits fall between these spans (phase null).
-PP_PHASE_RE = r"^ptprof/pp/([FBIWL]) "
-PP_PHASE = {"F": "forward", "L": "forward", "B": "backward", "I": "backward", "W": "backward"}
+# pipedream's U (its AdamW step after each backward) is the optimizer phase.
+PP_PHASE_RE = r"^ptprof/pp/([FBIWLU]) "
+PP_PHASE = {"F": "forward", "L": "forward", "B": "backward", "I": "backward", "W": "backward", "U": "optimizer"}
 # Activation checkpointing (--recompute): a block's forward run again inside backward (or inside a
 # pipeline B action), nested in that phase's span. The innermost span wins: its collectives are "recompute".
 RECOMPUTE_SPAN = "ptprof/recompute"

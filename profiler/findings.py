@@ -16,7 +16,7 @@ import polars as pl
 
 from profiler.discover import manifest_field
 from profiler.intervals import union
-from profiler.pipeline import schedule_theory_pct
+from profiler.pipeline import schedule_theory_pct, slowest_over_steps
 from profiler.textfmt import plural
 from profiler.findings_text import (bytes_text, collective_change, ms, num, one_time_change, pct, phase_text, steps_text)
 
@@ -147,14 +147,13 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
             parts.append(f"{pct(max(0.0, wait))} waiting for communication")
         if parts:
             text += ": " + ", ".join(parts)
-        slow = rp.filter(pl.col("slowest_stage").is_not_null()) if "slowest_stage" in rp.columns else rp.clear()
-        if slow.height and _finite(slow["slowest_stage_ratio"].mean()):
-            # the stage most often the slowest over the steps, and the rank that holds it
-            stage = slow["slowest_stage"].mode().sort()[0]
+        if (slowest := slowest_over_steps(rp)) is not None:
+            # the stage most often the slowest over the steps (as the report's table), and its rank
+            stage, ratio = slowest
             holders = actions.filter(pl.col("stage") == stage)["rank"].unique().sort().to_list()
             slow_rank = holders[0] if holders else None
             text += (f"; the slowest stage is stage {stage}" + (f" (rank {slow_rank})" if slow_rank is not None else "")
-                     + f", {num(slow['slowest_stage_ratio'].mean())}× the mean stage's compute.")
+                     + f", {num(ratio)}× the mean stage's compute.")
             where = f"stage {stage}"
         else:
             slow_rank, slow_busy, _ = per_rank.row(0)

@@ -106,9 +106,11 @@ def activation_memory_rule(a: "Analysis") -> list[Row]:
         row = j.filter(pl.col("run") == run).sort("activation_pct", descending=True).row(0, named=True)
         if row["activation_pct"] < ACTIVATION_MIN_PCT:
             continue
+        held = ("parameters, gradients, optimizer state and stashed weights" if "stashed weights" in (row["basis"] or "")
+                else "parameters, gradients and optimizer state")  # pipedream's stashes are persistent there
         text = (f"Activations and temporaries are {pct(row['activation_pct'])} of rank {row['rank']}'s memory at its peak "
                 f"({bytes_text(row['activation_bytes'])} of {bytes_text(row['footprint_bytes'])} on {row['mem_device']}; "
-                f"parameters, gradients and optimizer state hold {bytes_text(row['persistent_bytes'])})")
+                f"{held} hold {bytes_text(row['persistent_bytes'])})")
         evidence = f"run {run}, rank {row['rank']}, {row['mem_device']}" + (f"; {row['basis']}" if row.get("basis") else "")
         if recompute_on((getattr(a, "runs", None) or {}).get(run) or {}):
             # Already checkpointed: what is left is block inputs, one block's activations, the head and loss.

@@ -407,6 +407,20 @@ def slowest_stage(dur_us: dict[tuple[str, int, int], float]) -> tuple[int | None
     return stage, per_stage[stage] / mean
 
 
+def slowest_over_steps(rows: pl.DataFrame) -> tuple[int, float] | None:
+    """One run's slowest stage over its steps, for every view to name the same one: the stage most
+    often the step's slowest (pipeline_summary rows), ties to the larger mean ratio then the lower
+    stage, with the mean of its ratio over the steps where it was the slowest; None without one."""
+    if "slowest_stage" not in rows.columns:
+        return None
+    per = (rows.filter(pl.col("slowest_stage").is_not_null() & pl.col("slowest_stage_ratio").is_finite())
+           .group_by("slowest_stage").agg(n=pl.len(), ratio=pl.col("slowest_stage_ratio").mean()))
+    if per.is_empty():
+        return None
+    stage, _, ratio = per.sort(["n", "ratio", "slowest_stage"], descending=[True, True, False]).row(0)
+    return stage, ratio
+
+
 def bubble_split(busy_us: pl.Expr, window_us: pl.Expr, uniform: pl.Expr, ideal: pl.Expr, *, over: list[str]) -> list[pl.Expr]:
     """The pipeline's bubble (% of ranks x window) and its split into schedule, imbalance and
     communication wait (module docstring), as expressions over one row per rank of a pipeline.

@@ -16,6 +16,7 @@ import polars as pl
 
 from profiler.discover import paradigm_label
 from profiler.errors import printable
+from profiler.pipeline import slowest_over_steps
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
     NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_range, fmt_since,
     fmt_time, fmt_unit, min_median_max, more, per_run, plural, sig3, sparkline, strings, table, title, truncate, wrap, _number,
@@ -292,14 +293,16 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
         if split and mean.select(pl.col(split).is_not_null().any()).row(0) != (False,) * len(split):
             lines += ["  where the bubble comes from (% of the pipeline's rank-time, mean of the steps):"]
             lines += collapsed_table(collapse(mean, split), {c: SPLIT_LABELS[c] for c in split}, fmt_pct)
-            if "slowest_stage" in part.columns and part["slowest_stage"].is_not_null().any():
-                worst = part.sort("slowest_stage_ratio", descending=True, nulls_last=True).row(0, named=True)
-                lines.append(f"  slowest stage: {_slowest(worst)} (its compute over the mean stage's)")
+            if (slowest := slowest_over_steps(part)) is not None:  # the one the finding names
+                stage, ratio = slowest
+                lines.append(f"  slowest stage: {_slowest({'slowest_stage': stage, 'slowest_stage_ratio': ratio})} "
+                             "(its compute over the mean stage's, in the steps it was slowest)")
         return lines
 
     out += per_run(runs, p, render)
     if a.pipeline_grid is not None and not a.pipeline_grid.is_empty():
-        out.append(title("Pipeline order", "each rank's actions as run (F forward, B backward, I/W input/weight grad)"))
+        # U: pipedream's AdamW step after each backward (its per-step optimizer phase is empty)
+        out.append(title("Pipeline order", "actions by rank (F forward, B backward, I/W input/weight grad, U weight update)"))
         grid = strings(a.pipeline_grid).sort("run", "rank", "step")
         out += per_run(runs, grid, lambda g: _orders(g, full))
     return out

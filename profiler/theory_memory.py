@@ -29,7 +29,7 @@ MEMORY_COLUMNS = {
     "run": pl.String, "rank": pl.Int32, "n_params": pl.Int64, "params_bytes": pl.Int64, "grads_bytes": pl.Int64,
     "optimizer_bytes": pl.Int64, "total_bytes": pl.Int64, "rule_bytes_per_param": pl.Float64, "formula": pl.String,
     "params_at_rest_bytes": pl.Int64, "layout": pl.String, "dp": pl.Int64, "note": pl.String,
-    # pipedream's weight stashing: the most stashed weight copies held at once, (P - s) x the
+    # pipedream's weight stashing: the most stashed weight copies held at once, (P - 1 - s) x the
     # stage's parameter bytes on stage s; null for every other paradigm (nothing stashed).
     "stashed_params_bytes": pl.Int64,
 }
@@ -266,13 +266,14 @@ def predict_memory(runs: dict[str, dict | None]) -> pl.DataFrame:
 
 
 def stashed_params_bytes(manifest: dict, rank: int, params_bytes: int) -> int | None:
-    """PipeDream's stashed weights on stage s = rank (one stage per rank): (P - s) x the stage's
-    parameter bytes, one copy per in-flight microbatch (its w = P-1-s warmup forwards and the one
-    in its forward-backward pair; Narayanan et al. 2019, weight stashing). None for other paradigms."""
+    """PipeDream's stashed weights on stage s = rank (one stage per rank): (P - 1 - s) x the stage's
+    parameter bytes. Its P - s in-flight microbatches (its w = P-1-s warmup forwards and the one in
+    its forward-backward pair) used P - s weight versions (Narayanan et al. 2019, weight stashing),
+    the newest of which is the live weights: w copies besides them. None for other paradigms."""
     if manifest.get("paradigm") != "pipedream":
         return None
     p = _int(manifest.get("world_size"))
-    return (p - rank) * params_bytes if p and 0 <= rank < p else None
+    return (p - 1 - rank) * params_bytes if p and 0 <= rank < p else None
 
 
 def memory_whatif(runs: dict[str, dict | None]) -> pl.DataFrame:
@@ -358,6 +359,8 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
       = peak + what was allocated before.
     With the state in host memory (fsdp --offload) a device holds no persistent bytes: activation
     = peak, which then includes the units' gathered parameters and gradients while they run.
+    pipedream's stashed weight copies (predicted `stashed_params_bytes`, made by the updates while
+    profiling ran) are not activations: persistent on a device, re-allocated on CPU.
     activation_pct = activation / footprint. A subtraction below 0 is clamped to 0 with a note;
     without a prediction (no run.json) the share is null. A GPU rank's host (cpu) curve is left out.
     """
@@ -382,21 +385,25 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
                            if p is None else "no allocation peak")
             rows.append(row)
             continue
-        persistent = p["params_bytes"] + p["grads_bytes"] + p["optimizer_bytes"]
+        stashed = p.get("stashed_params_bytes") or 0  # pipedream's weight stashing, else 0
+        persistent = p["params_bytes"] + p["grads_bytes"] + p["optimizer_bytes"] + stashed
+        with_stash = " + stashed weights" if stashed else ""
         if device != "cpu" and run in on_host:  # fsdp --offload: none of it is on the device
             persistent = 0
             row["basis"] = ("device counter (includes everything); persistent state in host memory (--offload): "
                             "activation = peak (with the units' gathered parameters and gradients)")
             transient, footprint = peak, peak
         elif device != "cpu":
-            row["basis"] = "device counter (includes everything): activation = peak − persistent"
+            row["basis"] = ("device counter (includes everything): activation = peak − persistent "
+                            f"(params + grads + optimizer{with_stash})")
             transient, footprint = peak - persistent, peak
         else:
             bucketed = paradigm.get(run) in BUCKETED_GRADS
-            again = (0 if bucketed else p["grads_bytes"]) + (p["params_bytes"] - p["params_at_rest_bytes"])
+            again = (0 if bucketed else p["grads_bytes"]) + (p["params_bytes"] - p["params_at_rest_bytes"]) + stashed
             before = persistent - again
             row["basis"] = ("cpu counter (allocations since profiling started): activation = peak − per-step "
-                            "re-allocations (grads, gathered params); footprint = peak + persistent allocated before")
+                            f"re-allocations (grads, gathered params{with_stash}); footprint = peak + persistent "
+                            "allocated before")
             transient, footprint = peak - again, peak + before
         if transient < 0:
             row["note"] = f"peak below the persistent bytes it should hold ({-transient} B short): activation share 0"

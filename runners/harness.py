@@ -9,9 +9,11 @@ docs/run-layout.md for the files and their fields.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -263,7 +265,9 @@ def train(ctx: Context, par: Parallel) -> dict:
             t0 = time.perf_counter()
             _maybe_inject_fault(ctx.rank, step)
             loss = step_fn(par, inputs, targets, probe)
-            with record_function(PHASE_OPTIMIZER):
+            # Annotated where the runner lists the phase (pipedream updates per microbatch instead:
+            # its step() does nothing, and an empty span would read as a free optimizer step).
+            with record_function(PHASE_OPTIMIZER) if "optimizer" in par.phases else contextlib.nullcontext():
                 par.optimizer.step()
                 par.optimizer.zero_grad(set_to_none=True)
             _synchronize(ctx)
@@ -282,6 +286,12 @@ def train(ctx: Context, par: Parallel) -> dict:
                     f"{step_times[-1] * 1e3:8.1f} ms{phase}",
                     flush=True,
                 )
+    # Free the finished profiler now, for every runner: it is left in reference cycles (the
+    # torch.profiler.profile and its autograd profile), and a later automatic collection that
+    # frees it while autograd runs graphs recorded under it (pipedream's drain in after_training)
+    # segfaults or corrupts the heap (torch 2.13, seen at 2 and 4 ranks).
+    del profiler
+    gc.collect()
     if gpus:
         probe.numbers["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(ctx.device)
         probe.numbers["max_memory_allocated_by_gpu_bytes"] = [torch.cuda.max_memory_allocated(g) for g in gpus]

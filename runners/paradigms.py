@@ -94,6 +94,11 @@ def _check_pipedream(opts: RunOptions) -> str | None:
         # Stage 0 runs P-1 forwards before its first backward: with fewer microbatches per step the
         # fill spills into the next step, which then is not the steady state the analysis assumes.
         return f"pipedream over {p} ranks needs at least {p - 1} microbatches per step (P-1 to fill the pipeline), got {m}"
+    if opts.profiled_steps.start == 0:
+        # Only step 0 fills the pipeline (the stream never flushes): profiled, its idle fill and
+        # missing receives would be analysed as the steady state (false theory mismatch, advice).
+        return (f"pipedream's step 0 fills the pipeline: profile from step 1 (--steps {opts.active + 1} or more "
+                f"for --active {opts.active})")
     return None
 
 

@@ -14,21 +14,26 @@ batch cut into M) and runs, on stage s, F(k*M+i) then B(k*M+i-w) for i = 0..M-1,
 backwards of step k run in step k+1. Only the run's first step fills the pipeline; the drain (the
 last w backwards of each stage) runs after the last step, outside the traces (`after_training`).
 
-Weight stashing: a forward runs on a copy of the stage's current weights (torch.func.functional_call),
-kept until that microbatch's backward, so the backward differentiates the weights its forward
-used even though the stage has updated since; the stash is freed after the backward. Stage s holds
-up to w+1 = P-s stashed copies at once (run.json ranks[].memory.stashed_params_bytes), and a
-microbatch's forward sees weights w updates older than the update its gradient makes (staleness).
+Weight stashing: a forward runs on the stage's current weights as they are at that moment
+(torch.func.functional_call on tensors sharing their storage), kept until that microbatch's
+backward, so the backward differentiates the weights its forward used even though the stage has
+updated since. Copies are made only where an update would otherwise overwrite a version still in
+use: before each update, if an in-flight microbatch's forward used the live weights, the live
+weights move to a fresh copy and the optimizer updates that, the old storage staying with the
+microbatch until its backward. So the last stage (w = 0: no update between its forward and
+backward) copies nothing, and stage s holds its P-s weight versions in flight as the live weights
+plus w = P-1-s stashed copies (run.json ranks[].memory.stashed_params_bytes: the bytes of distinct
+stashed storages measured, the most held at once). A microbatch's forward sees weights w updates
+older than the update its gradient makes (staleness, run.json: measured from the versions).
 Vertical sync (every stage using the same version for one microbatch) is not implemented.
 
 Compute runs under `harness.PP_ACTION` spans: F, L (the loss, last stage), B, and U (the AdamW step
-after each backward); microbatches are numbered globally (g above). The harness's per-step
-optimizer phase is empty here: its optimizer is a view whose step() does nothing.
+after each backward); microbatches are numbered globally (g above). No per-step phase is
+recorded (run.json "phases": {}): the harness's optimizer is a view whose step() does nothing.
 """
 
 from __future__ import annotations
 
-import gc
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -103,8 +108,9 @@ class PipeDreamStage:
         self.versions: dict[int, dict] = {}
         self.fwd_versions: list[list[int]] = []
         self.bwd_versions: list[list[int]] = []
-        self.max_stashed = 0  # most stashed copies held at once
-        self.stash_bytes = sum(p.numel() * p.element_size() for p in self.params)
+        self.max_stashed = 0  # most stashed copies (weight versions besides the live one) held at once
+        self.max_stash_bytes = 0  # their bytes: distinct storages, measured
+        self.staleness = 0  # most updates between a microbatch's forward and its own update
 
     def _span(self, kind: str, g: int) -> record_function:
         return record_function(harness.PP_ACTION.format(kind=kind, stage=self.stage, microbatch=g))
@@ -150,7 +156,9 @@ class PipeDreamStage:
         """Forward of microbatch g on a stash of the current weights; the loss on the last stage."""
         # The next forward's activation is received ahead within this step (g's step is g // M).
         x = tokens if self.first else self._recv(self.stage - 1, ahead=(g + 1) % self.m != 0).requires_grad_()
-        stash = {n: p.detach().clone().requires_grad_() for n, p in zip(self.names, self.params)}
+        # The live weights themselves, as new leaves: `.data` shares the storage but not the version
+        # counter, so each microbatch gets its own gradients and no copy is made here (`_stash_live`).
+        stash = {n: p.data.requires_grad_() for n, p in zip(self.names, self.params)}
         with self._span("F", g):
             out = functional_call(self.module, stash, (x,))
         loss = None
@@ -161,8 +169,24 @@ class PipeDreamStage:
             self._send(out, self.stage + 1)
         self.inflight[g] = (x, out, stash, self.version)
         self.fwd_versions.append([g, self.version])
-        self.max_stashed = max(self.max_stashed, len(self.inflight))
         return loss
+
+    def _stash_live(self) -> None:
+        """Before an update: if an in-flight forward used the live weights, they move to a copy that
+        the optimizer updates, the old storage staying with those microbatches (copy on update)."""
+        if any(version == self.version for *_, version in self.inflight.values()):
+            for p in self.params:
+                p.data = p.data.clone()
+        live = {p.untyped_storage().data_ptr() for p in self.params}
+        held: dict[int, int] = {}  # distinct stashed storages, as runners/memory_probe.py counts
+        versions = set()
+        for *_, stash, version in self.inflight.values():
+            for t in stash.values():
+                if (ptr := t.untyped_storage().data_ptr()) not in live:
+                    held[ptr] = t.untyped_storage().nbytes()
+                    versions.add(version)
+        self.max_stash_bytes = max(self.max_stash_bytes, sum(held.values()))
+        self.max_stashed = max(self.max_stashed, len(versions))
 
     def backward(self, g: int, probe: harness.MemoryProbe | None = None, *, drain: bool = False) -> None:
         """Backward of microbatch g through the weights its forward used, then one AdamW step."""
@@ -178,15 +202,17 @@ class PipeDreamStage:
         if not self.first:
             self._send(x.grad, self.stage - 1)
         self.bwd_versions.append([g, version])
+        self.staleness = max(self.staleness, self.version - version)  # this update is number self.version
         with self._span("U", g):
             for p, n in zip(self.params, self.names):
                 p.grad = stash[n].grad
+            del x, out, stash  # g's version is freed with its microbatch, before any copy is made
+            self._stash_live()
             if probe is not None:
                 probe.after_backward(self.module)
             self.optim.step()
             self.optim.zero_grad(set_to_none=True)
         self.version += 1
-        del stash  # the stashed version is freed with its microbatch
 
     def drain(self) -> None:
         """The run's end: the last w backwards and updates, then every send completed."""
@@ -217,7 +243,7 @@ def pipedream_step(engine: PipeDreamStage):
             if g - engine.warmup >= 0:
                 engine.backward(g - engine.warmup, probe if probe.sampling else None)
         engine.versions[k] = {"forward": engine.fwd_versions, "backward": engine.bwd_versions}
-        probe.numbers["stashed_params_bytes"] = engine.max_stashed * engine.stash_bytes
+        probe.numbers["stashed_params_bytes"] = engine.max_stash_bytes
         step[0] += 1
         return torch.stack(losses).mean() if engine.last else None
 
@@ -254,17 +280,12 @@ def apply_pipedream(model: GPT, ctx: harness.Context) -> harness.Parallel:
 
     def after_training() -> None:
         engine.fwd_versions, engine.bwd_versions = [], []
-        # Free the finished torch profiler first: it is left in reference cycles (the garbage here
-        # is torch.profiler.profile and its autograd profile), and collecting it after the drain's
-        # backwards of graphs recorded while it ran segfaults or corrupts the heap (torch 2.13,
-        # seen at 2 and 4 ranks with a gc.collect() after the drain; collecting before is clean).
-        gc.collect()
-        engine.drain()
+        engine.drain()  # after harness.train freed the profiler (see there: a gc during it crashes)
         # Every stage's weight versions, for run.json (rank 0 writes it); after profiling, so this
         # collective is in no trace.
         mine = {"stage": s, "steps": [engine.versions[k] for k in sorted(engine.versions)],
                 "drain": engine.bwd_versions,
-                "staleness": engine.warmup, "max_stashed_versions": engine.max_stashed, "updates": engine.version}
+                "staleness": engine.staleness, "max_stashed_versions": engine.max_stashed, "updates": engine.version}
         dist.all_gather_object(gathered, mine)
         extra["pipedream"] = {
             "weight_stashing": True,
@@ -283,7 +304,7 @@ def apply_pipedream(model: GPT, ctx: harness.Context) -> harness.Parallel:
         train_step=pipedream_step(engine),
         reports_loss=engine.last,
         extra=extra,
-        phases={"optimizer": harness.PHASE_OPTIMIZER},
+        phases={},  # no per-step phase: the updates are the U spans (no empty ptprof/optimizer span)
         after_training=after_training,
     )
 

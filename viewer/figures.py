@@ -31,7 +31,8 @@ ACTION_COLORS = {"F": "#4C78A8", "B": "#E45756", "I": "#F58518", "W": "#72B7B2",
 ACTION_NAMES = {"F": "forward", "B": "backward", "I": "backward (input grads)", "W": "backward (weight grads)", "L": "loss",
                 "U": "weight update (pipedream)"}
 PERSISTENT_PARTS = [("params_bytes", "parameters", "#4C78A8"), ("grads_bytes", "gradients", "#F58518"),
-                    ("optimizer_bytes", "optimizer state", "#54A24B")]
+                    ("optimizer_bytes", "optimizer state", "#54A24B"),
+                    ("stashed_params_bytes", "stashed weights (pipedream)", "#B279A2")]  # null elsewhere: drawn where held
 RUN_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"]
 MIB = 2**20
 
@@ -253,7 +254,7 @@ def build_memory_figure(timeline: pl.DataFrame, peaks: pl.DataFrame, runs: list[
 
 def build_persistent_figure(persistent: pl.DataFrame, runs: list[str] | None = None) -> go.Figure:
     """Stacked MiB per rank, grouped by run: parameters / gradients / optimizer state (run.json):
-    the ZeRO table, measured."""
+    the ZeRO table, measured; plus pipedream's stashed weight copies where a run has them."""
     runs = _runs(persistent, runs)
     if not runs:
         return _empty("no persistent memory (run.json's per-rank memory block)")
@@ -262,6 +263,8 @@ def build_persistent_figure(persistent: pl.DataFrame, runs: list[str] | None = N
     x = [p["run"].to_list(), [f"r{r}" for r in p["rank"]]]
     fig = go.Figure()
     for col, name, color in PERSISTENT_PARTS:
+        if col not in p.columns or (col == "stashed_params_bytes" and not (p[col].fill_null(0) > 0).any()):
+            continue  # only pipedream stashes weights: no empty legend entry elsewhere
         fig.add_trace(go.Bar(x=x, y=(p[col].fill_null(0) / MIB).round(4).to_list(), name=name, marker_color=color,
                              hovertemplate="%{x}<br>" + name + ": %{y:.2f} MiB<extra></extra>"))
     fig.update_layout(barmode="stack", template="plotly_white", height=340, yaxis_title="MiB held per rank",

@@ -267,6 +267,10 @@ def test_phase_is_the_span_around_the_enqueue_or_the_launch():
                       *nccl_call("all_reduce", 45, 2, 100, "float", tid=2), kernel(SENDRECV, "comm", 80, 10, 2),
                       *nccl_call("all_reduce", 65, 3, 100, "float", tid=2), kernel(SENDRECV, "comm", 90, 10, 3)])
     assert collectives(ev).sort("start_us")["phase"].to_list() == ["backward", "forward", None]
+    # pipedream's U action (its AdamW step after a backward) is the optimizer phase.
+    ev = make_events([step(1, 0, 1000), phase_span("ptprof/pp/U s0 mb3", 5, 20),
+                      *nccl_call("all_reduce", 10, 1, 100, "float", tid=2), kernel(SENDRECV, "comm", 70, 10, 1)])
+    assert collectives(ev)["phase"].to_list() == ["optimizer"]
 
 
 def test_a_collective_inside_a_recompute_span_is_recompute_the_innermost_span_wins():

@@ -388,6 +388,28 @@ def test_long_kernel_names_end_in_an_ellipsis(ddp):
     assert row.endswith("2.50 ms  3.00 ms (rank 1)")  # median of 2 and 3 ms; the max names its rank
 
 
+def test_the_table_and_the_finding_name_the_same_slowest_stage():
+    from profiler import findings as F
+    from profiler.pipeline import slowest_over_steps
+
+    a = analyze(load_traces([REPO / "traces" / "sample-1f1b-2r"]))
+    # Three steps: stage 0 the single worst once (1.5x), stage 1 the slowest twice (1.1x, 1.2x).
+    p = pl.concat([a.pipeline, a.pipeline.filter(pl.col("step") == 3).with_columns(step=pl.lit(4, a.pipeline.schema["step"]))])
+    by_step = {2: (0, 1.5), 3: (1, 1.1), 4: (1, 1.2)}
+    p = p.with_columns(slowest_stage=pl.col("step").replace_strict({k: v[0] for k, v in by_step.items()}, return_dtype=pl.Int64),
+                       slowest_stage_ratio=pl.col("step").replace_strict({k: v[1] for k, v in by_step.items()},
+                                                                         return_dtype=pl.Float64))
+    assert slowest_over_steps(p) == (1, pytest.approx(1.15))
+    b = dataclasses.replace(a, pipeline=p)
+    assert "  slowest stage: stage 1, 1.15× (its compute over the mean stage's, in the steps it was slowest)" in (
+        section(format_tables(b), "Pipeline bubble"))
+    # The order's legend names every action a grid can hold, pipedream's U included, untruncated.
+    assert "== Pipeline order: actions by rank (F forward, B backward, I/W input/weight grad, U weight update)" in (
+        format_tables(b).splitlines())
+    (f,) = F.pipeline_bubble_rule(b)
+    assert "the slowest stage is stage 1 (rank 1), 1.15× the mean stage's compute." in f["text"]
+
+
 def test_the_bubble_split_and_the_activations_at_the_peak():
     from profiler.theory_memory import ACTIVATION_COLUMNS
 
@@ -407,7 +429,7 @@ def test_the_bubble_split_and_the_activations_at_the_peak():
            if "(every rank)" in line and ("bubble (all" in line or line.startswith("    "))}
     assert got == {"pipeline bubble (all ranks)": "47.8", "the schedule's own": "26.1", "+ unequal stages": "13.0",
                    "+ communication wait": "8.70"}
-    assert "  slowest stage: stage 1, 2.00× (its compute over the mean stage's)" in lines
+    assert "  slowest stage: stage 1, 2.00× (its compute over the mean stage's, in the steps it was slowest)" in lines
     act_lines = section(text, "Activations at the peak")
     (b,) = [line for line in act_lines if "cuda:0 activations" in line]
     (s,) = [line for line in act_lines if "cuda:0 share of the peak" in line]

@@ -227,6 +227,22 @@ def test_activation_peak_rules():
     assert by["foreign"]["activation_pct"] is None and "no persistent-memory theory" in by["foreign"]["note"]
 
 
+def test_activation_peak_leaves_out_pipedreams_stashed_weights():
+    # pipedream stage 0 holds 2 stashed copies of its 100 B of weights (predicted 200 B): persistent
+    # on a device, and on CPU re-allocated by each profiled forward, so not activations in either.
+    mem = pl.DataFrame({"run": ["gpu", "cpu"], "rank": [0, 0], "params_bytes": [100, 100],
+                        "params_at_rest_bytes": [100, 100], "grads_bytes": [100, 100], "optimizer_bytes": [200, 200],
+                        "stashed_params_bytes": [200, 200]})
+    peaks = pl.DataFrame({"run": ["gpu", "cpu"], "rank": [0, 0], "mem_device": ["cuda:0", "cpu"],
+                          "peak_allocated_bytes": [1000, 500]})
+    runs = {"gpu": {"paradigm": "pipedream"}, "cpu": {"paradigm": "pipedream"}}
+    by = {r["run"]: r for r in activation_peak(peaks, mem, runs).iter_rows(named=True)}
+    # Device: 1000 - (100 + 100 + 200 + 200) = 400.
+    assert (by["gpu"]["persistent_bytes"], by["gpu"]["activation_bytes"], by["gpu"]["activation_pct"]) == (600, 400, 40.0)
+    # CPU: grads (100) and stashes (200) allocated again each step: 500 - 300 = 200; footprint 500 + 300 before.
+    assert (by["cpu"]["activation_bytes"], by["cpu"]["footprint_bytes"]) == (200, 800)
+    assert all("stashed weights" in r["basis"] for r in by.values())
+
 
 def test_offloaded_state_is_host_memory_not_the_gpus():
     # fsdp --offload: run.json says the state is on the CPU. The bytes are fsdp's (run.json measures

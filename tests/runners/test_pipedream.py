@@ -118,9 +118,16 @@ def test_versions_staleness_and_stashed_memory(pd2):
     assert (pp["schedule"], pp["ranks"], pp["microbatches"], pp["stage_to_rank"]) == ("pipedream", p, mb, [0, 1])
     assert pp["order_source"] == "pipedream 1F1B (async)" and pp["stream"] is True
     assert m["mesh"] == {"pp": p}
+    # No per-step phase: the updates are the U spans, so no empty ptprof/optimizer span either.
+    assert m["phases"] == {}
+    for rank in range(p):
+        with gzip.open(pd2 / f"rank{rank}.json.gz", "rt") as f:
+            assert not any(e.get("name") == "ptprof/optimizer" for e in json.load(f)["traceEvents"])
     for st in m["pipedream"]["stages"]:
         s, w = st["stage"], p - 1 - st["stage"]
-        assert st["staleness"] == w and st["max_stashed_versions"] == p - s
+        # w updates between a microbatch's forward and its own; P - s versions in flight, the newest
+        # the live weights: w stashed copies, none on the last stage (no update in between).
+        assert st["staleness"] == w and st["max_stashed_versions"] == w
         assert st["updates"] == STEPS * mb  # every microbatch updated every stage, the drain included
         for k, step in enumerate(st["steps"]):
             fwd = [[g, max(0, g - w)] for g in range(k * mb, (k + 1) * mb)]
@@ -130,8 +137,8 @@ def test_versions_staleness_and_stashed_memory(pd2):
         assert [g for g, _ in st["drain"]] == list(range(STEPS * mb - w, STEPS * mb))
     for r in m["ranks"]:
         mem, s = r["memory"], r["rank"]
-        # Stage s holds up to P - s stashed copies of its weights besides the live ones.
-        assert mem["stashed_params_bytes"] == (p - s) * mem["params_bytes"] == (p - s) * r["params"]["bytes"]
+        # Stage s holds up to P - 1 - s stashed copies of its weights besides the live ones (measured).
+        assert mem["stashed_params_bytes"] == (p - 1 - s) * mem["params_bytes"] == (p - 1 - s) * r["params"]["bytes"]
     # Only the last stage has a loss, for the whole global batch.
     assert [r["loss_tokens"] > 0 for r in m["ranks"]] == [False, True]
 
@@ -180,6 +187,11 @@ def test_analysis_shows_no_flush_bubble(pd2):
         (["--gpus", "2", "--model", "tiny8", "--stage-layers", "2,5"],
          "--stage-layers 2,5 gives 2 stage(s) of 7 blocks; pipedream over 2 ranks needs 2 counts summing to the 8 layers "
          "of model 'tiny8'"),
+        # Profiling step 0 (the fill) as steady state: every step profiled, the defaults at --steps 1.
+        (["--gpus", "2", "--steps", "2", "--warmup", "0", "--active", "2"],
+         "pipedream's step 0 fills the pipeline: profile from step 1 (--steps 3 or more for --active 2)"),
+        (["--gpus", "2", "--steps", "1"],
+         "pipedream's step 0 fills the pipeline: profile from step 1 (--steps 2 or more for --active 1)"),
     ],
 )
 def test_impossible_requests_are_one_line_errors(tmp_path, args, message):

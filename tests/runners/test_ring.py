@@ -57,6 +57,42 @@ def test_ring_core_equals_causal_attention_forward_and_backward(world):
         assert torch.allclose(got, ref, rtol=0, atol=1e-12)
 
 
+def _ring_ranks(rank: int, world: int, store: str) -> None:
+    """One gloo rank of test_ring_passes_blocks_and_gradients_between_4_processes."""
+    import torch.distributed as dist
+
+    from runners.ring import start_ring_pass
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)  # the same full q, k, v and output weights on every rank
+        b, heads, s, d = 2, 3, 32, 5
+        q, k, v = (torch.randn(b, heads, s, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        weight = torch.randn(b, heads, s, d, dtype=torch.float64)
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        want_grads = torch.autograd.grad((want * weight).sum(), (q, k, v))
+        pos = zigzag_positions(s, rank, world)
+        mine = [t.detach()[:, :, pos].clone().requires_grad_() for t in (q, k, v)]
+        out = zigzag_ring_attention(*mine, rank, world, start_ring_pass, pos)
+        (out * weight[:, :, pos]).sum().backward()
+        assert torch.allclose(out, want[:, :, pos], rtol=0, atol=1e-12), rank
+        for name, got, ref in zip("qkv", (t.grad for t in mine), want_grads, strict=True):
+            assert torch.allclose(got, ref[:, :, pos], rtol=0, atol=1e-12), (rank, f"d{name}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multirank
+def test_ring_passes_blocks_and_gradients_between_4_processes(tmp_path):
+    """The real ring (send/recv, _PassOn's backward carrying dK, dV home to the previous rank) at
+    4 gloo processes equals SDPA in float64: output and every gradient of each rank's shard. At 2
+    ranks previous and next are the same rank, so a wrong direction shows only from 3 up."""
+    import torch.multiprocessing as mp
+
+    # spawn, not fork: a fork after this process's torch ran ops hangs in the children's thread pool
+    mp.spawn(_ring_ranks, args=(4, str(tmp_path / "store")), nprocs=4)
+
+
 @pytest.mark.multirank
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_ring_losses_match_single_process(runs, ranks):

@@ -111,6 +111,17 @@ def test_pipeline_blocks_per_microbatch_and_ideal_order():
     assert "bubble 20%" in title and "theory 33%" in title
 
 
+def test_pipeline_draws_pipedreams_weight_updates():
+    # pipedream's U (the AdamW step after each backward) is its own block, named and coloured.
+    actions = pl.DataFrame({"run": ["pd"] * 3, "rank": [0] * 3, "action": ["F", "B", "U"], "microbatch": [1, 0, 0],
+                            "start_ms": [0.0, 1.0, 2.0], "end_ms": [0.9, 1.9, 2.5]})
+    ideal = actions.with_columns(slot=pl.int_range(pl.len()), stage=pl.lit(0)).drop("start_ms", "end_ms")
+    fig = build_pipeline_figure(actions, ideal, None, ["pd"])
+    (u,) = [t for t in fig.data if t.xaxis == "x" and t.name == "weight update (pipedream)"]
+    assert u.marker.color == ACTION_COLORS["U"] and list(u.base) == [2.0]
+    assert ACTION_COLORS["U"] not in (ACTION_COLORS["F"], ACTION_COLORS["B"], ACTION_COLORS["L"])
+
+
 def test_pipeline_without_pipeline_runs_says_so():
     empty = pl.DataFrame(schema={"run": pl.String})
     fig = build_pipeline_figure(empty, empty, None, ["ddp"])
@@ -135,6 +146,12 @@ def test_persistent_memory_stacked_per_rank():
     fig = build_persistent_figure(p)
     assert [t.name for t in fig.data] == ["parameters", "gradients", "optimizer state"]
     assert list(fig.data[2].y) == [8, 8, 4, 4] and fig.layout.barmode == "stack"
+    # pipedream's stashed weight copies are persistent too: a fourth part, only where a run holds them.
+    pd = p.with_columns(stashed_params_bytes=pl.Series([None, None, 2 * 2**20, 0], dtype=pl.Int64))
+    fig = build_persistent_figure(pd)
+    assert [t.name for t in fig.data] == ["parameters", "gradients", "optimizer state", "stashed weights (pipedream)"]
+    assert list(fig.data[3].y) == [0, 0, 2, 0]
+    assert len(build_persistent_figure(p.with_columns(stashed_params_bytes=pl.lit(None, pl.Int64))).data) == 3
 
 
 def test_step_times_and_collectives_table():
