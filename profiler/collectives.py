@@ -401,8 +401,10 @@ def collective_stats(colls: pl.DataFrame) -> pl.DataFrame:
         note=pl.col("note").drop_nulls().first(),
         _key=pl.col("_key").first(),
     ).join(wall, on="_key", how="left").drop("_key").with_columns(
-        wall_us=pl.coalesce("wall_us", "total_us"))
-    stats = stats.with_columns(algbw_gbps=pl.col("total_bytes") / pl.col("wall_us") / 1e3)
+        # No positive union (zero-length or inverted intervals in an odd trace): the summed durations.
+        wall_us=pl.coalesce(pl.when(pl.col("wall_us") > 0).then("wall_us"), "total_us"))
+    # No time, no bandwidth: never an infinite one.
+    stats = stats.with_columns(algbw_gbps=pl.when(pl.col("wall_us") > 0).then(pl.col("total_bytes") / pl.col("wall_us") / 1e3))
     n = pl.col("group_size").cast(pl.Float64)
     factor = pl.lit(1.0)
     for kind, f in BUSBW_FACTOR.items():

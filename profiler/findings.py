@@ -420,7 +420,8 @@ MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "seq_len", "n_params")
 def _model_key(manifest: dict | None) -> tuple | None:
     """run.json's model dimensions and global batch, or None where any is missing (not comparable)."""
     key = (*(manifest_field(manifest, "model", k) for k in MODEL_KEYS), manifest_field(manifest, "global_batch_size"))
-    return None if any(v is None for v in key) else key
+    # A damaged run.json may hold a list or an object there: not a dimension, and not hashable.
+    return None if any(isinstance(v, bool) or not isinstance(v, (int, float, str)) for v in key) else key
 
 
 def _step_parts(a: "Analysis", run: str) -> tuple[float, dict[str, float]] | None:

@@ -15,11 +15,23 @@ docs/theory.md "Recomputation" has the formulas.
 from __future__ import annotations
 
 RECOMPUTE_NOTE = "--recompute: each block's forward runs again inside backward (span ptprof/recompute)"
+MAX_DIM = 1 << 40  # a run.json dimension beyond this is damaged, not a model (and keeps products exact)
+
+
+def _dict(x) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def _dims(*values) -> bool:
+    """Are these run.json values usable dimensions: positive whole numbers of sane size? (a damaged
+    run.json may hold strings, bools, floats or 1e300; "ab" * n would even build a string)"""
+    return all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_DIM for v in values)
 
 
 def recompute_on(m: dict) -> bool:
     """Did this run recompute activations? (run.json `recompute` block, or options.recompute)"""
-    return bool(m.get("recompute")) or bool((m.get("options") or {}).get("recompute"))
+    m = _dict(m)
+    return bool(m.get("recompute")) or bool(_dict(m.get("options")).get("recompute"))
 
 
 def recompute_comm_rows(m: dict, rows: list[dict]) -> list[dict]:
@@ -36,19 +48,19 @@ def flops_per_token(model: dict) -> dict[str, float] | None:
     """Forward FLOPs per token of the reference GPT (2 per multiply-add): `blocks` (L layers: the
     q, k, v, o projections 8h², the MLP 4·mlp_ratio·h², attention scores and weighted sum 4·s·h)
     and `head` (2·h·V); None without the dims."""
-    try:
-        h, s, v, n = model["d_model"], model["seq_len"], model["vocab_size"], model["n_layers"]
-        r = model.get("mlp_ratio", 4)
-        return {"blocks": float(n * (8 * h * h + 4 * r * h * h + 4 * s * h)), "head": float(2 * h * v)}
-    except (KeyError, TypeError):
+    model = _dict(model)
+    h, s, v, n = (model.get(k) for k in ("d_model", "seq_len", "vocab_size", "n_layers"))
+    r = model.get("mlp_ratio", 4)
+    if not _dims(h, s, v, n, r):
         return None
+    return {"blocks": float(n * (8 * h * h + 4 * r * h * h + 4 * s * h)), "head": float(2 * h * v)}
 
 
 def recompute_compute(m: dict) -> dict | None:
     """Predicted recomputation cost: `recompute_over_forward` (blocks' forward FLOPs / the whole
     forward's: the embedding lookup is free, the head is not recomputed) and `recompute_over_step`
     (/ forward + backward at 2× forward). None without model dims."""
-    f = flops_per_token(m.get("model") or {})
+    f = flops_per_token(_dict(m).get("model"))
     if not f or f["blocks"] + f["head"] <= 0:
         return None
     fwd = f["blocks"] + f["head"]
@@ -68,15 +80,15 @@ def activation_drop(m: dict, eb: int = 4) -> dict | None:
     (whole blocks on each rank, b = local batch): without, L·A_block; with, L·b·s·h·eb (the block
     inputs) + (A_block − b·s·h·eb) (the block being back-propagated, its input counted already).
     None where the layout is not a whole model per rank (tp, pipelines, ep, hybrid: not predicted)."""
+    m = _dict(m)
     if m.get("paradigm") not in ("ddp", "zero1", "zero2", "fsdp"):
         return None
-    model = m.get("model") or {}
-    try:
-        b, s, h = m["local_batch_size"], model["seq_len"], model["d_model"]
-        heads, n = model["n_heads"], model["n_layers"]
-    except (KeyError, TypeError):
+    model = _dict(m.get("model"))
+    b, s, h, heads, n = m.get("local_batch_size"), *(model.get(k) for k in ("seq_len", "d_model", "n_heads", "n_layers"))
+    ratio = model.get("mlp_ratio", 4)
+    if not _dims(b, s, h, heads, n, ratio):
         return None
-    a = block_activation_bytes(b, s, h, heads, eb, model.get("mlp_ratio", 4))
+    a = block_activation_bytes(b, s, h, heads, eb, ratio)
     inp = b * s * h * eb
     without, with_ = n * a, n * inp + (a - inp)
     return {"block_bytes": a, "input_bytes": inp, "without_bytes": without, "with_bytes": with_,

@@ -18,6 +18,8 @@ the rank sends (receives 0); phi is null: activations are not parameter bytes.
 
 from __future__ import annotations
 
+from profiler.theory_recompute import recompute_on
+
 
 # Rows are dicts of profiler.theory._row's keys: dim, phase, collective, group_size, calls, bytes,
 # formula, note, step (one rank, one step; theory.predict_comm adds run, rank, traffic and phi).
@@ -40,7 +42,7 @@ def ulysses_rows(m: dict, facts: dict, rank: int) -> list[dict]:
     s, h, layers, heads = model["seq_len"], model["d_model"], model["n_layers"], model.get("n_heads")
     b = m.get("local_batch_size") or m.get("global_batch_size")
     calls = 4 * layers
-    phases = ["forward", "backward"] + (["recompute"] if (m.get("options") or {}).get("recompute") else [])
+    phases = ["forward", "backward"] + (["recompute"] if recompute_on(m) else [])
     why = None
     if s % p or (isinstance(heads, int) and heads % p):  # the runner refuses these: a damaged run.json
         why = f"seq_len {s} and heads {heads} must divide over {p} ranks: all-to-all sizes unknown"
@@ -66,7 +68,7 @@ def ring_rows(m: dict, facts: dict, rank: int) -> list[dict]:
     model, eb, p = m["model"], facts["eb"], m["world_size"]
     s, h, layers = model["seq_len"], model["d_model"], model["n_layers"]
     b = m.get("local_batch_size") or m.get("global_batch_size")
-    recompute = bool((m.get("options") or {}).get("recompute"))
+    recompute = bool(recompute_on(m))
     # The replicated weights' all-reduce runs over the same P ranks: named by the run's mesh dim, as ulysses does.
     rows = [r | {"dim": "cp"} for r in _ddp(m, facts, zero1=False)]
     if p == 1:
