@@ -16,7 +16,7 @@ import polars as pl
 
 from profiler.discover import paradigm_label
 from profiler.errors import printable
-from profiler.pipeline import slowest_over_steps
+from profiler.pipeline import slowest_over_steps, theory_bubble_pct
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
     NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_range, fmt_since,
     fmt_time, fmt_unit, min_median_max, more, per_run, plural, sig3, sparkline, strings, table, title, truncate, wrap, _number,
@@ -288,7 +288,10 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
         mean = part.group_by("run", "rank").agg(pl.col(list(labels) + split).mean())  # over the steps
         named = labels | ({"theory_pct": "textbook (no flush)"} if r0["schedule"] == "pipedream" else {})
         if r0["schedule"] == "pipedream":  # a stream: each rank's window is its own step
-            head += "; asynchronous, no flush (each rank over its own step)"
+            # What the flush would have cost: the same P and M under synchronous 1F1B.
+            flushed = theory_bubble_pct(r0["pp_ranks"], r0["microbatches"])
+            head += (f"; asynchronous, no flush (each rank over its own step); 1F1B with a flush would idle "
+                     f"(p-1)/(m+p-1) = {fmt_pct(flushed)}")
         lines = wrap(head, "  ", "    ") + collapsed_table(collapse(mean, list(labels)), named, fmt_pct)
         if split and mean.select(pl.col(split).is_not_null().any()).row(0) != (False,) * len(split):
             lines += ["  where the bubble comes from (% of the pipeline's rank-time, mean of the steps):"]

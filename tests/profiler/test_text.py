@@ -259,6 +259,8 @@ def test_recompute_and_pipedream_runs_fit_100_columns(runs, key):
         assert not too_wide(text), too_wide(text)
         assert "1 microbatches" not in text and "stage(s)" not in text and " 1 ranks" not in text
     assert ("== Recomputation" if key[0] == "ddp" else "pipedream: 2 pipeline ranks, 4 microbatches, 1 stage per rank") in text
+    if key[0] == "pipedream":  # beside its 0 % textbook bubble, what a flush would cost: (2-1)/(4+2-1)
+        assert "1F1B with a flush would idle (p-1)/(m+p-1) = 20.0 %" in " ".join(format_tables(a).split())
 
 
 def test_the_runs_table_names_the_variant_flags(ddp):
