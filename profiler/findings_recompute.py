@@ -35,12 +35,15 @@ def _per_rank(a: "Analysis", run: str) -> pl.DataFrame:
 
 
 def gathers_in_forward(a: "Analysis", run: str) -> bool:
-    """The run's forward all-gathers parameters (fsdp / ZeRO-3): its time holds the gathers and their
-    copies, which the recomputation (on the parameters backward gathered) does not repeat."""
-    c = _str_run(getattr(a, "collectives", None))
-    if c is None or c.is_empty() or "phase" not in c.columns:
+    """The run's forward all-gathers parameters (fsdp / ZeRO-2/3, a hybrid run's dp dimension): its
+    time holds the gathers and their copies, which the recomputation (on the parameters backward
+    gathered) does not repeat. Read from theory's forward all-gather rows of the data-parallel dim:
+    tp's logits and sp's activation gathers (dim tp) are not parameters."""
+    comm = _str_run(getattr(a, "theory_comm", None))
+    if comm is None or comm.is_empty():
         return False
-    return c.filter((pl.col("run") == run) & (pl.col("collective") == "all_gather") & (pl.col("phase") == "forward")).height > 0
+    return comm.filter((pl.col("run") == run) & (pl.col("collective") == "all_gather") & (pl.col("phase") == "forward")
+                       & (pl.col("dim") == "dp")).height > 0
 
 
 NOT_COMPARABLE = ("; not comparable with the prediction: the forward also all-gathers parameters (and copies them "
@@ -137,10 +140,12 @@ def recompute_comparison_rule(a: "Analysis") -> list[Row]:
                 grew = c_on - c_off
                 text += (f"; measured compute {ms(c_off)} → {ms(c_on)} per step ({'+' if grew >= 0 else '−'}"
                          f"{pct(100 * abs(grew) / c_off)})")
-                if grew < 0.5 * rc_us:  # fell, or grew by far less than the recomputation the spans time
-                    text += (f", {'less' if grew < 0 else 'less than half the recomputation'}: the two runs' timings "
-                             "differ by more than the recomputation (CPU timings of short runs are noisy), so the time "
-                             "comparison is inconclusive; the ptprof/recompute spans time the recomputation itself")
+                if grew < 0.5 * rc_us or grew > 2 * rc_us:  # far from the recomputation the spans time
+                    how = ("less" if grew < 0 else "less than half the recomputation" if grew < 0.5 * rc_us
+                           else "more than twice the recomputation")
+                    text += (f", {how}: the two runs' timings differ by more than the "
+                             "recomputation explains (CPU timings of short runs are noisy), so the time comparison is "
+                             "inconclusive; the ptprof/recompute spans time the recomputation itself")
             if steps.get(on) and steps.get(off):
                 text += f"; step {ms(steps[off])} → {ms(steps[on])} ({'+' if steps[on] >= steps[off] else '−'}" \
                         f"{pct(100 * abs(steps[on] - steps[off]) / steps[off])})"
@@ -160,6 +165,10 @@ def _compute(a: "Analysis", run: str) -> float | None:
     return float(v.mean()) if v.len() else None
 
 
+VARIANT_OPTIONS = ("sp", "loss_parallel", "offload", "schedule", "microbatches", "stages_per_rank", "stage_layers",
+                   "experts", "top_k", "capacity_factor", "dp", "pp", "tp", "seq_len", "batch_size", "model")
+
+
 def _key(manifest: dict | None) -> tuple | None:
     """What must be equal for two runs to compare: paradigm, model dims, global batch, world size."""
     if not isinstance(manifest, dict):
@@ -167,4 +176,10 @@ def _key(manifest: dict | None) -> tuple | None:
     key = (manifest_field(manifest, "paradigm"), manifest_field(manifest, "world_size"),
            manifest_field(manifest, "global_batch_size"),
            *(manifest_field(manifest, "model", k) for k in ("vocab_size", "d_model", "n_layers", "seq_len", "n_params")))
-    return None if any(v is None for v in key) else key
+    if any(v is None for v in key):
+        return None
+    # Every other option that changes the run (tp --sp, --loss-parallel, a schedule, microbatches,
+    # experts, ...) must be equal too, or the difference is not the recomputation's.
+    options = manifest.get("options") if isinstance(manifest.get("options"), dict) else {}
+    same = tuple((k, repr(options.get(k))) for k in VARIANT_OPTIONS)
+    return key + same

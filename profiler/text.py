@@ -348,7 +348,7 @@ def _theory_comm(a, runs: list[str], full: bool) -> list[str]:
     if comm is None or comm.is_empty():
         return []
     if not full:
-        return _theory_formulas(comm, runs)
+        return _theory_formulas(a, comm, runs)
     out = [title("Predicted communication", "what the textbook says each rank moves per step")]
     header = ["rank", "dim", "phase", "collective", "ranks", "calls", "bytes", "ring traffic", "Φ"]
     return out + per_run(runs, comm, lambda p: table(header, [
@@ -357,13 +357,18 @@ def _theory_comm(a, runs: list[str], full: bool) -> list[str]:
         for r in p.to_dicts()], "rlllrrrrr", shrink=(3, 2)))
 
 
-def _theory_formulas(comm: pl.DataFrame, runs: list[str]) -> list[str]:
+def _theory_formulas(a, comm: pl.DataFrame, runs: list[str]) -> list[str]:
     """The formula behind each predicted row of the lowest rank of each run (send and recv of the
-    same messages on one line), wrapped to the report's width: what the bytes in the theory check mean."""
+    same messages on one line), wrapped to the report's width: what the bytes in the theory check mean.
+    Rows of one step only (DDP's step-1 bucket rebuild) are shown where that step was analysed."""
     out = [title("Predicted communication", "the formula behind each prediction (lowest rank; --full: all)")]
+    b = strings(a.breakdown_steps) if a.breakdown_steps is not None else None
 
     def render(p: pl.DataFrame) -> list[str]:
         p = p.filter(pl.col("rank") == p["rank"].min())
+        run = p["run"].cast(pl.String)[0]
+        analysed = [] if b is None or "step" not in b.columns else b.filter(pl.col("run") == run)["step"].unique().to_list()
+        p = p.filter(pl.col("step").is_null() | pl.col("step").is_in(analysed))
         lines, seen = [], {}
         for r in p.to_dicts():
             key = (r["dim"], r["phase"], r["formula"], r["note"], r["calls"], r["bytes"])

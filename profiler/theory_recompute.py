@@ -31,7 +31,8 @@ def _dims(*values) -> bool:
 def recompute_on(m: dict) -> bool:
     """Did this run recompute activations? (run.json `recompute` block, or options.recompute)"""
     m = _dict(m)
-    return bool(m.get("recompute")) or bool(_dict(m.get("options")).get("recompute"))
+    # Only what the runners write: a dict block, or options.recompute true (a damaged "no" is not on).
+    return isinstance(m.get("recompute"), dict) or _dict(m.get("options")).get("recompute") is True
 
 
 def recompute_comm_rows(m: dict, rows: list[dict]) -> list[dict]:
@@ -93,4 +94,4 @@ def activation_drop(m: dict, eb: int = 4) -> dict | None:
     without, with_ = n * a, n * inp + (a - inp)
     return {"block_bytes": a, "input_bytes": inp, "without_bytes": without, "with_bytes": with_,
             "drop_bytes": without - with_,
-            "formula": f"(L−1)·(A_block − b·s·h·{eb}), A_block = b·s·(16h + heads + 4)·{eb} = {a:,} B"}
+            "formula": f"(L−1)·(A_block − b·s·h·{eb}), A_block = b·s·({8 + 2 * ratio}h + heads + 4)·{eb} = {a:,} B"}

@@ -108,6 +108,13 @@ def test_recompute_comparison_says_the_peak_dropped_and_the_measured_compute_cha
     fell = only(F.recompute_comparison_rule(recompute_case(compute=(20_000.0, 15_000.0))))["text"]
     assert "measured compute 20.0 ms → 15.0 ms per step (−25.0 %), less: " in fell and "inconclusive" in fell
     assert "grew" not in fell
+    # compute grew far more than the recomputation (20 ms against 3.5 ms): inconclusive too
+    jumped = only(F.recompute_comparison_rule(recompute_case(compute=(20_000.0, 40_000.0))))["text"]
+    assert "(+100 %), more than twice the recomputation: " in jumped and "inconclusive" in jumped
+    # runs that differ in more than --recompute (tp --sp against tp --recompute) are not paired
+    sp = recompute_case()
+    sp.runs["B"] = manifest("ddp", recompute=False, sp=True)
+    assert F.recompute_comparison_rule(sp) == []
     # not comparable: another model, or both recomputing
     other = recompute_case()
     other.runs["B"] = manifest("ddp", recompute=False) | {"global_batch_size": 16}
@@ -123,8 +130,12 @@ def test_the_ratio_is_on_compute_time_and_not_comparable_where_the_forward_gathe
     f = only(F.recompute_rule(a))
     assert "4.00 ms per step, 0.800× its forward's compute (forward 10.0 ms, 5.00 ms of it compute, the rest collective waits" in f["text"]
     assert "not comparable" not in f["text"]
-    # a forward that all-gathers parameters (fsdp) does work the recomputation does not repeat
-    a.collectives = pl.DataFrame({"run": ["A"], "rank": [0], "collective": ["all_gather"], "phase": ["forward"]})
+    # a forward that all-gathers activations or logits (tp, sp: theory's dim tp) is comparable ...
+    gathers = {"run": ["A"], "rank": [0], "collective": ["all_gather"], "phase": ["forward"]}
+    a.theory_comm = pl.DataFrame(gathers | {"dim": ["tp"]})
+    assert "not comparable" not in only(F.recompute_rule(a))["text"]
+    # ... one that all-gathers parameters (fsdp: dim dp) does work the recomputation does not repeat
+    a.theory_comm = pl.DataFrame(gathers | {"dim": ["dp"]})
     assert "not comparable with the prediction: the forward also all-gathers parameters" in only(F.recompute_rule(a))["text"]
     assert "not comparable" in only(F.recompute_comparison_rule(a))["text"]
 

@@ -357,7 +357,11 @@ def test_alpha_beta_whatif_and_predicted_comm_from_their_schemas(ddp):
                           schema=WHATIF_COLUMNS)
     comm = pl.DataFrame([{"run": run, "rank": r, "dim": "dp", "phase": "backward", "collective": "all_reduce",
                           "group_size": 2, "calls": 1, "bytes": 4 * mib, "traffic_bytes": 4.0 * mib, "phi": 2.0,
-                          "formula": "2Φ", "note": None} for r in (0, 1)], schema=COMM_COLUMNS)
+                          "formula": "2Φ", "note": None} for r in (0, 1)]
+                        # rows of one step only: shown where that step was analysed (the sample's 2 and 3)
+                        + [{"run": run, "rank": 0, "dim": "dp", "phase": "forward", "collective": "broadcast",
+                            "group_size": 2, "calls": 1, "bytes": 4, "traffic_bytes": 4.0, "phi": None,
+                            "formula": f"in step {s}", "note": None, "step": s} for s in (1, 2)], schema=COMM_COLUMNS)
     a = dataclasses.replace(ddp, alpha_beta=fit, memory_whatif=whatif, theory_comm=comm)
     text = format_tables(a)
     (ar,) = [line for line in section(text, "Latency and bandwidth") if "all_reduce" in line]
@@ -368,7 +372,8 @@ def test_alpha_beta_whatif_and_predicted_comm_from_their_schemas(ddp):
     (ddp_row,) = [line for line in layouts if line.startswith("  ddp ")]
     assert "16.0 MiB  ◀ this run" in ddp_row and "◀" not in "".join(line for line in layouts if "fsdp" in line)
     # Default: the formula behind the lowest rank's prediction, one line per row (rank 1's is the same).
-    assert section(text, "Predicted communication")[1:] == ["  dp backward all_reduce: 1 call, 4.00 MiB/step = 2Φ", ""]
+    assert section(text, "Predicted communication")[1:] == ["  dp backward all_reduce: 1 call, 4.00 MiB/step = 2Φ",
+                                                             "  dp forward broadcast: 1 call, 4 B/step = in step 2", ""]
     full = section(format_tables(a, full=True), "Predicted communication")
     assert [line.split()[:4] for line in full if "all_reduce" in line] == [["0", "dp", "backward", "all_reduce"],
                                                                            ["1", "dp", "backward", "all_reduce"]]
