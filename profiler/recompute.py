@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import polars as pl
 
+from profiler.collectives import RECOMPUTE_SPAN  # noqa: F401 (one definition of the span name; re-exported)
 from profiler.steps import KEYS
 from profiler.theory_recompute import recompute_compute, recompute_on
 
-RECOMPUTE_SPAN = "ptprof/recompute"
 FORWARD_RE = r"^(ptprof/forward$|ptprof/pp/[FL] )"
 BACKWARD_RE = r"^(ptprof/backward$|ptprof/pp/[BIW] )"
 RECOMPUTE_COLUMNS = {
