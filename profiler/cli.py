@@ -173,12 +173,16 @@ def _print_hta(section: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m profiler analyze ...` (the only subcommand)."""
+    """`python -m profiler analyze|project|plan ...`."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m profiler analyze PATH... [options]   (see: python -m profiler analyze --help)")
+        print("usage: python -m profiler {analyze,project,plan} ...   (see: python -m profiler COMMAND --help)")
         return 0 if argv else EXIT_BAD_INPUT
+    if argv[0] in ("project", "plan"):
+        from profiler.cli_whatif import plan_main, project_main
+
+        return (project_main if argv[0] == "project" else plan_main)(argv[1:])
     if argv[0] != "analyze":
-        _print_line(f"python -m profiler: unknown command {argv[0]!r}; the command is 'analyze'", sys.stderr)
+        _print_line(f"python -m profiler: unknown command {argv[0]!r}; the commands are analyze, project, plan", sys.stderr)
         return EXIT_BAD_INPUT
     return analyze_main(argv[1:])

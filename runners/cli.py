@@ -409,15 +409,17 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="list the runs under a traces folder")
     lst.add_argument("--traces", default="traces", help="folder of runs (default traces/)")
     sub.add_parser("analyze", help="analyze traces (compute/comm/idle, overlap, collectives, ...)", add_help=False)
+    sub.add_parser("project", help="predict a run's step time and memory on a target cluster and layout", add_help=False)
+    sub.add_parser("plan", help="rank the parallel layouts of a model on G GPUs of a cluster", add_help=False)
     sub.add_parser("view", help="open the Dash viewer over a folder of runs", add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # analyze/view keep their own flags: hand them over untouched.
-    if argv and argv[0] in ("analyze", "view"):
-        return _exec_module({"analyze": "profiler", "view": "viewer"}[argv[0]], argv)
+    # analyze/project/plan/view keep their own flags: hand them over untouched.
+    if argv and argv[0] in ("analyze", "project", "plan", "view"):
+        return _exec_module("viewer" if argv[0] == "view" else "profiler", argv)
     parser = build_parser()
     try:
         ns = parser.parse_args(argv)

@@ -28,7 +28,7 @@ def create_app(traces_dir: str | Path = "traces") -> Dash:
     app.server.config[STORE_KEY] = RunStore(traces_dir)
     app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
     # Imported only now: register_page needs an app created with use_pages.
-    from viewer.pages import compare, open, runs  # noqa: F401,A004
+    from viewer.pages import compare, open, plan, runs  # noqa: F401,A004
 
     app.layout = html.Div([
         html.Nav(className="nav", children=[
@@ -36,6 +36,7 @@ def create_app(traces_dir: str | Path = "traces") -> Dash:
             dcc.Link("Runs", href="/"),
             dcc.Link("Compare", href="/compare"),
             dcc.Link("Open", href="/open"),
+            dcc.Link("Plan", href="/plan"),
         ]),
         page_container,
     ])

@@ -1,0 +1,241 @@
+"""The shared language of `ptprof project` and `ptprof plan`: a transformer (`ModelSpec`) and a
+parallel layout (`Layout`) of it on G GPUs, and the parser of `--layout dp=8,tp=8,pp=4`.
+
+Plain values only (no polars): the planner builds hundreds of thousands of these.
+Rank order, as Megatron-LM and runners/hybrid.py: tp innermost, then cp, then dp (ep inside dp),
+pp outermost -- so a tp group holds consecutive ranks (one node when tp <= GPUs per node) and a
+pipeline's stages sit a node (or more) apart. docs/whatif.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)  # 0: DDP; 1: optimizer state sharded; 2: + gradients; 3: + parameters (FSDP)
+
+
+class LayoutError(ValueError):
+    """A model or layout that cannot be: the message names the field and what would fit."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer (GPT): the dims `ptprof plan` takes, or those of a run's run.json.
+
+    `ffn` is the MLP's hidden size (4·hidden in GPT); `experts`/`top_k` > 0 make every
+    `moe_every`-th block's MLP a mixture of experts. Bytes per element: `param_bytes` for weights
+    and activations (2: bf16/fp16 mixed precision), `grad_bytes`, and `optimizer_bytes_per_param`
+    for Adam's state (12 = fp32 master + two fp32 moments: the 16 B/param of mixed-precision Adam).
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int
+    vocab: int
+    seq: int
+    global_batch: int  # sequences per optimizer step
+    experts: int = 0
+    top_k: int = 0
+    moe_every: int = 1
+    param_bytes: int = 2
+    grad_bytes: int = 2
+    optimizer_bytes_per_param: int = 12
+    params: int | None = None  # as given (`--params`); None: count_params() of the dims
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq
+
+    def count_params(self) -> int:
+        """Parameters of the GPT of runners/model.py with these dims: embeddings V·h + s·h, per
+        block 4h² + 4h (attention; biases-free projections as runners/model.py) + 2·h·ffn (MLP;
+        E of them in a MoE block plus an E·h router) + 4h (two LayerNorms), final norm 2h, and an
+        untied head V·h."""
+        h, f = self.hidden, self.ffn
+        dense_mlp = 2 * h * f
+        moe_blocks = self.layers // self.moe_every if self.moe else 0
+        per_block = 4 * h * h + 4 * h
+        mlp = (self.layers - moe_blocks) * dense_mlp + moe_blocks * (self.experts * dense_mlp + self.experts * h)
+        return self.vocab * h + self.seq * h + self.layers * per_block + mlp + 2 * h + self.vocab * h
+
+    def check(self) -> None:
+        """LayoutError naming the first impossible field."""
+        for f in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "global_batch"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise LayoutError(f"--{f.replace('_', '-')} {v!r}: a whole number >= 1 is needed")
+        if self.hidden % self.heads:
+            raise LayoutError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}")
+        if self.experts < 0 or self.top_k < 0 or (self.experts and not 1 <= self.top_k <= self.experts):
+            raise LayoutError(f"--moe {self.experts},{self.top_k}: E >= 1 experts and 1 <= k <= E are needed")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a step of a ModelSpec is spread over dp·cp·tp·pp GPUs (ep divides dp: experts are
+    spread over ep of the dp replicas, Megatron-style).
+
+    microbatch: sequences per microbatch; microbatches: per dp replica per step, so
+    global_batch = dp · microbatch · microbatches. zero: 0 (DDP), 1, 2, 3 (FSDP).
+    stages_per_rank: interleaved-1f1b's virtual stages v. recompute: none | selective (attention
+    core only, Korthikanti et al. 2022) | full (every block). sp: Megatron sequence parallel on
+    the tp group. cp: context parallel (ring attention) degree.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+    zero: int = 0
+    microbatch: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    stages_per_rank: int = 1
+    recompute: str = "none"
+    sp: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.cp * self.tp * self.pp
+
+    def short(self) -> str:
+        """One line, e.g. `dp=8 tp=8 pp=4 zero=1 mb=1x64 1f1b rc=full sp`."""
+        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
+        parts += [f"ep={self.ep}"] * (self.ep > 1) + [f"cp={self.cp}"] * (self.cp > 1)
+        parts += [f"zero={self.zero}", f"mb={self.microbatch}x{self.microbatches}"]
+        if self.pp > 1:
+            parts.append(self.schedule + (f" v={self.stages_per_rank}" if self.stages_per_rank > 1 else ""))
+        if self.recompute != "none":
+            parts.append(f"rc={self.recompute}")
+        if self.sp:
+            parts.append("sp")
+        return " ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def check(self, spec: ModelSpec | None = None, gpus: int | None = None) -> None:
+        """LayoutError naming the first thing that does not divide or does not exist."""
+        for f in ("dp", "tp", "pp", "ep", "cp", "microbatch", "microbatches", "stages_per_rank"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise LayoutError(f"{f}={v!r}: a whole number >= 1 is needed")
+        if self.zero not in ZERO_STAGES:
+            raise LayoutError(f"zero={self.zero!r}: one of 0 (DDP), 1, 2, 3 (FSDP)")
+        if self.schedule not in SCHEDULES:
+            raise LayoutError(f"schedule={self.schedule!r}: one of {', '.join(SCHEDULES)}")
+        if self.recompute not in RECOMPUTE:
+            raise LayoutError(f"recompute={self.recompute!r}: one of {', '.join(RECOMPUTE)}")
+        if self.dp % self.ep:
+            raise LayoutError(f"ep={self.ep} does not divide dp={self.dp} (experts are spread over data-parallel ranks)")
+        if self.stages_per_rank > 1 and self.schedule != "interleaved-1f1b":
+            raise LayoutError(f"v={self.stages_per_rank} needs schedule=interleaved-1f1b")
+        if gpus is not None and self.gpus != gpus:
+            raise LayoutError(f"dp·cp·tp·pp = {self.dp}·{self.cp}·{self.tp}·{self.pp} = {self.gpus}, not the {gpus} GPUs")
+        if spec is None:
+            return
+        if spec.heads % self.tp:
+            raise LayoutError(f"tp={self.tp} does not divide the {spec.heads} heads")
+        if spec.layers % (self.pp * self.stages_per_rank):
+            raise LayoutError(f"pp·v = {self.pp}·{self.stages_per_rank} does not divide the {spec.layers} layers")
+        if spec.seq % self.cp:
+            raise LayoutError(f"cp={self.cp} does not divide the sequence length {spec.seq}")
+        if self.dp * self.microbatch * self.microbatches != spec.global_batch:
+            raise LayoutError(f"dp·microbatch·microbatches = {self.dp}·{self.microbatch}·{self.microbatches} is not "
+                              f"the global batch {spec.global_batch}")
+        if self.ep > 1 and (not spec.moe or spec.experts % self.ep):
+            raise LayoutError(f"ep={self.ep} needs a MoE model whose expert count divides by it")
+
+
+# --layout keys: their Layout field and how to read the value
+_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "ep": "ep", "cp": "cp", "zero": "zero", "mb": "microbatch",
+         "microbatch": "microbatch", "m": "microbatches", "microbatches": "microbatches", "schedule": "schedule",
+         "v": "stages_per_rank", "recompute": "recompute", "rc": "recompute", "sp": "sp"}
+
+
+def parse_layout(text: str, base: Layout | None = None) -> tuple[Layout, set[str]]:
+    """`dp=8,tp=8,pp=4[,zero=1,mb=1,m=64,schedule=1f1b,v=2,recompute=full,sp=1]` on top of `base`:
+    (the layout, the fields given). LayoutError naming the bad item."""
+    out, given = base or Layout(), set()
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not sep or key not in _KEYS:
+            raise LayoutError(f"--layout item {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(set(_KEYS)))}")
+        name = _KEYS[key]
+        if name in ("schedule", "recompute"):
+            v = value.lower()
+        elif name == "sp":
+            if value.lower() not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+                raise LayoutError(f"--layout sp={value!r}: 0 or 1")
+            v = value.lower() in ("1", "true", "yes", "on")
+        else:
+            try:
+                v = int(value)
+            except ValueError:
+                raise LayoutError(f"--layout {key}={value!r}: a whole number is needed") from None
+        out, _ = replace(out, **{name: v}), given.add(name)
+    out.check()
+    return out, given
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def group_stride(layout: Layout, dim: str) -> int:
+    """Distance in global ranks between neighbours of a `dim` group under the rank order above
+    (tp innermost, then cp, then dp, pp outermost): 1 for tp, tp for cp, cp·tp for dp/ep, dp·cp·tp for pp."""
+    order = [("tp", layout.tp), ("cp", layout.cp), ("dp", layout.dp), ("pp", layout.pp)]
+    stride = 1
+    for name, size in order:
+        if name == dim or (dim == "ep" and name == "dp"):
+            return stride
+        stride *= size
+    raise LayoutError(f"no dimension {dim!r}")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A predicted step of one layout on one cluster (costmodel.estimate / project.project_run).
+
+    breakdown_s: where the step goes, summing to step_s: "compute", "comm_exposed:<dim>" per
+    dimension, "bubble", "optimizer", ... (docs/whatif.md names every key). memory_bytes: per GPU,
+    "params", "grads", "optimizer", "activations", "total"; fits: total <= the cluster's HBM.
+    assumptions: every input that is assumed rather than measured, one line each; dominant: the
+    assumption whose error would move step_s the most, with how much.
+    """
+
+    layout: Layout
+    step_s: float
+    breakdown_s: dict[str, float]
+    mfu_pct: float | None
+    memory_bytes: dict[str, int]
+    hbm_bytes: int
+    fits: bool
+    assumptions: list[str] = field(default_factory=list)
+    dominant: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"layout": self.layout.as_dict(), "layout_text": self.layout.short(), "step_s": self.step_s,
+                "breakdown_s": dict(self.breakdown_s), "mfu_pct": self.mfu_pct, "memory_bytes": dict(self.memory_bytes),
+                "hbm_bytes": self.hbm_bytes, "fits": self.fits, "assumptions": list(self.assumptions),
+                "dominant": self.dominant}
