@@ -2,25 +2,61 @@
 (NVLink inside a node, the NIC between nodes, by rank layout) and how long a collective of n
 bytes takes on it, with ring and tree algorithm factors (docs/whatif.md, "Communication").
 
-time = steps·α + traffic/(β·link_efficiency), where traffic is the bytes one GPU sends (nccl-tests'
+time = steps·α + traffic / (β·efficiency), where traffic is the bytes one GPU sends (nccl-tests'
 busbw factors: 2(n−1)/n of the buffer for a ring all-reduce, (n−1)/n for all-gather,
-reduce-scatter and all-to-all) and steps the algorithm's latency terms.
+reduce-scatter and all-to-all, the whole message for send/recv and broadcast) and steps the
+algorithm's latency terms: 2(n−1) for a ring all-reduce, n−1 for the other ring collectives,
+2·⌈log2 n⌉ for a (double binary) tree all-reduce, whose bandwidth term NCCL brings to the ring's.
 """
 
 from __future__ import annotations
 
+import math
+
 from profiler.cluster import Cluster, Link
+
+# Share of the buffer one rank sends, by kind (n = group size): nccl-tests' busbw factors.
+TRAFFIC_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "send": lambda n: 1.0, "recv": lambda n: 1.0, "send_recv": lambda n: 1.0, "broadcast": lambda n: 1.0,
+}
+ALGORITHMS = ("ring", "tree", "auto")
 
 
 def group_link(cluster: Cluster, group_size: int, stride: int) -> Link:
-    """The slowest link a group of `group_size` ranks `stride` apart crosses: intra-node when
-    the group fits inside one node (group_size·stride <= gpus_per_node), else inter-node."""
-    raise NotImplementedError("issue 15: communication cost")
+    """The slowest link a group of `group_size` ranks `stride` apart crosses: the intra-node link
+    when the whole group sits in one node (group_size·stride <= GPUs per node, groups being
+    aligned to their span as in Megatron's rank order), else the inter-node NIC."""
+    if group_size <= 1 or group_size * stride <= cluster.gpus_per_node:
+        return cluster.intra
+    return cluster.inter
+
+
+def latency_steps(kind: str, group_size: int, algorithm: str = "ring") -> int:
+    """α terms of one collective: ring all-reduce 2(n−1), tree 2⌈log2 n⌉, other rings n−1, p2p 1."""
+    n = group_size
+    if kind in ("send", "recv", "send_recv"):
+        return 1
+    if kind == "all_reduce":
+        ring, tree = 2 * (n - 1), 2 * math.ceil(math.log2(n))
+        return {"ring": ring, "tree": tree, "auto": min(ring, tree)}[algorithm]
+    return n - 1
 
 
 def collective_s(kind: str, nbytes: float, group_size: int, link: Link, *, efficiency: float = 1.0,
                  algorithm: str = "ring") -> float:
-    """Seconds for one `kind` (all_reduce, all_gather, reduce_scatter, all_to_all, send/recv,
-    broadcast) of `nbytes` (nccl-tests size convention, profiler.collectives) over `group_size`
-    ranks on `link`. 0 for a group of 1."""
-    raise NotImplementedError("issue 15: communication cost")
+    """Seconds for one `kind` of `nbytes` (nccl-tests size convention, profiler.collectives) over
+    `group_size` ranks on `link`, whose bandwidth reaches `efficiency` of its peak. 0 for a group
+    of 1 (nothing leaves the GPU). ValueError for a kind or algorithm it does not know."""
+    if kind not in TRAFFIC_FACTOR:
+        raise ValueError(f"collective {kind!r}: one of {', '.join(TRAFFIC_FACTOR)}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r}: one of {', '.join(ALGORITHMS)}")
+    if group_size <= 1 and kind not in ("send", "recv", "send_recv"):
+        return 0.0
+    n = max(group_size, 2)
+    traffic = TRAFFIC_FACTOR[kind](n) * nbytes
+    return latency_steps(kind, n, algorithm) * link.latency_us * 1e-6 + traffic / (link.bw_gbps * 1e9 * efficiency)
