@@ -28,3 +28,14 @@ OPEN_PATH = "open-path"
 OPEN_BUTTON = "open-button"
 OPEN_UPLOAD = "open-upload"
 OPEN_RESULT = "open-result"
+
+# Plan page: the form's inputs (PLAN_FORM: field -> id, in the callback's State order), the button, the result
+PLAN_PRESET = "plan-preset"  # dcc.Dropdown: fills the model fields
+PLAN_FORM = {
+    "layers": "plan-layers", "hidden": "plan-hidden", "heads": "plan-heads", "ffn": "plan-ffn", "vocab": "plan-vocab",
+    "seq": "plan-seq", "global_batch": "plan-global-batch", "experts": "plan-experts", "top_k": "plan-top-k",
+    "gpus": "plan-gpus", "cluster": "plan-cluster", "top": "plan-top",
+}
+PLAN_BUTTON = "plan-button"
+PLAN_RESULT = "plan-result"
+PLAN_TABLE = "plan-table"

@@ -1,16 +1,199 @@
 """Plan: the parallel layouts of a transformer on G GPUs of a cluster, ranked by predicted step
 time (profiler.plan, the same as `ptprof plan`), with each layout's breakdown and memory against
-HBM. `/plan`."""
+HBM. `/plan`.
+
+The form's values come from the browser (anything): `read_form` checks them and names the field
+at fault; the cluster must be a shipped preset (never a path: the server's files are not the
+browser's to name). `plan_result` runs the planner and hands its PlanResult to the pure builders
+of viewer.plan_figures; any refusal is one line on the page, never a traceback.
+"""
 
 from __future__ import annotations
 
-import dash
-from dash import html
+import math
+import time
 
+import dash
+from dash import Input, Output, State, callback, dcc, html
+
+from viewer import ids, plan_figures
+from viewer.pages import FONT
+
+MAX_PAGE_GPUS = 16384  # the issue's bound for a plan that takes seconds; the CLI takes more
+MAX_DIM = 1 << 40  # as `ptprof plan`'s whole-number flags
+DEFAULT_VOCAB = 51200  # `ptprof plan --vocab`'s default
+TOP_CHOICES = (5, 10, 20)
+GRAPH_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
+
+# Model presets: (label, dims). Sources: GPT-3 (Brown et al. 2020, Table 2.1: 175B with a 3.2M-token
+# batch = 1536 x 2048; XL 1.3B with 1M tokens = 512 x 2048; XL's table lists 24 heads of 128, which
+# do not divide 2048: 16 heads of 128 here); 22B as ../shared/validation/published_runs.md
+# (Korthikanti et al. 2022, Table 3); Mixtral 8x7B's dims (Jiang et al. 2024, Table 1; its 8 KV
+# heads are not modelled, its batch is not published: 1024 x 4096 is illustrative).
+MODEL_PRESETS = {
+    "gpt3-1.3b": ("GPT-3 XL 1.3B", dict(layers=24, hidden=2048, heads=16, ffn=8192, vocab=51200, seq=2048, global_batch=512)),
+    "22b": ("22B (published runs)", dict(layers=48, hidden=6144, heads=64, ffn=24576, vocab=51200, seq=2048, global_batch=4)),
+    "gpt3-175b": ("GPT-3 175B", dict(layers=96, hidden=12288, heads=96, ffn=49152, vocab=51200, seq=2048, global_batch=1536)),
+    "mixtral-8x7b": ("Mixtral 8x7B-like MoE (8 experts, top-2)",
+                     dict(layers=32, hidden=4096, heads=32, ffn=14336, vocab=32000, seq=4096, global_batch=1024, experts=8, top_k=2)),
+}
+DEFAULT_PRESET = "gpt3-1.3b"
+DEFAULT_GPUS = 8
+MODEL_FIELDS = ("layers", "hidden", "heads", "ffn", "vocab", "seq", "global_batch", "experts", "top_k")
+LABELS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "ffn": "ffn (default 4·hidden)", "vocab": "vocab",
+          "seq": "sequence length", "global_batch": "global batch (sequences)", "experts": "MoE experts (0: dense)",
+          "top_k": "MoE top-k", "gpus": "GPUs"}
+
+
+def _presets() -> list[str]:
+    try:
+        from profiler.cluster import preset_names
+
+        return preset_names()
+    except Exception:  # noqa: BLE001 -- a broken preset folder shows as an empty list, and the callback says why
+        return []
+
+
+def _field(name: str, value):
+    return html.Label([LABELS[name], dcc.Input(id=ids.PLAN_FORM[name], type="number", min=0 if name in ("experts", "top_k") else 1,
+                                               step=1, value=value, debounce=True)])
 
 
 def layout(**_query):
-    return html.Div(className="page", children=[html.H2("Plan"), html.P("Not yet built (issue 15).", className="hint")])
+    dims = dict(zip(MODEL_FIELDS, preset_values(DEFAULT_PRESET)))
+    clusters = _presets()
+    return html.Div(className="page", children=[
+        html.H2("Plan"),
+        html.P(className="hint", children=[
+            "Every parallel layout of a transformer on G GPUs (dp × tp × pp [× ep], ZeRO/FSDP, microbatches, pipeline "
+            "schedule, recomputation), keeping those that divide and fit memory, ranked by predicted step time: ",
+            html.Code("ptprof plan"), " in the browser (docs/whatif.md).",
+        ]),
+        html.Div(className="card", children=[
+            html.Div(className="form-grid", children=[
+                html.Label(["model preset", dcc.Dropdown(id=ids.PLAN_PRESET, value=DEFAULT_PRESET, clearable=False,
+                                                         options=[{"label": lbl, "value": k} for k, (lbl, _) in MODEL_PRESETS.items()])],
+                           style={"gridColumn": "span 2"}),
+                *[_field(f, dims[f]) for f in MODEL_FIELDS],
+                _field("gpus", DEFAULT_GPUS),
+                html.Label(["cluster", dcc.Dropdown(id=ids.PLAN_FORM["cluster"], options=clusters, clearable=False,
+                                                    value="h100" if "h100" in clusters else (clusters[0] if clusters else None))]),
+                html.Label(["layouts shown", dcc.Dropdown(id=ids.PLAN_FORM["top"], options=list(TOP_CHOICES), value=10, clearable=False)]),
+            ]),
+            html.Button("Plan", id=ids.PLAN_BUTTON, className="button"),
+        ]),
+        dcc.Loading(html.Div(id=ids.PLAN_RESULT, children=html.P("Pick a model and a cluster, then Plan.", className="hint"))),
+    ])
 
 
 dash.register_page(__name__, path="/plan", name="Plan", title="ptprof · plan", order=3, layout=layout)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the callbacks return, as plain functions of the form's values (tested directly)
+
+
+def _whole(name: str, value, *, required: bool = True, low: int = 1, high: int = MAX_DIM) -> int | None:
+    """A whole number from the browser (an int, an integral float, digits), within [low, high]."""
+    label = LABELS.get(name, name)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise ValueError(f"{label}: a value is needed")
+        return None
+    if isinstance(value, bool):
+        v = None
+    elif isinstance(value, int):
+        v = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        v = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        v = int(value.strip())
+    else:
+        v = None
+    if v is None:
+        raise ValueError(f"{label}: a whole number is needed, not {str(value)[:40]!r}")
+    if not low <= v <= high:
+        raise ValueError(f"{label} {v}: between {low} and {high} on this page")
+    return v
+
+
+def read_form(form: dict):
+    """(ModelSpec, gpus, cluster preset name, top) from the form's values, or ValueError
+    (LayoutError for a model that cannot be) naming the field."""
+    from profiler.layout import ModelSpec
+
+    if not isinstance(form, dict):
+        raise ValueError("the form's values did not arrive")
+    dims = {f: _whole(f, form.get(f)) for f in ("layers", "hidden", "heads", "seq", "global_batch")}
+    hidden = dims.pop("hidden")
+    ffn = _whole("ffn", form.get("ffn"), required=False) or 4 * hidden
+    vocab = _whole("vocab", form.get("vocab"), required=False) or DEFAULT_VOCAB
+    experts = _whole("experts", form.get("experts"), required=False, low=0) or 0
+    top_k = _whole("top_k", form.get("top_k"), required=False, low=0) or 0
+    if top_k and not experts:
+        raise ValueError(f"MoE top-k {top_k} given without experts: set the experts (or top-k to 0)")
+    if experts and not top_k:
+        raise ValueError(f"MoE experts {experts} need a top-k (1 to {experts})")
+    gpus = _whole("gpus", form.get("gpus"), high=MAX_PAGE_GPUS)
+    spec = ModelSpec(hidden=hidden, ffn=ffn, vocab=vocab, experts=experts, top_k=top_k, **dims)
+    spec.check()
+    cluster = form.get("cluster")
+    presets = _presets()
+    if not isinstance(cluster, str) or cluster not in presets:
+        raise ValueError(f"cluster {str(cluster)[:40]!r}: not a preset; pick one of {', '.join(presets) or '(none shipped)'}")
+    top = form.get("top")
+    top = top if isinstance(top, int) and not isinstance(top, bool) and 1 <= top <= plan_figures.TOP_MAX else 10
+    return spec, gpus, cluster, top
+
+
+def _heading(spec, gpus: int, cluster, seconds: float) -> str:
+    moe = f", MoE {spec.experts} experts top-{spec.top_k}" if spec.moe else ""
+    return (f"{plan_figures.sig3(spec.count_params() / 1e9)} B parameters ({spec.layers} layers, hidden {spec.hidden}, "
+            f"{spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}, global batch {spec.global_batch}{moe}) "
+            f"on {gpus} GPUs of {cluster.name} ({plan_figures.sig3(cluster.peak_tflops)} TFLOP/s, "
+            f"{plan_figures.sig3(cluster.hbm_gib)} GiB HBM, {cluster.gpus_per_node} per node); planned in {seconds:.2f} s.")
+
+
+def plan_result(form: dict):
+    """The result area's children: the plan (viewer.plan_figures.plan_children), or one line
+    saying why there is none."""
+    try:
+        spec, gpus, name, top = read_form(form)
+        from profiler.cluster import load_cluster
+        from profiler.plan import plan
+
+        cluster = load_cluster(name)
+        t0 = time.perf_counter()
+        result = plan(spec, gpus, cluster)
+        took = time.perf_counter() - t0
+    except ValueError as e:  # LayoutError, ClusterError and the form's own refusals
+        return html.Div(f"Refused: {e}", className="error")
+    except NotImplementedError as e:
+        return html.Div(f"The planner is not available in this build ({e}).", className="error")
+    except Exception as e:  # noqa: BLE001 -- the page's rule: a line saying what failed, never a 500
+        return html.Div(f"The plan failed: {type(e).__name__}: {e}", className="error")
+    return plan_figures.plan_children(result, top=top, heading=_heading(spec, gpus, cluster, took), table_id=ids.PLAN_TABLE,
+                                      font=FONT, graph_config=GRAPH_CONFIG)
+
+
+def preset_values(preset) -> list:
+    """The model fields' values for a preset, in MODEL_FIELDS order (experts/top-k 0 when dense)."""
+    if not isinstance(preset, str) or preset not in MODEL_PRESETS:
+        raise dash.exceptions.PreventUpdate
+    dims = MODEL_PRESETS[preset][1]
+    return [dims.get(f, 0) for f in MODEL_FIELDS]
+
+
+# ---------------------------------------------------------------------------------------------
+# Callbacks
+
+
+@callback(*[Output(ids.PLAN_FORM[f], "value") for f in MODEL_FIELDS], Input(ids.PLAN_PRESET, "value"), prevent_initial_call=True)
+def fill_preset(preset):
+    return preset_values(preset)
+
+
+@callback(Output(ids.PLAN_RESULT, "children"), Input(ids.PLAN_BUTTON, "n_clicks"), *[State(i, "value") for i in ids.PLAN_FORM.values()],
+          prevent_initial_call=True)
+def show_plan(_clicks, *values):
+    return plan_result(dict(zip(ids.PLAN_FORM, values)))

@@ -1,0 +1,236 @@
+"""The Plan page: its pure builders (viewer.plan_figures) on hand-made Estimates and PlanResults,
+and its callback function on good and bad forms (no browser)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from profiler.layout import Estimate, Layout
+from profiler.plan import PlanResult
+from tests.viewer.conftest import dash_post
+from tests.viewer.test_theory_cards import _find, _text
+from viewer import ids
+from viewer.plan_figures import (
+    PURE_PLAN_LINE,
+    ROT_OUTLINE,
+    TOP_MAX,
+    UNATTRIBUTED,
+    assumption_lines,
+    build_plan_breakdown_figure,
+    build_plan_memory_figure,
+    plan_children,
+    plan_entries,
+    plan_table_rows,
+    refused_lines,
+    rule_of_thumb_line,
+    why_lines,
+)
+
+GiB = 2**30
+HBM = 80 * GiB
+
+
+def _est(dp, tp, pp, breakdown, *, params_gib=10.0, grads_gib=5.0, opt_gib=20.0, act_gib=15.0, step=None, mfu=40.0) -> Estimate:
+    mem = {"params": int(params_gib * GiB), "grads": int(grads_gib * GiB), "optimizer": int(opt_gib * GiB),
+           "activations": int(act_gib * GiB)}
+    mem["total"] = sum(mem.values())
+    return Estimate(layout=Layout(dp=dp, tp=tp, pp=pp, microbatches=4), step_s=sum(breakdown.values()) if step is None else step,
+                    breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem, hbm_bytes=HBM, fits=mem["total"] <= HBM,
+                    assumptions=["link efficiency 0.8 assumed"], dominant="compute efficiency ±20 % moves the step ±0.2 s")
+
+
+# Three fitting layouts, fastest first (steps 1.0, 1.25, 1.75 s), written out by hand.
+A = _est(8, 1, 1, {"compute": 0.8, "comm_exposed:dp": 0.2})  # 1.0 s
+B = _est(4, 2, 1, {"compute": 0.8, "comm_exposed:dp": 0.1, "comm_exposed:tp": 0.35})  # 1.25 s
+C = _est(2, 2, 2, {"compute": 0.8, "comm_exposed:tp": 0.35, "bubble": 0.5, "optimizer": 0.1})  # 1.75 s
+TOO_BIG = _est(1, 8, 1, {"compute": 0.9, "comm_exposed:tp": 0.4}, act_gib=60.0)  # 95 GiB > 80 GiB HBM
+
+
+def _result(ranked, rot=None, rot_rank=None, **kw) -> PlanResult:
+    return PlanResult(ranked=ranked, considered=kw.get("considered", 40), refused=kw.get("refused", {"does not fit HBM": 30, "tp does not divide heads": 7}),
+                      rule_of_thumb=rot, rule_of_thumb_rank=rot_rank, assumptions=kw.get("assumptions", ["gemm efficiency 0.8 of peak"]))
+
+
+def _bars(fig):
+    return [t for t in fig.data if t.type == "bar"]
+
+
+def test_breakdown_bars_stack_to_each_step():
+    fig = build_plan_breakdown_figure(plan_entries(_result([A, B, C]), 10))
+    bars = _bars(fig)
+    assert list(bars[0].x) == ["#1", "#2", "#3"]
+    # One trace per breakdown key, known keys in a fixed order.
+    assert [t.name for t in bars] == ["compute", "exposed tp comm", "exposed dp comm", "pipeline bubble", "optimizer step"]
+    totals = [sum(t.y[i] for t in bars) for i in range(3)]
+    assert totals == pytest.approx([1.0, 1.25, 1.75])
+    assert {t.marker.color for t in bars if t.name.startswith("exposed")} <= {"#F58518", "#FFBF79"}
+    assert not [t for t in bars if t.name == UNATTRIBUTED]
+
+
+def test_a_breakdown_short_of_the_step_shows_the_rest_as_unattributed():
+    short = _est(8, 1, 1, {"compute": 1.5}, step=2.0)
+    bars = _bars(build_plan_breakdown_figure(plan_entries(_result([short]), 10)))
+    assert [t.name for t in bars] == ["compute", UNATTRIBUTED]
+    assert bars[1].y[0] == pytest.approx(0.5) and sum(t.y[0] for t in bars) == pytest.approx(2.0)
+
+
+def test_memory_bars_stack_parts_under_the_hbm_line():
+    fig = build_plan_memory_figure(plan_entries(_result([A, B]), 10))
+    bars = _bars(fig)
+    assert [t.name for t in bars] == ["parameters", "gradients", "optimizer state", "activations"]
+    assert [sum(t.y[i] for t in bars) for i in range(2)] == pytest.approx([50.0, 50.0])  # 10 + 5 + 20 + 15 GiB
+    (line,) = fig.layout.shapes
+    assert line.y0 == line.y1 == pytest.approx(80.0)  # the cluster's HBM, GiB
+    assert fig.layout.annotations[0].text == "HBM 80.0 GiB"
+
+
+def test_rule_of_thumb_in_the_top_is_highlighted_in_place():
+    entries = plan_entries(_result([A, B, C], rot=B, rot_rank=2), 10)
+    assert [e.label for e in entries] == ["#1", "#2 rule of thumb", "#3"]
+    for fig in (build_plan_breakdown_figure(entries), build_plan_memory_figure(entries)):
+        for t in _bars(fig):
+            assert list(t.marker.line.width) == [0, ROT_OUTLINE["width"], 0]
+    rows = plan_table_rows(entries)
+    assert [r["note"] for r in rows] == ["", "rule of thumb", ""]
+    assert "ranks #2 of 3 fitting layouts, 1.25× the best step" in rule_of_thumb_line(_result([A, B, C], rot=B, rot_rank=2))
+
+
+def test_rule_of_thumb_below_the_top_or_not_fitting_is_appended():
+    ranked = [A] * 30
+    low = plan_entries(_result(ranked, rot=C, rot_rank=25), 5)
+    assert [e.label for e in low] == ["#1", "#2", "#3", "#4", "#5", "#25 rule of thumb"]
+    unfit = plan_entries(_result([A, B], rot=TOO_BIG, rot_rank=None), 10)
+    assert [e.label for e in unfit] == ["#1", "#2", "rule of thumb (does not fit)"]
+    row = plan_table_rows(unfit)[-1]
+    assert row["rank"] is None and row["note"] == "rule of thumb, does not fit HBM"
+    assert row["memory_gib"] == 95.0 and row["hbm_pct"] == pytest.approx(119.0)  # 95 / 80 GiB, to 3 figures
+    assert sum(t.y[2] for t in _bars(build_plan_memory_figure(unfit))) == pytest.approx(95.0)  # drawn above the line
+    line = rule_of_thumb_line(_result([A, B], rot=TOO_BIG, rot_rank=None))
+    assert line == "Rule of thumb (dp=1 tp=8 pp=1 zero=0 mb=1x4) does not fit: needs 95.0 GiB per GPU of 80.0 GiB HBM."
+
+
+def test_at_most_top_max_layouts_are_shown():
+    assert len(plan_entries(_result([A] * 100), 500)) == TOP_MAX
+    assert len(plan_entries(_result([A] * 100), 0)) == 1
+
+
+def test_table_rows_carry_the_numbers():
+    (row,) = plan_table_rows(plan_entries(_result([C]), 10))
+    assert row["layout"] == "dp=2 tp=2 pp=2 zero=0 mb=1x4 1f1b"
+    assert (row["rank"], row["step_s"], row["mfu_pct"], row["memory_gib"]) == (1, 1.75, 40.0, 50.0)
+    assert (row["hbm_pct"], row["exposed_comm_s"], row["bubble_s"]) == (62.5, 0.35, 0.5)  # 50/80 GiB; tp 0.35 s; bubble 0.5 s
+
+
+def test_non_finite_numbers_are_not_shown_as_numbers():
+    odd = Estimate(layout=Layout(dp=8), step_s=1.0, breakdown_s={"compute": 1.0}, mfu_pct=math.nan,
+                   memory_bytes={"total": 10 * GiB}, hbm_bytes=HBM, fits=True)
+    (row,) = plan_table_rows(plan_entries(_result([odd]), 10))
+    assert row["mfu_pct"] is None
+    assert "MFU" not in why_lines(_result([odd]))[0]
+
+
+def test_why_lines_name_the_parts_that_separate_the_best():
+    lines = why_lines(_result([A, B, C], rot=C, rot_rank=3))
+    assert lines[0] == "#1 dp=8 tp=1 pp=1 zero=0 mb=1x4: 1.00 s per step, MFU 40.0 %"
+    # B - A: tp 0.35 s more, dp 0.1 s less: the gap is 0.25 s of B's 1.25 s = 20 %.
+    assert lines[1] == "#1 beats #2 (dp=4 tp=2 pp=1 zero=0 mb=1x4) by 0.250 s (20.0 %): exposed tp comm 0 s vs 0.350 s"
+    assert lines[2].startswith("#1 beats the rule of thumb (dp=2 tp=2 pp=2 zero=0 mb=1x4 1f1b) by 0.750 s (42.9 %): "
+                               "pipeline bubble 0 s vs 0.500 s; exposed tp comm 0 s vs 0.350 s")
+    given = _result([A, B])
+    given.why = ["tp=1 keeps every collective on NVLink"]
+    assert why_lines(given) == ["tp=1 keeps every collective on NVLink"]
+
+
+def test_refusals_and_assumptions_are_said():
+    r = _result([A, B, C])
+    assert refused_lines(r) == ["40 layouts considered, 3 fit and are ranked.", "30 refused: does not fit HBM",
+                                "7 refused: tp does not divide heads"]
+    lines = assumption_lines(r)
+    assert lines[0] == PURE_PLAN_LINE and "compute efficiency" in lines[0] and "assumed" in lines[0]
+    assert lines[1:] == ["gemm efficiency 0.8 of peak", "link efficiency 0.8 assumed",
+                         "Dominant uncertainty of #1: compute efficiency ±20 % moves the step ±0.2 s"]
+
+
+def test_the_result_area_has_every_part_and_nothing_fitting_is_an_error():
+    body = plan_children(_result([A, B, C], rot=B, rot_rank=2), top=10, heading="h", table_id="t", font="x")
+    text = _text(body)
+    for title in ("Ranked layouts", "Why they win", "Where the step goes", "Memory per GPU", "Refused", "Assumptions"):
+        assert title in text
+    assert not _find(body, "error")
+    none = plan_children(_result([], rot=TOO_BIG, rot_rank=None, refused={"does not fit HBM": 40}), top=10, heading="h",
+                         table_id="t", font="x")
+    (err,) = _find(none, "error")
+    assert _text(err) == "No layout fits: 40 refused: does not fit HBM"
+    assert "does not fit: needs 95.0 GiB" in _text(none)
+
+
+# ---------------------------------------------------------------------------------------------
+# The page's callback function (needs the app: pages register themselves)
+
+
+GOOD = dict(layers=2, hidden=256, heads=8, ffn=1024, vocab=1000, seq=128, global_batch=16, experts=0, top_k=0, gpus=8,
+            cluster="h100", top=10)
+
+
+@pytest.fixture(scope="module")
+def plan_page(app):
+    from viewer.pages import plan
+
+    return plan
+
+
+@pytest.mark.parametrize("change, says", [
+    (dict(heads=7), "--hidden 256 is not divisible by --heads 7"),
+    (dict(cluster="nowhere"), "cluster 'nowhere': not a preset"),
+    (dict(cluster="/etc/passwd"), "cluster '/etc/passwd': not a preset"),
+    (dict(hidden="abc"), "hidden: a whole number is needed, not 'abc'"),
+    (dict(layers=None), "layers: a value is needed"),
+    (dict(seq=2.5), "sequence length: a whole number is needed"),
+    (dict(gpus=10**9), "GPUs 1000000000: between 1 and 16384"),
+    (dict(top_k=2), "MoE top-k 2 given without experts"),
+    (dict(experts=4, top_k=5), "--moe 4,5"),
+    (dict(gpus=True), "GPUs: a whole number is needed"),
+])
+def test_bad_input_is_one_error_line(plan_page, change, says):
+    out = plan_page.plan_result({**GOOD, **change})
+    assert out.className == "error" and says in _text(out)
+    assert "Traceback" not in _text(out)
+
+
+def test_the_callback_answers_any_input_with_a_line(app, plan_page):
+    res = dash_post(app, f"{ids.PLAN_RESULT}.children", 1, state=["x"] * len(ids.PLAN_FORM))
+    assert res.status_code == 200 and "whole number is needed" in res.get_data(as_text=True)
+    assert plan_page.plan_result(None).className == "error"
+
+
+def test_presets_fill_valid_models(plan_page):
+    from profiler.layout import ModelSpec
+
+    for name, (_label, dims) in plan_page.MODEL_PRESETS.items():
+        values = dict(zip(plan_page.MODEL_FIELDS, plan_page.preset_values(name)))
+        ModelSpec(**values).check()
+    gpt3 = dict(zip(plan_page.MODEL_FIELDS, plan_page.preset_values("gpt3-175b")))
+    assert ModelSpec(**gpt3).count_params() == pytest.approx(175e9, rel=0.02)  # GPT-3's 175B
+
+
+def test_a_good_form_gives_the_ranked_table(plan_page):
+    """The real planner (profiler.plan) on a small model on 8 GPUs: a table of ranked layouts."""
+    form = {**GOOD, "cluster": plan_page._presets()[0]} if "h100" not in plan_page._presets() else GOOD
+    out = plan_page.plan_result(form)
+    assert not _find(out, "error"), _text(out)
+    (table,) = [c for c in _walk(out) if getattr(c, "id", None) == ids.PLAN_TABLE]
+    assert 1 <= len(table.data) <= 10 and table.data[0]["rank"] == 1
+    steps = [r["step_s"] for r in table.data if r["rank"] is not None]
+    assert steps == sorted(steps) and all(s > 0 for s in steps)
+    assert PURE_PLAN_LINE in _text(out)
+
+
+def _walk(component):
+    if isinstance(component, (list, tuple)):
+        for c in component:
+            yield from _walk(c)
+    elif component is not None and not isinstance(component, (str, int, float)):
+        yield component
+        yield from _walk(getattr(component, "children", None))

@@ -1,0 +1,356 @@
+"""Pure builders of the Plan page: a profiler.plan.PlanResult (plain Estimates) in; table rows,
+figures, lines and Dash components out. No I/O, no planning, no callbacks (viewer/pages/plan.py
+runs the planner and hands its result here).
+
+What is shown, per layout: the top N of `PlanResult.ranked` (N <= TOP_MAX keeps the payload small)
+plus the rule-of-thumb layout where it ranks lower or does not fit, highlighted everywhere
+(table row, bars) so the reader sees where the teaching rule lands. Step breakdowns stack to
+`step_s` (Estimate's contract); any part the breakdown leaves unattributed is drawn as such, never
+dropped. Numbers that are not finite are shown as "—", never as a number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+from dash import dash_table, dcc, html
+
+from viewer.figures import CATEGORY_COLORS, _empty
+
+TOP_MAX = 20  # layouts drawn and tabled at most: a plan may rank thousands
+GIB = 2**30
+ROT = "rule of thumb"
+ROT_OUTLINE = dict(color="#111827", width=3)  # the rule-of-thumb bar's outline
+ROT_ROW_STYLE = {"backgroundColor": "#fef9c3", "fontWeight": "600"}
+
+# Breakdown keys (costmodel's Estimate.breakdown_s; docs/whatif.md names each): colour and legend.
+# Exposed communication is orange by dimension, as communication is in the rest of the viewer.
+BREAKDOWN_STYLE = {
+    "compute": ("compute", CATEGORY_COLORS["compute"]),
+    "recompute": ("recomputation", "#9ECAE9"),
+    "comm_exposed:tp": ("exposed tp comm", "#F58518"),
+    "comm_exposed:sp": ("exposed sp comm", "#F58518"),
+    "comm_exposed:cp": ("exposed cp comm", "#FDAE6B"),
+    "comm_exposed:dp": ("exposed dp comm", "#FFBF79"),
+    "comm_exposed:ep": ("exposed ep comm", "#D94801"),
+    "comm_exposed:pp": ("exposed pp comm", "#A63603"),
+    "bubble": ("pipeline bubble", "#BDBDBD"),
+    "optimizer": ("optimizer step", CATEGORY_COLORS["memory"]),
+}
+UNATTRIBUTED = "unattributed"  # step_s minus the breakdown's sum, where positive
+OTHER_COLORS = ["#72B7B2", "#B279A2", "#9D755D", "#EECA3B", "#FF9DA6", "#54A24B", "#E45756"]
+MEMORY_PARTS = [("params", "parameters", "#4C78A8"), ("grads", "gradients", "#F58518"),
+                ("optimizer", "optimizer state", "#54A24B"), ("activations", "activations", "#B279A2")]
+TABLE_COLUMNS = [  # (id, header, numeric)
+    ("rank", "rank", True), ("layout", "layout", False), ("step_s", "step (s)", True), ("mfu_pct", "MFU %", True),
+    ("memory_gib", "memory GiB", True), ("hbm_pct", "% of HBM", True), ("exposed_comm_s", "exposed comm (s)", True),
+    ("bubble_s", "bubble (s)", True), ("note", "", False),
+]
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One layout as the page shows it: its rank among the fitting layouts (None: it does not
+    fit), its Estimate, and whether it is the rule of thumb's."""
+
+    rank: int | None
+    estimate: object  # profiler.layout.Estimate (duck-typed: the builders read its fields only)
+    rule_of_thumb: bool = False
+
+    @property
+    def label(self) -> str:
+        """The bar's x label and the table's key: `#3`, `#3 rule of thumb`, `rule of thumb (does not fit)`."""
+        if self.rank is None:
+            return f"{ROT} (does not fit)" if self.rule_of_thumb else "(does not fit)"
+        return f"#{self.rank}" + (f" {ROT}" if self.rule_of_thumb else "")
+
+
+def plan_entries(result, top: int = 10) -> list[PlanEntry]:
+    """The top `top` (capped at TOP_MAX) ranked layouts, then the rule of thumb's if it ranks
+    lower or does not fit (so it is always on the page when the planner gave one)."""
+    top = max(1, min(int(top), TOP_MAX))
+    rot_rank = result.rule_of_thumb_rank
+    entries = [PlanEntry(i, e, rule_of_thumb=(i == rot_rank)) for i, e in enumerate(result.ranked[:top], start=1)]
+    if result.rule_of_thumb is not None and (rot_rank is None or rot_rank > top):
+        fits = rot_rank is not None and getattr(result.rule_of_thumb, "fits", True)
+        entries.append(PlanEntry(rot_rank if fits else None, result.rule_of_thumb, rule_of_thumb=True))
+    return entries
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers
+
+
+def _finite(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def sig3(v: float | None, unit: str = "") -> str:
+    """3 significant figures, no e-notation for the magnitudes shown; '—' for none or not finite."""
+    v = _finite(v)
+    if v is None:
+        return "—"
+    if v == 0:
+        return "0" + unit
+    digits = 2 - math.floor(math.log10(abs(v)))
+    return f"{round(v, digits):.{max(digits, 0)}f}{unit}"
+
+
+def _round3(v) -> float | None:
+    v = _finite(v)
+    if v is None or v == 0:
+        return v
+    return round(v, 2 - math.floor(math.log10(abs(v))))
+
+
+def exposed_comm_s(estimate) -> float:
+    """Exposed communication of a step: the sum of its `comm_exposed:<dim>` parts."""
+    return sum(v for k, v in estimate.breakdown_s.items() if k.startswith("comm_exposed") and _finite(v) is not None)
+
+
+def breakdown_label(key: str) -> str:
+    if key in BREAKDOWN_STYLE:
+        return BREAKDOWN_STYLE[key][0]
+    if key.startswith("comm_exposed:"):
+        return f"exposed {key.split(':', 1)[1]} comm"
+    return key.replace("_", " ")
+
+
+def breakdown_keys(entries: list[PlanEntry]) -> list[str]:
+    """Every breakdown key of these layouts, in a fixed order: the known ones as BREAKDOWN_STYLE
+    lists them, then others as first seen (so a key keeps its colour from plan to plan)."""
+    seen = list(dict.fromkeys(k for e in entries for k in e.estimate.breakdown_s))
+    return [k for k in BREAKDOWN_STYLE if k in seen] + [k for k in seen if k not in BREAKDOWN_STYLE]
+
+
+def breakdown_color(key: str, others: list[str]) -> str:
+    if key in BREAKDOWN_STYLE:
+        return BREAKDOWN_STYLE[key][1]
+    if key.startswith("comm_exposed:"):
+        return "#E6550D"
+    return OTHER_COLORS[others.index(key) % len(OTHER_COLORS)] if key in others else "#9CA3AF"
+
+
+# ---------------------------------------------------------------------------------------------
+# Table
+
+
+def plan_table_rows(entries: list[PlanEntry]) -> list[dict]:
+    """One row per entry (TABLE_COLUMNS): rank, layout text, step, MFU, memory per GPU and its
+    share of HBM, exposed communication, bubble; `note` says rule of thumb / does not fit."""
+    rows = []
+    for e in entries:
+        est = e.estimate
+        total = est.memory_bytes.get("total")
+        hbm = est.hbm_bytes
+        notes = ([ROT] if e.rule_of_thumb else []) + ([] if est.fits else ["does not fit HBM"])
+        rows.append({
+            "id": e.label, "rank": e.rank, "layout": est.layout.short(), "step_s": _round3(est.step_s),
+            "mfu_pct": _round3(est.mfu_pct),
+            "memory_gib": _round3(total / GIB) if _finite(total) is not None else None,
+            "hbm_pct": _round3(100 * total / hbm) if _finite(total) is not None and _finite(hbm) else None,
+            "exposed_comm_s": _round3(exposed_comm_s(est)), "bubble_s": _round3(est.breakdown_s.get("bubble", 0.0)),
+            "note": ", ".join(notes), "rule_of_thumb": e.rule_of_thumb,
+        })
+    return rows
+
+
+def build_plan_table(entries: list[PlanEntry], *, table_id: str, font: str):
+    """The ranked layouts as a DataTable, the rule of thumb's row highlighted."""
+    rows = plan_table_rows(entries)
+    return dash_table.DataTable(
+        id=table_id, data=rows,
+        columns=[{"name": name, "id": c, "type": "numeric" if num else "text"} for c, name, num in TABLE_COLUMNS],
+        sort_action="native",
+        style_cell={"fontFamily": font, "fontSize": "0.85rem", "padding": "3px 8px", "textAlign": "left"},
+        style_header={"fontWeight": "600", "backgroundColor": "#f3f4f6"},
+        style_data_conditional=[
+            {"if": {"filter_query": '{note} contains "rule of thumb"'}, **ROT_ROW_STYLE},
+            {"if": {"filter_query": "{hbm_pct} > 100", "column_id": "hbm_pct"}, "color": "#b91c1c"},
+        ],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+def _outlines(entries: list[PlanEntry]) -> dict:
+    return dict(color=ROT_OUTLINE["color"], width=[ROT_OUTLINE["width"] if e.rule_of_thumb else 0 for e in entries])
+
+
+def build_plan_breakdown_figure(entries: list[PlanEntry]) -> go.Figure:
+    """One stacked bar per layout, one colour per breakdown key (seconds of a step): the parts
+    stack to the layout's step_s; the rule of thumb's bar is outlined and so labelled."""
+    entries = [e for e in entries if _finite(e.estimate.step_s) is not None]
+    if not entries:
+        return _empty("no layout to draw")
+    keys = breakdown_keys(entries)
+    others = [k for k in keys if k not in BREAKDOWN_STYLE]
+    x = [e.label for e in entries]
+    hover = [e.estimate.layout.short() for e in entries]
+    fig = go.Figure()
+    for key in keys:
+        y = [_finite(e.estimate.breakdown_s.get(key, 0.0)) or 0.0 for e in entries]
+        name = breakdown_label(key)
+        fig.add_trace(go.Bar(x=x, y=y, name=name, marker=dict(color=breakdown_color(key, others), line=_outlines(entries)),
+                             customdata=hover, hovertemplate="%{customdata}<br>" + name + ": %{y:.4g} s<extra>%{x}</extra>"))
+    rest = [e.estimate.step_s - sum(_finite(v) or 0.0 for v in e.estimate.breakdown_s.values()) for e in entries]
+    if any(r > 1e-9 * max(e.estimate.step_s, 1e-12) for r, e in zip(rest, entries)):
+        fig.add_trace(go.Bar(x=x, y=[max(r, 0.0) for r in rest], name=UNATTRIBUTED, marker=dict(color="#E5E7EB", line=_outlines(entries)),
+                             customdata=hover, hovertemplate="%{customdata}<br>not in the breakdown: %{y:.4g} s<extra>%{x}</extra>"))
+    fig.add_trace(go.Scatter(x=x, y=[e.estimate.step_s for e in entries], mode="text", name="step",
+                             text=[sig3(e.estimate.step_s, " s") for e in entries], textposition="top center",
+                             showlegend=False, hoverinfo="skip"))
+    fig.update_layout(barmode="stack", template="plotly_white", height=380, yaxis_title="seconds per step",
+                      margin=dict(l=60, r=20, t=30, b=60), legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom", traceorder="normal"))
+    return fig
+
+
+def memory_parts_gib(estimate) -> dict[str, float]:
+    """Memory per GPU in GiB by MEMORY_PARTS, plus `other` for what `total` holds beyond them."""
+    mem = estimate.memory_bytes
+    parts = {k: (_finite(mem.get(k)) or 0.0) / GIB for k, _, _ in MEMORY_PARTS}
+    total = _finite(mem.get("total"))
+    if total is not None and total / GIB - sum(parts.values()) > 1e-9 * max(total / GIB, 1.0):
+        parts["other"] = total / GIB - sum(parts.values())
+    return parts
+
+
+def build_plan_memory_figure(entries: list[PlanEntry], hbm_bytes: int | None = None) -> go.Figure:
+    """Memory per GPU of each layout, stacked parameters / gradients / optimizer state /
+    activations (GiB), with the cluster's HBM as a dashed line; the rule of thumb's bar outlined."""
+    if not entries:
+        return _empty("no layout to draw")
+    hbm = _finite(hbm_bytes if hbm_bytes is not None else entries[0].estimate.hbm_bytes)
+    parts = [memory_parts_gib(e.estimate) for e in entries]
+    x = [e.label for e in entries]
+    hover = [e.estimate.layout.short() for e in entries]
+    fig = go.Figure()
+    for key, name, color in MEMORY_PARTS + [("other", "other", "#9CA3AF")]:
+        if key == "other" and not any("other" in p for p in parts):
+            continue
+        fig.add_trace(go.Bar(x=x, y=[round(p.get(key, 0.0), 4) for p in parts], name=name,
+                             marker=dict(color=color, line=_outlines(entries)), customdata=hover,
+                             hovertemplate="%{customdata}<br>" + name + ": %{y:.3g} GiB<extra>%{x}</extra>"))
+    if hbm is not None:
+        fig.add_hline(y=hbm / GIB, line=dict(color="#b91c1c", dash="dash", width=2),
+                      annotation_text=f"HBM {sig3(hbm / GIB)} GiB", annotation_position="top left")
+    fig.update_layout(barmode="stack", template="plotly_white", height=380, yaxis_title="GiB per GPU",
+                      margin=dict(l=60, r=20, t=30, b=60), legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom", traceorder="normal"))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Lines: why the best win, where the rule of thumb ranks, what was refused, what is assumed
+
+
+def _biggest_differences(a, b, n: int = 2) -> list[str]:
+    keys = list(dict.fromkeys([*a.breakdown_s, *b.breakdown_s]))
+    diffs = sorted(((_finite(b.breakdown_s.get(k, 0.0)) or 0.0) - (_finite(a.breakdown_s.get(k, 0.0)) or 0.0), k) for k in keys)
+    diffs = [d for d in reversed(diffs) if d[0] > 0][:n]
+    return [f"{breakdown_label(k)} {sig3(a.breakdown_s.get(k, 0.0), ' s')} vs {sig3(b.breakdown_s.get(k, 0.0), ' s')}" for _, k in diffs]
+
+
+def _versus(a, b, what: str) -> str:
+    gap = b.step_s - a.step_s
+    pct = f" ({sig3(100 * gap / b.step_s)} %)" if b.step_s else ""
+    where = _biggest_differences(a, b)
+    return f"#1 beats {what} ({b.layout.short()}) by {sig3(gap, ' s')}{pct}" + (": " + "; ".join(where) if where else "")
+
+
+def why_lines(result) -> list[str]:
+    """The planner's own lines on why the best win where it gives them (`why`), else the
+    breakdown parts that separate #1 from #2 and from the rule of thumb."""
+    given = getattr(result, "why", None)
+    if isinstance(given, (list, tuple)) and given:
+        return [str(x) for x in given]
+    if not result.ranked:
+        return []
+    best = result.ranked[0]
+    lines = [f"#1 {best.layout.short()}: {sig3(best.step_s, ' s')} per step" + (f", MFU {sig3(best.mfu_pct)} %" if _finite(best.mfu_pct) is not None else "")]
+    if len(result.ranked) > 1:
+        lines.append(_versus(best, result.ranked[1], "#2"))
+    rot = result.rule_of_thumb
+    if rot is not None and result.rule_of_thumb_rank not in (None, 1, 2) and _finite(rot.step_s) is not None:
+        lines.append(_versus(best, rot, "the rule of thumb"))
+    return lines
+
+
+def rule_of_thumb_line(result) -> str:
+    rot, rank = result.rule_of_thumb, result.rule_of_thumb_rank
+    if rot is None:
+        return "The planner gave no rule-of-thumb layout."
+    text = f"Rule of thumb ({rot.layout.short()})"
+    if rank is None:
+        total = rot.memory_bytes.get("total")
+        need = f": needs {sig3(total / GIB)} GiB per GPU of {sig3(rot.hbm_bytes / GIB)} GiB HBM" if _finite(total) is not None else ""
+        return f"{text} does not fit{need}."
+    best = result.ranked[0].step_s if result.ranked else None
+    slower = f", {sig3(rot.step_s / best)}× the best step" if best and rank > 1 else ""
+    return f"{text} ranks #{rank} of {len(result.ranked)} fitting layouts{slower}."
+
+
+def refused_lines(result) -> list[str]:
+    n_fit = len(result.ranked)
+    lines = [f"{result.considered} layouts considered, {n_fit} fit and are ranked."]
+    lines += [f"{n} refused: {why}" for why, n in sorted(result.refused.items(), key=lambda kv: -kv[1]) if n]
+    return lines
+
+
+PURE_PLAN_LINE = ("A pure plan: no run or trace informs it, so the compute efficiency (the share of peak FLOP/s the "
+                  "model's matmuls reach) is assumed, not measured (docs/whatif.md, 'Compute').")
+
+
+def assumption_lines(result) -> list[str]:
+    """The pure-plan line first, then the planner's assumptions, then those of the best layout
+    (deduplicated) and the one that dominates its uncertainty."""
+    best = result.ranked[0] if result.ranked else None
+    lines = [PURE_PLAN_LINE, *result.assumptions, *(best.assumptions if best else [])]
+    if best is not None and best.dominant:
+        lines.append(f"Dominant uncertainty of #1: {best.dominant}")
+    return list(dict.fromkeys(lines))
+
+
+# ---------------------------------------------------------------------------------------------
+# The page's result area
+
+
+def _card(title: str, *children):
+    return html.Div(className="card", children=[html.H3(title), *children])
+
+
+def _ul(lines: list[str], cls: str = ""):
+    return html.Ul([html.Li(line) for line in lines], className=cls)
+
+
+def plan_children(result, *, top: int, heading: str, table_id: str, font: str, graph_config: dict | None = None):
+    """The result area for a PlanResult: a summary line, the ranked table, the breakdown and
+    memory figures, why the best win, where the rule of thumb ranks, what was refused and what
+    is assumed. No fitting layout: says so with the refusals, never a blank area."""
+    summary = html.P(heading, className="hint")
+    if not result.ranked:
+        return [summary, html.Div("No layout fits: " + "; ".join(refused_lines(result)[1:] or ["none enumerated"]), className="error"),
+                _card("Rule of thumb", html.P(rule_of_thumb_line(result))),
+                _card("Assumptions", _ul(assumption_lines(result)))]
+    entries = plan_entries(result, top)
+    config = graph_config or {"displaylogo": False}
+    return [
+        summary,
+        _card("Ranked layouts", html.P(f"The fastest {min(top, len(result.ranked))} of {len(result.ranked)} fitting layouts; "
+                                       "the rule of thumb's row is highlighted.", className="hint"),
+              build_plan_table(entries, table_id=table_id, font=font)),
+        _card("Why they win", _ul(why_lines(result)), html.P(rule_of_thumb_line(result), className="rule-of-thumb")),
+        html.Div(className="row", children=[
+            _card("Where the step goes", html.P("Predicted seconds per step by part, one bar per layout; the outlined bar "
+                                                "is the rule of thumb's.", className="hint"),
+                  dcc.Graph(figure=build_plan_breakdown_figure(entries), config=config)),
+            _card("Memory per GPU", html.P("Parameters, gradients, optimizer state and activations per GPU against the "
+                                           "cluster's HBM (dashed).", className="hint"),
+                  dcc.Graph(figure=build_plan_memory_figure(entries), config=config)),
+        ]),
+        _card("Refused", _ul(refused_lines(result))),
+        _card("Assumptions", _ul(assumption_lines(result))),
+    ]
