@@ -46,7 +46,7 @@ MEMORY_PARTS = [("params", "parameters", "#4C78A8"), ("grads", "gradients", "#F5
 TABLE_COLUMNS = [  # (id, header, numeric)
     ("rank", "rank", True), ("layout", "layout", False), ("step_s", "step (s)", True), ("mfu_pct", "MFU %", True),
     ("memory_gib", "memory GiB", True), ("hbm_pct", "% of HBM", True), ("exposed_comm_s", "exposed comm (s)", True),
-    ("bubble_s", "bubble (s)", True), ("note", "", False),
+    ("bubble_s", "bubble (s)", True), ("note", "note", False),
 ]
 
 
@@ -204,7 +204,8 @@ def build_plan_breakdown_figure(entries: list[PlanEntry]) -> go.Figure:
     fig.add_trace(go.Scatter(x=x, y=[e.estimate.step_s for e in entries], mode="text", name="step",
                              text=[sig3(e.estimate.step_s, " s") for e in entries], textposition="top center",
                              showlegend=False, hoverinfo="skip"))
-    fig.update_layout(barmode="stack", template="plotly_white", height=380, yaxis_title="seconds per step",
+    top_s = max(max(e.estimate.step_s, sum(_finite(v) or 0.0 for v in e.estimate.breakdown_s.values())) for e in entries)
+    fig.update_layout(barmode="stack", template="plotly_white", height=380, yaxis=dict(title="seconds per step", range=[0, 1.15 * top_s]),
                       margin=dict(l=60, r=20, t=30, b=60), legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom", traceorder="normal"))
     return fig
 

@@ -56,7 +56,7 @@ def _presets() -> list[str]:
 
 def _field(name: str, value):
     return html.Label([LABELS[name], dcc.Input(id=ids.PLAN_FORM[name], type="number", min=0 if name in ("experts", "top_k") else 1,
-                                               step=1, value=value, debounce=True)])
+                                               step=1, value=value)])
 
 
 def layout(**_query):
