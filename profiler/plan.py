@@ -36,14 +36,14 @@ PIPELINE_SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
 CHECK_TOP = 10  # the top layouts whose pruned neighbours are estimated (step 5)
 
 # refused reasons (PlanResult.refused keys); the unit is in the key
-R_TP_HEADS = "splits: tp does not divide the heads"
-R_PP_LAYERS = "splits: pp does not divide the layers"
-R_DP_BATCH = "splits: dp does not divide the global batch"
-R_FEW_MB = "layouts: fewer microbatches than pipeline stages"
-R_HBM = "layouts: do not fit HBM"
-R_RECOMPUTE = "layouts: pruned, more recompute than needed to fit"
-R_SP_OFF = "layouts: pruned, sp off where a probe found sp on no slower"
-R_NOT_FINITE = "layouts: the cost model gave no finite step"
+R_TP_HEADS = "splits where tp does not divide the heads"
+R_PP_LAYERS = "splits where pp does not divide the layers"
+R_DP_BATCH = "splits where dp does not divide the global batch"
+R_FEW_MB = "layouts with fewer microbatches than pipeline stages"
+R_HBM = "layouts over HBM"
+R_RECOMPUTE = "layouts pruned: more recompute than needed to fit"
+R_SP_OFF = "layouts pruned: sp off (a probe found sp on no slower)"
+R_NOT_FINITE = "layouts the cost model gave no finite step"
 
 
 @dataclass(frozen=True)
