@@ -281,24 +281,34 @@ def why_lines(result) -> list[str]:
 
 
 def rule_of_thumb_line(result) -> str:
-    rot, rank = result.rule_of_thumb, result.rule_of_thumb_rank
+    """Where the rule-of-thumb layout ranks, or why there is none (profiler.plan's `rule` says
+    why the rule chose it, or that none of its layouts divides and fits)."""
+    rot, rank, rule = result.rule_of_thumb, result.rule_of_thumb_rank, getattr(result, "rule", None)
+    why = f" ({rule.why})" if rule is not None and getattr(rule, "why", "") else ""
     if rot is None:
-        return "The planner gave no rule-of-thumb layout."
+        if rule is not None and rule.layout is not None:
+            return f"Rule of thumb ({rule.layout.short()}): the cost model finds it does not fit{why}."
+        return f"Rule of thumb: {rule.why}." if rule is not None else "The planner gave no rule-of-thumb layout."
     text = f"Rule of thumb ({rot.layout.short()})"
     if rank is None:
         total = rot.memory_bytes.get("total")
         need = f": needs {sig3(total / GIB)} GiB per GPU of {sig3(rot.hbm_bytes / GIB)} GiB HBM" if _finite(total) is not None else ""
-        return f"{text} does not fit{need}."
+        return f"{text} does not fit{need}{why}."
     best = result.ranked[0].step_s if result.ranked else None
     slower = f", {sig3(rot.step_s / best)}× the best step" if best and rank > 1 else ""
-    return f"{text} ranks #{rank} of {len(result.ranked)} fitting layouts{slower}."
+    return f"{text} ranks #{rank} of {len(result.ranked)} fitting layouts{slower}{why}."
 
 
 def refused_lines(result) -> list[str]:
-    n_fit = len(result.ranked)
-    lines = [f"{result.considered} layouts considered, {n_fit} fit and are ranked."]
-    lines += [f"{n} refused: {why}" for why, n in sorted(result.refused.items(), key=lambda kv: -kv[1]) if n]
-    return lines
+    """How many layouts were searched and ranked, then each reason others were dropped with its
+    count (profiler.plan's keys name their unit: splits or layouts), then the pruning check."""
+    splits, seconds = getattr(result, "splits", 0), _finite(getattr(result, "seconds", None))
+    of = f" of {splits} dividing dp·tp·pp splits" if splits else ""
+    took = f" in {sig3(seconds)} s" if seconds else ""
+    lines = [f"{result.considered:,} layouts searched{of}{took}; {len(result.ranked):,} fit and are ranked."]
+    lines += [f"{n:,} {why}" for why, n in sorted(result.refused.items(), key=lambda kv: -kv[1]) if n]
+    check = getattr(result, "pruning_check", "")
+    return lines + ([f"Pruning check: {check}."] if check else [])
 
 
 PURE_PLAN_LINE = ("A pure plan: no run or trace informs it, so the compute efficiency (the share of peak FLOP/s the "
@@ -306,10 +316,13 @@ PURE_PLAN_LINE = ("A pure plan: no run or trace informs it, so the compute effic
 
 
 def assumption_lines(result) -> list[str]:
-    """The pure-plan line first, then the planner's assumptions, then those of the best layout
-    (deduplicated) and the one that dominates its uncertainty."""
+    """The planner's assumptions (led by the pure-plan line where the planner does not say that
+    the compute efficiency is assumed), those of the best layout (deduplicated), and the one that
+    dominates its uncertainty."""
     best = result.ranked[0] if result.ranked else None
-    lines = [PURE_PLAN_LINE, *result.assumptions, *(best.assumptions if best else [])]
+    lines = [*result.assumptions, *(best.assumptions if best else [])]
+    if not any("compute efficiency is assumed" in a for a in lines):
+        lines.insert(0, PURE_PLAN_LINE)
     if best is not None and best.dominant:
         lines.append(f"Dominant uncertainty of #1: {best.dominant}")
     return list(dict.fromkeys(lines))
@@ -327,14 +340,21 @@ def _ul(lines: list[str], cls: str = ""):
     return html.Ul([html.Li(line) for line in lines], className=cls)
 
 
-def plan_children(result, *, top: int, heading: str, table_id: str, font: str, graph_config: dict | None = None):
+def plan_children(result, *, top: int, heading: str, table_id: str, font: str, graph_config: dict | None = None,
+                  why: list[str] | None = None, rule_text: str | None = None):
     """The result area for a PlanResult: a summary line, the ranked table, the breakdown and
-    memory figures, why the best win, where the rule of thumb ranks, what was refused and what
-    is assumed. No fitting layout: says so with the refusals, never a blank area."""
+    memory figures, why the best win (`why`: the CLI's lines, profiler.plan_report; else
+    why_lines), where the rule of thumb ranks (`rule_text`, else rule_of_thumb_line), what was
+    refused and what is assumed. No fitting layout: says so with the refusals, never a blank area."""
     summary = html.P(heading, className="hint")
+    why = why or why_lines(result)
+    rule_text = rule_text or rule_of_thumb_line(result)
     if not result.ranked:
-        return [summary, html.Div("No layout fits: " + "; ".join(refused_lines(result)[1:] or ["none enumerated"]), className="error"),
-                _card("Rule of thumb", html.P(rule_of_thumb_line(result))),
+        need = _finite(getattr(result, "min_memory_bytes", None))
+        head = (f"No layout fits: the smallest memory need of any layout is {sig3(need / GIB)} GiB per GPU (more GPUs, a "
+                "smaller model or a smaller global batch)" if need is not None else "No layout divides this model and batch")
+        return [summary, html.Div(head + ": " + "; ".join(refused_lines(result)[1:] or ["none was enumerated"]), className="error"),
+                _card("Rule of thumb", html.P(rule_text)),
                 _card("Assumptions", _ul(assumption_lines(result)))]
     entries = plan_entries(result, top)
     config = graph_config or {"displaylogo": False}
@@ -343,7 +363,7 @@ def plan_children(result, *, top: int, heading: str, table_id: str, font: str, g
         _card("Ranked layouts", html.P(f"The fastest {min(top, len(result.ranked))} of {len(result.ranked)} fitting layouts; "
                                        "the rule of thumb's row is highlighted.", className="hint"),
               build_plan_table(entries, table_id=table_id, font=font)),
-        _card("Why they win", _ul(why_lines(result)), html.P(rule_of_thumb_line(result), className="rule-of-thumb")),
+        _card("Why they win", _ul(why), html.P(rule_text, className="rule-of-thumb")),
         html.Div(className="row", children=[
             _card("Where the step goes", html.P("Predicted seconds per step by part, one bar per layout; the outlined bar "
                                                 "is the rule of thumb's.", className="hint"),

@@ -144,13 +144,33 @@ def test_why_lines_name_the_parts_that_separate_the_best():
 
 
 def test_refusals_and_assumptions_are_said():
-    r = _result([A, B, C])
-    assert refused_lines(r) == ["40 layouts considered, 3 fit and are ranked.", "30 refused: does not fit HBM",
-                                "7 refused: tp does not divide heads"]
+    r = _result([A, B, C], refused={"layouts over HBM": 30, "splits where tp does not divide the heads": 7, "unused": 0})
+    r.splits, r.seconds, r.pruning_check = 5, 0.25, "the 4 pruned neighbours of the top 3 were estimated: 0 faster"
+    assert refused_lines(r) == ["40 layouts searched of 5 dividing dp·tp·pp splits in 0.250 s; 3 fit and are ranked.",
+                                "30 layouts over HBM", "7 splits where tp does not divide the heads",
+                                "Pruning check: the 4 pruned neighbours of the top 3 were estimated: 0 faster."]
     lines = assumption_lines(r)
     assert lines[0] == PURE_PLAN_LINE and "compute efficiency" in lines[0] and "assumed" in lines[0]
     assert lines[1:] == ["gemm efficiency 0.8 of peak", "link efficiency 0.8 assumed",
                          "Dominant uncertainty of #1: compute efficiency ±20 % moves the step ±0.2 s"]
+    # The planner saying it already: not said twice.
+    said = _result([A], assumptions=["compute efficiency is assumed (no trace informs a pure plan): roofline"])
+    assert assumption_lines(said)[0].startswith("compute efficiency is assumed") and PURE_PLAN_LINE not in assumption_lines(said)
+
+
+def test_rule_of_thumb_without_an_estimate_says_why():
+    from profiler.plan import RuleOfThumb
+
+    none = _result([A], rule=None)
+    none.rule = RuleOfThumb(None, "none of the rule's layouts both divides and fits 80 GiB")
+    assert rule_of_thumb_line(none) == "Rule of thumb: none of the rule's layouts both divides and fits 80 GiB."
+    costed = _result([A])
+    costed.rule = RuleOfThumb(Layout(dp=8, zero=3), "one node holds the model sharded")
+    assert rule_of_thumb_line(costed) == ("Rule of thumb (dp=8 tp=1 pp=1 zero=3 mb=1x1): the cost model finds it does not "
+                                          "fit (one node holds the model sharded).")
+    ranked = _result([A, B], rot=B, rot_rank=2)
+    ranked.rule = RuleOfThumb(B.layout, "one GPU holds the model: DDP")
+    assert rule_of_thumb_line(ranked).endswith("1.25× the best step (one GPU holds the model: DDP).")
 
 
 def test_the_result_area_has_every_part_and_nothing_fitting_is_an_error():
@@ -159,11 +179,18 @@ def test_the_result_area_has_every_part_and_nothing_fitting_is_an_error():
     for title in ("Ranked layouts", "Why they win", "Where the step goes", "Memory per GPU", "Refused", "Assumptions"):
         assert title in text
     assert not _find(body, "error")
-    none = plan_children(_result([], rot=TOO_BIG, rot_rank=None, refused={"does not fit HBM": 40}), top=10, heading="h",
-                         table_id="t", font="x")
+    nothing = _result([], rot=TOO_BIG, rot_rank=None, refused={"layouts over HBM": 40})
+    (err,) = _find(plan_children(nothing, top=10, heading="h", table_id="t", font="x"), "error")
+    assert _text(err) == "No layout divides this model and batch: 40 layouts over HBM"
+    nothing.min_memory_bytes = 95 * GiB
+    none = plan_children(nothing, top=10, heading="h", table_id="t", font="x")
     (err,) = _find(none, "error")
-    assert _text(err) == "No layout fits: 40 refused: does not fit HBM"
+    assert _text(err) == ("No layout fits: the smallest memory need of any layout is 95.0 GiB per GPU (more GPUs, a smaller "
+                          "model or a smaller global batch): 40 layouts over HBM")
     assert "does not fit: needs 95.0 GiB" in _text(none)
+    given = plan_children(_result([A, B]), top=10, heading="h", table_id="t", font="x", why=["#1: the CLI's words"],
+                          rule_text="rule of thumb: its words")
+    assert "#1: the CLI's words" in _text(given) and "rule of thumb: its words" in _text(given)
 
 
 # ---------------------------------------------------------------------------------------------

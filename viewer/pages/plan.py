@@ -161,11 +161,14 @@ def plan_result(form: dict):
         spec, gpus, name, top = read_form(form)
         from profiler.cluster import load_cluster
         from profiler.plan import plan
+        from profiler.plan_report import rule_line, why_lines
 
         cluster = load_cluster(name)
         t0 = time.perf_counter()
         result = plan(spec, gpus, cluster)
         took = time.perf_counter() - t0
+        # The CLI's words for why the best win and where the rule of thumb ranks (one truth for both).
+        why, rule_text = why_lines(result, cluster), " ".join(rule_line(result))
     except ValueError as e:  # LayoutError, ClusterError and the form's own refusals
         return html.Div(f"Refused: {e}", className="error")
     except NotImplementedError as e:
@@ -173,7 +176,7 @@ def plan_result(form: dict):
     except Exception as e:  # noqa: BLE001 -- the page's rule: a line saying what failed, never a 500
         return html.Div(f"The plan failed: {type(e).__name__}: {e}", className="error")
     return plan_figures.plan_children(result, top=top, heading=_heading(spec, gpus, cluster, took), table_id=ids.PLAN_TABLE,
-                                      font=FONT, graph_config=GRAPH_CONFIG)
+                                      font=FONT, graph_config=GRAPH_CONFIG, why=why, rule_text=rule_text)
 
 
 def preset_values(preset) -> list:
