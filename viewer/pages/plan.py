@@ -168,7 +168,7 @@ def plan_result(form: dict):
         result = plan(spec, gpus, cluster)
         took = time.perf_counter() - t0
         # The CLI's words for why the best win and where the rule of thumb ranks (one truth for both).
-        why, rule_text = why_lines(result, cluster), " ".join(rule_line(result))
+        why, rule_text = why_lines(result, cluster), " ".join(" ".join(rule_line(result)).split())
     except ValueError as e:  # LayoutError, ClusterError and the form's own refusals
         return html.Div(f"Refused: {e}", className="error")
     except NotImplementedError as e:
