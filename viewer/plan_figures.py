@@ -187,7 +187,8 @@ def build_plan_breakdown_figure(entries: list[PlanEntry]) -> go.Figure:
     entries = [e for e in entries if _finite(e.estimate.step_s) is not None]
     if not entries:
         return _empty("no layout to draw")
-    keys = breakdown_keys(entries)
+    # A key that is zero in every layout shown adds nothing to a stack but a legend entry.
+    keys = [k for k in breakdown_keys(entries) if any(_finite(e.estimate.breakdown_s.get(k)) for e in entries)]
     others = [k for k in keys if k not in BREAKDOWN_STYLE]
     x = [e.label for e in entries]
     hover = [e.estimate.layout.short() for e in entries]

@@ -5,7 +5,9 @@ checks that the timeline, breakdown and memory graphs were drawn with data. Then
 timeline and checks the server re-binned it. Saves test-artifacts/viewer-compare.png (and
 -zoomed.png). A second test opens Compare of the ddp and fsdp samples directly and checks that the
 Findings card comes first with at least one finding's sentence (red until the findings rules
-fire on the samples: profiler/findings.py), then Theory vs measured. Needs Debian's `chromium` and `chromium-driver` (installed by .ci/run); skipped
+fire on the samples: profiler/findings.py), then Theory vs measured; in the same browser it then
+loads the Plan page, presses Plan with the default model and checks the ranked table and both
+figures were drawn (test-artifacts/viewer-plan.png). Needs Debian's `chromium` and `chromium-driver` (installed by .ci/run); skipped
 where they are absent, except on CI (CI set in the environment), where a missing browser is a
 failure rather than a silent skip.
 """
@@ -158,3 +160,25 @@ def test_findings_card_comes_first_with_text(server, browser):
                                      message="the Theory vs measured card stayed blank")
     ARTIFACTS.mkdir(exist_ok=True)
     browser.save_screenshot(str(ARTIFACTS / "viewer-findings.png"))
+    _plan_page_draws(browser, url)
+
+
+def _plan_page_draws(browser, url: str) -> None:
+    """One more page load in the same browser (no session of its own): /plan, press Plan with the
+    default model (GPT-3 XL 1.3B on 8 GPUs), and see the ranked table and both figures drawn."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from viewer import ids
+
+    browser.get(url + "/plan")
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.ID, ids.PLAN_BUTTON)).pop().click()
+    answered = f"#{ids.PLAN_TABLE} td[data-dash-column='layout'], #{ids.PLAN_RESULT} .error"
+    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, answered), message="the Plan page never answered")
+    assert not browser.find_elements(By.CSS_SELECTOR, f"#{ids.PLAN_RESULT} .error"), browser.find_element(By.ID, ids.PLAN_RESULT).text
+    layouts = [e.text for e in browser.find_elements(By.CSS_SELECTOR, f"#{ids.PLAN_TABLE} td[data-dash-column='layout']")]
+    assert layouts and all(t.startswith("dp=") for t in layouts)
+    WebDriverWait(browser, 30).until(
+        lambda d: d.execute_script(f"return document.querySelectorAll('#{ids.PLAN_RESULT} .js-plotly-plot g.trace.bars').length") >= 2,
+        message="the Plan figures drew no bars")
+    browser.save_screenshot(str(ARTIFACTS / "viewer-plan.png"))
