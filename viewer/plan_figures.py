@@ -341,7 +341,7 @@ def _ul(lines: list[str], cls: str = ""):
     return html.Ul([html.Li(line) for line in lines], className=cls)
 
 
-def plan_children(result, *, top: int, heading: str, table_id: str, font: str, graph_config: dict | None = None,
+def plan_children(result, *, top: int, heading, table_id: str, font: str, graph_config: dict | None = None,
                   why: list[str] | None = None, rule_text: str | None = None):
     """The result area for a PlanResult: a summary line, the ranked table, the breakdown and
     memory figures, why the best win (`why`: the CLI's lines, profiler.plan_report; else

@@ -261,3 +261,21 @@ def _walk(component):
     elif component is not None and not isinstance(component, (str, int, float)):
         yield component
         yield from _walk(getattr(component, "children", None))
+
+
+def test_a_search_past_the_time_limit_is_stopped_with_the_cli_command(plan_page, monkeypatch):
+    monkeypatch.setattr(plan_page, "PLAN_TIME_LIMIT_S", 0.0)
+    out = plan_page.plan_result(GOOD)
+    assert out.className == "error" and "passed the page's 0 s limit" in _text(out)
+    assert "ptprof plan --layers 2 --hidden 256 --heads 8 --ffn 1024 --vocab 1000 --seq 128 --global-batch 16 --gpus 8 --cluster h100" in _text(out)
+
+
+def test_the_cli_command_is_one_ptprof_plan_takes(plan_page):
+    from profiler.cli_whatif import build_plan_parser
+    from profiler.layout import ModelSpec
+
+    spec = ModelSpec(layers=32, hidden=4096, heads=32, ffn=14336, vocab=32000, seq=4096, global_batch=1024, experts=8, top_k=2)
+    cmd = plan_page.cli_command(spec, 512, "h100")
+    args = build_plan_parser().parse_args(cmd.split()[2:])
+    assert (args.layers, args.hidden, args.heads, args.ffn, args.vocab, args.seq, args.global_batch, args.moe, args.gpus,
+            args.cluster) == (32, 4096, 32, 14336, 32000, 4096, 1024, "8,2", 512, "h100")

@@ -23,6 +23,10 @@ MAX_PAGE_GPUS = 16384  # the issue's bound for a plan that takes seconds; the CL
 MAX_DIM = 1 << 40  # as `ptprof plan`'s whole-number flags
 DEFAULT_VOCAB = 51200  # `ptprof plan --vocab`'s default
 TOP_CHOICES = (5, 10, 20)
+# A plan runs inside the request: past this it is stopped (the CLI has no limit). Realistic models
+# plan in seconds even at 16,384 GPUs; dims rich in divisors (720 layers and heads, a batch of
+# 720720 on 10,080 GPUs) multiply the layouts into the millions and take minutes.
+PLAN_TIME_LIMIT_S = 20.0
 GRAPH_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
 # Model presets: (label, dims). Sources: GPT-3 (Brown et al. 2020, Table 2.1: 175B with a 3.2M-token
@@ -154,28 +158,57 @@ def _heading(spec, gpus: int, cluster, seconds: float) -> str:
             f"{plan_figures.sig3(cluster.hbm_gib)} GiB HBM, {cluster.gpus_per_node} per node); planned in {seconds:.2f} s.")
 
 
+class PlanTooLong(Exception):
+    """The search passed PLAN_TIME_LIMIT_S."""
+
+
+def _until(deadline: float, fn):
+    """`fn`, refusing to run past `deadline` (perf_counter seconds): the planner calls its memory
+    function once per layout it considers, so this stops a search within one layout's time."""
+    def bounded(*args):
+        if time.perf_counter() > deadline:
+            raise PlanTooLong
+        return fn(*args)
+    return bounded
+
+
+def cli_command(spec, gpus: int, cluster: str) -> str:
+    """The `ptprof plan` command that plans the same (no time limit, --json for a report)."""
+    moe = f" --moe {spec.experts},{spec.top_k}" if spec.moe else ""
+    return (f"ptprof plan --layers {spec.layers} --hidden {spec.hidden} --heads {spec.heads} --ffn {spec.ffn} "
+            f"--vocab {spec.vocab} --seq {spec.seq} --global-batch {spec.global_batch}{moe} --gpus {gpus} --cluster {cluster}")
+
+
 def plan_result(form: dict):
     """The result area's children: the plan (viewer.plan_figures.plan_children), or one line
     saying why there is none."""
     try:
         spec, gpus, name, top = read_form(form)
+        from profiler import plan as planner
         from profiler.cluster import load_cluster
-        from profiler.plan import plan
         from profiler.plan_report import rule_line, why_lines
 
         cluster = load_cluster(name)
         t0 = time.perf_counter()
-        result = plan(spec, gpus, cluster)
+        deadline = t0 + PLAN_TIME_LIMIT_S
+        # The planner's own cost and memory functions (its defaults), bounded in time.
+        result = planner.plan(spec, gpus, cluster, estimate_fn=_until(deadline, planner._real_estimate),
+                              memory_fn=_until(deadline, planner._real_memory))
         took = time.perf_counter() - t0
         # The CLI's words for why the best win and where the rule of thumb ranks (one truth for both).
         why, rule_text = why_lines(result, cluster), " ".join(" ".join(rule_line(result)).split())
+    except PlanTooLong:
+        return html.Div([f"Refused: the search passed the page's {PLAN_TIME_LIMIT_S:g} s limit (these dims and GPUs have "
+                         "many divisors, so millions of layouts). Fewer GPUs or a batch with fewer divisors plan faster; "
+                         "the CLI has no limit: ", html.Code(cli_command(spec, gpus, name))], className="error")
     except ValueError as e:  # LayoutError, ClusterError and the form's own refusals
         return html.Div(f"Refused: {e}", className="error")
     except NotImplementedError as e:
         return html.Div(f"The planner is not available in this build ({e}).", className="error")
     except Exception as e:  # noqa: BLE001 -- the page's rule: a line saying what failed, never a 500
         return html.Div(f"The plan failed: {type(e).__name__}: {e}", className="error")
-    return plan_figures.plan_children(result, top=top, heading=_heading(spec, gpus, cluster, took), table_id=ids.PLAN_TABLE,
+    heading = [_heading(spec, gpus, cluster, took), " The same in a shell: ", html.Code(cli_command(spec, gpus, name))]
+    return plan_figures.plan_children(result, top=top, heading=heading, table_id=ids.PLAN_TABLE,
                                       font=FONT, graph_config=GRAPH_CONFIG, why=why, rule_text=rule_text)
 
 
