@@ -21,6 +21,7 @@ from profiler.cluster import (
     load_cluster,
     preset_names,
 )
+from tests.conftest import REPO
 
 # Datasheet values, per GPU. peak: dense BF16/FP16 (sparsity figures halved); hbm: GB, GB/s;
 # intra: NVLink/xGMI total bidirectional GB/s halved (one way); inter: NIC Gb/s / 8 (GB/s).
@@ -286,3 +287,14 @@ def test_constructed_cluster_round_trips(tmp_path):
     p = tmp_path / "c.json"
     p.write_text(json.dumps(cluster_to_dict(c)))
     assert load_cluster(str(p)) == c
+
+
+def test_the_documented_example_file_loads(tmp_path):
+    # docs/whatif.md, "Your own cluster": the example a user copies must be a valid file.
+    doc = (REPO / "docs" / "whatif.md").read_text()
+    block = doc.split("### Your own cluster", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    p = tmp_path / "my-cluster.toml"
+    p.write_text(block)
+    c = load_cluster(str(p))
+    assert (c.name, c.gpus_per_node, c.intra.bw_gbps, c.inter.bw_gbps) == ("lab L40S", 4, 25.0, 12.5)
+    assert c.link_efficiency == 0.8  # not given: the default
