@@ -132,6 +132,7 @@ def test_user_toml_file_loads(tmp_path):
                         gemm_efficiency=0.7, hbm_efficiency=0.9, link_efficiency=0.6, notes=("lab machines",))
     assert c.source == str(p)
     assert isinstance(c.gpus_per_node, int) and isinstance(c.hbm_gib, float)
+    assert load_cluster(p) == c  # a Path works too
 
 
 def test_user_json_file_loads_with_defaults(tmp_path):
