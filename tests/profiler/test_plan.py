@@ -1,0 +1,160 @@
+"""profiler.plan: the enumeration (complete, dividing; counted by hand), the pruning (never loses
+the top of the exhaustive search), memory, and the rule of thumb -- first with injected cost and
+memory functions whose answers are known, then with the real cost model on small G."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from profiler.cluster import Cluster, Link
+from profiler.layout import Estimate, Layout, ModelSpec
+from profiler.plan import R_FEW_MB, R_HBM, R_RECOMPUTE, R_TP_HEADS, plan, rule_of_thumb
+
+GIB = 2**30
+NVLINK = Link("nvlink", 450.0, 3.0)
+IB = Link("ib", 50.0, 10.0)
+
+
+def _cluster(gpus_per_node=4, hbm_gib=80.0, inter=IB) -> Cluster:
+    return Cluster(name="test", peak_tflops=1000.0, hbm_gib=hbm_gib, hbm_gbps=3000.0, gpus_per_node=gpus_per_node,
+                   intra=NVLINK, inter=inter)
+
+
+TINY = ModelSpec(layers=4, hidden=64, heads=4, ffn=256, vocab=128, seq=8, global_batch=4)
+
+
+def _no_memory(spec, layout):
+    return {"params": 0, "grads": 0, "optimizer": 0, "activations": 0, "total": 0}
+
+
+def _fake_estimate(step_of):
+    """An estimate_fn whose step is step_of(layout) and whose memory is zero."""
+    def estimate(spec, layout, cluster):
+        step = step_of(layout)
+        return Estimate(layout=layout, step_s=step, breakdown_s={"compute": step}, mfu_pct=None,
+                        memory_bytes={"total": 0}, hbm_bytes=cluster.hbm_bytes, fits=True)
+    return estimate
+
+
+RC_COST = {"none": 0.0, "selective": 0.01, "full": 0.3}
+
+
+def _step(layout: Layout) -> float:
+    """A made-up but strict order: distinct steps, more recompute slower, sp a little faster."""
+    return (1.0 + 0.1 * layout.tp + 0.07 * layout.pp + 0.003 * layout.zero + 0.05 / layout.microbatch
+            + RC_COST[layout.recompute] - 0.002 * layout.sp + 0.0001 * layout.stages_per_rank
+            + 0.0003 * ("1f1b", "zero-bubble", "gpipe", "interleaved-1f1b").index(layout.schedule))
+
+
+def test_enumeration_is_complete_and_divides_on_a_tiny_case():
+    # G = 4 GPUs, 4 heads, 4 layers, global batch 4. Splits (dp, tp, pp): (4,1,1) (2,2,1) (2,1,2)
+    # (1,4,1) (1,2,2) (1,1,4), all dividing. Layouts per split (mb | 4/dp, m = 4/(dp·mb) >= pp;
+    # zero 0-3 only where dp > 1; schedules 1f1b, zero-bubble, gpipe and interleaved v | layers/pp,
+    # v > 1, where pp > 1; recompute x3; sp x2 where tp > 1):
+    #   (4,1,1): mb 1             x zero 4 x rc 3                   = 12
+    #   (2,2,1): mb 1, 2          x zero 4 x rc 3 x sp 2            = 48
+    #   (2,1,2): mb 1 (m=2)       x zero 4 x sched 4 (v=2) x rc 3   = 48
+    #   (1,4,1): mb 1, 2, 4       x rc 3 x sp 2                     = 18
+    #   (1,2,2): mb 1, 2          x sched 4 x rc 3 x sp 2           = 48
+    #   (1,1,4): mb 1 (m=4)       x sched 3 (layers/pp = 1) x rc 3  =  9
+    # total 183; too few microbatches: (2,1,2) mb 2: 48, (1,2,2) mb 4: 24, (1,1,4) mb 2 and 4: 18 = 90
+    result = plan(TINY, 4, _cluster(), estimate_fn=_fake_estimate(_step), memory_fn=_no_memory, prune=False)
+    layouts = [e.layout for e in result.ranked]
+    assert len(layouts) == 183 == result.considered == len(set(layouts))
+    assert result.refused == {R_FEW_MB: 90}
+    for layout in layouts:
+        layout.check(TINY, 4)  # raises if it does not divide
+    assert {(l.dp, l.tp, l.pp) for l in layouts} == {(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 2, 2), (1, 1, 4)}
+    assert [e.step_s for e in result.ranked] == sorted(e.step_s for e in result.ranked)
+    # 2 heads: tp = 4 no longer divides, one split fewer (the 18 layouts of (1,4,1))
+    two_heads = plan(replace(TINY, hidden=64, heads=2), 4, _cluster(), estimate_fn=_fake_estimate(_step),
+                     memory_fn=_no_memory, prune=False)
+    assert len(two_heads.ranked) == 183 - 18 and two_heads.refused[R_TP_HEADS] == 1
+
+
+def test_moe_adds_ep_dividing_dp_and_the_experts():
+    # 6 experts, G = 4: splits as above; ep | dp and ep | 6: dp=4 -> ep 1, 2; dp=2 -> ep 1, 2; dp=1 -> ep 1
+    moe = replace(TINY, experts=6, top_k=2)
+    result = plan(moe, 4, _cluster(), estimate_fn=_fake_estimate(_step), memory_fn=_no_memory, prune=False)
+    eps = {(e.layout.dp, e.layout.ep) for e in result.ranked}
+    assert eps == {(4, 1), (4, 2), (2, 1), (2, 2), (1, 1)}
+    # the ep=2 copies of dp=4 (12) and of dp=2 (48 + 48) come on top of the 183
+    assert len(result.ranked) == 183 + 12 + 96
+
+
+@pytest.mark.parametrize("sp_gain", [0.002, -0.002])  # sp faster (pruned after the probe) / slower (kept)
+def test_pruning_keeps_the_exhaustive_top(sp_gain):
+    def step(layout):
+        return _step(layout) + 0.002 * layout.sp - sp_gain * layout.sp
+
+    # memory: recompute none needs 3 units, selective 2, full 1; sp halves; HBM holds 2.5 units
+    def memory(spec, layout):
+        units = {"none": 3, "selective": 2, "full": 1}[layout.recompute] / (2 if layout.sp else 1)
+        return {"total": int(units * GIB)}
+
+    cluster = _cluster(hbm_gib=2.5)
+    args = dict(estimate_fn=_fake_estimate(step), memory_fn=memory)
+    full = plan(TINY, 4, cluster, prune=False, **args)
+    pruned = plan(TINY, 4, cluster, **args)
+    assert [e.layout for e in pruned.ranked[:10]] == [e.layout for e in full.ranked[:10]]
+    assert pruned.evaluated < full.evaluated
+    # nothing is lost without a count: ranked + every layout reason = the layouts considered
+    layout_reasons = sum(n for k, n in pruned.refused.items() if k.startswith("layouts") and k != R_FEW_MB)
+    assert len(pruned.ranked) + layout_reasons == pruned.considered == full.considered
+    # recompute none never fits (3 > 2.5 units) unless sp halves it
+    assert all(e.layout.recompute != "none" or e.layout.sp for e in full.ranked)
+    assert pruned.refused[R_HBM] == full.refused[R_HBM] and pruned.refused[R_RECOMPUTE] > 0
+
+
+def test_a_pruned_neighbour_that_is_faster_is_found_and_ranked():
+    # a cost model where full recompute is (oddly) fastest: the recompute pruning would drop it,
+    # the check of the top's neighbours must bring it back
+    def step(layout):
+        return _step(layout) - (0.5 if layout.recompute == "full" else RC_COST[layout.recompute])
+
+    args = dict(estimate_fn=_fake_estimate(step), memory_fn=_no_memory)
+    full = plan(TINY, 4, _cluster(), prune=False, **args)
+    pruned = plan(TINY, 4, _cluster(), **args)
+    assert full.ranked[0].layout.recompute == "full"
+    assert pruned.ranked[0].layout == full.ranked[0].layout
+    assert "0 faster" not in pruned.pruning_check
+
+
+def _memory_by_state(bytes_per_gpu_of):
+    def memory(spec, layout):
+        return {"total": int(bytes_per_gpu_of(layout))}
+    return memory
+
+
+def test_rule_of_thumb_on_hand_cases():
+    cluster = _cluster(gpus_per_node=4, hbm_gib=10.0)
+    spec = replace(TINY, global_batch=16)
+    # state S GiB split by tp·pp and (zero 1: optimizer 12/16 of it) by dp; activations 1 GiB per sequence
+    def mem(state_gib):
+        def total(layout):
+            shard = state_gib / (layout.tp * layout.pp)
+            state = shard * (1 - 12 / 16 + 12 / 16 / layout.dp) if layout.zero == 1 else \
+                shard / layout.dp if layout.zero == 3 else shard
+            return (state + 1.0 * layout.microbatch * (layout.recompute == "none")) * GIB
+        return _memory_by_state(total)
+
+    # 4 GiB of state: one GPU holds it -> DDP over 8 with the largest microbatch that fits (2 of 16/8)
+    r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(4.0))
+    assert r.layout == Layout(dp=8, microbatch=2, microbatches=1) and "DDP" in r.why
+    # 12 GiB: DDP no; ZeRO-1 over 8: 12·(1/4 + 3/4/8) = 4.125 -> ZeRO-1
+    r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(12.0))
+    assert (r.layout.dp, r.layout.zero) == (8, 1) and "ZeRO-1" in r.why
+    # 60 GiB: ZeRO-1 over 8: 60·(1/4 + 3/32) = 20.6 no; FSDP over a node of 4: 15 + 1 > 10 no;
+    # -> tp = 4 (GPUs per node, divides the 4 heads); pp = 1 (dp = 2): 60/4 = 15 no;
+    #    pp = 2 (dp = 1): 60/8 = 7.5 + 1 (mb 1, the most microbatches) fits with zero 0
+    r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(60.0))
+    assert (r.layout.tp, r.layout.pp, r.layout.dp, r.layout.zero, r.layout.sp) == (4, 2, 1, 0, True)
+    assert r.layout.microbatch == 1 and "tp=4" in r.why
+    # 36 GiB: FSDP over a node of 4: 9 + 1 = 10 fits -> FSDP (zero 3) over all 8
+    r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(36.0))
+    assert (r.layout.dp, r.layout.zero) == (8, 3) and "FSDP" in r.why
+    # 1000 GiB: even tp=4 pp=4 (pp | 4 layers) with dp... 1000/16 = 62.5 > 10: none
+    r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(1000.0))
+    assert r.layout is None and "10 GiB" in r.why
