@@ -83,8 +83,13 @@ def why(a: Estimate, b: Estimate, cluster: Cluster, label: str) -> str:
     terms = [_term(k, a, b, cluster) for d, k in gains[:2] if d > 0]
     if gap_pct < TIE_PCT:
         head = f"ties {label} ({gap_pct:.2f} % faster: inside the model's error)"
-        if a.memory_bytes.get("total", 0) < b.memory_bytes.get("total", 0):
-            head += f", less memory {a.memory_bytes['total'] / 2**30:.1f} vs {b.memory_bytes['total'] / 2**30:.1f} GiB"
+        ma, mb = a.memory_bytes.get("total", 0), b.memory_bytes.get("total", 0)
+        if ma < mb:
+            head += f", less memory {ma / 2**30:.1f} vs {mb / 2**30:.1f} GiB"
+        if gains and gains[-1][0] < 0 and terms:  # a trade: what it gains and what it pays
+            lost = gains[-1][1]
+            head += (f": {terms[0]}, but more {lost} {a.breakdown_s.get(lost, 0.0):.3g} vs "
+                     f"{b.breakdown_s.get(lost, 0.0):.3g} s")
         return head
     return f"{gap_pct:.1f} % faster than {label}: " + "; ".join(terms or ["no single term"])
 
@@ -118,8 +123,9 @@ def header_lines(spec: ModelSpec, gpus: int, cluster: Cluster, checked_params: s
              f"{spec.hidden}, {spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}{moe}",
              f"batch: {spec.global_batch:,} sequences = {spec.tokens_per_step:,} tokens/step",
              f"cluster: {cluster.name} ({cluster.peak_tflops:g} TFLOP/s, {cluster.hbm_gib:g} GiB HBM, "
-             f"{cluster.gpus_per_node} GPUs/node, {cluster.intra.name} {cluster.intra.bw_gbps:g} GB/s, "
-             f"{cluster.inter.name} {cluster.inter.bw_gbps:g} GB/s per GPU); G = {gpus:,} GPUs = {nodes:,} nodes"]
+             f"{cluster.gpus_per_node} GPUs/node; inside a node {cluster.intra.bw_gbps:g} GB/s ({cluster.intra.name}), "
+             f"between nodes {cluster.inter.bw_gbps:g} GB/s per GPU ({cluster.inter.name})); "
+             f"G = {gpus:,} GPUs = {nodes:,} nodes"]
     return [w for line in lines for w in _wrap(line)]
 
 

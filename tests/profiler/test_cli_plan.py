@@ -79,7 +79,7 @@ def test_plan_prints_and_writes_json(capsys, tmp_path):
                                            "--json", str(path)])
     assert code == 0, err
     assert all(len(line) <= 100 for line in out.splitlines())
-    assert "5.4 % off" in out  # |1,422,069,760 - 1.35e9| / 1.35e9 = 5.35 %
+    assert "5.3 % off" in out  # |1,422,069,760 - 1,350,000,000| / 1.35e9 = 5.34 %
     assert "rule of thumb:" in out and "compute efficiency is assumed" in out
     report = json.loads(path.read_text())
     assert report["schema"] == "ptprof.plan/1"
