@@ -158,3 +158,66 @@ def test_rule_of_thumb_on_hand_cases():
     # 1000 GiB: even tp=4 pp=4 (pp | 4 layers) with dp... 1000/16 = 62.5 > 10: none
     r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(1000.0))
     assert r.layout is None and "10 GiB" in r.why
+
+
+# --- with the real cost model (profiler.costmodel, profiler.plan_memory), small G ---
+
+GPT3_XL = ModelSpec(layers=24, hidden=2048, heads=16, ffn=8192, vocab=51200, seq=2048, global_batch=8)
+
+
+def _real_cluster(hbm_gib=80.0, gpus_per_node=8, inter_gbps=45.0) -> Cluster:
+    return Cluster(name="test", peak_tflops=989.0, hbm_gib=hbm_gib, hbm_gbps=3350.0, gpus_per_node=gpus_per_node,
+                   intra=Link("nvlink", 450.0, 3.0), inter=Link("ib", inter_gbps, 3.0))
+
+
+def test_real_plan_respects_memory():
+    from profiler.plan_memory import memory_per_gpu
+
+    # 1,422,069,760 params (GPT-3 XL dims: test_cli_plan writes the count out); plain DDP keeps
+    # 2 + 2 + 12 = 16 B of each: 22,753,116,160 B, over a 16 GiB GPU (17,179,869,184 B) before any
+    # activation. ZeRO-1 over 8 keeps 2 + 2 + 12/8 = 5.5 B: 7,821,383,680 B.
+    ddp = memory_per_gpu(GPT3_XL, Layout(dp=8, microbatch=1, microbatches=1))
+    assert ddp["params"] + ddp["grads"] + ddp["optimizer"] == 22_753_116_160
+    zero1 = memory_per_gpu(GPT3_XL, Layout(dp=8, zero=1, microbatch=1, microbatches=1))
+    assert zero1["params"] + zero1["grads"] + zero1["optimizer"] == 7_821_383_680
+    hbm = 16 * 2**30
+    assert hbm == 17_179_869_184
+    result = plan(GPT3_XL, 8, _real_cluster(hbm_gib=16.0))
+    assert result.ranked and result.refused[R_HBM] > 0
+    assert all(e.memory_bytes["total"] <= hbm and e.fits for e in result.ranked)
+    shapes = {(e.layout.tp, e.layout.pp, e.layout.zero) for e in result.ranked}
+    assert (1, 1, 0) not in shapes  # DDP refused for memory
+    assert (1, 1, 1) in shapes  # ZeRO-1 over 8 fits (with recomputation where the activations need it)
+    # control: on 40 GiB (42,949,672,960 B) DDP's 22.75 GB of state fits, and DDP is ranked
+    assert (1, 1, 0) in {(e.layout.tp, e.layout.pp, e.layout.zero) for e in plan(GPT3_XL, 8, _real_cluster(40.0)).ranked}
+
+
+def test_real_plan_keeps_tp_inside_a_node_when_the_inter_node_link_is_10x_slower():
+    from profiler.commcost import group_link
+    from profiler.layout import group_stride
+
+    # wide layers (hidden 16384, 128 heads) on 16 GPUs, 8 per node: tp = 16 spans two nodes
+    spec = ModelSpec(layers=4, hidden=16384, heads=128, ffn=65536, vocab=32000, seq=2048, global_batch=8)
+    slow = _real_cluster(inter_gbps=45.0)  # 10x below the 450 GB/s NVLink
+    same = _real_cluster(inter_gbps=450.0)  # control: between nodes as fast as inside
+
+    def gap(result):  # how much slower the best tp = 16 layout is than #1
+        best16 = next(e for e in result.ranked if e.layout.tp == 16)
+        return best16.step_s / result.ranked[0].step_s - 1
+
+    r_slow, r_same = plan(spec, 16, slow), plan(spec, 16, same)
+    top = r_slow.ranked[:10]
+    assert all(e.layout.tp <= 8 for e in top)
+    assert all(group_link(slow, e.layout.tp, group_stride(e.layout, "tp")) is slow.intra for e in top)
+    # tp = 16 over the slow link: its all-reduces cross the 45 GB/s NIC, over twice the best step;
+    # with the fast link the same layouts come within half of it
+    assert gap(r_slow) > 1.0 and gap(r_same) < 0.5
+
+
+def test_real_rule_of_thumb_is_ddp_when_one_gpu_holds_the_model_and_is_ranked():
+    # 34.7 GB for DDP (22.75 GB of state + activations of one 2048-token sequence) < 80 GiB
+    result = plan(GPT3_XL, 8, _real_cluster(hbm_gib=80.0))
+    assert result.rule.layout == Layout(dp=8, microbatch=1, microbatches=1) and "DDP" in result.rule.why
+    assert result.rule_of_thumb is not None and 1 <= result.rule_of_thumb_rank <= len(result.ranked)
+    faster = [e for e in result.ranked if e.step_s < result.rule_of_thumb.step_s]
+    assert result.rule_of_thumb_rank == len(faster) + 1
