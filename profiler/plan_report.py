@@ -88,7 +88,8 @@ def why(a: Estimate, b: Estimate, cluster: Cluster, label: str) -> str:
             head += f", less memory {ma / 2**30:.1f} vs {mb / 2**30:.1f} GiB"
         if gains and gains[-1][0] < 0 and terms:  # a trade: what it gains and what it pays
             lost = gains[-1][1]
-            head += (f": {terms[0]}, but more {lost} {a.breakdown_s.get(lost, 0.0):.3g} vs "
+            name = f"exposed {lost.partition(':')[2]} comm" if lost.startswith("comm_exposed:") else lost
+            head += (f": {terms[0]}, but more {name} {a.breakdown_s.get(lost, 0.0):.3g} vs "
                      f"{b.breakdown_s.get(lost, 0.0):.3g} s")
         return head
     return f"{gap_pct:.1f} % faster than {label}: " + "; ".join(terms or ["no single term"])
