@@ -333,7 +333,9 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
             if layout is not None:
                 return RuleOfThumb(layout, f"one node ({node} GPUs) holds the model sharded: FSDP (ZeRO-3) over all "
                                            f"{gpus} (HSDP, sharding inside a node only, is not a layout here)")
-    tps = [t for t in divisors(spec.heads) if t <= cluster.gpus_per_node and gpus % t == 0]
+    # the largest tp dividing the heads and a node (so its group stays on NVLink: tp=6 on 8-GPU
+    # nodes would straddle two) and G
+    tps = [t for t in divisors(spec.heads) if cluster.gpus_per_node % t == 0 and gpus % t == 0]
     tp = tps[-1]
     failed: dict[str, set[int]] = {}  # why not -> the pp it stopped, for the message when none is left
     for zero in (0, 1):
