@@ -80,7 +80,9 @@ def why(a: Estimate, b: Estimate, cluster: Cluster, label: str) -> str:
     gap_pct = 100 * (b.step_s - a.step_s) / b.step_s
     keys = set(a.breakdown_s) | set(b.breakdown_s)
     gains = sorted(((b.breakdown_s.get(k, 0.0) - a.breakdown_s.get(k, 0.0), k) for k in keys), reverse=True)
-    terms = [_term(k, a, b, cluster) for d, k in gains[:2] if d > 0]
+    # the terms that make the gap: at most two, each at least a tenth of it (or of the step, in a tie)
+    floor = 0.1 * max(b.step_s - a.step_s, TIE_PCT / 100 * b.step_s)
+    terms = [_term(k, a, b, cluster) for d, k in gains[:2] if d > floor]
     if gap_pct < TIE_PCT:
         head = f"ties {label} ({gap_pct:.2f} % faster: inside the model's error)"
         ma, mb = a.memory_bytes.get("total", 0), b.memory_bytes.get("total", 0)

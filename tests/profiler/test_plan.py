@@ -221,3 +221,25 @@ def test_real_rule_of_thumb_is_ddp_when_one_gpu_holds_the_model_and_is_ranked():
     assert result.rule_of_thumb is not None and 1 <= result.rule_of_thumb_rank <= len(result.ranked)
     faster = [e for e in result.ranked if e.step_s < result.rule_of_thumb.step_s]
     assert result.rule_of_thumb_rank == len(faster) + 1
+
+
+@pytest.mark.parametrize("spec, gpus", [(GPT3_XL, 16), (replace(GPT3_XL, experts=8, top_k=2), 8)])
+def test_real_pruning_drops_only_layouts_that_a_kept_one_beats(spec, gpus):
+    # every layout the exhaustive search ranks but the pruned one does not is a recompute / sp
+    # variant of a kept layout (same split, ZeRO, microbatch, schedule) that is no slower
+    cluster = _real_cluster(hbm_gib=24.0)
+    full, pruned = plan(spec, gpus, cluster, prune=False), plan(spec, gpus, cluster)
+
+    def key(layout):
+        return replace(layout, sp=False, recompute="none")
+
+    kept: dict[Layout, float] = {}
+    for e in pruned.ranked:
+        kept[key(e.layout)] = min(kept.get(key(e.layout), float("inf")), e.step_s)
+    ranked = {e.layout for e in pruned.ranked}
+    dropped = [e for e in full.ranked if e.layout not in ranked]
+    assert dropped and pruned.ranked[0].layout == full.ranked[0].layout
+    # (a tie is allowed: under ZeRO-3 a recomputation can hide as much all-gather as it costs, to
+    # the last bit of a float; it never wins)
+    assert all(kept[key(e.layout)] <= e.step_s * (1 + 1e-12) for e in dropped)
+    assert len(full.ranked) == len(pruned.ranked) + len(dropped)
