@@ -239,7 +239,9 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
         if rule_est is not None and estimate_fn is _real_estimate:
             rule_est = _detailed(spec, rule_est, cluster)
         if rule_est is not None and rule_est.fits:
-            rule_rank = 1 + sum(1 for e in ranked if _rank_key(e) < _rank_key(rule_est))
+            # its place in `ranked` where it was ranked; else where it would go (pruned ones uncounted)
+            where = [i for i, e in enumerate(ranked) if e.layout == rule.layout]
+            rule_rank = (where[0] if where else sum(1 for e in ranked if _rank_key(e) < _rank_key(rule_est))) + 1
         else:
             rule_est = None
     assumptions = [
