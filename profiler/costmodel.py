@@ -39,18 +39,19 @@ def _coll(kind: str, nbytes: float, n: int, link, cluster: Cluster, algorithm: s
 
 @lru_cache(maxsize=16384)
 def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int, sp: bool, recompute: str,
-                     ep: int, tp_stride: int, cp_stride: int, ep_stride: int) -> dict[str, float]:
+                     ep: int, tp_stride: int, cp_stride: int, ep_stride: int, world: int | None = None) -> dict[str, float]:
     """Seconds of one microbatch on one GPU, per layer (`dense_*`, `moe_*`) and for the head:
     gemm_f / gemm_b (GEMMs forward / backward), mem_f / mem_b (memory-bound ops), rc (what
     recomputation adds to backward), attn_f (the attention core's forward), tp / ep / cp
     (communication of the layer, forward + backward + recomputation; cp: what ring attention does
-    not hide under the attention core), head_gemm / head_mem (output layer + loss, both passes)."""
+    not hide under the attention core), head_gemm / head_mem (output layer + loss, both passes).
+    Strides place each group on a link (commcost.group_link); world: the job's GPUs (one node: intra)."""
     h, a, f, s = spec.hidden, spec.heads, spec.ffn, spec.seq
     out: dict[str, float] = {}
     act = spec.param_bytes * b * (s // cp) * h  # one b·s·h activation (the tp collectives' buffer)
     one_tp = 0.0
     if t > 1:
-        link = commcost.group_link(cluster, t, tp_stride)
+        link = commcost.group_link(cluster, t, tp_stride, world_size=world)
         # one all-reduce, or sp's all-gather + reduce-scatter pair that replaces it (the same traffic)
         one_tp = (_coll("all_gather", act, t, link, cluster) + _coll("reduce_scatter", act, t, link, cluster)
                   if sp else _coll("all_reduce", act, t, link, cluster))
@@ -71,13 +72,13 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
         # ep: dispatch + combine all-to-alls of the k·T routed tokens, forward and backward.
         n_ep = 0.0
         if top_k and ep > 1:
-            link = commcost.group_link(cluster, ep, ep_stride)
+            link = commcost.group_link(cluster, ep, ep_stride, world_size=world)
             n_ep = _coll("all_to_all", act * top_k, ep, link, cluster) * n_fwd_coll
         # cp: ring attention passes K and V (2·T·h/t bytes) cp-1 times forward, K, V, dK, dV
         # backward (3 forward-sized passes in all), each step under the attention core it feeds.
         n_cp = 0.0
         if cp > 1:
-            link = commcost.group_link(cluster, cp, cp_stride)
+            link = commcost.group_link(cluster, cp, cp_stride, world_size=world)
             n_cp = max(0.0, 3 * ((cp - 1) * _coll("send_recv", 2 * act / t, cp, link, cluster) - core_f))
         for key, val in (("gemm_f", gf), ("gemm_b", gb), ("mem_f", mf), ("mem_b", BWD_MEM_FACTOR * mf), ("rc", rc),
                          ("attn_f", core_f), ("tp", n_tp), ("ep", n_ep), ("cp", n_cp)):
@@ -109,7 +110,7 @@ def _assemble(spec: ModelSpec, layout: Layout, cluster: Cluster, compute_scale: 
     lay = layout
     t, p, m, cp, ep = lay.tp, lay.pp, lay.microbatches, lay.cp, lay.ep
     c = microbatch_costs(spec, cluster, lay.microbatch, t, cp, lay.sp, lay.recompute, ep,
-                         1, group_stride(lay, "cp"), group_stride(lay, "ep"))
+                         1, group_stride(lay, "cp"), group_stride(lay, "ep"), lay.gpus)
     _, moe = _spec_consts(spec)
     n = spec.layers / p  # layers of this GPU (all its interleaved chunks)
     nd, nm = n * (1 - moe), n * moe
@@ -127,13 +128,13 @@ def _assemble(spec: ModelSpec, layout: Layout, cluster: Cluster, compute_scale: 
     # activation, or sp's shard) forward and its gradient back, once per chunk (v interleaved).
     pp = 0.0
     if p > 1:
-        link = commcost.group_link(cluster, p, group_stride(lay, "pp"))
+        link = commcost.group_link(cluster, p, group_stride(lay, "pp"), world_size=lay.gpus)
         nbytes = spec.param_bytes * lay.microbatch * (spec.seq // cp) * spec.hidden / t
         pp = 2 * lay.stages_per_rank * _coll("send_recv", nbytes, 2, link, cluster)
     # data parallel (over dp·cp replicas; experts over dp·cp/ep)
     dense, expert, layer = _stage_param_counts(spec, lay)
     n_dp = lay.dp * cp
-    dp_link = commcost.group_link(cluster, n_dp, t)
+    dp_link = commcost.group_link(cluster, n_dp, t, world_size=lay.gpus)
     z3 = 0.0
     dp_exposed = 0.0
     gb, pb = spec.grad_bytes, spec.param_bytes
