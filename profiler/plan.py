@@ -133,9 +133,8 @@ def variants(spec: ModelSpec, split: tuple[int, int, int, int], refused: Counter
         for zero in zeros:
             for schedule, v in scheds:
                 for sp in sps:
-                    base = Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, microbatch=mb, microbatches=m,
-                                  schedule=schedule, stages_per_rank=v, sp=sp)
-                    yield [replace(base, recompute=rc) for rc in RECOMPUTE]
+                    yield [Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, microbatch=mb, microbatches=m,
+                                  schedule=schedule, stages_per_rank=v, sp=sp, recompute=rc) for rc in RECOMPUTE]
 
 
 def _finite(est: Estimate) -> bool:
