@@ -175,7 +175,10 @@ def format_plan(spec: ModelSpec, gpus: int, cluster: Cluster, result: PlanResult
                    "of the step; z: ZeRO stage (3 = FSDP); mb=BxM: microbatch B sequences, M per step; "
                    "i1f1b: interleaved-1f1b, zb: zero-bubble; rc: recompute", "  ")
     lines += [""] + [w for line in why_lines(result, cluster) for w in _wrap(line)]
-    lines += rule_line(result) + ["", "assumptions:"]
+    lines += rule_line(result)
+    if result.ranked and result.ranked[0].dominant:
+        lines += _wrap(f"uncertainty: #1's step moves most with {result.ranked[0].dominant}")
+    lines += ["", "assumptions:"]
     lines += [w for a in result.assumptions for w in _wrap("- " + a, "  ")]
     return "\n".join(lines)
 

@@ -80,7 +80,7 @@ def test_plan_prints_and_writes_json(capsys, tmp_path):
     assert code == 0, err
     assert all(len(line) <= 100 for line in out.splitlines())
     assert "5.3 % off" in out  # |1,422,069,760 - 1,350,000,000| / 1.35e9 = 5.34 %
-    assert "rule of thumb:" in out and "compute efficiency is assumed" in out
+    assert "rule of thumb:" in out and "compute efficiency is assumed" in out and "uncertainty: #1" in out
     report = json.loads(path.read_text())
     assert report["schema"] == "ptprof.plan/1"
     for key in ("inputs", "cluster", "ranked", "refused", "rule_of_thumb", "assumptions", "why"):
