@@ -36,15 +36,17 @@ def sm_count(cluster: Cluster) -> int | None:
 
 
 def wave_efficiency(m: int, n: int, sms: int | None, batch: int = 1) -> float:
-    """Share of the GPU's SMs busy over a GEMM's waves: tiles / (waves · SMs), the tiles being the
-    256x128 output blocks (either orientation, the better one: cuBLAS picks its kernel per shape).
-    A GEMM of 1.1 waves runs as long as 2 full ones (NVIDIA, "wave quantization"). 1 without SMs."""
+    """Share of the SMs' tile-time that does useful work: m·n / (waves · SMs · 256·128), over
+    256x128 output tiles (either orientation, the better one: cuBLAS picks its kernel per shape).
+    It holds both of NVIDIA's losses ("Matrix Multiplication Background User's Guide"): tile
+    quantization (a partial tile costs a whole one) and wave quantization (1.1 waves of tiles take
+    as long as 2). 1 without an SM count."""
     if not sms:
         return 1.0
     best = 0.0
     for tm, tn in ((TILE_M, TILE_N), (TILE_N, TILE_M)):
         tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-        best = max(best, tiles / (math.ceil(tiles / sms) * sms))
+        best = max(best, batch * m * n / (math.ceil(tiles / sms) * sms * tm * tn))
     return best
 
 

@@ -73,7 +73,13 @@ class PlanResult:
 def _real_estimate(spec: ModelSpec, layout: Layout, cluster: Cluster) -> Estimate:
     from profiler.costmodel import estimate
 
-    return estimate(spec, layout, cluster)
+    return estimate(spec, layout, cluster, detail=False)  # the top's details: _detailed
+
+
+def _detailed(spec: ModelSpec, est: Estimate, cluster: Cluster) -> Estimate:
+    from profiler.costmodel import estimate
+
+    return estimate(spec, est.layout, cluster)
 
 
 def _real_memory(spec: ModelSpec, layout: Layout) -> dict:
@@ -127,9 +133,8 @@ def variants(spec: ModelSpec, split: tuple[int, int, int, int], refused: Counter
         for zero in zeros:
             for schedule, v in scheds:
                 for sp in sps:
-                    base = Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, microbatch=mb, microbatches=m,
-                                  schedule=schedule, stages_per_rank=v, sp=sp)
-                    yield [replace(base, recompute=rc) for rc in RECOMPUTE]
+                    yield [Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, microbatch=mb, microbatches=m,
+                                  schedule=schedule, stages_per_rank=v, sp=sp, recompute=rc) for rc in RECOMPUTE]
 
 
 def _finite(est: Estimate) -> bool:
@@ -141,9 +146,12 @@ def _rank_key(est: Estimate):
 
 
 def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateFn | None = None,
-         memory_fn: MemoryFn | None = None, prune: bool = True, check_top: int = CHECK_TOP) -> PlanResult:
+         memory_fn: MemoryFn | None = None, prune: bool = True, check_top: int = CHECK_TOP,
+         detail_top: int = 10) -> PlanResult:
     """Every layout of `spec` on `gpus` GPUs of `cluster`, ranked (see the module docstring).
-    prune=False estimates every layout that fits (the reference the pruning is tested against)."""
+    prune=False estimates every layout that fits (the reference the pruning is tested against).
+    The real cost model ranks without its assumptions and dominant-assumption search; the top
+    `detail_top` (and the rule of thumb) are estimated again with them."""
     t0 = time.perf_counter()
     spec.check()
     estimate_fn = estimate_fn or _real_estimate
@@ -223,10 +231,16 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
 
     rule = rule_of_thumb(spec, gpus, cluster, memory_fn=memory_fn)
     rule_est, rule_rank = None, None
+    if estimate_fn is _real_estimate:
+        ranked[:detail_top] = [_detailed(spec, e, cluster) for e in ranked[:detail_top]]
     if rule.layout is not None:
         rule_est = estimate(rule.layout)
+        if rule_est is not None and estimate_fn is _real_estimate:
+            rule_est = _detailed(spec, rule_est, cluster)
         if rule_est is not None and rule_est.fits:
-            rule_rank = 1 + sum(1 for e in ranked if _rank_key(e) < _rank_key(rule_est))
+            # its place in `ranked` where it was ranked; else where it would go (pruned ones uncounted)
+            where = [i for i, e in enumerate(ranked) if e.layout == rule.layout]
+            rule_rank = (where[0] if where else sum(1 for e in ranked if _rank_key(e) < _rank_key(rule_est))) + 1
         else:
             rule_est = None
     assumptions = [
@@ -237,8 +251,9 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
         "not searched: context parallelism (cp = 1), HSDP (ZeRO-3 shards over all dp ranks), "
         "tp not dividing the heads",
     ]
-    if ranked:
-        assumptions += [a for a in ranked[0].assumptions if a not in assumptions]
+    if ranked:  # the cost model's own, but its "compute efficiency assumed" line said above
+        assumptions += [a for a in ranked[0].assumptions
+                        if a not in assumptions and not a.startswith("compute efficiency assumed")]
     return PlanResult(ranked=ranked, considered=considered, refused=dict(refused), rule_of_thumb=rule_est,
                       rule_of_thumb_rank=rule_rank, assumptions=assumptions, rule=rule, evaluated=calls,
                       min_memory_bytes=min_mem, pruning_check=check, seconds=time.perf_counter() - t0,
@@ -319,21 +334,33 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
             if layout is not None:
                 return RuleOfThumb(layout, f"one node ({node} GPUs) holds the model sharded: FSDP (ZeRO-3) over all "
                                            f"{gpus} (HSDP, sharding inside a node only, is not a layout here)")
-    tps = [t for t in divisors(spec.heads) if t <= cluster.gpus_per_node and gpus % t == 0]
+    # the largest tp dividing the heads and a node (so its group stays on NVLink: tp=6 on 8-GPU
+    # nodes would straddle two) and G
+    tps = [t for t in divisors(spec.heads) if cluster.gpus_per_node % t == 0 and gpus % t == 0]
     tp = tps[-1]
+    failed: dict[str, set[int]] = {}  # why not -> the pp it stopped, for the message when none is left
     for zero in (0, 1):
         for pp in divisors(spec.layers):
-            if gpus % (tp * pp) or gb % (gpus // (tp * pp)):
+            if gpus % (tp * pp):
                 continue
-            base = Layout(dp=gpus // (tp * pp), tp=tp, pp=pp, zero=zero, sp=tp > 1)
-            layout = _fitting(spec, base, hbm, memory_fn)
-            if layout is not None:
-                extra = " with ZeRO-1 (the distributed optimizer)" if zero else ""
-                lead = note[2:-1] + ": " if note else "no node holds the model: "
-                return RuleOfThumb(layout, f"{lead}tp={tp} inside a node, the fewest stages that fit (pp={pp}) "
-                                           f"across nodes, dp={layout.dp} outermost{extra}")
-    return RuleOfThumb(None, f"none of the rule's layouts (DDP, FSDP, tp={tp} with a pp dividing the {spec.layers} "
-                             f"layers) both divides and fits {cluster.hbm_gib:g} GiB{note}")
+            dp = gpus // (tp * pp)
+            if gb % dp:
+                failed.setdefault("dp does not divide the global batch", set()).add(pp)
+                continue
+            if gb // dp < pp:
+                failed.setdefault("fewer microbatches than stages", set()).add(pp)
+                continue
+            layout = _fitting(spec, Layout(dp=dp, tp=tp, pp=pp, zero=zero, sp=tp > 1), hbm, memory_fn)
+            if layout is None:
+                failed.setdefault(f"over {cluster.hbm_gib:g} GiB HBM", set()).add(pp)
+                continue
+            extra = " with ZeRO-1 (the distributed optimizer)" if zero else ""
+            lead = note[2:-1] + ": " if note else "no node holds the model: "
+            return RuleOfThumb(layout, f"{lead}tp={tp} inside a node, the fewest stages that fit (pp={pp}) "
+                                       f"across nodes, dp={layout.dp} outermost{extra}")
+    whys = "; ".join(f"{why} at pp={','.join(map(str, sorted(pps)))}" for why, pps in failed.items())
+    return RuleOfThumb(None, f"no layout of the rule divides and fits: DDP/FSDP do not fit or divide{note}; "
+                             f"tp={tp} with ZeRO-0/1: {whys or 'no pp divides both the layers and G'}")
 
 
 def layout_in_split(layout: Layout, spec: ModelSpec, gpus: int) -> bool:

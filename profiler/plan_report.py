@@ -80,11 +80,19 @@ def why(a: Estimate, b: Estimate, cluster: Cluster, label: str) -> str:
     gap_pct = 100 * (b.step_s - a.step_s) / b.step_s
     keys = set(a.breakdown_s) | set(b.breakdown_s)
     gains = sorted(((b.breakdown_s.get(k, 0.0) - a.breakdown_s.get(k, 0.0), k) for k in keys), reverse=True)
-    terms = [_term(k, a, b, cluster) for d, k in gains[:2] if d > 0]
+    # the terms that make the gap: at most two, each at least a tenth of it (or of the step, in a tie)
+    floor = 0.1 * max(b.step_s - a.step_s, TIE_PCT / 100 * b.step_s)
+    terms = [_term(k, a, b, cluster) for d, k in gains[:2] if d > floor]
     if gap_pct < TIE_PCT:
         head = f"ties {label} ({gap_pct:.2f} % faster: inside the model's error)"
-        if a.memory_bytes.get("total", 0) < b.memory_bytes.get("total", 0):
-            head += f", less memory {a.memory_bytes['total'] / 2**30:.1f} vs {b.memory_bytes['total'] / 2**30:.1f} GiB"
+        ma, mb = a.memory_bytes.get("total", 0), b.memory_bytes.get("total", 0)
+        if ma < mb:
+            head += f", less memory {ma / 2**30:.1f} vs {mb / 2**30:.1f} GiB"
+        if gains and gains[-1][0] < 0 and terms:  # a trade: what it gains and what it pays
+            lost = gains[-1][1]
+            name = f"exposed {lost.partition(':')[2]} comm" if lost.startswith("comm_exposed:") else lost
+            head += (f": {terms[0]}, but more {name} {a.breakdown_s.get(lost, 0.0):.3g} vs "
+                     f"{b.breakdown_s.get(lost, 0.0):.3g} s")
         return head
     return f"{gap_pct:.1f} % faster than {label}: " + "; ".join(terms or ["no single term"])
 
@@ -118,8 +126,9 @@ def header_lines(spec: ModelSpec, gpus: int, cluster: Cluster, checked_params: s
              f"{spec.hidden}, {spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}{moe}",
              f"batch: {spec.global_batch:,} sequences = {spec.tokens_per_step:,} tokens/step",
              f"cluster: {cluster.name} ({cluster.peak_tflops:g} TFLOP/s, {cluster.hbm_gib:g} GiB HBM, "
-             f"{cluster.gpus_per_node} GPUs/node, {cluster.intra.name} {cluster.intra.bw_gbps:g} GB/s, "
-             f"{cluster.inter.name} {cluster.inter.bw_gbps:g} GB/s per GPU); G = {gpus:,} GPUs = {nodes:,} nodes"]
+             f"{cluster.gpus_per_node} GPUs/node; inside a node {cluster.intra.bw_gbps:g} GB/s ({cluster.intra.name}), "
+             f"between nodes {cluster.inter.bw_gbps:g} GB/s per GPU ({cluster.inter.name})); "
+             f"G = {gpus:,} GPUs = {nodes:,} nodes"]
     return [w for line in lines for w in _wrap(line)]
 
 
@@ -166,7 +175,10 @@ def format_plan(spec: ModelSpec, gpus: int, cluster: Cluster, result: PlanResult
                    "of the step; z: ZeRO stage (3 = FSDP); mb=BxM: microbatch B sequences, M per step; "
                    "i1f1b: interleaved-1f1b, zb: zero-bubble; rc: recompute", "  ")
     lines += [""] + [w for line in why_lines(result, cluster) for w in _wrap(line)]
-    lines += rule_line(result) + ["", "assumptions:"]
+    lines += rule_line(result)
+    if result.ranked and result.ranked[0].dominant:
+        lines += _wrap(f"uncertainty: #1's step moves most with {result.ranked[0].dominant}")
+    lines += ["", "assumptions:"]
     lines += [w for a in result.assumptions for w in _wrap("- " + a, "  ")]
     return "\n".join(lines)
 
