@@ -46,7 +46,7 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
     (communication of the layer, forward + backward + recomputation; cp: what ring attention does
     not hide under the attention core), head_gemm / head_mem (output layer + loss, both passes).
     Strides place each group on a link (commcost.group_link); world: the job's GPUs (one node: intra)."""
-    h, a, f, s = spec.hidden, spec.heads, spec.ffn, spec.seq
+    h, a, f, s, flash = spec.hidden, spec.heads, spec.ffn, spec.seq, spec.flash_attention
     out: dict[str, float] = {}
     act = spec.param_bytes * b * (s // cp) * h  # one b·s·h activation (the tp collectives' buffer)
     one_tp = 0.0
@@ -63,9 +63,16 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
         shapes = layer_gemms(b, s, h, a, f, t, cp, top_k)
         gf, gb = gemm_pass_times(shapes, cluster)
         core_f, _ = gemm_pass_times({k: shapes[k] for k in ATTN_CORE}, cluster)
-        mb = layer_memory_bound_bytes(b, s, h, a, f, t, cp, sp, top_k, spec.param_bytes)
+        mb = layer_memory_bound_bytes(b, s, h, a, f, t, cp, sp, top_k, spec.param_bytes, flash)
         mf = memory_bound_time_s(mb["attn_core"] + mb["other"], cluster)
-        rc = {"full": gf + mf, "selective": core_f + memory_bound_time_s(mb["attn_core"], cluster)}.get(recompute, 0.0)
+        if flash:
+            # FlashAttention's backward recomputes QK^T inside: 5 core matmuls for the forward's 2,
+            # 2.5x the forward's FLOPs (Dao 2023, "FlashAttention-2"), 0.5x more than the usual 2x
+            gb += 0.5 * core_f
+            rc = gf + mf if recompute == "full" else 0.0  # selective: nothing stored to recompute
+        else:
+            rc = {"full": gf + mf,
+                  "selective": core_f + memory_bound_time_s(mb["attn_core"], cluster)}.get(recompute, 0.0)
         # tp: 2 all-reduces of b·s·h forward, 2 backward (sp: all-gather + reduce-scatter pairs, the
         # same traffic); full recomputation repeats the forward's 2. Not overlapped (Megatron default).
         n_tp = one_tp * n_fwd_coll
@@ -216,7 +223,10 @@ def _assumptions(spec: ModelSpec, layout: Layout, cluster: Cluster, compute_scal
         + (f" x wave quantization over {sms} SMs (256x128 tiles)" if sms else " (SM count unknown: no wave quantization)")
         + f", or HBM-bound at {cluster.hbm_efficiency:.2f} x {cluster.hbm_gbps:g} GB/s (roofline)",
         f"memory-bound ops (layernorm, softmax, dropout, GELU, residual, Adam) stream their tensors once at "
-        f"hbm_efficiency {cluster.hbm_efficiency:.2f}; attention without flash (Korthikanti et al. 2022 accounting)",
+        f"hbm_efficiency {cluster.hbm_efficiency:.2f}; "
+        + ("fused (flash) attention priced as GEMMs at gemm_efficiency (optimistic: FlashAttention-2 reports "
+           "50-73 % of A100 peak)" if spec.flash_attention else
+           "attention unfused, scores in HBM (Korthikanti et al. 2022 accounting)"),
         f"collectives at link_efficiency {cluster.link_efficiency:.2f} of {cluster.intra.name} "
         f"{cluster.intra.bw_gbps:g} GB/s / {cluster.inter.name} {cluster.inter.bw_gbps:g} GB/s, ring (tree latency for dp all-reduce)",
         "tp / ep communication not overlapped with compute (Megatron default); pp sends on the critical path",

@@ -159,3 +159,17 @@ def test_edge_layouts_give_finite_non_negative_numbers(layout):
     vals = [est.step_s, est.mfu_pct, *est.breakdown_s.values(), *est.memory_bytes.values()]
     assert all(math.isfinite(v) and v >= 0 for v in vals)
     assert est.step_s > 0 and sum(est.breakdown_s.values()) == pytest.approx(est.step_s)
+
+
+def test_flash_attention_backward_recomputes_the_scores():
+    # fused attention: no softmax bytes in HBM, backward 2.5x the core's forward (not 2x), and
+    # selective recomputation has nothing left to recompute
+    flash = replace(SPEC, flash_attention=True)
+    plain = microbatch_costs(SPEC, GPU, 2, 1, 1, False, "selective", 1, 1, 1, 1)
+    fused = microbatch_costs(flash, GPU, 2, 1, 1, False, "selective", 1, 1, 1, 1)
+    assert fused["dense_gemm_b"] - plain["dense_gemm_b"] == pytest.approx(0.5 * plain["dense_attn_f"])
+    assert fused["dense_mem_f"] < plain["dense_mem_f"]
+    assert fused["dense_rc"] == 0.0 < plain["dense_rc"]
+    lay = Layout(microbatch=2, microbatches=16)
+    assert _est(lay, spec=flash).step_s < _est(lay).step_s
+    assert any("flash" in a for a in _est(lay, spec=flash).assumptions)
