@@ -31,7 +31,6 @@ BREAKDOWN_STYLE = {
     "compute": ("compute", CATEGORY_COLORS["compute"]),
     "recompute": ("recomputation", "#9ECAE9"),
     "comm_exposed:tp": ("exposed tp comm", "#F58518"),
-    "comm_exposed:sp": ("exposed sp comm", "#F58518"),
     "comm_exposed:cp": ("exposed cp comm", "#FDAE6B"),
     "comm_exposed:dp": ("exposed dp comm", "#FFBF79"),
     "comm_exposed:ep": ("exposed ep comm", "#D94801"),
