@@ -252,6 +252,11 @@ def test_a_good_form_gives_the_ranked_table(plan_page):
     steps = [r["step_s"] for r in table.data if r["rank"] is not None]
     assert steps == sorted(steps) and all(s > 0 for s in steps)
     assert "compute efficiency is assumed" in _text(out)  # a pure plan says so
+    # Both figures drawn from the real estimates: the step's parts stack to the table's step.
+    step_fig, memory_fig = [c.figure for c in _walk(out) if type(c).__name__ == "Graph"]
+    bars = [t for t in step_fig.data if t.type == "bar"]
+    assert [sum(t.y[i] for t in bars) for i in range(len(table.data))] == pytest.approx([r["step_s"] for r in table.data], rel=5e-3)  # the table: 3 figures
+    assert memory_fig.layout.shapes[0].y0 == pytest.approx(80.0)  # the h100 preset's 80 GiB
 
 
 def _walk(component):
