@@ -284,3 +284,15 @@ def test_the_cli_command_is_one_ptprof_plan_takes(plan_page):
     args = build_plan_parser().parse_args(cmd.split()[2:])
     assert (args.layers, args.hidden, args.heads, args.ffn, args.vocab, args.seq, args.global_batch, args.moe, args.gpus,
             args.cluster) == (32, 4096, 32, 14336, 32000, 4096, 1024, "8,2", 512, "h100")
+
+
+def test_the_query_fills_the_form_and_odd_values_keep_the_defaults(plan_page):
+    def values(page):
+        return {c.id: c.value for c in _walk(page) if getattr(c, "id", None) in (*ids.PLAN_FORM.values(), ids.PLAN_PRESET)}
+
+    linked = values(plan_page.layout(preset="gpt3-175b", gpus="1024", cluster="a100"))
+    assert (linked[ids.PLAN_PRESET], linked[ids.PLAN_FORM["layers"]], linked[ids.PLAN_FORM["hidden"]]) == ("gpt3-175b", 96, 12288)
+    assert (linked[ids.PLAN_FORM["gpus"]], linked[ids.PLAN_FORM["cluster"]]) == (1024, "a100")
+    odd = values(plan_page.layout(preset="<script>", gpus="1e9", cluster="../etc"))
+    assert (odd[ids.PLAN_PRESET], odd[ids.PLAN_FORM["layers"]], odd[ids.PLAN_FORM["gpus"]], odd[ids.PLAN_FORM["cluster"]]) == \
+        ("gpt3-1.3b", 24, 8, "h100")

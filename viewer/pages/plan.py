@@ -63,9 +63,18 @@ def _field(name: str, value):
                                                step=1, value=value)])
 
 
-def layout(**_query):
-    dims = dict(zip(MODEL_FIELDS, preset_values(DEFAULT_PRESET)))
+def layout(preset: str | None = None, gpus: str | None = None, cluster: str | None = None, **_query):
+    """The form, filled from the query where it names a preset, GPUs and a cluster we know
+    (`/plan?preset=gpt3-175b&gpus=1024&cluster=a100`); anything else keeps the defaults."""
+    preset = preset if isinstance(preset, str) and preset in MODEL_PRESETS else DEFAULT_PRESET
+    dims = dict(zip(MODEL_FIELDS, preset_values(preset)))
+    try:
+        gpus = _whole("gpus", gpus, high=MAX_PAGE_GPUS)
+    except ValueError:
+        gpus = DEFAULT_GPUS
     clusters = _presets()
+    if cluster not in clusters:
+        cluster = "h100" if "h100" in clusters else (clusters[0] if clusters else None)
     return html.Div(className="page", children=[
         html.H2("Plan"),
         html.P(className="hint", children=[
@@ -75,13 +84,12 @@ def layout(**_query):
         ]),
         html.Div(className="card", children=[
             html.Div(className="form-grid", children=[
-                html.Label(["model preset", dcc.Dropdown(id=ids.PLAN_PRESET, value=DEFAULT_PRESET, clearable=False,
+                html.Label(["model preset", dcc.Dropdown(id=ids.PLAN_PRESET, value=preset, clearable=False,
                                                          options=[{"label": lbl, "value": k} for k, (lbl, _) in MODEL_PRESETS.items()])],
                            style={"gridColumn": "span 2"}),
                 *[_field(f, dims[f]) for f in MODEL_FIELDS],
-                _field("gpus", DEFAULT_GPUS),
-                html.Label(["cluster", dcc.Dropdown(id=ids.PLAN_FORM["cluster"], options=clusters, clearable=False,
-                                                    value="h100" if "h100" in clusters else (clusters[0] if clusters else None))]),
+                _field("gpus", gpus),
+                html.Label(["cluster", dcc.Dropdown(id=ids.PLAN_FORM["cluster"], options=clusters, clearable=False, value=cluster)]),
                 html.Label(["layouts shown", dcc.Dropdown(id=ids.PLAN_FORM["top"], options=list(TOP_CHOICES), value=10, clearable=False)]),
             ]),
             html.Button("Plan", id=ids.PLAN_BUTTON, className="button"),
