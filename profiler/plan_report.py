@@ -69,8 +69,9 @@ def _term(key: str, a: Estimate, b: Estimate, cluster: Cluster) -> str:
             why.append(f"recompute {la.recompute} vs {lb.recompute}")
         if la.microbatch != lb.microbatch:
             why.append(f"microbatch {la.microbatch} vs {lb.microbatch}")
-        if la.tp != lb.tp:
-            why.append(f"tp={la.tp} vs {lb.tp}")
+        for dim in ("tp", "pp", "ep"):  # tp splits the GEMMs; pp and ep move the head and the experts
+            if getattr(la, dim) != getattr(lb, dim):
+                why.append(f"{dim}={getattr(la, dim)} vs {getattr(lb, dim)}")
         return f"{key} {va:.3g} vs {vb:.3g} s" + (f" ({', '.join(why)})" if why else "")
     return f"{key} {va:.3g} vs {vb:.3g} s"
 
