@@ -28,11 +28,11 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from profiler.cluster import Cluster
-from profiler.layout import RECOMPUTE, Estimate, Layout, LayoutError, ModelSpec, divisors
+from profiler.layout import RECOMPUTE, Estimate, Layout, ModelSpec, divisors
 
 EstimateFn = Callable[[ModelSpec, Layout, Cluster], Estimate]
 MemoryFn = Callable[[ModelSpec, Layout], dict]
@@ -390,12 +390,3 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
     whys = "; ".join(f"{why} at pp={','.join(map(str, sorted(pps)))}" for why, pps in failed.items())
     return RuleOfThumb(None, f"no layout of the rule divides and fits: DDP/FSDP do not fit or divide{note}; "
                              f"tp={tp} with ZeRO-0/1: {whys or 'no pp divides both the layers and G'}")
-
-
-def layout_in_split(layout: Layout, spec: ModelSpec, gpus: int) -> bool:
-    """Does `layout` divide (Layout.check)? For tests and callers that build layouts by hand."""
-    try:
-        layout.check(spec, gpus)
-    except LayoutError:
-        return False
-    return True
