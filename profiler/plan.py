@@ -275,8 +275,8 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
     assumptions = [
         "compute efficiency is assumed (no trace informs a pure plan): the cost model's roofline "
         "efficiencies for this cluster, not a measurement",
-        "rank order tp innermost, then dp (ep inside dp), pp outermost: a tp group of <= GPUs per node "
-        "sits in one node",
+        "rank order tp innermost, then dp (ep inside dp), pp outermost: a tp group whose size divides "
+        "the GPUs per node sits in one node",
         "not searched: context parallelism (cp = 1), HSDP (ZeRO-3 shards over all dp ranks), "
         "tp not dividing the heads",
     ]
