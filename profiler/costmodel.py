@@ -13,6 +13,7 @@ cp, sp, recompute, ...) and are cached, so an estimate is a few dozen float oper
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from profiler import commcost
@@ -21,7 +22,7 @@ from profiler.costmodel_ops import (ATTN_CORE, gemm_pass_parts, gemm_pass_times,
                                     head_memory_bound_bytes, layer_gemms, layer_memory_bound_bytes,
                                     memory_bound_time_s, model_flops_per_sequence, sm_count)
 from profiler.layout import Estimate, Layout, ModelSpec, group_stride
-from profiler.plan_memory import memory_per_gpu
+from profiler.plan_memory import memory_per_gpu, stage_params
 
 __all__ = ["estimate", "gemm_time_s", "memory_bound_time_s", "microbatch_costs", "BREAKDOWN_KEYS"]
 
@@ -115,8 +116,7 @@ def _spec_consts(spec: ModelSpec) -> tuple[float, float]:
 @lru_cache(maxsize=65536)
 def _stage_param_counts(spec: ModelSpec, layout: Layout) -> tuple[float, float, float]:
     """(dense, expert, one layer's) parameters on a GPU of the most loaded stage (first or last)."""
-    from profiler.plan_memory import _stage_params
-    return max((_stage_params(spec, layout, st) for st in {0, layout.pp - 1}), key=lambda x: x[0] + x[1])
+    return max((stage_params(spec, layout, st) for st in {0, layout.pp - 1}), key=lambda x: x[0] + x[1])
 
 
 @lru_cache(maxsize=16384)
@@ -210,7 +210,6 @@ def _assemble(spec: ModelSpec, lay: Layout, cluster: Cluster, compute_scale: flo
 @lru_cache(maxsize=64)
 def _perturbed(cluster: Cluster) -> dict[str, tuple[Cluster, Cluster]]:
     """The cluster with each assumed efficiency moved by ∓PERTURB (capped at 1)."""
-    from dataclasses import replace
     out = {}
     for key in ("gemm_efficiency", "hbm_efficiency", "link_efficiency"):
         e = getattr(cluster, key)
