@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from profiler.layout import Layout, ModelSpec
@@ -123,3 +125,13 @@ def test_memory_falls_with_sharding_and_is_never_negative():
         assert mem["total"] == sum(v for k, v in mem.items() if k != "total")
         totals.append(mem["total"])
     assert totals[0] > totals[1] > totals[2]
+
+
+def test_flash_attention_keeps_no_scores():
+    # b=1, s=4, h=8, a=2, f=32: sbh(18 + 4f/h) = 1088 kept; the 5as²b = 160 scores are replaced by
+    # the fp32 log-sum-exp per row and head, 4·a·s·b = 32
+    assert layer_activation_bytes(1, 4, 8, 2, 32, flash=True) == 1088 + 32
+    spec = ModelSpec(layers=4, hidden=64, heads=4, ffn=256, vocab=32, seq=256, global_batch=4)
+    lay = Layout(microbatch=4)
+    fused = memory_per_gpu(replace(spec, flash_attention=True), lay)
+    assert fused["activations"] < memory_per_gpu(spec, lay)["activations"]
