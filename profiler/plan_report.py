@@ -123,6 +123,7 @@ def _wrap(line: str, indent: str = "  ") -> list[str]:
 def header_lines(spec: ModelSpec, gpus: int, cluster: Cluster, checked_params: str) -> list[str]:
     nodes = -(-gpus // cluster.gpus_per_node)
     moe = f", MoE {spec.experts} experts top-{spec.top_k}" if spec.moe else ""
+    moe += ", flash attention" if getattr(spec, "flash_attention", False) else ""
     lines = [f"model: {spec.count_params() / 1e9:,.2f} B params{checked_params}; {spec.layers} layers, hidden "
              f"{spec.hidden}, {spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}{moe}",
              f"batch: {spec.global_batch:,} sequences = {spec.tokens_per_step:,} tokens/step",

@@ -115,3 +115,13 @@ def test_why_names_the_terms_that_make_the_gap_and_the_links():
     # 10.0 vs 10.04 s: a 0.4 % gap is a tie, and the line says what the tie trades
     c = est(Layout(dp=2, tp=8, pp=4, microbatches=16), compute=9.54, **{"comm_exposed:tp": 0.5})
     assert why(a, c, cluster, "#2").startswith("ties #2 (0.40 % faster")
+
+
+def test_flash_attention_is_passed_on_and_said(capsys):
+    argv = MODEL + ["--gpus", "8", "--cluster", "h100", "--top", "1"]
+    code, plain, _ = _run(capsys, argv)
+    code_fa, flash, _ = _run(capsys, argv + ["--flash-attention"])
+    assert code == code_fa == 0
+    assert "flash attention" in flash and "flash attention" not in plain.split("\n")[0]
+    # fused attention keeps no scores: #1's memory differs (the costmodel tests give the numbers)
+    assert plain.split("rank ")[1] != flash.split("rank ")[1]
