@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from profiler.cluster import load_cluster  # noqa: E402
+from profiler.cluster import ClusterError, load_cluster  # noqa: E402
 from profiler.costmodel import estimate  # noqa: E402
 from profiler.layout import Layout, ModelSpec  # noqa: E402
 from profiler.plan_memory import in_flight, layer_activation_bytes  # noqa: E402
@@ -76,6 +76,8 @@ def _summary(label: str, errs: list[float], goal: float) -> str:
 def bench_published(cluster_name: str) -> None:
     cluster = load_cluster(cluster_name)
     print(f"(a) published runs (Korthikanti et al. 2022) on preset {cluster_name!r}: {cluster.name}")
+    if "a100" not in cluster.name.lower():
+        print("    NOTE: measured on A100s; on this cluster 'error' is the predicted change from those runs, not an error")
     print(f"    gemm_efficiency {cluster.gemm_efficiency}, hbm_efficiency {cluster.hbm_efficiency}, "
           f"link_efficiency {cluster.link_efficiency}; vocabulary {VOCAB}, 18 B of state per parameter\n")
     print("Step time per iteration (s)")
@@ -135,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.published:
         ap.error("choose a section: --published")
-    bench_published(args.cluster)
+    try:
+        bench_published(args.cluster)
+    except ClusterError as e:
+        print(f"bench_whatif: --cluster: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

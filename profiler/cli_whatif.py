@@ -74,6 +74,9 @@ def build_plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=_whole_number(1, MAX_GPUS), required=True)
     p.add_argument("--cluster", required=True, metavar="C", help=_cluster_help())
     p.add_argument("--moe", metavar="E,k", help="mixture of experts: E experts, top-k routing (every block's MLP)")
+    p.add_argument("--flash-attention", action="store_true",
+                   help="fused attention (FlashAttention): no attention scores kept, cheaper memory traffic "
+                        "(default off, as the Megatron papers' accounting)")
     p.add_argument("--top", type=_whole_number(1, 1000), default=10, help="layouts to print and write (default 10)")
     p.add_argument("--json", metavar="FILE", help="write the plan as JSON (schema ptprof.plan/1)")
     return p
@@ -134,7 +137,7 @@ def plan_main(argv: list[str] | None = None) -> int:
         experts, top_k = _parse_moe(args.moe)
         spec = ModelSpec(layers=args.layers, hidden=args.hidden, heads=args.heads, ffn=args.ffn or 4 * args.hidden,
                          vocab=args.vocab, seq=args.seq, global_batch=args.global_batch, experts=experts, top_k=top_k,
-                         params=args.params)
+                         params=args.params, flash_attention=args.flash_attention)
         spec.check()
         params_note = _check_params(spec, args.params)
         cluster = load_cluster(args.cluster)

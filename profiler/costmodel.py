@@ -13,15 +13,16 @@ cp, sp, recompute, ...) and are cached, so an estimate is a few dozen float oper
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from profiler import commcost
 from profiler.cluster import Cluster
-from profiler.costmodel_ops import (ATTN_CORE, gemm_flops, gemm_pass_times, gemm_time_s, head_gemms,
+from profiler.costmodel_ops import (ATTN_CORE, gemm_pass_parts, gemm_pass_times, gemm_time_s, head_gemms,
                                     head_memory_bound_bytes, layer_gemms, layer_memory_bound_bytes,
                                     memory_bound_time_s, model_flops_per_sequence, sm_count)
 from profiler.layout import Estimate, Layout, ModelSpec, group_stride
-from profiler.plan_memory import memory_per_gpu
+from profiler.plan_memory import memory_per_gpu, stage_params
 
 __all__ = ["estimate", "gemm_time_s", "memory_bound_time_s", "microbatch_costs", "BREAKDOWN_KEYS"]
 
@@ -41,7 +42,7 @@ def _coll(kind: str, nbytes: float, n: int, link, cluster: Cluster, algorithm: s
 def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int, sp: bool, recompute: str,
                      ep: int, tp_stride: int, cp_stride: int, ep_stride: int, world: int | None = None) -> dict[str, float]:
     """Seconds of one microbatch on one GPU, per layer (`dense_*`, `moe_*`) and for the head:
-    gemm_f / gemm_b (GEMMs forward / backward), mem_f / mem_b (memory-bound ops), rc (what
+    gemm_f / gemm_b (GEMMs forward / backward), gemm_w (the weight-gradient share of gemm_b), mem_f / mem_b (memory-bound ops), rc (what
     recomputation adds to backward), attn_f (the attention core's forward), tp / ep / cp
     (communication of the layer, forward + backward + recomputation; cp: what ring attention does
     not hide under the attention core), head_gemm / head_mem (output layer + loss, both passes).
@@ -61,8 +62,10 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
             out.update({k.replace("dense_", "moe_"): v for k, v in list(out.items())})
             continue
         shapes = layer_gemms(b, s, h, a, f, t, cp, top_k)
-        gf, gb = gemm_pass_times(shapes, cluster)
-        core_f, _ = gemm_pass_times({k: shapes[k] for k in ATTN_CORE}, cluster)
+        gf, g_dgrad, gw = gemm_pass_parts({k: v for k, v in shapes.items() if k not in ATTN_CORE}, cluster)
+        af, ab = gemm_pass_times({k: shapes[k] for k in ATTN_CORE}, cluster)  # no weights: all "B"
+        gf, gb = gf + af, g_dgrad + gw + ab
+        core_f = af
         mb = layer_memory_bound_bytes(b, s, h, a, f, t, cp, sp, top_k, spec.param_bytes, flash)
         mf = memory_bound_time_s(mb["attn_core"] + mb["other"], cluster)
         if flash:
@@ -88,12 +91,17 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
             link = commcost.group_link(cluster, cp, cp_stride, world_size=world)
             n_cp = max(0.0, 3 * ((cp - 1) * _coll("send_recv", 2 * act / t, cp, link, cluster) - core_f))
         for key, val in (("gemm_f", gf), ("gemm_b", gb), ("mem_f", mf), ("mem_b", BWD_MEM_FACTOR * mf), ("rc", rc),
-                         ("attn_f", core_f), ("tp", n_tp), ("ep", n_ep), ("cp", n_cp)):
+                         ("attn_f", core_f), ("gemm_w", gw), ("tp", n_tp), ("ep", n_ep), ("cp", n_cp)):
             out[f"{kind}_{key}"] = val
-    hg_f, hg_b = gemm_pass_times(head_gemms(b, s, h, spec.vocab, t, cp), cluster)
+    hg_f, hg_d, hg_w = gemm_pass_parts(head_gemms(b, s, h, spec.vocab, t, cp), cluster)
     hm = memory_bound_time_s(head_memory_bound_bytes(b, s, h, spec.vocab, t, cp, sp, spec.param_bytes), cluster)
-    out["head_gemm"], out["head_mem"] = hg_f + hg_b, hm * (1 + BWD_MEM_FACTOR)
+    out["head_gemm"], out["head_mem"], out["head_w"] = hg_f + hg_d + hg_w, hm * (1 + BWD_MEM_FACTOR), hg_w
     return out
+
+
+@lru_cache(maxsize=4096)
+def _check_spec(spec: ModelSpec) -> None:
+    spec.check()
 
 
 @lru_cache(maxsize=4096)
@@ -108,8 +116,7 @@ def _spec_consts(spec: ModelSpec) -> tuple[float, float]:
 @lru_cache(maxsize=65536)
 def _stage_param_counts(spec: ModelSpec, layout: Layout) -> tuple[float, float, float]:
     """(dense, expert, one layer's) parameters on a GPU of the most loaded stage (first or last)."""
-    from profiler.plan_memory import _stage_params
-    return max((_stage_params(spec, layout, st) for st in {0, layout.pp - 1}), key=lambda x: x[0] + x[1])
+    return max((stage_params(spec, layout, st) for st in {0, layout.pp - 1}), key=lambda x: x[0] + x[1])
 
 
 @lru_cache(maxsize=16384)
@@ -183,7 +190,15 @@ def _assemble(spec: ModelSpec, lay: Layout, cluster: Cluster, compute_scale: flo
             first = min(1.0, DDP_BUCKET_BYTES / grad_bytes)
             dp_exposed = max(red * first, red - bwd_mb * (1 - first)) + after
     t_mb = comp + rc + tp + cpc + epc + pp + z3
-    bubble = (p - 1) / lay.stages_per_rank * t_mb if p > 1 and lay.schedule != "zero-bubble" else 0.0
+    if p == 1:
+        bubble = 0.0
+    elif lay.schedule == "zero-bubble":
+        # ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): weight gradients (W) fill the
+        # bubble; with 1F1B's memory it is (p - 1)(F + B - W) instead of (p - 1)(F + B + W)
+        w = (nd * c["dense_gemm_w"] + nm * c["moe_gemm_w"] + c["head_w"]) * compute_scale
+        bubble = (p - 1) * max(0.0, t_mb - 2 * w)
+    else:
+        bubble = (p - 1) / lay.stages_per_rank * t_mb
     shard = n_dp if lay.zero >= 1 else 1
     local = dense / shard + expert / max(1, shard // ep)
     opt = memory_bound_time_s(local * (2 * spec.optimizer_bytes_per_param + gb + pb), cluster)
@@ -195,7 +210,6 @@ def _assemble(spec: ModelSpec, lay: Layout, cluster: Cluster, compute_scale: flo
 @lru_cache(maxsize=64)
 def _perturbed(cluster: Cluster) -> dict[str, tuple[Cluster, Cluster]]:
     """The cluster with each assumed efficiency moved by ∓PERTURB (capped at 1)."""
-    from dataclasses import replace
     out = {}
     for key in ("gemm_efficiency", "hbm_efficiency", "link_efficiency"):
         e = getattr(cluster, key)
@@ -236,7 +250,8 @@ def _assumptions(spec: ModelSpec, layout: Layout, cluster: Cluster, compute_scal
                    else "FSDP: each layer's all-gather prefetched under the previous layer's compute")
     if layout.pp > 1:
         out.append("pipeline bubble (p-1)/v of a microbatch's time, uniform stages paced by the last (head) stage"
-                   if layout.schedule != "zero-bubble" else "zero-bubble schedule: no bubble")
+                   if layout.schedule != "zero-bubble" else
+                   "zero-bubble (ZB-H1): bubble (p-1)(F+B-W), weight gradients fill the rest (Qi et al. 2023)")
     out.append("compute efficiency assumed (no trace informs it)" if compute_scale is None
                else f"compute scaled by {compute_scale:.3g} (measured / predicted on the source run)")
     return out
@@ -247,8 +262,13 @@ def estimate(spec: ModelSpec, layout: Layout, cluster: Cluster, *, compute_scale
     """Predicted step of `layout` for `spec` on `cluster`. compute_scale: a measured correction of
     the analytical compute time (project: measured/predicted on the source); None: assumed
     efficiencies only (said in the assumptions). detail=False skips the assumptions and the
-    dominant-assumption search (6 more assemblies): for ranking many layouts."""
+    dominant-assumption search (6 more assemblies): for ranking many layouts. LayoutError for a
+    spec or layout that cannot be (layout.check), ValueError for a compute_scale <= 0 or not finite."""
+    _check_spec(spec)
+    layout.check(spec)  # LayoutError naming what does not divide: never a number for an impossible layout
     scale = 1.0 if compute_scale is None else float(compute_scale)
+    if not (scale > 0 and scale < float("inf")):
+        raise ValueError(f"compute_scale {compute_scale!r}: a finite number > 0 is needed")
     terms = _layout_terms(spec, layout)
     breakdown = _assemble(spec, layout, cluster, scale, terms)
     step = sum(breakdown.values())

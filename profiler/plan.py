@@ -10,7 +10,12 @@ ranked is counted under the reason it was dropped, `PlanResult.refused`):
 2. per split, every microbatch size mb | global_batch/dp (microbatches m = global_batch/(dp·mb),
    m >= pp), ZeRO stage (1-3 only where dp > 1), pipeline schedule (pp > 1: 1f1b, gpipe,
    zero-bubble, interleaved-1f1b with v | layers/pp), recompute and sequence parallelism (tp > 1);
-3. memory first (cheap): a layout whose memory_per_gpu exceeds HBM is refused;
+3. memory first (cheap): a layout whose memory_per_gpu exceeds HBM is refused. Two bounds spare
+   the calls: where the model state (params, grads, optimizer: split and ZeRO stage only) alone
+   exceeds HBM, every variant does; and memory never falls as the microbatch grows with the rest
+   fixed (activations held = microbatch x microbatches in flight, and the in-flight count, fixed
+   by the schedule once m >= pp, falls no faster than the microbatch grows -- gpipe holds all m:
+   constant), so once a microbatch is over HBM the larger ones are refused unasked;
 4. dominance: of the recompute levels that fit, only the smallest is estimated (recomputing more
    only adds compute for the same layout); where a probe per split finds sp on no slower than sp
    off, sp off is not estimated (it only adds activation memory);
@@ -23,17 +28,18 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from profiler.cluster import Cluster
-from profiler.layout import RECOMPUTE, Estimate, Layout, LayoutError, ModelSpec, divisors
+from profiler.layout import RECOMPUTE, Estimate, Layout, ModelSpec, divisors
 
 EstimateFn = Callable[[ModelSpec, Layout, Cluster], Estimate]
 MemoryFn = Callable[[ModelSpec, Layout], dict]
 
 PIPELINE_SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
 CHECK_TOP = 10  # the top layouts whose pruned neighbours are estimated (step 5)
+STATE_KEYS = ("params", "grads", "optimizer")  # memory_per_gpu's model state (the ZeRO table)
 
 # refused reasons (PlanResult.refused keys); the unit is in the key
 R_TP_HEADS = "splits where tp does not divide the heads"
@@ -174,19 +180,40 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
         return est if _finite(est) else None
 
     all_splits = splits(spec, gpus, refused)
+    skipped = 0
     for split in all_splits:
         sp_on: dict[tuple, Layout] = {}  # (zero, mb, schedule, v) -> the kept sp-on layout
         sp_off: list[Layout] = []
+        state_over: dict[int, bool] = {}  # zero -> does the model state alone exceed HBM?
+        # (zero, schedule, v, sp, recompute) over HBM at a smaller microbatch (variants() goes up)
+        over: set[tuple] = set()
         for group in variants(spec, split, refused):
             considered += len(group)
+            zero = group[0].zero
+            if state_over.get(zero):
+                # parameters, gradients and optimizer state depend on the split and the ZeRO
+                # stage only, and activations are >= 0: every variant is over HBM
+                refused[R_HBM] += len(group)
+                skipped += len(group)
+                continue
             fit = []
             for layout in group:
-                total = memory_fn(spec, layout)["total"]
+                key = (zero, layout.schedule, layout.stages_per_rank, layout.sp, layout.recompute)
+                if key in over:
+                    # memory never falls as the microbatch grows (module docstring): over HBM too
+                    refused[R_HBM] += 1
+                    skipped += 1
+                    continue
+                mem = memory_fn(spec, layout)
+                total = mem["total"]
                 min_mem = total if min_mem is None else min(min_mem, total)
+                if zero not in state_over:
+                    state_over[zero] = sum(mem.get(k, 0) for k in STATE_KEYS) > hbm
                 if total <= hbm:
                     fit.append(layout)
                 else:
                     refused[R_HBM] += 1
+                    over.add(key)
             if not fit:
                 continue
             if not prune:
@@ -215,6 +242,8 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
         else:
             kept.extend(sp_off)
 
+    if not kept and skipped:  # nothing fits: the smallest need is over every layout, skipped ones too
+        min_mem = min(memory_fn(spec, l)["total"] for sp in all_splits for g in variants(spec, sp) for l in g)
     ranked = []
     for layout in kept:
         est = estimate(layout)
@@ -246,8 +275,8 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
     assumptions = [
         "compute efficiency is assumed (no trace informs a pure plan): the cost model's roofline "
         "efficiencies for this cluster, not a measurement",
-        "rank order tp innermost, then dp (ep inside dp), pp outermost: a tp group of <= GPUs per node "
-        "sits in one node",
+        "rank order tp innermost, then dp (ep inside dp), pp outermost: a tp group whose size divides "
+        "the GPUs per node sits in one node",
         "not searched: context parallelism (cp = 1), HSDP (ZeRO-3 shards over all dp ranks), "
         "tp not dividing the heads",
     ]
@@ -361,12 +390,3 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
     whys = "; ".join(f"{why} at pp={','.join(map(str, sorted(pps)))}" for why, pps in failed.items())
     return RuleOfThumb(None, f"no layout of the rule divides and fits: DDP/FSDP do not fit or divide{note}; "
                              f"tp={tp} with ZeRO-0/1: {whys or 'no pp divides both the layers and G'}")
-
-
-def layout_in_split(layout: Layout, spec: ModelSpec, gpus: int) -> bool:
-    """Does `layout` divide (Layout.check)? For tests and callers that build layouts by hand."""
-    try:
-        layout.check(spec, gpus)
-    except LayoutError:
-        return False
-    return True

@@ -77,7 +77,7 @@ def recompute_working_bytes(spec: ModelSpec, layout: Layout) -> float:
                                   layout.sp, "none", spec.top_k if spec.moe else 0, layout.cp, spec.flash_attention)
 
 
-def _stage_params(spec: ModelSpec, layout: Layout, stage: int) -> tuple[float, float, float]:
+def stage_params(spec: ModelSpec, layout: Layout, stage: int) -> tuple[float, float, float]:
     """(dense, expert, one layer's gathered) parameter counts on one GPU of pipeline `stage`:
     its L/p layers' weights over tp (LayerNorms replicated), experts over ep·tp; the embedding
     (V·h/t vocabulary-parallel, positions s·h) on the first stage, the final norm and the head
@@ -100,7 +100,7 @@ def _stage_params(spec: ModelSpec, layout: Layout, stage: int) -> tuple[float, f
 
 
 def _stage_memory(spec: ModelSpec, layout: Layout, stage: int) -> dict[str, float]:
-    dense, expert, layer = _stage_params(spec, layout, stage)
+    dense, expert, layer = stage_params(spec, layout, stage)
     n_dense = layout.dp * layout.cp  # replicas of a dense weight (ZeRO shards over them)
     n_exp = max(1, n_dense // layout.ep)
     pb, gb, ob = spec.param_bytes, spec.grad_bytes, spec.optimizer_bytes_per_param

@@ -69,8 +69,9 @@ def _term(key: str, a: Estimate, b: Estimate, cluster: Cluster) -> str:
             why.append(f"recompute {la.recompute} vs {lb.recompute}")
         if la.microbatch != lb.microbatch:
             why.append(f"microbatch {la.microbatch} vs {lb.microbatch}")
-        if la.tp != lb.tp:
-            why.append(f"tp={la.tp} vs {lb.tp}")
+        for dim in ("tp", "pp", "ep"):  # tp splits the GEMMs; pp and ep move the head and the experts
+            if getattr(la, dim) != getattr(lb, dim):
+                why.append(f"{dim}={getattr(la, dim)} vs {getattr(lb, dim)}")
         return f"{key} {va:.3g} vs {vb:.3g} s" + (f" ({', '.join(why)})" if why else "")
     return f"{key} {va:.3g} vs {vb:.3g} s"
 
@@ -122,6 +123,7 @@ def _wrap(line: str, indent: str = "  ") -> list[str]:
 def header_lines(spec: ModelSpec, gpus: int, cluster: Cluster, checked_params: str) -> list[str]:
     nodes = -(-gpus // cluster.gpus_per_node)
     moe = f", MoE {spec.experts} experts top-{spec.top_k}" if spec.moe else ""
+    moe += ", flash attention" if getattr(spec, "flash_attention", False) else ""
     lines = [f"model: {spec.count_params() / 1e9:,.2f} B params{checked_params}; {spec.layers} layers, hidden "
              f"{spec.hidden}, {spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}{moe}",
              f"batch: {spec.global_batch:,} sequences = {spec.tokens_per_step:,} tokens/step",

@@ -90,3 +90,38 @@ def test_plan_prints_and_writes_json(capsys, tmp_path):
     steps = [r["step_s"] for r in report["ranked"]]
     assert steps == sorted(steps) and all(r["fits"] for r in report["ranked"])
     assert report["cluster"]["gpus_per_node"] == 8
+
+
+def test_why_names_the_terms_that_make_the_gap_and_the_links():
+    from profiler.cluster import Cluster, Link
+    from profiler.layout import Estimate, Layout
+    from profiler.plan_report import why
+
+    cluster = Cluster(name="t", peak_tflops=1000.0, hbm_gib=80.0, hbm_gbps=3000.0, gpus_per_node=8,
+                      intra=Link("nvlink", 450.0, 3.0), inter=Link("ib", 50.0, 10.0))
+
+    def est(layout, **terms):
+        return Estimate(layout=layout, step_s=sum(terms.values()), breakdown_s=terms, mfu_pct=None,
+                        memory_bytes={"total": 0}, hbm_bytes=cluster.hbm_bytes, fits=True)
+
+    # a: tp=8 in a node, 1f1b with v=3; b: tp=16 over two nodes. Steps 10.0 vs 12.5 s: 20 % faster.
+    a = est(Layout(dp=2, tp=8, pp=4, schedule="interleaved-1f1b", stages_per_rank=3, microbatches=16),
+            compute=9.0, **{"comm_exposed:tp": 0.5, "bubble": 0.5})
+    b = est(Layout(dp=1, tp=16, pp=4, microbatches=32), compute=9.0, **{"comm_exposed:tp": 2.0, "bubble": 1.5})
+    line = why(a, b, cluster, "#2")
+    assert line.startswith("20.0 % faster than #2: ")
+    assert "less exposed tp comm 0.5 vs 2 s (tp=8 on nvlink (inside a node) vs tp=16 on ib (across nodes))" in line
+    assert "bubble 5.0 % (interleaved-1f1b v=3, pp=4, m=16) vs 12.0 % (1f1b, pp=4, m=32)" in line
+    # 10.0 vs 10.04 s: a 0.4 % gap is a tie, and the line says what the tie trades
+    c = est(Layout(dp=2, tp=8, pp=4, microbatches=16), compute=9.54, **{"comm_exposed:tp": 0.5})
+    assert why(a, c, cluster, "#2").startswith("ties #2 (0.40 % faster")
+
+
+def test_flash_attention_is_passed_on_and_said(capsys):
+    argv = MODEL + ["--gpus", "8", "--cluster", "h100", "--top", "1"]
+    code, plain, _ = _run(capsys, argv)
+    code_fa, flash, _ = _run(capsys, argv + ["--flash-attention"])
+    assert code == code_fa == 0
+    assert "flash attention" in flash and "flash attention" not in plain.split("\n")[0]
+    # fused attention keeps no scores: #1's memory differs (the costmodel tests give the numbers)
+    assert plain.split("rank ")[1] != flash.split("rank ")[1]

@@ -97,7 +97,13 @@ def test_1f1b_bubble_is_p_minus_1_over_m_of_the_ideal():
     inter = _est(Layout(pp=p, microbatch=2, microbatches=m, schedule="interleaved-1f1b", stages_per_rank=2))
     ideal_i = inter.step_s - inter.breakdown_s["bubble"] - inter.breakdown_s["optimizer"]
     assert inter.breakdown_s["bubble"] == pytest.approx((p - 1) / (2 * m) * ideal_i)
-    assert _est(Layout(pp=p, microbatch=2, microbatches=m, schedule="zero-bubble")).breakdown_s["bubble"] == 0.0
+    # ZB-H1 (Qi et al. 2023): the weight gradients W fill the bubble: (p-1)(F + B - W) = (p-1)(t_mb - 2W)
+    zb = _est(Layout(pp=p, microbatch=2, microbatches=m, schedule="zero-bubble"))
+    c = microbatch_costs(SPEC, GPU, 2, 1, 1, False, "none", 1, 1, 1, 1, 4)
+    w = 8 / p * c["dense_gemm_w"] + c["head_w"]  # 2 layers on this stage + the head
+    t_mb = ideal / m
+    assert zb.breakdown_s["bubble"] == pytest.approx((p - 1) * (t_mb - 2 * w))
+    assert 0 < zb.breakdown_s["bubble"] < est.breakdown_s["bubble"]
 
 
 def test_tp_across_nodes_is_slower_when_the_network_is_10x_slower():
@@ -173,3 +179,14 @@ def test_flash_attention_backward_recomputes_the_scores():
     lay = Layout(microbatch=2, microbatches=16)
     assert _est(lay, spec=flash).step_s < _est(lay).step_s
     assert any("flash" in a for a in _est(lay, spec=flash).assumptions)
+
+
+def test_impossible_layouts_and_scales_are_refused():
+    from profiler.layout import LayoutError
+    with pytest.raises(LayoutError, match="heads"):
+        estimate(SPEC, Layout(tp=3, microbatch=2, microbatches=16), GPU)
+    with pytest.raises(LayoutError, match="global batch"):
+        estimate(SPEC, Layout(microbatch=2, microbatches=3), GPU)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="compute_scale"):
+            estimate(SPEC, Layout(microbatch=2, microbatches=16), GPU, compute_scale=bad)

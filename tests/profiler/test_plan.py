@@ -243,3 +243,34 @@ def test_real_pruning_drops_only_layouts_that_a_kept_one_beats(spec, gpus):
     # the last bit of a float; it never wins)
     assert all(kept[key(e.layout)] <= e.step_s * (1 + 1e-12) for e in dropped)
     assert len(full.ranked) == len(pruned.ranked) + len(dropped)
+
+
+def test_the_memory_bounds_the_search_relies_on_hold_for_the_real_memory_model():
+    # plan() refuses without asking (1) every variant of a split and ZeRO stage once one variant's
+    # model state (params + grads + optimizer of the stage it reports) exceeds HBM, (2) every
+    # larger microbatch once one is over HBM: so in the real model every variant's total must be
+    # at least any variant's state, and totals must never fall as the microbatch grows
+    from profiler.layout import divisors
+    from profiler.plan_memory import memory_per_gpu
+
+    spec = replace(GPT3_XL, global_batch=64)
+    dp, tp, pp = 2, 2, 4
+    per_dp = spec.global_batch // dp
+    mbs = [mb for mb in divisors(per_dp) if per_dp // mb >= pp]
+    assert mbs == [1, 2, 4, 8]
+    schedules = [("1f1b", 1), ("zero-bubble", 1), ("gpipe", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3)]
+    for zero in (0, 1, 2, 3):
+        states, all_totals = set(), []
+        for schedule, v in schedules:
+            for rc in ("none", "selective", "full"):
+                for sp in (False, True):
+                    totals = []
+                    for mb in mbs:
+                        mem = memory_per_gpu(spec, Layout(dp=dp, tp=tp, pp=pp, zero=zero, microbatch=mb,
+                                                          microbatches=per_dp // mb, schedule=schedule,
+                                                          stages_per_rank=v, recompute=rc, sp=sp))
+                        totals.append(mem["total"])
+                        states.add(mem["params"] + mem["grads"] + mem["optimizer"])
+                    assert totals == sorted(totals), (zero, schedule, v, rc, sp, totals)
+                    all_totals += totals
+        assert min(all_totals) >= max(states)
