@@ -34,7 +34,7 @@ PLAN_PRESET = "plan-preset"  # dcc.Dropdown: fills the model fields
 PLAN_FORM = {
     "layers": "plan-layers", "hidden": "plan-hidden", "heads": "plan-heads", "ffn": "plan-ffn", "vocab": "plan-vocab",
     "seq": "plan-seq", "global_batch": "plan-global-batch", "experts": "plan-experts", "top_k": "plan-top-k",
-    "gpus": "plan-gpus", "cluster": "plan-cluster", "top": "plan-top",
+    "flash_attention": "plan-flash-attention", "gpus": "plan-gpus", "cluster": "plan-cluster", "top": "plan-top",
 }
 PLAN_BUTTON = "plan-button"
 PLAN_RESULT = "plan-result"

@@ -279,11 +279,19 @@ def test_the_cli_command_is_one_ptprof_plan_takes(plan_page):
     from profiler.cli_whatif import build_plan_parser
     from profiler.layout import ModelSpec
 
-    spec = ModelSpec(layers=32, hidden=4096, heads=32, ffn=14336, vocab=32000, seq=4096, global_batch=1024, experts=8, top_k=2)
+    spec = ModelSpec(layers=32, hidden=4096, heads=32, ffn=14336, vocab=32000, seq=4096, global_batch=1024, experts=8, top_k=2,
+                     flash_attention=True)
     cmd = plan_page.cli_command(spec, 512, "h100")
     args = build_plan_parser().parse_args(cmd.split()[2:])
     assert (args.layers, args.hidden, args.heads, args.ffn, args.vocab, args.seq, args.global_batch, args.moe, args.gpus,
-            args.cluster) == (32, 4096, 32, 14336, 32000, 4096, 1024, "8,2", 512, "h100")
+            args.cluster, args.flash_attention) == (32, 4096, 32, 14336, 32000, 4096, 1024, "8,2", 512, "h100", True)
+
+
+def test_flash_attention_reaches_the_model(plan_page):
+    spec, *_ = plan_page.read_form({**GOOD, "flash_attention": ["on"]})
+    assert spec.flash_attention and not plan_page.read_form(GOOD)[0].flash_attention
+    out = plan_page.plan_result({**GOOD, "flash_attention": "on"})
+    assert out.className == "error" and "flash attention: a checkbox's list of values" in _text(out)
 
 
 def test_the_query_fills_the_form_and_odd_values_keep_the_defaults(plan_page):

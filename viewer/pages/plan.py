@@ -88,6 +88,8 @@ def layout(preset: str | None = None, gpus: str | None = None, cluster: str | No
                                                          options=[{"label": lbl, "value": k} for k, (lbl, _) in MODEL_PRESETS.items()])],
                            style={"gridColumn": "span 2"}),
                 *[_field(f, dims[f]) for f in MODEL_FIELDS],
+                html.Label(["attention", dcc.Checklist(id=ids.PLAN_FORM["flash_attention"], value=[],
+                                                       options=[{"label": " flash (fused)", "value": "on"}])]),
                 _field("gpus", gpus),
                 html.Label(["cluster", dcc.Dropdown(id=ids.PLAN_FORM["cluster"], options=clusters, clearable=False, value=cluster)]),
                 html.Label(["layouts shown", dcc.Dropdown(id=ids.PLAN_FORM["top"], options=list(TOP_CHOICES), value=10, clearable=False)]),
@@ -146,8 +148,12 @@ def read_form(form: dict):
         raise ValueError(f"MoE top-k {top_k} given without experts: set the experts (or top-k to 0)")
     if experts and not top_k:
         raise ValueError(f"MoE experts {experts} need a top-k (1 to {experts})")
+    flash = form.get("flash_attention")
+    if flash is not None and not isinstance(flash, list):
+        raise ValueError(f"flash attention: a checkbox's list of values, not {str(flash)[:40]!r}")
     gpus = _whole("gpus", form.get("gpus"), high=MAX_PAGE_GPUS)
-    spec = ModelSpec(hidden=hidden, ffn=ffn, vocab=vocab, experts=experts, top_k=top_k, **dims)
+    spec = ModelSpec(hidden=hidden, ffn=ffn, vocab=vocab, experts=experts, top_k=top_k, flash_attention="on" in (flash or []),
+                     **dims)
     spec.check()
     cluster = form.get("cluster")
     presets = _presets()
@@ -160,6 +166,7 @@ def read_form(form: dict):
 
 def _heading(spec, gpus: int, cluster, seconds: float) -> str:
     moe = f", MoE {spec.experts} experts top-{spec.top_k}" if spec.moe else ""
+    moe += ", flash attention" if spec.flash_attention else ""
     return (f"{plan_figures.sig3(spec.count_params() / 1e9)} B parameters ({spec.layers} layers, hidden {spec.hidden}, "
             f"{spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}, global batch {spec.global_batch}{moe}) "
             f"on {gpus} GPUs of {cluster.name} ({plan_figures.sig3(cluster.peak_tflops)} TFLOP/s, "
@@ -183,6 +190,7 @@ def _until(deadline: float, fn):
 def cli_command(spec, gpus: int, cluster: str) -> str:
     """The `ptprof plan` command that plans the same (no time limit, --json for a report)."""
     moe = f" --moe {spec.experts},{spec.top_k}" if spec.moe else ""
+    moe += " --flash-attention" if spec.flash_attention else ""
     return (f"ptprof plan --layers {spec.layers} --hidden {spec.hidden} --heads {spec.heads} --ffn {spec.ffn} "
             f"--vocab {spec.vocab} --seq {spec.seq} --global-batch {spec.global_batch}{moe} --gpus {gpus} --cluster {cluster}")
 
