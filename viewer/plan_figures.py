@@ -70,11 +70,14 @@ def plan_entries(result, top: int = 10) -> list[PlanEntry]:
     """The top `top` (capped at TOP_MAX) ranked layouts, then the rule of thumb's if it ranks
     lower or does not fit (so it is always on the page when the planner gave one)."""
     top = max(1, min(int(top), TOP_MAX))
-    rot_rank = result.rule_of_thumb_rank
-    entries = [PlanEntry(i, e, rule_of_thumb=(i == rot_rank)) for i, e in enumerate(result.ranked[:top], start=1)]
-    if result.rule_of_thumb is not None and (rot_rank is None or rot_rank > top):
-        fits = rot_rank is not None and getattr(result.rule_of_thumb, "fits", True)
-        entries.append(PlanEntry(rot_rank if fits else None, result.rule_of_thumb, rule_of_thumb=True))
+    rot, rot_rank = result.rule_of_thumb, result.rule_of_thumb_rank
+    # The rule's row is the ranked layout at its rank when that is the same layout; otherwise
+    # (below the top, not fitting, or ranked where another layout sits) it is added at the end.
+    entries = [PlanEntry(i, e, rule_of_thumb=rot is not None and i == rot_rank and e.layout == rot.layout)
+               for i, e in enumerate(result.ranked[:top], start=1)]
+    if rot is not None and not any(e.rule_of_thumb for e in entries):
+        fits = rot_rank is not None and getattr(rot, "fits", True)
+        entries.append(PlanEntry(rot_rank if fits else None, rot, rule_of_thumb=True))
     return entries
 
 

@@ -101,6 +101,11 @@ def test_rule_of_thumb_below_the_top_or_not_fitting_is_appended():
     ranked = [A] * 30
     low = plan_entries(_result(ranked, rot=C, rot_rank=25), 5)
     assert [e.label for e in low] == ["#1", "#2", "#3", "#4", "#5", "#25 rule of thumb"]
+    # Ranked at 2 where another layout sits (the planner's rank is where its step would slot in):
+    # that row is not called the rule's; the rule's own row is added.
+    other = _est(2, 4, 1, {"compute": 1.1})
+    elsewhere = plan_entries(_result([A, B, C], rot=other, rot_rank=2), 10)
+    assert [e.label for e in elsewhere] == ["#1", "#2", "#3", "#2 rule of thumb"] and elsewhere[-1].estimate is other
     unfit = plan_entries(_result([A, B], rot=TOO_BIG, rot_rank=None), 10)
     assert [e.label for e in unfit] == ["#1", "#2", "rule of thumb (does not fit)"]
     row = plan_table_rows(unfit)[-1]
