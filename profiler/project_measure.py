@@ -1,0 +1,189 @@
+"""What `ptprof project` reads of a profiled run: per rank and profiled step, the step window, the
+compute / communication / overlap / idle split (profiler.breakdown), the counted work ops with
+their FLOPs or bytes (profiler.workload), the collectives, and the pipeline action spans; and the
+"cluster" the run was measured on (`calibrate`). docs/whatif.md, "Project".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from profiler.breakdown import _gloo_worker_threads, temporal_breakdown
+from profiler.cluster import Cluster, Link
+from profiler.collectives import collectives
+from profiler.commcost import TRAFFIC_FACTOR, latency_steps
+from profiler.errors import TraceError
+from profiler.load import load_traces
+from profiler.pipeline import pipeline_actions
+from profiler.steps import assign_steps, profiler_steps
+from profiler.workload import ops_in_steps, trace_ops
+
+FLOP_CLASSES = ("matmul", "attention")
+P2P_KINDS = ("send", "recv", "send_recv")
+STEP_COLUMNS = ["rank", "step", "window_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunWork:
+    """A run's measured work. ops: rank, step, ts_us, dur_us, name, klass, flops, bytes (workload's
+    counted ops on the training threads, profiled steps only). steps: STEP_COLUMNS. actions:
+    profiler.pipeline_actions rows (empty outside pipelines). colls: profiler.collectives rows."""
+
+    run_dir: str
+    manifest: dict
+    ranks: pl.DataFrame
+    steps: pl.DataFrame
+    ops: pl.DataFrame
+    actions: pl.DataFrame
+    colls: pl.DataFrame
+    has_gpu: bool
+
+    @property
+    def world(self) -> int:
+        return int(self.manifest.get("world_size") or self.ranks.height)
+
+    @property
+    def run_id(self) -> str:
+        return str(self.manifest.get("run_id") or Path(self.run_dir).name)
+
+
+def measure_run(run_dir: str | Path) -> RunWork:
+    """Load a run folder and measure its work. TraceError/ValueError with one line where project
+    cannot use it (no run.json: a foreign trace; no profiled steps)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise TraceError(run_dir, "not a run folder (project needs a folder written by `ptprof run`: rank*.json.gz + run.json)")
+    if not (run_dir / "run.json").is_file():
+        raise TraceError(run_dir, "no run.json: project needs the run's model dims, layout and global batch, which "
+                                  "`ptprof run` writes there (a foreign trace lacks them; write a run.json as docs/run-layout.md)")
+    traces = load_traces(run_dir, progress=False)
+    if traces.ranks["run"].n_unique() != 1:
+        raise TraceError(run_dir, "holds several runs; pass one run folder")
+    manifest = next(iter(traces.runs.values()))
+    if not isinstance(manifest, dict):
+        raise TraceError(run_dir / "run.json", "unreadable or not a ptprof run.json")
+    steps, ops, actions, colls = [], [], [], []
+    for part, events in zip(traces.parts, traces.rank_events()):
+        st = profiler_steps(events).filter(pl.col("has_profiler_steps"))
+        if st.is_empty():
+            continue
+        ev = assign_steps(events, st)
+        bd = temporal_breakdown(ev, per_step=True, steps=st)
+        steps.append(bd.join(st.select("rank", "step", "dur_us"), on=["rank", "step"]).select(
+            pl.col("rank").cast(pl.Int32), "step", pl.col("dur_us").alias("window_us"), "compute_us", "comm_us",
+            "overlap_us", "exposed_comm_us"))
+        workers = _gloo_worker_threads(ev).select("pid", "tid")
+        file = traces.ranks.filter(pl.col("rank") == part.rank)["file"][0]
+        rank_ops = trace_ops(file).join(workers, on=["pid", "tid"], how="anti")
+        ops.append(ops_in_steps(rank_ops, st.select("start_us", "end_us", "step")).with_columns(
+            rank=pl.lit(part.rank, pl.Int32)))
+        actions.append(pipeline_actions(ev, steps=st, runs=traces.runs))
+        colls.append(collectives(ev, traces.ranks))
+    if not steps:
+        raise TraceError(run_dir, "no ProfilerStep spans in its traces: project needs the profiled steps")
+    if traces.ranks["has_gpu"].any():
+        raise TraceError(run_dir, "a GPU trace: projecting from kernel times is not supported yet (project reads "
+                                  "CPU operator times; docs/whatif.md, 'Project', says what is left)")
+    acts = [a for a in actions if a.height]
+    return RunWork(str(run_dir), manifest, traces.ranks, pl.concat(steps), pl.concat(ops),
+                   pl.concat(acts) if acts else actions[0], pl.concat([c for c in colls if c.width], how="diagonal_relaxed"),
+                   bool(traces.ranks["has_gpu"].any()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Roofline of one op on a cluster
+
+
+def op_seconds(klass: pl.Expr, flops: pl.Expr, nbytes: pl.Expr, cluster: Cluster) -> pl.Expr:
+    """Seconds of counted ops on `cluster`: FLOPs / (peak x gemm_efficiency) for matmul and
+    attention, bytes / (HBM bandwidth x hbm_efficiency) for memory-bound ops; null where the work
+    is unknown. The class picks the term (docs/whatif.md: on the calibrated CPU "cluster" the
+    memory rate is mostly dispatch overhead, so a max() of both terms would misplace matmuls)."""
+    peak = cluster.peak_tflops * 1e12 * cluster.gemm_efficiency
+    bw = cluster.hbm_gbps * 1e9 * cluster.hbm_efficiency
+    return (pl.when(klass.is_in(FLOP_CLASSES) & flops.is_not_null()).then(flops / peak)
+            .when(klass.is_in(FLOP_CLASSES)).then(None)
+            .when(nbytes.is_not_null()).then(nbytes / bw))
+
+
+def with_target_time(ops: pl.DataFrame, cluster: Cluster) -> pl.DataFrame:
+    """ops plus `target_us` (null for ops of unknown work)."""
+    return ops.with_columns(target_us=1e6 * op_seconds(pl.col("klass"), pl.col("flops"), pl.col("bytes"), cluster))
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration: the cluster a run was measured on
+
+
+def fit_link(colls: pl.DataFrame) -> tuple[Link, str]:
+    """One α–β link from a run's collectives (profiler.commcost's model): time = steps·α +
+    traffic/bw over every call with a size, least squares over each (kind, size, group):
+    a collective's mean call, the fastest point-to-point call. (link, how) -- how says what was fitted or assumed."""
+    if colls.is_empty() or "size_bytes" not in colls.columns:
+        return Link("none measured", 1.0, 0.0), "no collectives in the run: link 1 GB/s, 0 µs assumed (no communication to project)"
+    # Point-to-point calls block until the peer's message arrives (a pipeline's recv waits out the
+    # peer's compute): the fastest p2p call of a size, sends and receives pooled, is the transfer.
+    # A collective's mean call is what the run's steps paid for it (late peers included).
+    c = (colls.filter(pl.col("collective").is_in(list(TRAFFIC_FACTOR)) & pl.col("size_bytes").is_not_null()
+                      & (pl.col("size_bytes") > 0) & (pl.col("dur_us") > 0) & pl.col("group_size").is_not_null())
+         .with_columns(collective=pl.when(pl.col("collective").is_in(P2P_KINDS)).then(pl.lit("send"))
+                       .otherwise(pl.col("collective")))
+         .group_by("collective", "size_bytes", "group_size")
+         .agg(dur_us=pl.when(pl.col("collective").first() == "send").then(pl.col("dur_us").min())
+              .otherwise(pl.col("dur_us").mean()), n=pl.len()))
+    if c.is_empty():
+        return Link("none measured", 1.0, 0.0), "no sized collectives: link 1 GB/s, 0 µs assumed"
+    kinds, sizes, groups, dur, n = (c[k].to_list() for k in ("collective", "size_bytes", "group_size", "dur_us", "n"))
+    x_lat = np.array([latency_steps(k, max(g, 2)) for k, g in zip(kinds, groups)], float)
+    x_bytes = np.array([TRAFFIC_FACTOR[k](max(g, 2)) * s for k, s, g in zip(kinds, sizes, groups)], float)
+    t = np.array(dur, float) * 1e-6
+    w = np.sqrt(np.array(n, float))
+    how = f"α–β least squares over {sum(n)} calls ({len(t)} kind/size points)"
+    alpha_s = inv_bw = None
+    if len(t) >= 2 and np.linalg.matrix_rank(np.c_[x_lat, x_bytes]) == 2:
+        (a, b), *_ = np.linalg.lstsq(np.c_[x_lat, x_bytes] * w[:, None], t * w, rcond=None)
+        if a >= 0 and b > 0:
+            alpha_s, inv_bw = a, b
+    if alpha_s is None:  # one size, or a fit with a negative term: all of the time as bandwidth
+        alpha_s, inv_bw = 0.0, float((t * w).sum() / (x_bytes * w).sum())
+        how = f"one bandwidth over {sum(n)} calls (sizes do not separate α from β): α = 0 assumed"
+    return Link("measured (α–β fit)", float(1e-9 / inv_bw), float(alpha_s * 1e6)), how
+
+
+def host_memory_gib() -> float:
+    """This machine's memory, the 'HBM' of a CPU run (its size, not its speed, matters: fits)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return 16.0
+
+
+def calibrate(work: RunWork) -> Cluster:
+    """The measured 'cluster' (module docstring of profiler.project)."""
+    ops = work.ops
+    flop_ops = ops.filter(pl.col("klass").is_in(FLOP_CLASSES) & pl.col("flops").is_not_null() & (pl.col("flops") > 0))
+    mem_ops = ops.filter((pl.col("klass") == "memory") & pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
+    if flop_ops.is_empty() or flop_ops["dur_us"].sum() <= 0:
+        raise ValueError(f"{work.run_dir}: no matmul ops with recorded shapes in its profiled steps: cannot measure "
+                         "its op throughput (was it profiled with record_shapes?)")
+    peak_tflops = flop_ops["flops"].sum() / (flop_ops["dur_us"].sum() * 1e-6) / 1e12
+    mem_gbps = (mem_ops["bytes"].sum() / (mem_ops["dur_us"].sum() * 1e-6) / 1e9) if mem_ops.height else peak_tflops * 1e3
+    link, how = fit_link(work.colls)
+    world = work.world
+    notes = (f"calibrated from {work.run_id}: matmul/attention {flop_ops['flops'].sum():.3g} FLOP in "
+             f"{flop_ops['dur_us'].sum() / 1e3:.1f} ms, memory-bound {mem_ops['bytes'].sum():.3g} B in "
+             f"{mem_ops['dur_us'].sum() / 1e3:.1f} ms over {ops['rank'].n_unique()} ranks",
+             f"link: {how}", "one node of world_size ranks: inter-node link = the measured one")
+    return Cluster(name=f"measured:{work.run_id}", peak_tflops=peak_tflops, hbm_gib=round(host_memory_gib(), 1),
+                   hbm_gbps=mem_gbps, gpus_per_node=world, intra=link, inter=dataclasses.replace(link),
+                   gemm_efficiency=1.0, hbm_efficiency=1.0, link_efficiency=1.0, source=str(work.run_dir), notes=notes)
+
+
+def finite_positive(x: float | None) -> bool:
+    return x is not None and math.isfinite(x) and x > 0

@@ -1,0 +1,223 @@
+"""The work of a run's operators, from the shapes its traces recorded (`record_shapes=True`, as
+every ptprof runner profiles): per operator, the FLOPs of matmul-class ops and attention, the bytes
+an elementwise (memory-bound) op moves, with the measured duration. `ptprof project` re-times
+these on a target cluster; docs/whatif.md, "Project".
+
+Counting rule (no double counting of nested ops): an operator is counted when it is a *work op*
+and no operator enclosing it on its thread is one. Work ops are `aten::` CPU operators other than
+views, allocations and casts' wrappers (NO_WORK) and other than collectives; a wrapper that is
+not a work op (autograd's `MmBackward0`, `aten::to`, `aten::contiguous`) passes the count to the
+ops inside it. So `aten::linear` counts once with its FLOPs (its `aten::matmul`/`aten::mm` inside
+are not counted again), and the backward's `aten::mm` under `MmBackward0` counts.
+
+FLOPs (2 per multiply-add): mm [m,k]x[k,n] 2mkn; addmm (bias, a, b) 2mkn; bmm/baddbmm 2·b·mkn;
+matmul/linear 2·(rows of the input)·k·n; scaled_dot_product_attention (q, k, v of [B,H,S,D])
+4·B·H·Sq·Sk·D (QK^T and PV, causal masking not subtracted), its backward twice that.
+Bytes of a memory-bound op: the elements of its tensor inputs times their dtype size, plus one
+output the size of its first tensor input (in-place ops write it; out-of-place ops write a new
+one of about that size) -- an approximation, said in the projection's assumptions.
+
+The event frame (profiler.parse) keeps shapes of collectives only; the shapes of compute ops are
+read here from the trace file itself, once per file, into a small frame.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import polars as pl
+
+from profiler.errors import TraceError
+
+MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
+ATTENTION = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
+             "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_efficient_attention",
+             "aten::_scaled_dot_product_cudnn_attention", "aten::_flash_attention_forward"}
+ATTENTION_BACKWARD = {"aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                      "aten::_scaled_dot_product_flash_attention_backward",
+                      "aten::_scaled_dot_product_efficient_attention_backward",
+                      "aten::_scaled_dot_product_cudnn_attention_backward", "aten::_flash_attention_backward"}
+# Metadata, views, allocations and conversion wrappers: no work of their own (their children's counts).
+NO_WORK = {"aten::view", "aten::as_strided", "aten::t", "aten::transpose", "aten::reshape", "aten::_unsafe_view",
+           "aten::expand", "aten::expand_as", "aten::slice", "aten::select", "aten::detach", "aten::detach_",
+           "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resolve_conj", "aten::resolve_neg",
+           "aten::alias", "aten::unsqueeze", "aten::squeeze", "aten::permute", "aten::split", "aten::split_with_sizes",
+           "aten::chunk", "aten::unbind", "aten::narrow", "aten::contiguous", "aten::item", "aten::_local_scalar_dense",
+           "aten::is_nonzero", "aten::lift_fresh", "aten::to", "aten::_to_copy", "aten::zeros", "aten::ones",
+           "aten::flatten", "aten::unflatten", "aten::view_as", "aten::_reshape_alias", "aten::new_empty",
+           "aten::new_empty_strided", "aten::set_", "aten::resize_", "aten::numpy_T", "aten::chalf",
+           "aten::embedding", "aten::matmul_backward", "aten::linear_backward"}
+COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
+# Input type names of traces -> bytes per element
+TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
+              "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
+              "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
+OP_COLUMNS = {"pid": pl.Int64, "tid": pl.Int64, "ts_us": pl.Float64, "dur_us": pl.Float64, "name": pl.String,
+              "klass": pl.String, "flops": pl.Float64, "bytes": pl.Float64}
+KLASSES = ("matmul", "attention", "memory", "unknown")
+
+
+class _Args(msgspec.Struct, gc=False):
+    dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+
+
+class _Ev(msgspec.Struct, gc=False):
+    ph: object = None
+    cat: object = None
+    name: object = None
+    pid: object = None
+    tid: object = None
+    ts: object = None
+    dur: object = None
+    args: _Args | None = None
+
+
+class _Doc(msgspec.Struct, gc=False):
+    traceEvents: list[_Ev] = []  # noqa: N815 (the trace's own key)
+
+
+def _shape(d) -> list[int] | None:
+    return d if isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in d) else None
+
+
+def matmul_flops(name: str, dims: list) -> float | None:
+    """FLOPs of one matmul-class op from its `Input Dims` (module docstring), None if unreadable."""
+    s = [_shape(d) for d in dims]
+    try:
+        if name == "aten::mm":
+            (m, k), (_, n) = s[0], s[1]
+            return 2.0 * m * k * n
+        if name == "aten::addmm":
+            (m, k), (_, n) = s[1], s[2]
+            return 2.0 * m * k * n
+        if name == "aten::bmm":
+            (b, m, k), (_, _, n) = s[0], s[1]
+            return 2.0 * b * m * k * n
+        if name == "aten::baddbmm":
+            (b, m, k), (_, _, n) = s[1], s[2]
+            return 2.0 * b * m * k * n
+        if name == "aten::linear":  # x [..., k], weight [n, k]
+            x, w = s[0], s[1]
+            return 2.0 * math.prod(x[:-1]) * x[-1] * w[0]
+        if name == "aten::matmul":  # a [..., m, k] @ b [..., k, n]; 1-D operands as vectors
+            a, b = s[0], s[1]
+            if len(b) == 1:
+                return 2.0 * math.prod(a)
+            batch = a[:-2] if len(a) >= len(b) else b[:-2]
+            rows = a[-2] if len(a) >= 2 else 1
+            return 2.0 * math.prod(batch) * rows * a[-1] * b[-1]
+    except (TypeError, ValueError, IndexError):
+        return None
+    return None
+
+
+def attention_flops(dims: list, *, backward: bool) -> float | None:
+    """4·B·H·Sq·Sk·D of q [B,H,Sq,D] and k [B,H,Sk,D] (twice that for the backward), None if unreadable.
+    The backward kernels take grad_out first, then q, k, v."""
+    s = [_shape(d) for d in dims]
+    try:
+        q, k = (s[1], s[2]) if backward else (s[0], s[1])
+        *lead, sq, d = q
+        flops = 4.0 * math.prod(lead) * sq * k[-2] * d
+    except (TypeError, ValueError, IndexError):
+        return None
+    return 2 * flops if backward else flops
+
+
+def memory_bytes(dims: list, types: list) -> float | None:
+    """Bytes a memory-bound op moves: its tensor inputs read, one output of its first input's size written."""
+    sizes = []
+    for d, t in zip(dims, types):
+        shape = _shape(d)
+        if shape is None or t not in TYPE_BYTES:
+            continue
+        sizes.append(math.prod(shape) * TYPE_BYTES[t])
+    return float(sum(sizes) + sizes[0]) if sizes else None
+
+
+def op_work(name: str, dims, types) -> tuple[str, float | None, float | None]:
+    """(class, flops, bytes) of one work op (module docstring)."""
+    dims = dims if isinstance(dims, list) else []
+    types = types if isinstance(types, list) else []
+    if name in MATMUL:
+        return "matmul", matmul_flops(name, dims), memory_bytes(dims, types)
+    if name in ATTENTION or name in ATTENTION_BACKWARD:
+        return "attention", attention_flops(dims, backward=name in ATTENTION_BACKWARD), memory_bytes(dims, types)
+    b = memory_bytes(dims, types)
+    return ("memory" if b is not None else "unknown"), None, b
+
+
+def _is_work(name: str) -> bool:
+    return name.startswith("aten::") and name not in NO_WORK
+
+
+def _decode(raw) -> list:
+    try:
+        return msgspec.json.decode(raw) if raw else []
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return []
+
+
+def trace_ops(path: str | Path) -> pl.DataFrame:
+    """OP_COLUMNS: the counted work ops of one trace file (module docstring), in time order.
+    TraceError when the file cannot be read as a trace."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        doc = msgspec.json.decode(raw, type=_Doc)
+    except (OSError, EOFError, msgspec.DecodeError, UnicodeDecodeError) as e:
+        raise TraceError(path, f"cannot read its operators' shapes ({e})") from None
+    by_thread: dict[tuple, list[_Ev]] = {}
+    for e in doc.traceEvents:
+        if e.ph == "X" and e.cat == "cpu_op" and isinstance(e.name, str) and isinstance(e.ts, (int, float)) \
+                and isinstance(e.dur, (int, float)) and e.dur >= 0:
+            by_thread.setdefault((e.pid, e.tid), []).append(e)
+    rows = []
+    for (pid, tid), evs in by_thread.items():
+        evs.sort(key=lambda e: (e.ts, -e.dur))
+        stack: list[tuple[float, bool]] = []  # (end, covered: a work or comm op at or above this level)
+        for e in evs:
+            end = e.ts + e.dur
+            while stack and stack[-1][0] <= e.ts:
+                stack.pop()
+            covered = bool(stack) and stack[-1][1]
+            comm = e.name.startswith(COMM_PREFIXES)
+            work = not comm and _is_work(e.name)
+            if work and not covered:
+                args = e.args or _Args()
+                klass, flops, nbytes = op_work(e.name, _decode(args.dims), _decode(args.types))
+                rows.append((pid if isinstance(pid, int) else None, tid if isinstance(tid, int) else None,
+                             float(e.ts), float(e.dur), e.name, klass, flops, nbytes))
+            stack.append((end, covered or work or comm))
+    frame = pl.DataFrame(rows, schema=OP_COLUMNS, orient="row")
+    return frame.sort("ts_us")
+
+
+def ops_in_steps(ops: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """`ops` of one rank with the `step` whose [start_us, end_us) holds each op's start; ops outside
+    every step dropped. steps: profiler_steps' rows of that rank."""
+    if ops.is_empty() or steps.is_empty():
+        return ops.with_columns(step=pl.lit(None, pl.Int64)).clear()
+    st = steps.sort("start_us")
+    starts, ends, ids = (st[c].to_numpy() for c in ("start_us", "end_us", "step"))
+    ts = ops["ts_us"].to_numpy()
+    i = np.searchsorted(starts, ts, side="right") - 1
+    ok = (i >= 0) & (ts < ends[np.clip(i, 0, None)])
+    step = np.where(ok, ids[np.clip(i, 0, None)], -1)
+    return ops.with_columns(step=pl.Series(step, dtype=pl.Int64)).filter(pl.col("step") >= 0)
+
+
+def coverage(ops: pl.DataFrame, compute_us: float) -> dict:
+    """How much of a compute time the counted ops explain, by class: {klass: µs}, known_us (ops with
+    FLOPs or bytes), and known_pct = known_us / compute_us."""
+    by = dict(ops.group_by("klass").agg(pl.col("dur_us").sum()).iter_rows()) if ops.height else {}
+    known = ops.filter(pl.col("flops").is_not_null() | pl.col("bytes").is_not_null())["dur_us"].sum() if ops.height else 0.0
+    return {"by_class_us": {k: float(by.get(k, 0.0)) for k in KLASSES}, "known_us": float(known),
+            "known_pct": 100.0 * known / compute_us if compute_us > 0 else None}
