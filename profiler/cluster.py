@@ -5,14 +5,39 @@ JSON file of the same fields (docs/whatif.md, "Clusters").
 A cluster is what the cost model needs of the hardware: peak dense FLOP/s, HBM size and
 bandwidth, and two links -- inside a node (NVLink / xGMI) and between nodes (the NIC per GPU) --
 each with a bandwidth and a latency (the α and β of profiler.commcost).
+
+A file that cannot be used is refused with one ClusterError line naming the file (or preset) and
+the field: a missing or unknown field (with the nearest valid name), a wrong type, a number that
+is not finite and positive, an efficiency outside (0, 1], a syntax error and where it is.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
+import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - pyproject installs tomli on 3.10
+    import tomli as tomllib
+
 PRESET_DIR = Path(__file__).with_name("clusters")
+SUFFIXES = (".toml", ".json")
+MAX_FILE_BYTES = 1 << 20  # a cluster file is a few hundred bytes; anything this big is not one
+
+# Other spellings users type for the presets: key = the spelling with case, spaces, '-' and '_'
+# removed; value = the preset's file stem.
+ALIASES = {
+    "a10080gb": "a100", "a100sxm": "a100", "a100sxm4": "a100", "a100sxm480gb": "a100", "dgxa100": "a100",
+    "h100sxm": "h100", "h100sxm5": "h100", "h10080gb": "h100", "dgxh100": "h100", "hgxh100": "h100",
+    "h200sxm": "h200", "h200141gb": "h200", "dgxh200": "h200", "hgxh200": "h200",
+    "b200hgx": "b200", "hgxb200": "b200", "dgxb200": "b200",
+    "mi300": "mi300x", "mi300x192gb": "mi300x", "instinctmi300x": "mi300x", "amdmi300x": "mi300x",
+}
 
 
 class ClusterError(ValueError):
@@ -44,7 +69,9 @@ class Cluster:
     gemm_efficiency: float = 0.8  # large-GEMM share of peak (cuBLAS-class)
     hbm_efficiency: float = 0.8  # share of HBM bandwidth a streaming kernel reaches
     link_efficiency: float = 0.8  # share of a link's bandwidth a large collective reaches (busbw / link)
-    source: str = ""  # the preset file or user file it came from
+    # Where it came from (the preset or user file). Not part of equality: the same cluster
+    # written to another file and read back is the same cluster.
+    source: str = field(default="", compare=False)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -52,22 +79,188 @@ class Cluster:
         return int(self.hbm_gib * 2**30)
 
 
+# The fields of a file: name -> (kind, required). Kinds: "str", "pos" (finite > 0), "nonneg"
+# (finite >= 0), "eff" (in (0, 1]), "count" (whole number >= 1), "link", "notes".
+CLUSTER_FIELDS = {
+    "name": ("str", False),  # default: the file's stem
+    "peak_tflops": ("pos", True),
+    "hbm_gib": ("pos", True),
+    "hbm_gbps": ("pos", True),
+    "gpus_per_node": ("count", True),
+    "intra": ("link", True),
+    "inter": ("link", True),
+    "gemm_efficiency": ("eff", False),
+    "hbm_efficiency": ("eff", False),
+    "link_efficiency": ("eff", False),
+    "notes": ("notes", False),
+}
+LINK_FIELDS = {"name": ("str", True), "bw_gbps": ("pos", True), "latency_us": ("nonneg", True)}
+
+
 def preset_names() -> list[str]:
     """The shipped presets' names (file stems), sorted."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
+def _preset_key(spec: str) -> str | None:
+    """The preset stem `spec` names (any case, aliases such as "H100 SXM"), or None."""
+    names = preset_names()
+    low = spec.strip().lower()
+    if low in names:
+        return low
+    squashed = "".join(c for c in low if c not in " -_")
+    stem = squashed if squashed in names else ALIASES.get(squashed)
+    return stem if stem in names else None
+
+
 def load_cluster(spec: str) -> Cluster:
     """A preset name (`h100`), or a path to a .toml / .json file of the same fields.
     ClusterError naming the file and the field otherwise."""
-    raise NotImplementedError("issue 15: cluster presets")
+    if not isinstance(spec, str) or not spec.strip():
+        raise ClusterError(f"cluster: give a preset ({', '.join(preset_names())}) or a .toml/.json file")
+    stem = _preset_key(spec)
+    path = Path(spec)
+    if stem is not None and path.suffix.lower() not in SUFFIXES:
+        rel = f"profiler/clusters/{stem}.toml"
+        return _load_file(PRESET_DIR / f"{stem}.toml", label=f"cluster preset {stem} ({rel})", source=rel)
+    presets = ", ".join(preset_names())
+    if path.suffix.lower() not in SUFFIXES:
+        if path.exists():
+            raise ClusterError(f"cluster file {spec}: not a .toml or .json file (presets: {presets})")
+        close = difflib.get_close_matches(spec.strip().lower(), preset_names() + list(ALIASES), n=1, cutoff=0.6)
+        hint = f" (did you mean {_preset_key(close[0])}?)" if close else ""
+        raise ClusterError(f"cluster {spec}: no such preset{hint}; presets: {presets}, or a .toml/.json file")
+    if not path.exists():
+        raise ClusterError(f"cluster file {spec}: no such file (presets: {presets})")
+    if not path.is_file():
+        raise ClusterError(f"cluster file {spec}: not a regular file")
+    return _load_file(path, label=f"cluster file {spec}", source=spec)
+
+
+def _load_file(path: Path, *, label: str, source: str) -> Cluster:
+    """Parse one .toml/.json file and validate it; `label` starts every error message."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise ClusterError(f"{label}: cannot read ({e.strerror or e})") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ClusterError(f"{label}: over {MAX_FILE_BYTES} bytes, not a cluster file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ClusterError(f"{label}: not UTF-8 text (byte {e.start})") from None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ClusterError(f"{label}: JSON syntax error at line {e.lineno}, column {e.colno}: {e.msg}") from None
+        except RecursionError:
+            raise ClusterError(f"{label}: JSON nested too deeply") from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ClusterError(f"{label}: TOML syntax error: {e}") from None
+        except RecursionError:
+            raise ClusterError(f"{label}: TOML nested too deeply") from None
+    if not isinstance(data, dict):
+        raise ClusterError(f"{label}: the top level must be a table of fields, not {_kind(data)}")
+    return _from_dict(data, label=label, source=source, default_name=path.stem)
 
 
 def cluster_from_dict(data: dict, *, source: str) -> Cluster:
     """Validate one cluster's fields (units as the preset files: TFLOP/s, GiB, GB/s, µs)."""
-    raise NotImplementedError("issue 15: cluster presets")
+    if not isinstance(data, dict):
+        raise ClusterError(f"cluster {source}: the top level must be a table of fields, not {_kind(data)}")
+    return _from_dict(data, label=f"cluster {source}", source=source, default_name=Path(source).stem or "cluster")
+
+
+def _from_dict(data: dict, *, label: str, source: str, default_name: str) -> Cluster:
+    values = _fields(data, CLUSTER_FIELDS, label=label, where="")
+    values.setdefault("name", default_name)
+    for key in ("intra", "inter"):
+        values[key] = Link(**_fields(values[key], LINK_FIELDS, label=label, where=f"{key}."))
+    return Cluster(**values, source=source)
+
+
+def _fields(data: dict, spec: dict, *, label: str, where: str) -> dict:
+    """Check `data` against `spec` (name -> (kind, required)); the values, converted."""
+    out = {}
+    for key in data:
+        if key not in spec:
+            close = difflib.get_close_matches(str(key), list(spec), n=1, cutoff=0.6)
+            hint = f" (did you mean {where}{close[0]}?)" if close else f" (fields: {', '.join(spec)})"
+            raise ClusterError(f"{label}: unknown field {where}{key}{hint}")
+    for key, (kind, required) in spec.items():
+        if key not in data:
+            if required:
+                raise ClusterError(f"{label}: missing field {where}{key}")
+            continue
+        out[key] = _value(data[key], kind, label=label, name=f"{where}{key}")
+    return out
+
+
+def _value(v, kind: str, *, label: str, name: str):
+    """One field's value checked and converted for its kind."""
+    if kind == "str":
+        if not isinstance(v, str) or not v.strip():
+            raise ClusterError(f"{label}: field {name} must be a non-empty string, not {_kind(v)}")
+        return v
+    if kind == "notes":
+        if isinstance(v, str):
+            return (v,)
+        if isinstance(v, list) and all(isinstance(s, str) for s in v):
+            return tuple(v)
+        raise ClusterError(f"{label}: field {name} must be a string or a list of strings, not {_kind(v)}")
+    if kind == "link":
+        if not isinstance(v, dict):
+            raise ClusterError(f"{label}: field {name} must be a table (name, bw_gbps, latency_us), not {_kind(v)}")
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ClusterError(f"{label}: field {name} must be a number, not {_kind(v)}")
+    try:
+        x = float(v)
+    except OverflowError:
+        raise ClusterError(f"{label}: field {name} is too large") from None
+    if not math.isfinite(x):
+        raise ClusterError(f"{label}: field {name} must be a finite number, not {v}")
+    if kind == "count":
+        if x != int(x) or x < 1:
+            raise ClusterError(f"{label}: field {name} must be a whole number >= 1, not {v}")
+        return int(x)
+    if kind == "nonneg":
+        if x < 0:
+            raise ClusterError(f"{label}: field {name} must be >= 0, not {v}")
+        return x
+    if x <= 0:
+        raise ClusterError(f"{label}: field {name} must be > 0, not {v}")
+    if kind == "eff" and x > 1:
+        raise ClusterError(f"{label}: field {name} is a share of peak in (0, 1], not {v}")
+    return x
+
+
+def _kind(v) -> str:
+    """How a wrong value is named in a message."""
+    if isinstance(v, bool):
+        return f"the boolean {str(v).lower()}"
+    if isinstance(v, str):
+        return f"the string {v[:40]!r}"
+    return {dict: "a table", list: "a list", type(None): "null"}.get(type(v), type(v).__name__)
 
 
 def cluster_to_dict(cluster: Cluster) -> dict:
     """The fields a cluster file holds (load_cluster reads back an equal Cluster)."""
-    raise NotImplementedError("issue 15: cluster presets")
+    def link(l: Link) -> dict:
+        return {"name": l.name, "bw_gbps": l.bw_gbps, "latency_us": l.latency_us}
+
+    out = {
+        "name": cluster.name, "peak_tflops": cluster.peak_tflops, "hbm_gib": cluster.hbm_gib,
+        "hbm_gbps": cluster.hbm_gbps, "gpus_per_node": cluster.gpus_per_node,
+        "intra": link(cluster.intra), "inter": link(cluster.inter),
+        "gemm_efficiency": cluster.gemm_efficiency, "hbm_efficiency": cluster.hbm_efficiency,
+        "link_efficiency": cluster.link_efficiency,
+    }
+    if cluster.notes:
+        out["notes"] = list(cluster.notes)
+    return out
