@@ -337,13 +337,13 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
     if target == own:
         step_s, breakdown = proj["step_s"], proj["breakdown_s"]
     else:
-        step_s, breakdown, extra = _other_layout(spec, own, target, cluster, proj)
+        step_s, breakdown, extra, other_dominant = _other_layout(spec, own, target, cluster, proj)
         assumptions += extra
     if mem_why:
         assumptions.append(mem_why)
     peak = cluster.peak_tflops * 1e12
     mfu = 100.0 * model_flops_per_step(spec) / (step_s * target.gpus * peak) if step_s > 0 else None
-    dominant = _dominant(breakdown, step_s, cov, target == own)
+    dominant = _dominant(breakdown, step_s, cov, target == own) if target == own else other_dominant
     est = Estimate(layout=target, step_s=step_s, breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem,
                    hbm_bytes=cluster.hbm_bytes, fits=(mem.get("total", 0) <= cluster.hbm_bytes) if mem else True,
                    assumptions=assumptions, dominant=dominant)
@@ -366,7 +366,7 @@ def _other_layout(spec: ModelSpec, own: Layout, target: Layout, cluster: Cluster
     why = [f"layout {target.short()}: the analytical cost model (profiler.costmodel) with compute_scale = "
            f"{scale if scale is None else f'{scale:.3g}'} = trace-driven compute of the run's own layout on {cluster.name} "
            f"({t_compute * 1e3:.3g} ms) / the model's analytical compute of that layout ({a_compute * 1e3:.3g} ms)"]
-    return est.step_s, dict(est.breakdown_s), why + list(est.assumptions)
+    return est.step_s, dict(est.breakdown_s), why + list(est.assumptions), est.dominant
 
 
 def _dominant(breakdown: dict[str, float], step_s: float, cov: dict, own: bool) -> str | None:
