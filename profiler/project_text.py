@@ -58,8 +58,8 @@ def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
     est, cov = d["estimate"], d["coverage"]
     spec = d["spec"]
     own = est.layout == d["own_layout"]
-    lines = [f"ptprof project  {run_dir}  ->  {cluster.name} ({how}), {d['nodes']} node(s) "
-             f"of {cluster.gpus_per_node}",
+    lines = [*textwrap.wrap(f"ptprof project  {run_dir}  ->  {cluster.name} ({how}), {d['nodes']} node(s) "
+                            f"of {cluster.gpus_per_node}", WIDTH, subsequent_indent="    "),
              f"model     L={spec.layers} h={spec.hidden} heads={spec.heads} ffn={spec.ffn} V={spec.vocab} "
              f"s={spec.seq} batch={spec.global_batch} params={spec.count_params():,}",
              f"layout    {est.layout.short()}" + ("  (the run's own)" if own else

@@ -133,6 +133,9 @@ def memory_bytes(dims: list, types: list) -> float | None:
     """Bytes a memory-bound op moves: its tensor inputs read, one output of its first input's size written."""
     sizes = []
     for d, t in zip(dims, types):
+        if t == "TensorList" and isinstance(d, list) and d and all(_shape(x) is not None for x in d):
+            sizes.append(sum(math.prod(x) for x in d) * 4)  # a TensorList's dtype is not recorded: 4 B assumed
+            continue
         shape = _shape(d)
         if shape is None or t not in TYPE_BYTES:
             continue
