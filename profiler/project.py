@@ -318,8 +318,9 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
            "memory_ops_us": float(known.filter(pl.col("klass") == "memory")["dur_us"].sum())}
     cov["known_pct"] = 100.0 * cov["known_us"] / compute_us if compute_us > 0 else None
     assumptions = [
-        f"compute: the run's measured ops re-timed on {cluster.name} (FLOPs / (peak × {cluster.gemm_efficiency:g}) "
-        f"for matmul/attention, bytes / (HBM × {cluster.hbm_efficiency:g}) for memory-bound ops); "
+        f"compute: the run's measured ops re-timed on {cluster.name} by the cost model's roofline "
+        f"(GEMMs at gemm_efficiency {cluster.gemm_efficiency:g} of peak with wave quantization, or HBM-bound; "
+        f"memory-bound ops at hbm_efficiency {cluster.hbm_efficiency:g}); "
         f"{cov['known_pct'] or 0:.0f} % of the measured compute time has its work known from shapes, the rest is "
         f"scaled by the same ratio (target/measured = {proj['rho']:.3g})",
         "communication: issue 8's volumes per rank (profiler.theory) under the target's α–β, groups placed on "

@@ -18,6 +18,7 @@ from profiler.breakdown import _gloo_worker_threads, temporal_breakdown
 from profiler.cluster import Cluster, Link
 from profiler.collectives import collectives
 from profiler.commcost import TRAFFIC_FACTOR, latency_steps
+from profiler.costmodel_ops import gemm_time_s, memory_bound_time_s
 from profiler.errors import TraceError
 from profiler.load import load_traces
 from profiler.pipeline import pipeline_actions
@@ -100,21 +101,31 @@ def measure_run(run_dir: str | Path) -> RunWork:
 # Roofline of one op on a cluster
 
 
-def op_seconds(klass: pl.Expr, flops: pl.Expr, nbytes: pl.Expr, cluster: Cluster) -> pl.Expr:
-    """Seconds of counted ops on `cluster`: FLOPs / (peak x gemm_efficiency) for matmul and
-    attention, bytes / (HBM bandwidth x hbm_efficiency) for memory-bound ops; null where the work
-    is unknown. The class picks the term (docs/whatif.md: on the calibrated CPU "cluster" the
-    memory rate is mostly dispatch overhead, so a max() of both terms would misplace matmuls)."""
-    peak = cluster.peak_tflops * 1e12 * cluster.gemm_efficiency
-    bw = cluster.hbm_gbps * 1e9 * cluster.hbm_efficiency
-    return (pl.when(klass.is_in(FLOP_CLASSES) & flops.is_not_null()).then(flops / peak)
-            .when(klass.is_in(FLOP_CLASSES)).then(None)
-            .when(nbytes.is_not_null()).then(nbytes / bw))
+SHAPE = ["klass", "flops", "bytes", "batch", "m", "n", "k", "elem_bytes"]
+
+
+def op_seconds(klass: str, flops, nbytes, batch, m, n, k, elem, cluster: Cluster) -> float | None:
+    """Seconds of one counted op on `cluster`, the cost model's roofline (profiler.costmodel_ops):
+    a matmul is gemm_time_s(m, n, k, batch) -- max(FLOPs / (peak x gemm_efficiency x wave
+    efficiency), bytes / (HBM x hbm_efficiency)); attention its two GEMMs (QK^T: Sq x Sk x D, PV:
+    Sq x D x Sk; the backward twice the forward); a memory-bound op memory_bound_time_s(bytes).
+    None where the work is unknown."""
+    if klass == "matmul" and m:
+        return gemm_time_s(m, n, k, cluster, elem or 4, batch=batch)
+    if klass == "attention" and m and flops:
+        fwd = gemm_time_s(m, n, k, cluster, elem or 4, batch=batch) + gemm_time_s(m, k, n, cluster, elem or 4, batch=batch)
+        return fwd * flops / (4.0 * batch * m * n * k)
+    if klass == "memory" and nbytes is not None:
+        return memory_bound_time_s(nbytes, cluster)
+    return None
 
 
 def with_target_time(ops: pl.DataFrame, cluster: Cluster) -> pl.DataFrame:
-    """ops plus `target_us` (null for ops of unknown work)."""
-    return ops.with_columns(target_us=1e6 * op_seconds(pl.col("klass"), pl.col("flops"), pl.col("bytes"), cluster))
+    """ops plus `target_us` (null for ops of unknown work), evaluated once per distinct shape."""
+    shapes = ops.select(SHAPE).unique()
+    t = [op_seconds(*row, cluster) for row in shapes.iter_rows()]
+    shapes = shapes.with_columns(target_us=pl.Series([None if x is None else 1e6 * x for x in t], dtype=pl.Float64))
+    return ops.join(shapes, on=SHAPE, how="left", nulls_equal=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,17 +183,45 @@ def calibrate(work: RunWork) -> Cluster:
     if flop_ops.is_empty() or flop_ops["dur_us"].sum() <= 0:
         raise ValueError(f"{work.run_dir}: no matmul ops with recorded shapes in its profiled steps: cannot measure "
                          "its op throughput (was it profiled with record_shapes?)")
-    peak_tflops = flop_ops["flops"].sum() / (flop_ops["dur_us"].sum() * 1e-6) / 1e12
-    mem_gbps = (mem_ops["bytes"].sum() / (mem_ops["dur_us"].sum() * 1e-6) / 1e9) if mem_ops.height else peak_tflops * 1e3
+    mem_gbps = (mem_ops["bytes"].sum() / (mem_ops["dur_us"].sum() * 1e-6) / 1e9) if mem_ops.height else None
     link, how = fit_link(work.colls)
     world = work.world
+    flat = flop_ops["flops"].sum() / (flop_ops["dur_us"].sum() * 1e-6) / 1e12
+    base = Cluster(name=f"measured:{work.run_id}", peak_tflops=flat, hbm_gib=round(host_memory_gib(), 1),
+                   hbm_gbps=mem_gbps or flat * 1e3, gpus_per_node=world, intra=link, inter=dataclasses.replace(link),
+                   gemm_efficiency=1.0, hbm_efficiency=1.0, link_efficiency=1.0, source=str(work.run_dir))
+    peak_tflops, peak_how = _fit_peak(flop_ops, base)
     notes = (f"calibrated from {work.run_id}: matmul/attention {flop_ops['flops'].sum():.3g} FLOP in "
              f"{flop_ops['dur_us'].sum() / 1e3:.1f} ms, memory-bound {mem_ops['bytes'].sum():.3g} B in "
              f"{mem_ops['dur_us'].sum() / 1e3:.1f} ms over {ops['rank'].n_unique()} ranks",
              f"link: {how}", "one node of world_size ranks: inter-node link = the measured one")
-    return Cluster(name=f"measured:{work.run_id}", peak_tflops=peak_tflops, hbm_gib=round(host_memory_gib(), 1),
-                   hbm_gbps=mem_gbps, gpus_per_node=world, intra=link, inter=dataclasses.replace(link),
-                   gemm_efficiency=1.0, hbm_efficiency=1.0, link_efficiency=1.0, source=str(work.run_dir), notes=notes)
+    notes += (f"peak: {peak_how}",) + (() if mem_gbps else ("no memory-bound ops: HBM rate = 1000 x peak assumed",))
+    return dataclasses.replace(base, peak_tflops=peak_tflops, notes=notes)
+
+
+def _fit_peak(flop_ops: pl.DataFrame, base: Cluster) -> tuple[float, str]:
+    """The peak at which the roofline times of the run's matmul/attention ops (op_seconds, with the
+    measured memory rate) sum to their measured time: the roofline is non-increasing in the peak,
+    so a bisection in log space finds it. Where the memory term alone exceeds the measured time,
+    the flat rate Σ FLOPs / Σ time (said)."""
+    measured_s = flop_ops["dur_us"].sum() * 1e-6
+    shapes = flop_ops.group_by(SHAPE).agg(count=pl.len())
+
+    def total(peak: float) -> float:
+        c = dataclasses.replace(base, peak_tflops=peak)
+        return sum(cnt * (op_seconds(*row, c) or 0.0) for *row, cnt in shapes.iter_rows())
+
+    lo, hi = base.peak_tflops, base.peak_tflops
+    if total(hi * 1e6) >= measured_s:
+        return base.peak_tflops, "Σ FLOPs / Σ time (their memory term alone exceeds the measured time)"
+    while total(lo) < measured_s:
+        lo /= 2
+    while total(hi) > measured_s:
+        hi *= 2
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if total(mid) > measured_s else (lo, mid)
+    return math.sqrt(lo * hi), "the peak at which the roofline times of its matmul/attention ops sum to their measured time"
 
 
 def finite_positive(x: float | None) -> bool:

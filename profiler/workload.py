@@ -57,7 +57,8 @@ TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long
               "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
               "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
 OP_COLUMNS = {"pid": pl.Int64, "tid": pl.Int64, "ts_us": pl.Float64, "dur_us": pl.Float64, "name": pl.String,
-              "klass": pl.String, "flops": pl.Float64, "bytes": pl.Float64}
+              "klass": pl.String, "flops": pl.Float64, "bytes": pl.Float64, "batch": pl.Int64, "m": pl.Int64,
+              "n": pl.Int64, "k": pl.Int64, "elem_bytes": pl.Int64}
 KLASSES = ("matmul", "attention", "memory", "unknown")
 
 
@@ -85,48 +86,57 @@ def _shape(d) -> list[int] | None:
     return d if isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in d) else None
 
 
-def matmul_flops(name: str, dims: list) -> float | None:
-    """FLOPs of one matmul-class op from its `Input Dims` (module docstring), None if unreadable."""
+def gemm_shape(name: str, dims: list) -> tuple[int, int, int, int] | None:
+    """(batch, m, n, k) of one matmul-class op from its `Input Dims` (module docstring), None if unreadable."""
     s = [_shape(d) for d in dims]
     try:
         if name == "aten::mm":
             (m, k), (_, n) = s[0], s[1]
-            return 2.0 * m * k * n
+            return 1, m, n, k
         if name == "aten::addmm":
             (m, k), (_, n) = s[1], s[2]
-            return 2.0 * m * k * n
+            return 1, m, n, k
         if name == "aten::bmm":
             (b, m, k), (_, _, n) = s[0], s[1]
-            return 2.0 * b * m * k * n
+            return b, m, n, k
         if name == "aten::baddbmm":
             (b, m, k), (_, _, n) = s[1], s[2]
-            return 2.0 * b * m * k * n
+            return b, m, n, k
         if name == "aten::linear":  # x [..., k], weight [n, k]
             x, w = s[0], s[1]
-            return 2.0 * math.prod(x[:-1]) * x[-1] * w[0]
-        if name == "aten::matmul":  # a [..., m, k] @ b [..., k, n]; 1-D operands as vectors
+            return 1, math.prod(x[:-1]), w[0], x[-1]
+        if name == "aten::matmul":  # a [..., m, k] @ b [..., k, n]; a 1-D b as a vector
             a, b = s[0], s[1]
             if len(b) == 1:
-                return 2.0 * math.prod(a)
+                return 1, math.prod(a[:-1]), 1, a[-1]
             batch = a[:-2] if len(a) >= len(b) else b[:-2]
-            rows = a[-2] if len(a) >= 2 else 1
-            return 2.0 * math.prod(batch) * rows * a[-1] * b[-1]
+            return math.prod(batch), (a[-2] if len(a) >= 2 else 1), b[-1], a[-1]
     except (TypeError, ValueError, IndexError):
         return None
     return None
 
 
-def attention_flops(dims: list, *, backward: bool) -> float | None:
-    """4·B·H·Sq·Sk·D of q [B,H,Sq,D] and k [B,H,Sk,D] (twice that for the backward), None if unreadable.
-    The backward kernels take grad_out first, then q, k, v."""
+def matmul_flops(name: str, dims: list) -> float | None:
+    """2·batch·m·n·k of one matmul-class op, None if its shapes are unreadable."""
+    g = gemm_shape(name, dims)
+    return None if g is None else 2.0 * math.prod(g)
+
+
+def attention_shape(dims: list, *, backward: bool) -> tuple[int, int, int, int] | None:
+    """(B·H, Sq, Sk, D) of q [B,H,Sq,D] and k [B,H,Sk,D]; the backward kernels take grad_out first."""
     s = [_shape(d) for d in dims]
     try:
         q, k = (s[1], s[2]) if backward else (s[0], s[1])
         *lead, sq, d = q
-        flops = 4.0 * math.prod(lead) * sq * k[-2] * d
+        return math.prod(lead), sq, k[-2], d
     except (TypeError, ValueError, IndexError):
         return None
-    return 2 * flops if backward else flops
+
+
+def attention_flops(dims: list, *, backward: bool) -> float | None:
+    """4·B·H·Sq·Sk·D (QK^T and PV; twice that for the backward), None if unreadable."""
+    a = attention_shape(dims, backward=backward)
+    return None if a is None else (2 if backward else 1) * 4.0 * math.prod(a)
 
 
 def memory_bytes(dims: list, types: list) -> float | None:
@@ -143,16 +153,21 @@ def memory_bytes(dims: list, types: list) -> float | None:
     return float(sum(sizes) + sizes[0]) if sizes else None
 
 
-def op_work(name: str, dims, types) -> tuple[str, float | None, float | None]:
-    """(class, flops, bytes) of one work op (module docstring)."""
+def op_work(name: str, dims, types) -> tuple[str, float | None, float | None, tuple | None, int | None]:
+    """(class, flops, bytes, shape, element bytes) of one work op (module docstring); shape:
+    (batch, m, n, k) of a matmul, (B·H, Sq, Sk, D) of attention."""
     dims = dims if isinstance(dims, list) else []
     types = types if isinstance(types, list) else []
+    elem = next((TYPE_BYTES[t] for t in types if t in TYPE_BYTES), None)
     if name in MATMUL:
-        return "matmul", matmul_flops(name, dims), memory_bytes(dims, types)
+        g = gemm_shape(name, dims)
+        return "matmul", (None if g is None else 2.0 * math.prod(g)), memory_bytes(dims, types), g, elem
     if name in ATTENTION or name in ATTENTION_BACKWARD:
-        return "attention", attention_flops(dims, backward=name in ATTENTION_BACKWARD), memory_bytes(dims, types)
+        bwd = name in ATTENTION_BACKWARD
+        a = attention_shape(dims, backward=bwd)
+        return "attention", (None if a is None else (2 if bwd else 1) * 4.0 * math.prod(a)), memory_bytes(dims, types), a, elem
     b = memory_bytes(dims, types)
-    return ("memory" if b is not None else "unknown"), None, b
+    return ("memory" if b is not None else "unknown"), None, b, None, elem
 
 
 def _is_work(name: str) -> bool:
@@ -195,9 +210,9 @@ def trace_ops(path: str | Path) -> pl.DataFrame:
             work = not comm and _is_work(e.name)
             if work and not covered:
                 args = e.args or _Args()
-                klass, flops, nbytes = op_work(e.name, _decode(args.dims), _decode(args.types))
+                klass, flops, nbytes, shape, elem = op_work(e.name, _decode(args.dims), _decode(args.types))
                 rows.append((pid if isinstance(pid, int) else None, tid if isinstance(tid, int) else None,
-                             float(e.ts), float(e.dur), e.name, klass, flops, nbytes))
+                             float(e.ts), float(e.dur), e.name, klass, flops, nbytes, *(shape or (None,) * 4), elem))
             stack.append((end, covered or work or comm))
     frame = pl.DataFrame(rows, schema=OP_COLUMNS, orient="row")
     return frame.sort("ts_us")
