@@ -75,7 +75,10 @@ def run_spec(manifest: dict, where: str = "run.json") -> ModelSpec:
     moe = manifest.get("moe") if isinstance(manifest.get("moe"), dict) else {}
     experts = moe.get("experts") if isinstance(moe.get("experts"), int) else 0
     top_k = moe.get("top_k") if isinstance(moe.get("top_k"), int) else (2 if experts else 0)
+    moe_layers = moe.get("moe_layers")
+    every = vals["layers"] // len(moe_layers) if isinstance(moe_layers, list) and moe_layers else 1
     spec = ModelSpec(ffn=int(ratio * vals["hidden"]), global_batch=gb, experts=experts, top_k=min(top_k, experts),
+                     moe_every=max(every, 1),
                      param_bytes=dtypes.param, grad_bytes=dtypes.grad, optimizer_bytes_per_param=dtypes.optimizer_per_param,
                      **vals)
     spec.check()

@@ -1,0 +1,94 @@
+"""Validation (b) of `ptprof project` on this machine (issue 15; README "How good are the predictions").
+
+    python bench/bench_project.py --cpu [--repeats 3] [--paradigms zero1,zero2,fsdp,tp,1f1b,gpipe,ep]
+
+Profiles `ptprof run ddp --gpus 2` (gloo ranks on the CPU) `--repeats` times, calibrates the CPU
+"cluster" from the first ddp run (op throughput from its ops, gloo α–β from its collectives:
+profiler.project.calibrate_cluster), then runs every other paradigm at 2 ranks `--repeats` times
+and predicts each run's measured step on that cluster two ways:
+
+- trace: the run's own trace projected onto the ddp-calibrated cluster (its ops re-timed with the
+  ddp run's throughput, its communication under the ddp run's α–β: `ptprof project RUN --cluster DDP_RUN`);
+- layout: the ddp run projected to the paradigm's layout (`ptprof project DDP_RUN --cluster DDP_RUN
+  --layout ...`: the analytical cost model scaled by the ddp run's trace-driven compute).
+
+Error = predicted / measured - 1, the mean over the repeats per paradigm. Other work on the machine
+shares its cores, so timings are noisy. (A separate file from bench_whatif.py, whose section (a)
+another part of issue 15 writes, to keep the two apart.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from profiler.project import project_details  # noqa: E402
+from profiler.project_measure import calibrate, measure_run  # noqa: E402
+
+# --layout of each paradigm for the analytical (layout) prediction from the ddp run; None: not mappable
+LAYOUTS = {"ddp": "dp=2", "zero1": "dp=2,zero=1", "zero2": "dp=2,zero=2", "fsdp": "dp=2,zero=3", "tp": "tp=2",
+           "1f1b": "pp=2,schedule=1f1b,m=4", "gpipe": "pp=2,schedule=gpipe,m=4", "ep": None, "ring": "cp=2",
+           "ulysses": "cp=2", "zbv": None}
+
+
+def run_once(paradigm: str, out: Path, name: str, steps: int, active: int) -> Path:
+    """One `ptprof run PARADIGM --gpus 2` on gloo CPU ranks; its folder."""
+    cmd = [sys.executable, "-m", "runners.cli", "run", paradigm, "--gpus", "2", "--device", "cpu", "--steps", str(steps),
+           "--warmup", "1", "--active", str(active), "--out", str(out), "--name", name]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip().splitlines()[-1:]}")
+    return out / name
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", action="store_true", required=True, help="section (b): this machine's CPU ranks")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--paradigms", default="zero1,zero2,fsdp,tp,1f1b,gpipe,ep")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--active", type=int, default=3)
+    ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
+    args = ap.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench-project-"))
+    ddp = [run_once("ddp", out, f"ddp-{i}", args.steps, args.active) for i in range(args.repeats)]
+    base = measure_run(ddp[0])
+    cluster = calibrate(base)
+    print(f"calibrated from {ddp[0].name}: peak {cluster.peak_tflops * 1e3:.2f} GFLOP/s, memory-bound "
+          f"{cluster.hbm_gbps:.2f} GB/s, link {cluster.intra.bw_gbps:.3f} GB/s + {cluster.intra.latency_us:.0f} µs")
+    rows = {"ddp": ddp[1:]}
+    for paradigm in [p for p in args.paradigms.split(",") if p]:
+        rows[paradigm] = [run_once(paradigm, out, f"{paradigm}-{i}", args.steps, args.active) for i in range(args.repeats)]
+    print(f"\n{'paradigm':<10} {'runs':>4} {'measured ms':>12} {'trace ms':>10} {'err':>7} {'layout ms':>10} {'err':>7}")
+    for paradigm, runs in rows.items():
+        meas, pred, tr, lay = [], [], [], []
+        for run in runs:
+            d = project_details(str(run), cluster)
+            meas.append(d["measured_step_s"])
+            pred.append(d["estimate"].step_s)
+            tr.append(d["estimate"].step_s / d["measured_step_s"] - 1)
+            spec = LAYOUTS.get(paradigm)
+            if spec:
+                try:
+                    e = project_details(str(ddp[0]), cluster, layout=spec, work=base)["estimate"]
+                    lay.append((e.step_s, e.step_s / d["measured_step_s"] - 1))
+                except ValueError as err:
+                    print(f"  {paradigm}: layout {spec}: {err}")
+        m = statistics.mean(meas) * 1e3
+        t = statistics.mean(tr)
+        lay_ms = f"{statistics.mean(x for x, _ in lay) * 1e3:10.2f}" if lay else f"{'-':>10}"
+        lay_err = f"{100 * statistics.mean(e for _, e in lay):+6.1f}%" if lay else f"{'-':>7}"
+        print(f"{paradigm:<10} {len(runs):>4} {m:12.2f} {statistics.mean(pred) * 1e3:10.2f} {100 * t:+6.1f}% {lay_ms} {lay_err}")
+    print(f"\nruns in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
