@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,9 +114,11 @@ def _preset_key(spec: str) -> str | None:
     return stem if stem in names else None
 
 
-def load_cluster(spec: str) -> Cluster:
+def load_cluster(spec: str | os.PathLike) -> Cluster:
     """A preset name (`h100`), or a path to a .toml / .json file of the same fields.
     ClusterError naming the file and the field otherwise."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
     if not isinstance(spec, str) or not spec.strip():
         raise ClusterError(f"cluster: give a preset ({', '.join(preset_names())}) or a .toml/.json file")
     stem = _preset_key(spec)

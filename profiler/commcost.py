@@ -12,6 +12,7 @@ algorithm's latency terms: 2(n−1) for a ring all-reduce, n−1 for the other r
 from __future__ import annotations
 
 import math
+import numbers
 
 from profiler.cluster import Cluster, Link
 
@@ -26,11 +27,23 @@ TRAFFIC_FACTOR = {
 ALGORITHMS = ("ring", "tree", "auto")
 
 
-def group_link(cluster: Cluster, group_size: int, stride: int) -> Link:
-    """The slowest link a group of `group_size` ranks `stride` apart crosses: the intra-node link
-    when the whole group sits in one node (group_size·stride <= GPUs per node, groups being
-    aligned to their span as in Megatron's rank order), else the inter-node NIC."""
-    if group_size <= 1 or group_size * stride <= cluster.gpus_per_node:
+def group_link(cluster: Cluster, group_size: int, stride: int, *, world_size: int | None = None) -> Link:
+    """The slowest link a group of `group_size` ranks `stride` apart crosses, under the rank order
+    of profiler.layout.group_stride (nodes hold consecutive ranks).
+
+    The groups of one dimension tile the ranks in aligned blocks of span = group_size·stride
+    consecutive ranks. Every block stays inside a node when the span divides the GPUs per node
+    (tp=8 stride 1 on 8-GPU nodes: intra; dp=2 stride 8: inter); a span that does not divide it
+    puts some block across a node boundary, and a collective runs at its slowest group, so that is
+    inter too. `world_size`, when given, places the whole job on one node when it fits there (6
+    GPUs of an 8-GPU node: every group is intra)."""
+    if group_size <= 1:
+        return cluster.intra
+    span = group_size * stride
+    gpn = cluster.gpus_per_node
+    if world_size is not None and world_size <= gpn:
+        return cluster.intra
+    if span <= gpn and gpn % span == 0:
         return cluster.intra
     return cluster.inter
 
@@ -50,11 +63,22 @@ def collective_s(kind: str, nbytes: float, group_size: int, link: Link, *, effic
                  algorithm: str = "ring") -> float:
     """Seconds for one `kind` of `nbytes` (nccl-tests size convention, profiler.collectives) over
     `group_size` ranks on `link`, whose bandwidth reaches `efficiency` of its peak. 0 for a group
-    of 1 (nothing leaves the GPU). ValueError for a kind or algorithm it does not know."""
+    of 1 (nothing leaves the GPU). ValueError for a kind or algorithm it does not know, a group
+    size below 1, a negative or non-finite size, an efficiency outside (0, 1] or a link without
+    bandwidth -- each would otherwise be a wrong time, not an error."""
     if kind not in TRAFFIC_FACTOR:
         raise ValueError(f"collective {kind!r}: one of {', '.join(TRAFFIC_FACTOR)}")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r}: one of {', '.join(ALGORITHMS)}")
+    # A number is right or refused: these would give a negative, infinite or NaN time.
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 1:
+        raise ValueError(f"group size {group_size!r}: a whole number >= 1")
+    if not (math.isfinite(nbytes) and nbytes >= 0):
+        raise ValueError(f"message size {nbytes!r} bytes: a finite number >= 0")
+    if not (0 < efficiency <= 1):
+        raise ValueError(f"link efficiency {efficiency!r}: in (0, 1]")
+    if not (math.isfinite(link.bw_gbps) and link.bw_gbps > 0 and math.isfinite(link.latency_us) and link.latency_us >= 0):
+        raise ValueError(f"link {link.name!r}: bandwidth must be > 0 and latency >= 0")
     if group_size <= 1 and kind not in ("send", "recv", "send_recv"):
         return 0.0
     n = max(group_size, 2)

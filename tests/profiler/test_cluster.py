@@ -1,0 +1,301 @@
+"""Cluster presets and user cluster files (profiler/cluster.py): every preset loads with its
+datasheet numbers (written out here from the vendor documents, not read from the files), user TOML
+and JSON files load, each kind of bad file is refused with one line naming the file and the field,
+and a cluster written as JSON reads back equal."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from profiler.cluster import (
+    Cluster,
+    ClusterError,
+    Link,
+    PRESET_DIR,
+    cluster_from_dict,
+    cluster_to_dict,
+    load_cluster,
+    preset_names,
+)
+from tests.conftest import REPO
+
+# Datasheet values, per GPU. peak: dense BF16/FP16 (sparsity figures halved); hbm: GB, GB/s;
+# intra: NVLink/xGMI total bidirectional GB/s halved (one way); inter: NIC Gb/s / 8 (GB/s).
+DATASHEET = {
+    # A100 80GB SXM datasheet: 312 TFLOPS, 80 GB HBM2e 2,039 GB/s, NVLink 600 GB/s;
+    # DGX A100: one 200 Gb/s HDR ConnectX-6 per GPU.
+    "a100": dict(peak=312.0, hbm_gib=80.0, hbm_gbps=2039.0, intra=600 / 2, inter=200 / 8),
+    # H100 SXM5: 1,979 TFLOPS with sparsity -> 989.4 dense; 80 GB HBM3 3.35 TB/s; NVLink 900 GB/s;
+    # DGX H100: one 400 Gb/s NDR ConnectX-7 per GPU.
+    "h100": dict(peak=989.4, hbm_gib=80.0, hbm_gbps=3350.0, intra=900 / 2, inter=400 / 8),
+    # H200 SXM: same compute as H100 SXM5; 141 GB HBM3e 4.8 TB/s; NVLink 900 GB/s; DGX H200 NDR.
+    "h200": dict(peak=989.4, hbm_gib=141.0, hbm_gbps=4800.0, intra=900 / 2, inter=400 / 8),
+    # HGX B200: 36 PFLOPS FP16/BF16 sparse for 8 GPUs -> 36000/2/8 dense per GPU; 1,440 GB and
+    # 64 TB/s for 8 GPUs; NVLink 5 1.8 TB/s per GPU; DGX B200: 8x ConnectX-7 400 Gb/s.
+    "b200": dict(peak=36000 / 2 / 8, hbm_gib=1440 / 8, hbm_gbps=64000 / 8, intra=1800 / 2, inter=400 / 8),
+    # MI300X: 1,307.4 TFLOPS BF16 dense, 192 GB HBM3 5.3 TB/s; 7 xGMI links x 64 GB/s one way;
+    # Azure ND MI300X v5: 8x 400 Gb/s NDR per 8 GPUs.
+    "mi300x": dict(peak=1307.4, hbm_gib=192.0, hbm_gbps=5300.0, intra=7 * 64, inter=400 / 8),
+}
+
+# Best BF16 matmul TFLOPS / theoretical, stas00/ml-engineering "Maximum Achievable Matmul FLOPS".
+MAMF = {"a100": 271.2 / 312, "h100": 794.5 / 989, "h200": 794.5 / 989, "b200": 1745.0 / 2250, "mi300x": 668.4 / 1300}
+
+FULL_TOML = """\
+name = "my-cluster"
+peak_tflops = 100.0
+hbm_gib = 24
+hbm_gbps = 900.0
+gpus_per_node = 4
+gemm_efficiency = 0.7
+hbm_efficiency = 0.9
+link_efficiency = 0.6
+notes = "lab machines"
+
+[intra]
+name = "PCIe 4"
+bw_gbps = 25.0
+latency_us = 5.0
+
+[inter]
+name = "100 GbE"
+bw_gbps = 12.5
+latency_us = 20
+"""
+
+
+def full_dict() -> dict:
+    return {
+        "name": "my-cluster", "peak_tflops": 100.0, "hbm_gib": 24, "hbm_gbps": 900.0, "gpus_per_node": 4,
+        "intra": {"name": "PCIe 4", "bw_gbps": 25.0, "latency_us": 5.0},
+        "inter": {"name": "100 GbE", "bw_gbps": 12.5, "latency_us": 20},
+    }
+
+
+def test_preset_names_are_the_five_files():
+    assert preset_names() == ["a100", "b200", "h100", "h200", "mi300x"]
+
+
+@pytest.mark.parametrize("name", sorted(DATASHEET))
+def test_preset_numbers_are_the_datasheets(name):
+    c = load_cluster(name)
+    want = DATASHEET[name]
+    assert c.peak_tflops == pytest.approx(want["peak"], abs=0.05)
+    assert c.hbm_gib == pytest.approx(want["hbm_gib"])
+    assert c.hbm_gbps == pytest.approx(want["hbm_gbps"])
+    assert c.gpus_per_node == 8
+    assert c.intra.bw_gbps == pytest.approx(want["intra"])
+    assert c.inter.bw_gbps == pytest.approx(want["inter"])
+    assert c.gemm_efficiency == pytest.approx(MAMF[name], abs=0.005)
+    for eff in (c.gemm_efficiency, c.hbm_efficiency, c.link_efficiency):
+        assert 0 < eff <= 1
+    assert 0 < c.intra.latency_us < c.inter.latency_us
+    assert c.source == f"profiler/clusters/{name}.toml"
+
+
+def test_a100_preset_agrees_with_the_validation_hardware():
+    # ../shared/validation/published_runs.md: 312 TFLOP/s, 2.0 TB/s, 300 GB/s each way, 200 Gb/s per GPU.
+    c = load_cluster("a100")
+    assert (c.peak_tflops, round(c.hbm_gbps / 1000, 1), c.intra.bw_gbps, c.inter.bw_gbps * 8) == (312, 2.0, 300, 200)
+    assert c.hbm_bytes == 80 * 2**30
+
+
+@pytest.mark.parametrize("name", sorted(DATASHEET))
+def test_every_number_in_a_preset_file_has_a_comment_above(name):
+    # Walk up from each numeric field over the fields sharing its comment; a comment must be there.
+    lines = (PRESET_DIR / f"{name}.toml").read_text().splitlines()
+    field = re.compile(r"^\s*\w+\s*=")
+    for i, line in enumerate(lines):
+        if field.match(line) and re.search(r"=\s*[-+0-9.]", line):
+            j = i - 1
+            while j >= 0 and field.match(lines[j]):
+                j -= 1
+            assert j >= 0 and lines[j].lstrip().startswith("#"), f"{name}.toml line {i + 1}: {line!r} has no source comment"
+
+
+@pytest.mark.parametrize("spec,stem", [("H100", "h100"), ("h100 sxm", "h100"), ("MI300", "mi300x"),
+                                       ("dgx-a100", "a100"), ("HGX_B200", "b200"), (" h200 ", "h200")])
+def test_preset_names_are_case_insensitive_with_aliases(spec, stem):
+    assert load_cluster(spec) == load_cluster(stem)
+
+
+def test_user_toml_file_loads(tmp_path):
+    p = tmp_path / "lab.toml"
+    p.write_text(FULL_TOML)
+    c = load_cluster(str(p))
+    assert c == Cluster(name="my-cluster", peak_tflops=100.0, hbm_gib=24.0, hbm_gbps=900.0, gpus_per_node=4,
+                        intra=Link("PCIe 4", 25.0, 5.0), inter=Link("100 GbE", 12.5, 20.0),
+                        gemm_efficiency=0.7, hbm_efficiency=0.9, link_efficiency=0.6, notes=("lab machines",))
+    assert c.source == str(p)
+    assert isinstance(c.gpus_per_node, int) and isinstance(c.hbm_gib, float)
+    assert load_cluster(p) == c  # a Path works too
+
+
+def test_user_json_file_loads_with_defaults(tmp_path):
+    data = full_dict()
+    del data["name"]
+    data["gpus_per_node"] = 4.0  # a whole float is a whole number
+    p = tmp_path / "rented.JSON"
+    p.write_text(json.dumps(data))
+    c = load_cluster(str(p))
+    assert c.name == "rented"  # the file's stem
+    assert c.gpus_per_node == 4 and isinstance(c.gpus_per_node, int)
+    assert (c.gemm_efficiency, c.hbm_efficiency, c.link_efficiency) == (0.8, 0.8, 0.8)
+    assert c.notes == ()
+
+
+def test_latency_zero_is_allowed(tmp_path):
+    data = full_dict()
+    data["intra"]["latency_us"] = 0
+    assert cluster_from_dict(data, source="x.json").intra.latency_us == 0.0
+
+
+def _refusal(tmp_path, text: str, suffix: str = ".toml") -> str:
+    p = tmp_path / f"bad{suffix}"
+    p.write_text(text)
+    with pytest.raises(ClusterError) as e:
+        load_cluster(str(p))
+    msg = str(e.value)
+    assert "\n" not in msg and str(p) in msg
+    return msg
+
+
+def _toml_with(line_old: str, line_new: str) -> str:
+    assert line_old in FULL_TOML
+    return FULL_TOML.replace(line_old, line_new)
+
+
+@pytest.mark.parametrize("old,new,field,problem", [
+    ("hbm_gbps = 900.0\n", "", "hbm_gbps", "missing field"),
+    ("peak_tflops = 100.0", "peak_tflop = 100.0", "peak_tflop", "did you mean peak_tflops"),
+    ("bw_gbps = 25.0", "bw_gpbs = 25.0", "intra.bw_gpbs", "did you mean intra.bw_gbps"),
+    ('name = "100 GbE"\n', "", "inter.name", "missing field"),
+    ("peak_tflops = 100.0", 'peak_tflops = "100"', "peak_tflops", "must be a number"),
+    ("gpus_per_node = 4", "gpus_per_node = true", "gpus_per_node", "must be a number, not the boolean true"),
+    ("peak_tflops = 100.0", "peak_tflops = nan", "peak_tflops", "finite"),
+    ("hbm_gbps = 900.0", "hbm_gbps = inf", "hbm_gbps", "finite"),
+    ("hbm_gbps = 900.0", "hbm_gbps = 0", "hbm_gbps", "> 0"),
+    ("hbm_gib = 24", "hbm_gib = -24", "hbm_gib", "> 0"),
+    ("latency_us = 20", "latency_us = -1", "inter.latency_us", ">= 0"),
+    ("gemm_efficiency = 0.7", "gemm_efficiency = 1.5", "gemm_efficiency", "(0, 1]"),
+    ("link_efficiency = 0.6", "link_efficiency = 0", "link_efficiency", "> 0"),
+    ("gpus_per_node = 4", "gpus_per_node = 4.5", "gpus_per_node", "whole number"),
+    ("gpus_per_node = 4", "gpus_per_node = 0", "gpus_per_node", "whole number"),
+    ('notes = "lab machines"', "notes = [1, 2]", "notes", "list of strings"),
+    ('name = "my-cluster"', 'name = ""', "name", "non-empty string"),
+])
+def test_bad_field_is_refused_naming_file_and_field(tmp_path, old, new, field, problem):
+    msg = _refusal(tmp_path, _toml_with(old, new))
+    assert field in msg and problem in msg
+
+
+def test_link_that_is_not_a_table_is_refused(tmp_path):
+    text = FULL_TOML.split("[intra]")[0] + 'intra = 5\n[inter]\nname = "x"\nbw_gbps = 1\nlatency_us = 1\n'
+    msg = _refusal(tmp_path, text)
+    assert "field intra must be a table" in msg
+
+
+def test_toml_syntax_error_says_where(tmp_path):
+    msg = _refusal(tmp_path, _toml_with("hbm_gib = 24", "hbm_gib = = 24"))
+    assert "TOML syntax error" in msg and "line 3" in msg
+
+
+def test_json_syntax_error_says_where(tmp_path):
+    msg = _refusal(tmp_path, '{\n  "name": "x",\n  "peak_tflops": 1,,\n}', ".json")
+    assert "JSON syntax error at line 3" in msg
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"h100"', "null"])
+def test_json_that_is_not_an_object_is_refused(tmp_path, text):
+    assert "top level must be a table" in _refusal(tmp_path, text, ".json")
+
+
+def test_json_nan_is_refused(tmp_path):
+    data = json.dumps(full_dict()).replace('"peak_tflops": 100.0', '"peak_tflops": NaN')
+    assert "peak_tflops must be a finite number" in _refusal(tmp_path, data, ".json")
+
+
+def test_json_huge_integer_is_refused(tmp_path):
+    data = json.dumps(full_dict()).replace('"hbm_gbps": 900.0', '"hbm_gbps": 1' + "0" * 400)
+    assert "hbm_gbps is too large" in _refusal(tmp_path, data, ".json")
+
+
+def test_not_utf8_is_refused(tmp_path):
+    p = tmp_path / "bin.toml"
+    p.write_bytes(b"\xff\xfe\x00peak")
+    with pytest.raises(ClusterError, match=r"bin\.toml: not UTF-8"):
+        load_cluster(str(p))
+
+
+def test_missing_file_lists_the_presets(tmp_path):
+    p = tmp_path / "nope.toml"
+    with pytest.raises(ClusterError) as e:
+        load_cluster(str(p))
+    assert str(p) in str(e.value) and "no such file" in str(e.value)
+    assert "a100, b200, h100, h200, mi300x" in str(e.value)
+
+
+def test_wrong_suffix_is_refused(tmp_path):
+    p = tmp_path / "cluster.yaml"
+    p.write_text("peak_tflops: 1\n")
+    with pytest.raises(ClusterError, match=r"cluster\.yaml: not a \.toml or \.json file"):
+        load_cluster(str(p))
+
+
+def test_directory_named_toml_is_refused(tmp_path):
+    d = tmp_path / "dir.toml"
+    d.mkdir()
+    with pytest.raises(ClusterError, match="not a regular file"):
+        load_cluster(str(d))
+
+
+def test_unknown_preset_suggests_the_nearest(tmp_path):
+    with pytest.raises(ClusterError) as e:
+        load_cluster("h1000")
+    assert "no such preset (did you mean h100?)" in str(e.value)
+    with pytest.raises(ClusterError, match="give a preset"):
+        load_cluster("  ")
+
+
+def test_cluster_from_dict_names_its_source():
+    data = full_dict()
+    data["peak_tflops"] = -1
+    with pytest.raises(ClusterError, match=r"^cluster calibrated from run r1: field peak_tflops must be > 0"):
+        cluster_from_dict(data, source="calibrated from run r1")
+    with pytest.raises(ClusterError, match="top level"):
+        cluster_from_dict([1], source="x")
+
+
+@pytest.mark.parametrize("name", sorted(DATASHEET))
+def test_preset_round_trips_through_a_json_file(tmp_path, name):
+    c = load_cluster(name)
+    p = tmp_path / f"{name}-copy.json"
+    p.write_text(json.dumps(cluster_to_dict(c), indent=1))
+    back = load_cluster(str(p))
+    assert back == c and back.notes == c.notes
+    assert back.source == str(p)  # where it came from is not part of equality
+    assert cluster_from_dict(cluster_to_dict(c), source="x") == c
+
+
+def test_constructed_cluster_round_trips(tmp_path):
+    c = Cluster(name="calibrated", peak_tflops=0.1 + 0.2, hbm_gib=1 / 3, hbm_gbps=math.pi, gpus_per_node=2,
+                intra=Link("shm", 1e-3, 0.0), inter=Link("tcp", 0.125, 55.5), gemm_efficiency=1.0,
+                hbm_efficiency=1e-6, link_efficiency=0.5)
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(cluster_to_dict(c)))
+    assert load_cluster(str(p)) == c
+
+
+def test_the_documented_example_file_loads(tmp_path):
+    # docs/whatif.md, "Your own cluster": the example a user copies must be a valid file.
+    doc = (REPO / "docs" / "whatif.md").read_text()
+    block = doc.split("### Your own cluster", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    p = tmp_path / "my-cluster.toml"
+    p.write_text(block)
+    c = load_cluster(str(p))
+    assert (c.name, c.gpus_per_node, c.intra.bw_gbps, c.inter.bw_gbps) == ("lab L40S", 4, 25.0, 12.5)
+    assert c.link_efficiency == 0.8  # not given: the default
