@@ -165,14 +165,14 @@ def comm_rows(work: RunWork, layout: Layout) -> pl.DataFrame:
     return frame.with_columns(stride=pl.col("dim").replace_strict(strides, default=1, return_dtype=pl.Int64)), facts.get("why")
 
 
-def comm_seconds(rows: pl.DataFrame, cluster: Cluster) -> pl.DataFrame:
+def comm_seconds(rows: pl.DataFrame, cluster: Cluster, world: int | None = None) -> pl.DataFrame:
     """rows plus `target_s`: calls × the α–β time of one call of bytes/calls on the group's link."""
     out = []
     for kind, n, calls, nbytes, stride in rows.select("collective", "group_size", "calls", "bytes", "stride").iter_rows():
         if kind not in TRAFFIC_FACTOR or not calls or nbytes is None:
             out.append(None)
             continue
-        link = group_link(cluster, n or 1, stride or 1)
+        link = group_link(cluster, n or 1, stride or 1, world_size=world)
         out.append(calls * collective_s(kind, nbytes / calls, n or 1, link, efficiency=cluster.link_efficiency))
     return rows.with_columns(target_s=pl.Series(out, dtype=pl.Float64))
 
@@ -205,7 +205,7 @@ def own_layout_step(work: RunWork, cluster: Cluster, source: Cluster, layout: La
     overall = _rho(ops.with_columns(_k=pl.lit(1)), ["_k"])["rho"]
     rho_all = float(overall[0]) if overall.len() else 1.0
     rows, why = comm_rows(work, layout)
-    rows_t, rows_src = comm_seconds(rows, cluster), comm_seconds(rows, source)
+    rows_t, rows_src = comm_seconds(rows, cluster, layout.gpus), comm_seconds(rows, source, layout.gpus)
     st = work.steps.join(rho, on=["rank", "step"], how="left").with_columns(pl.col("rho").fill_null(rho_all))
     pipeline = work.manifest.get("paradigm") in PIPELINE_PARADIGMS or (work.actions.height > 0)
     comm_t = _comm_per_step(rows_t, st, p2p=False if pipeline else None).rename({"comm_s": "comm_t_s"})
