@@ -205,7 +205,7 @@ def _fit_peak(flop_ops: pl.DataFrame, base: Cluster) -> tuple[float, str]:
     so a bisection in log space finds it. Where the memory term alone exceeds the measured time,
     the flat rate Σ FLOPs / Σ time (said)."""
     measured_s = flop_ops["dur_us"].sum() * 1e-6
-    shapes = flop_ops.group_by(SHAPE).agg(count=pl.len())
+    shapes = flop_ops.group_by(SHAPE).agg(count=pl.len()).sort(SHAPE, nulls_last=True)  # a fixed order: the same sum every time
 
     def total(peak: float) -> float:
         c = dataclasses.replace(base, peak_tflops=peak)
