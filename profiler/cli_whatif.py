@@ -69,14 +69,16 @@ def project_main(argv: list[str] | None = None) -> int:
     args = build_project_parser().parse_args(argv)
     try:
         import json
+        from pathlib import Path
 
         from profiler.project import project_details
         from profiler.project_text import projection_dict, projection_text, resolve_cluster, save_cluster
 
-        cluster, how = resolve_cluster(args.cluster)
+        cluster, how, cal_work = resolve_cluster(args.cluster)
         if args.save_cluster:
             save_cluster(cluster, args.save_cluster)
-        d = project_details(args.run, cluster, nodes=args.nodes, layout=args.layout)
+        same = cal_work is not None and Path(args.cluster).resolve() == Path(args.run).resolve()
+        d = project_details(args.run, cluster, nodes=args.nodes, layout=args.layout, work=cal_work if same else None)
         if args.json:
             try:
                 with open(args.json, "w") as f:

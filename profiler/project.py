@@ -26,11 +26,15 @@ import math
 
 import polars as pl
 
+from pathlib import Path
+
 from profiler.cluster import Cluster
+from profiler.discover import read_manifest
+from profiler.errors import TraceError
 from profiler.commcost import TRAFFIC_FACTOR, collective_s, group_link
 from profiler.layout import Estimate, Layout, LayoutError, ModelSpec, group_stride, parse_layout
 from profiler.pipeline import _durations, _ideal_order, simulate_order
-from profiler.project_measure import FLOP_CLASSES, RunWork, calibrate, measure_run, with_target_time
+from profiler.project_measure import NO_RUN_JSON, FLOP_CLASSES, RunWork, calibrate, measure_run, with_target_time
 from profiler.theory import predict_run
 from profiler.theory_params import run_dtypes
 from profiler.theory_pipeline import PIPELINE_PARADIGMS
@@ -39,6 +43,17 @@ SCHEDULE_OF = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved-1f1b": "interleave
                "zbv": "zero-bubble", "dualpipev": "zero-bubble"}
 ZERO_OF = {"ddp": 0, "dp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}
 P2P = ("send", "recv", "send_recv")
+
+
+def run_manifest(run_dir: str) -> dict:
+    """The run.json of a run folder; TraceError saying what project needs where there is none."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise TraceError(path, "not a run folder (project needs a folder written by `ptprof run`: rank*.json.gz + run.json)")
+    manifest = read_manifest(path)
+    if not isinstance(manifest, dict):
+        raise TraceError(path, NO_RUN_JSON)
+    return manifest
 
 
 def calibrate_cluster(run_dir: str) -> Cluster:
@@ -300,10 +315,11 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
                     work: RunWork | None = None) -> dict:
     """The projection with what the CLI shows beside it: estimate (Estimate), measured_step_s,
     coverage, source (the calibrated cluster), inputs. ValueError with one line where it cannot be."""
-    work = work or measure_run(run_dir)
     where = f"{run_dir}/run.json"
-    spec = run_spec(work.manifest, where)
-    own = run_layout(work.manifest, spec, where)
+    manifest = work.manifest if work else run_manifest(run_dir)
+    # run.json first: a model, layout or --nodes that cannot be is said before any trace is read
+    spec = run_spec(manifest, where)
+    own = run_layout(manifest, spec, where)
     target = fill_layout(layout, spec, own) if isinstance(layout, str) else (layout or own)
     target.check(spec)
     gpn = cluster.gpus_per_node
@@ -311,6 +327,7 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
     if nodes is not None and nodes < need_nodes:
         raise ValueError(f"--nodes {nodes}: layout {target.short()} needs {target.gpus} GPUs = {need_nodes} node(s) of "
                          f"{gpn} on {cluster.name}")
+    work = work or measure_run(run_dir)
     source = calibrate(work)
     proj = own_layout_step(work, cluster, source, own)
     compute_us = float(work.steps["compute_us"].sum())

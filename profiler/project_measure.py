@@ -27,6 +27,9 @@ from profiler.workload import ops_in_steps, trace_ops
 
 FLOP_CLASSES = ("matmul", "attention")
 P2P_KINDS = ("send", "recv", "send_recv")
+NO_RUN_JSON = ("no run.json: project needs the run's model dims, layout and global batch, which `ptprof run` writes "
+               "there (a foreign trace lacks them; write a run.json as docs/run-layout.md)")
+SMALL_RUN_BYTES = 8 << 20
 STEP_COLUMNS = ["rank", "step", "window_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us"]
 
 
@@ -54,16 +57,19 @@ class RunWork:
         return str(self.manifest.get("run_id") or Path(self.run_dir).name)
 
 
-def measure_run(run_dir: str | Path) -> RunWork:
+def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
     """Load a run folder and measure its work. TraceError/ValueError with one line where project
-    cannot use it (no run.json: a foreign trace; no profiled steps)."""
+    cannot use it (no run.json: a foreign trace; no profiled steps). workers: profiler.load's
+    (1: parse in this process, quicker for a few small files)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise TraceError(run_dir, "not a run folder (project needs a folder written by `ptprof run`: rank*.json.gz + run.json)")
     if not (run_dir / "run.json").is_file():
-        raise TraceError(run_dir, "no run.json: project needs the run's model dims, layout and global batch, which "
-                                  "`ptprof run` writes there (a foreign trace lacks them; write a run.json as docs/run-layout.md)")
-    traces = load_traces(run_dir, progress=False)
+        raise TraceError(run_dir, NO_RUN_JSON)
+    if workers is None:  # small runs parse faster here than in worker processes (each imports polars)
+        size = sum(f.stat().st_size for f in run_dir.glob("rank*.json*") if f.is_file())
+        workers = 1 if size < SMALL_RUN_BYTES else None
+    traces = load_traces(run_dir, progress=False, workers=workers)
     if traces.ranks["run"].n_unique() != 1:
         raise TraceError(run_dir, "holds several runs; pass one run folder")
     manifest = next(iter(traces.runs.values()))

@@ -12,14 +12,16 @@ PROJECTION_SCHEMA = "ptprof.projection/1"
 WIDTH = 100
 
 
-def resolve_cluster(spec: str) -> tuple[Cluster, str]:
+def resolve_cluster(spec: str) -> tuple[Cluster, str, object]:
     """--cluster: a run folder (its measured cluster, calibrated), a preset or a cluster file.
-    (cluster, how it was obtained). ClusterError / TraceError / ValueError with one line."""
+    (cluster, how it was obtained, the run's RunWork or None). ClusterError / TraceError /
+    ValueError with one line."""
     path = Path(spec)
     if path.is_dir():
-        from profiler.project import calibrate_cluster
-        return calibrate_cluster(str(path)), f"calibrated from the run {path}"
-    return load_cluster(spec), "preset" if not path.suffix else f"file {spec}"
+        from profiler.project_measure import calibrate, measure_run
+        work = measure_run(path)
+        return calibrate(work), f"calibrated from the run {path}", work
+    return load_cluster(spec), "preset" if not path.suffix else f"file {spec}", None
 
 
 def save_cluster(cluster: Cluster, path: str) -> None:

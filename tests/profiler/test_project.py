@@ -56,7 +56,7 @@ def test_flops_of_hand_made_ops(tmp_path):
 
 @pytest.fixture(scope="module")
 def works():
-    return {p: measure_run(SAMPLES / f"sample-{p}-2r") for p in ("ddp", "fsdp", "1f1b")}
+    return {p: measure_run(SAMPLES / f"sample-{p}-2r", workers=1) for p in ("ddp", "fsdp", "1f1b")}
 
 
 @pytest.mark.parametrize("paradigm", ["ddp", "fsdp", "1f1b"])
@@ -80,7 +80,7 @@ def test_faster_cluster_gives_faster_compute(works):
     assert project_details(work.run_dir, fast, work=work)["estimate"].breakdown_s["compute"] == pytest.approx(base / 10)
 
 
-def test_save_cluster_round_trip(tmp_path, capsys):
+def test_save_cluster_round_trip(works, tmp_path, capsys):
     out = tmp_path / "cal.json"
     run = str(SAMPLES / "sample-ddp-2r")
     assert project_main([run, "--cluster", run, "--save-cluster", str(out)]) == 0
@@ -88,7 +88,7 @@ def test_save_cluster_round_trip(tmp_path, capsys):
     assert "measured" in text and "predicted step" in text
     assert max(map(len, text.splitlines())) <= 100
     loaded = load_cluster(str(out))
-    assert loaded == calibrate(measure_run(run))
+    assert loaded == calibrate(works["ddp"])
     js = tmp_path / "p.json"
     assert project_main([run, "--cluster", str(out), "--json", str(js)]) == 0
     doc = json.loads(js.read_text())
