@@ -384,10 +384,16 @@ def _other_layout(spec: ModelSpec, own: Layout, target: Layout, cluster: Cluster
     t_compute = proj["breakdown_s"].get("compute", 0.0)
     scale = t_compute / a_compute if a_compute > 0 else None
     est = costmodel.estimate(spec, target, cluster, compute_scale=scale)
+    breakdown = dict(est.breakdown_s)
+    other = proj["breakdown_s"].get("other", 0.0)
+    if other > 0:  # the host time the run's own step carried over: per step, whatever the layout
+        breakdown["other"] = other
     why = [f"layout {target.short()}: the analytical cost model (profiler.costmodel) with compute_scale = "
            f"{scale if scale is None else f'{scale:.3g}'} = trace-driven compute of the run's own layout on {cluster.name} "
            f"({t_compute * 1e3:.3g} ms) / the model's analytical compute of that layout ({a_compute * 1e3:.3g} ms)"]
-    return est.step_s, dict(est.breakdown_s), why + list(est.assumptions), est.dominant
+    why.append(f"other: the {other * 1e3:.3g} ms of host time per step the run's own layout carries over (above) "
+               "is added unchanged to the model's step")
+    return sum(breakdown.values()), breakdown, why + list(est.assumptions), est.dominant
 
 
 def _dominant(breakdown: dict[str, float], step_s: float, cov: dict, own: bool) -> str | None:
