@@ -364,7 +364,9 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
         assumptions.append(mem_why)
     peak = cluster.peak_tflops * 1e12
     mfu = 100.0 * model_flops_per_step(spec) / (step_s * target.gpus * peak) if step_s > 0 else None
-    dominant = _dominant(breakdown, step_s, cov, target == own) if target == own else other_dominant
+    ours = _dominant(breakdown, step_s, cov, target == own)
+    # another layout: the cost model names its own dominant efficiency, unless the carried-over host time outweighs it
+    dominant = ours if target == own or max(breakdown, key=breakdown.get) == "other" else other_dominant
     est = Estimate(layout=target, step_s=step_s, breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem,
                    hbm_bytes=cluster.hbm_bytes, fits=(mem.get("total", 0) <= cluster.hbm_bytes) if mem else True,
                    assumptions=assumptions, dominant=dominant)

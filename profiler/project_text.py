@@ -81,7 +81,7 @@ def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
             continue
         share = 100.0 * v / est.step_s if est.step_s > 0 else 0.0
         lines.append(f"  {k:<22} {_ms(v):>16}  {share:5.1f} %")
-    lines.append(f"MFU             {est.mfu_pct:.2f} %" if est.mfu_pct is not None else "MFU             -")
+    lines.append(f"MFU             {est.mfu_pct:.3g} %" if est.mfu_pct is not None else "MFU             -")
     if est.memory_bytes:
         parts = ", ".join(f"{k} {_gib(v)}" for k, v in est.memory_bytes.items() if k != "total")
         lines.append(f"memory per GPU  {_gib(est.memory_bytes.get('total'))} of {_gib(est.hbm_bytes)} HBM: "
