@@ -17,12 +17,14 @@ import polars as pl
 from profiler.breakdown import _gloo_worker_threads, temporal_breakdown
 from profiler.cluster import Cluster, Link
 from profiler.collectives import collectives
-from profiler.commcost import TRAFFIC_FACTOR, latency_steps
+from profiler.commcost import TRAFFIC_FACTOR, collective_s, latency_steps
 from profiler.costmodel_ops import gemm_time_s, memory_bound_time_s
 from profiler.errors import TraceError
 from profiler.load import load_traces
 from profiler.pipeline import pipeline_actions
 from profiler.steps import assign_steps, profiler_steps
+from profiler.theory import predict_run
+from profiler.theory_pipeline import PIPELINE_PARADIGMS
 from profiler.workload import ops_in_steps, trace_ops
 
 FLOP_CLASSES = ("matmul", "attention")
@@ -153,7 +155,8 @@ def fit_link(colls: pl.DataFrame) -> tuple[Link, str]:
                        .otherwise(pl.col("collective")))
          .group_by("collective", "size_bytes", "group_size")
          .agg(dur_us=pl.when(pl.col("collective").first() == "send").then(pl.col("dur_us").min())
-              .otherwise(pl.col("dur_us").mean()), n=pl.len()))
+              .otherwise(pl.col("dur_us").mean()), n=pl.len())
+         .sort("collective", "size_bytes", "group_size"))  # a fixed order: the same fit every time
     if c.is_empty():
         return Link("none measured", 1.0, 0.0), "no sized collectives: link 1 GB/s, 0 µs assumed"
     kinds, sizes, groups, dur, n = (c[k].to_list() for k in ("collective", "size_bytes", "group_size", "dur_us", "n"))
@@ -171,6 +174,32 @@ def fit_link(colls: pl.DataFrame) -> tuple[Link, str]:
         alpha_s, inv_bw = 0.0, float((t * w).sum() / (x_bytes * w).sum())
         how = f"one bandwidth over {sum(n)} calls (sizes do not separate α from β): α = 0 assumed"
     return Link("measured (α–β fit)", float(1e-9 / inv_bw), float(alpha_s * 1e6)), how
+
+
+def _scaled_to_run(work: RunWork, link: Link, how: str) -> tuple[Link, str]:
+    """The fitted link with α and 1/bw scaled by f = the run's measured communication time (the
+    union of its calls per rank and step, profiler.breakdown's comm_us) / issue 8's volumes of the
+    run under the fitted link: on gloo, calls in flight together (ZeRO-1's broadcasts) and waits
+    for late peers make the per-call fit miss what the steps paid. Not for pipelines, whose
+    blocking receives also wait out the peer's compute (the schedule replay models that)."""
+    if work.manifest.get("paradigm") in PIPELINE_PARADIGMS or work.actions.height:
+        return link, how
+    rows, _ = predict_run(work.manifest)
+    model_s = 0.0
+    for rank, step in work.steps.select("rank", "step").iter_rows():
+        for r in rows:
+            if r["rank"] != rank or (r.get("step") is not None and r["step"] != step):
+                continue
+            kind, n, calls, nbytes = r["collective"], r["group_size"] or 1, r["calls"], r["bytes"]
+            if kind in TRAFFIC_FACTOR and calls and nbytes is not None:
+                model_s += calls * collective_s(kind, nbytes / calls, n, link)
+    measured_s = float(work.steps["comm_us"].sum()) * 1e-6
+    if not (model_s > 0 and measured_s > 0):
+        return link, how
+    f = measured_s / model_s
+    return (Link(link.name, link.bw_gbps / f, link.latency_us * f),
+            f"{how}; α and 1/bw then x {f:.3g} so that issue 8's volumes of the run take its measured "
+            f"communication time ({measured_s * 1e3:.1f} ms over its ranks and steps)")
 
 
 def host_memory_gib() -> float:
@@ -192,6 +221,7 @@ def calibrate(work: RunWork) -> Cluster:
     mem_gbps = (mem_ops["bytes"].sum() / (mem_ops["dur_us"].sum() * 1e-6) / 1e9) if mem_ops.height else None
     link, how = fit_link(work.colls)
     world = work.world
+    link, how = _scaled_to_run(work, link, how)
     flat = flop_ops["flops"].sum() / (flop_ops["dur_us"].sum() * 1e-6) / 1e12
     base = Cluster(name=f"measured:{work.run_id}", peak_tflops=flat, hbm_gib=round(host_memory_gib(), 1),
                    hbm_gbps=mem_gbps or flat * 1e3, gpus_per_node=world, intra=link, inter=dataclasses.replace(link),
