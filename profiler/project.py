@@ -34,7 +34,7 @@ from profiler.errors import TraceError
 from profiler.commcost import TRAFFIC_FACTOR, collective_s, group_link
 from profiler.layout import Estimate, Layout, LayoutError, ModelSpec, group_stride, parse_layout
 from profiler.pipeline import _durations, _ideal_order, simulate_order
-from profiler.project_measure import NO_RUN_JSON, FLOP_CLASSES, RunWork, calibrate, measure_run, with_target_time
+from profiler.project_measure import FLOP_CLASSES, NO_RUN_JSON, RunWork, calibrate, measure_run, with_target_time
 from profiler.theory import predict_run
 from profiler.theory_params import run_dtypes
 from profiler.theory_pipeline import PIPELINE_PARADIGMS
@@ -215,7 +215,7 @@ def _rho(ops: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 def own_layout_step(work: RunWork, cluster: Cluster, source: Cluster, layout: Layout) -> dict:
     """The per-rank, per-step projection of the run's own layout (module docstring): a dict of
     step_s, breakdown_s, per_step frame, measured_step_s, compute_scale facts."""
-    ops = with_target_time(work.ops, cluster)
+    ops = with_target_time(work.ops, cluster, source if work.has_gpu else None)
     rho = _rho(ops, ["rank", "step"])
     overall = _rho(ops.with_columns(_k=pl.lit(1)), ["_k"])["rho"]
     rho_all = float(overall[0]) if overall.len() else 1.0

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from profiler.breakdown import _gloo_worker_threads, temporal_breakdown
-from profiler.cluster import Cluster, Link
+from profiler.cluster import Cluster, Link, load_cluster, preset_names
 from profiler.collectives import collectives
 from profiler.commcost import TRAFFIC_FACTOR, collective_s, latency_steps
 from profiler.costmodel_ops import gemm_time_s, memory_bound_time_s
@@ -84,25 +84,49 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
             continue
         ev = assign_steps(events, st)
         bd = temporal_breakdown(ev, per_step=True, steps=st)
-        steps.append(bd.join(st.select("rank", "step", "dur_us"), on=["rank", "step"]).select(
-            pl.col("rank").cast(pl.Int32), "step", pl.col("dur_us").alias("window_us"), "compute_us", "comm_us",
-            "overlap_us", "exposed_comm_us"))
-        workers = _gloo_worker_threads(ev).select("pid", "tid")
+        # the breakdown's window: the ProfilerStep span on CPU ranks, the GPU activity's on GPU ranks
+        steps.append(bd.select(pl.col("rank").cast(pl.Int32), "step", "window_us", "compute_us", "comm_us",
+                               "overlap_us", "exposed_comm_us"))
+        gloo_threads = _gloo_worker_threads(ev).select("pid", "tid")
         file = traces.ranks.filter(pl.col("rank") == part.rank)["file"][0]
-        rank_ops = trace_ops(file).join(workers, on=["pid", "tid"], how="anti")
+        rank_ops = trace_ops(file).join(gloo_threads, on=["pid", "tid"], how="anti")
+        if (ev["device"] == "gpu").any():
+            rank_ops = with_kernel_times(rank_ops, ev)
         ops.append(ops_in_steps(rank_ops, st.select("start_us", "end_us", "step")).with_columns(
             rank=pl.lit(part.rank, pl.Int32)))
         actions.append(pipeline_actions(ev, steps=st, runs=traces.runs))
         colls.append(collectives(ev, traces.ranks))
     if not steps:
         raise TraceError(run_dir, "no ProfilerStep spans in its traces: project needs the profiled steps")
-    if traces.ranks["has_gpu"].any():
-        raise TraceError(run_dir, "a GPU trace: projecting from kernel times is not supported yet (project reads "
-                                  "CPU operator times; docs/whatif.md, 'Project', says what is left)")
     acts = [a for a in actions if a.height]
+    if traces.ranks["has_gpu"].any() and acts:
+        raise TraceError(run_dir, "a pipeline run on GPUs: its action spans time kernel launches, not kernels, so its "
+                                  "schedule cannot be replayed (project reads CPU pipeline runs and GPU runs of the other "
+                                  "paradigms)")
     return RunWork(str(run_dir), manifest, traces.ranks, pl.concat(steps), pl.concat(ops),
                    pl.concat(acts) if acts else actions[0], pl.concat([c for c in colls if c.width], how="diagonal_relaxed"),
                    bool(traces.ranks["has_gpu"].any()))
+
+
+def with_kernel_times(ops: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
+    """A GPU rank's counted ops with `dur_us` = the summed duration of the compute and memory kernels
+    they launched (runtime calls inside the op's span on its thread, linked to kernels by
+    `correlation`); ops that launched none are dropped (their time is host time, not device work)."""
+    gpu = pl.col("device") == "gpu"
+    kernels = (events.filter(gpu & pl.col("kind").cast(pl.String).is_in(["compute", "memory"])
+                             & pl.col("correlation").is_not_null())
+               .group_by("correlation").agg(k_us=pl.col("dur_us").sum()))
+    launches = (events.filter(~gpu & (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+                .select("pid", "tid", "ts_us", "correlation").join(kernels, on="correlation")
+                .select("pid", "tid", pl.col("ts_us").alias("t_us"), "k_us").sort("t_us"))
+    spans = ops.with_row_index("_op").select("_op", "pid", "tid", "ts_us", end_us=pl.col("ts_us") + pl.col("dur_us")).sort("ts_us")
+    # each launch to the latest counted op starting before it on its thread, if it is still running
+    owned = (launches.join_asof(spans, left_on="t_us", right_on="ts_us", by=["pid", "tid"], strategy="backward",
+                             check_sortedness=False)  # both sorted by time above
+             .filter(pl.col("_op").is_not_null() & (pl.col("t_us") < pl.col("end_us")))
+             .group_by("_op").agg(pl.col("k_us").sum()))
+    return (ops.with_row_index("_op").join(owned, on="_op", how="inner")
+            .with_columns(dur_us=pl.col("k_us")).drop("_op", "k_us"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,12 +152,33 @@ def op_seconds(klass: str, flops, nbytes, batch, m, n, k, elem, cluster: Cluster
     return None
 
 
-def with_target_time(ops: pl.DataFrame, cluster: Cluster) -> pl.DataFrame:
-    """ops plus `target_us` (null for ops of unknown work), evaluated once per distinct shape."""
+def with_target_time(ops: pl.DataFrame, cluster: Cluster, source: Cluster | None = None) -> pl.DataFrame:
+    """ops plus `target_us` (null for ops of unknown work), evaluated once per distinct shape: the
+    roofline time on `cluster`, or with `source` (a GPU trace's own GPU) the measured kernel time
+    × roofline on `cluster` / roofline on `source` -- what the op reached of its GPU's roofline,
+    it reaches of the target's."""
     shapes = ops.select(SHAPE).unique()
     t = [op_seconds(*row, cluster) for row in shapes.iter_rows()]
-    shapes = shapes.with_columns(target_us=pl.Series([None if x is None else 1e6 * x for x in t], dtype=pl.Float64))
-    return ops.join(shapes, on=SHAPE, how="left", nulls_equal=True)
+    shapes = shapes.with_columns(_t=pl.Series([None if x is None else 1e6 * x for x in t], dtype=pl.Float64))
+    if source is not None:
+        src = [op_seconds(*row, source) for row in shapes.select(SHAPE).iter_rows()]
+        shapes = shapes.with_columns(_s=pl.Series([None if x is None else 1e6 * x for x in src], dtype=pl.Float64))
+    out = ops.join(shapes, on=SHAPE, how="left", nulls_equal=True)
+    if source is None:
+        return out.rename({"_t": "target_us"})
+    return (out.with_columns(target_us=pl.when(pl.col("_s") > 0).then(pl.col("dur_us") * pl.col("_t") / pl.col("_s")))
+            .drop("_t", "_s"))
+
+
+def device_preset(work: RunWork) -> Cluster | None:
+    """The preset of a GPU run's own GPU, by its device name ("NVIDIA H100 80GB HBM3" -> h100), or None."""
+    if not work.has_gpu:
+        return None
+    names = " ".join(str(n) for n in work.ranks["device_name"].drop_nulls().to_list()).lower()
+    for key in preset_names():
+        if key in names:
+            return load_cluster(key)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,8 +267,15 @@ def calibrate(work: RunWork) -> Cluster:
     link, how = fit_link(work.colls)
     world = work.world
     link, how = _scaled_to_run(work, link, how)
+    own_gpu = device_preset(work)
+    if own_gpu is not None:  # a known GPU: its preset's roofline (kernel times are re-timed by ratios to it)
+        return dataclasses.replace(own_gpu, name=f"{own_gpu.name} (measured: {work.run_id})", gpus_per_node=world,
+                                   intra=link, inter=dataclasses.replace(link), link_efficiency=1.0, source=str(work.run_dir),
+                                   notes=(f"{own_gpu.name} preset's compute and HBM: the GPU the run's kernels ran on",
+                                          f"link: {how}", "one node of world_size ranks: inter-node link = the measured one"))
     flat = flop_ops["flops"].sum() / (flop_ops["dur_us"].sum() * 1e-6) / 1e12
-    base = Cluster(name=f"measured:{work.run_id}", peak_tflops=flat, hbm_gib=round(host_memory_gib(), 1),
+    hbm_gib = 80.0 if work.has_gpu else round(host_memory_gib(), 1)
+    base = Cluster(name=f"measured:{work.run_id}", peak_tflops=flat, hbm_gib=hbm_gib,
                    hbm_gbps=mem_gbps or flat * 1e3, gpus_per_node=world, intra=link, inter=dataclasses.replace(link),
                    gemm_efficiency=1.0, hbm_efficiency=1.0, link_efficiency=1.0, source=str(work.run_dir))
     peak_tflops, peak_how = _fit_peak(flop_ops, base)
@@ -231,7 +283,7 @@ def calibrate(work: RunWork) -> Cluster:
              f"{flop_ops['dur_us'].sum() / 1e3:.1f} ms, memory-bound {mem_ops['bytes'].sum():.3g} B in "
              f"{mem_ops['dur_us'].sum() / 1e3:.1f} ms over {ops['rank'].n_unique()} ranks",
              f"link: {how}", "one node of world_size ranks: inter-node link = the measured one")
-    notes += (f"peak: {peak_how}",) + (() if mem_gbps else ("no memory-bound ops: HBM rate = 1000 x peak assumed",))
+    notes += (f"peak: {peak_how}",) + (("HBM size unknown: 80 GiB assumed",) if work.has_gpu else ("HBM: this machine's memory",)) + (() if mem_gbps else ("no memory-bound ops: HBM rate = 1000 x peak assumed",))
     return dataclasses.replace(base, peak_tflops=peak_tflops, notes=notes)
 
 

@@ -118,3 +118,45 @@ def test_cli_errors(tmp_path, capsys):
     assert "does not divide" in _error([run, "--cluster", "h100", "--layout", "dp=3"], capsys)
     assert "heads" in _error([run, "--cluster", "h100", "--layout", "dp=1,tp=8"], capsys)
     assert "--nodes 1" in _error([run, "--cluster", "h100", "--nodes", "1", "--layout", "dp=2,tp=4,pp=2"], capsys)
+
+
+def _gpu_run(tmp_path) -> Path:
+    """A hand-made one-GPU run: per step an aten::mm launching a 400 µs kernel and an aten::add
+    launching a 100 µs one, on an H100."""
+    bf16 = ["c10::BFloat16", "c10::BFloat16"]
+    events, corr = [], 0
+    for step, t0 in ((2, 0), (3, 2000)):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": t0, "dur": 1000})
+        for name, ts, k_ts, k_dur in (("aten::mm", 10, 100, 400), ("aten::add", 70, 510, 100)):
+            corr += 1
+            events.append(_op(name, t0 + ts, 50 if name == "aten::mm" else 20, [[4096, 4096], [4096, 4096]], bf16))
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": t0 + ts + 5, "dur": 5, "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": "kernel", "name": f"kernel_{name}", "pid": 0, "tid": 7, "ts": t0 + k_ts,
+                           "dur": k_dur, "args": {"correlation": corr, "stream": 7, "device": 0}})
+    run = tmp_path / "gpu-run"
+    run.mkdir()
+    doc = {"traceEvents": events, "deviceProperties": [{"name": "NVIDIA H100 80GB HBM3"}],
+           "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1}}
+    (run / "rank0.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    manifest = json.loads((SAMPLES / "sample-ddp-2r" / "run.json").read_text())
+    manifest.update(run_id="gpu-run", world_size=1, mesh={"dp": 1}, backend="nccl", device="cuda",
+                    ranks=manifest["ranks"][:1], device_name="NVIDIA H100 80GB HBM3")
+    (run / "run.json").write_text(json.dumps(manifest))
+    return run
+
+
+def test_gpu_trace_uses_kernel_times(tmp_path):
+    import dataclasses
+    work = measure_run(_gpu_run(tmp_path), workers=1)
+    assert sorted(work.ops["dur_us"].to_list()) == [100.0, 100.0, 400.0, 400.0]  # kernels, not the CPU ops
+    own = calibrate(work)
+    assert "H100" in own.name and own.peak_tflops == load_cluster("h100").peak_tflops
+    d = project_details(work.run_dir, own, work=work)
+    # the GPU window: kernels from 100 to 610 µs, 500 µs of them compute
+    assert d["measured_step_s"] == pytest.approx(510e-6)
+    assert d["estimate"].step_s == pytest.approx(510e-6)
+    fast = dataclasses.replace(own, peak_tflops=own.peak_tflops * 2, hbm_gbps=own.hbm_gbps * 2)
+    # kernel time x (roofline there / roofline on its own H100) = half; the 10 µs gap is carried over
+    assert project_details(work.run_dir, fast, work=work)["estimate"].step_s == pytest.approx(260e-6)
