@@ -37,6 +37,7 @@ from profiler.pipeline import _durations, _ideal_order, simulate_order
 from profiler.project_measure import FLOP_CLASSES, NO_RUN_JSON, RunWork, calibrate, measure_run, with_target_time
 from profiler.theory import predict_run
 from profiler.theory_params import run_dtypes
+from profiler.theory_recompute import recompute_on
 from profiler.theory_pipeline import PIPELINE_PARADIGMS
 
 SCHEDULE_OF = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved-1f1b": "interleaved-1f1b", "zero-bubble": "zero-bubble",
@@ -131,7 +132,8 @@ def run_layout(manifest: dict, spec: ModelSpec, where: str = "run.json") -> Layo
     m = pipe.get("microbatches") if isinstance(pipe.get("microbatches"), int) else 1
     per_replica = spec.global_batch // max(lay.dp, 1)
     mb = per_replica // m if m and per_replica % m == 0 else 1
-    lay = dataclasses.replace(lay, microbatch=max(mb, 1), microbatches=m if per_replica % m == 0 else per_replica)
+    lay = dataclasses.replace(lay, microbatch=max(mb, 1), microbatches=m if per_replica % m == 0 else per_replica,
+                              recompute="full" if recompute_on(manifest) else "none")  # the runners checkpoint whole blocks
     if lay.gpus != world:
         raise ValueError(f"{where}: mesh {mesh} of paradigm {paradigm!r} gives {lay.gpus} GPUs, not world_size {world}")
     return lay
@@ -236,12 +238,24 @@ def own_layout_step(work: RunWork, cluster: Cluster, source: Cluster, layout: La
     st = st.with_columns(step_t=pl.col("compute_t") + pl.col("exposed") + pl.col("bubble") + pl.col("other"))
     # The job's step: per profiled step the slowest rank, then the mean over steps.
     slow = st.sort("step_t", descending=True).group_by("step").first()
-    parts = {"compute": slow["compute_t"].mean(), "comm_exposed": slow["exposed"].mean(),
+    parts = {"compute": slow["compute_t"].mean(), **_by_dim(slow["exposed"].mean(), rows_t),
              "bubble": slow["bubble"].mean(), "other": slow["other"].mean()}
     measured = work.steps.group_by("step").agg(pl.col("window_us").max())["window_us"].mean() * us
     return {"step_s": float(slow["step_t"].mean()), "breakdown_s": {k: float(v) for k, v in parts.items() if v},
             "measured_step_s": float(measured), "per_step": st, "rho": rho_all, "comm_why": why,
             "comm_t_s": float(slow["comm_t_s"].mean()), "pipeline": pipeline}
+
+
+def _by_dim(exposed_s: float, rows_t: pl.DataFrame) -> dict[str, float]:
+    """The exposed communication as `comm_exposed:<dim>` keys (as profiler.costmodel's), split in
+    proportion to each dim's predicted communication time (sp's rows are the tp group's)."""
+    per = (rows_t.filter(pl.col("target_s").is_not_null())
+           .with_columns(dim=pl.col("dim").replace({"sp": "tp"}))
+           .group_by("dim").agg(pl.col("target_s").sum()).filter(pl.col("target_s") > 0))
+    total = per["target_s"].sum() if per.height else 0.0
+    if not exposed_s or total <= 0:
+        return {"comm_exposed": exposed_s or 0.0}
+    return {f"comm_exposed:{d}": exposed_s * t / total for d, t in per.sort("dim").iter_rows()}
 
 
 def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: pl.DataFrame,
