@@ -24,14 +24,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import polars as pl
-
 from pathlib import Path
 
+import polars as pl
+
 from profiler.cluster import Cluster
+from profiler.commcost import TRAFFIC_FACTOR, collective_s, group_link
 from profiler.discover import read_manifest
 from profiler.errors import TraceError
-from profiler.commcost import TRAFFIC_FACTOR, collective_s, group_link
 from profiler.layout import Estimate, Layout, LayoutError, ModelSpec, group_stride, parse_layout
 from profiler.pipeline import _durations, _ideal_order, simulate_order
 from profiler.project_measure import FLOP_CLASSES, NO_RUN_JSON, RunWork, calibrate, measure_run, with_target_time

@@ -283,7 +283,10 @@ def calibrate(work: RunWork) -> Cluster:
              f"{flop_ops['dur_us'].sum() / 1e3:.1f} ms, memory-bound {mem_ops['bytes'].sum():.3g} B in "
              f"{mem_ops['dur_us'].sum() / 1e3:.1f} ms over {ops['rank'].n_unique()} ranks",
              f"link: {how}", "one node of world_size ranks: inter-node link = the measured one")
-    notes += (f"peak: {peak_how}",) + (("HBM size unknown: 80 GiB assumed",) if work.has_gpu else ("HBM: this machine's memory",)) + (() if mem_gbps else ("no memory-bound ops: HBM rate = 1000 x peak assumed",))
+    notes += (f"peak: {peak_how}",
+              "HBM size unknown: 80 GiB assumed" if work.has_gpu else "HBM size: this machine's memory")
+    if not mem_gbps:
+        notes += ("no memory-bound ops: HBM rate = 1000 x peak assumed",)
     return dataclasses.replace(base, peak_tflops=peak_tflops, notes=notes)
 
 
@@ -293,7 +296,8 @@ def _fit_peak(flop_ops: pl.DataFrame, base: Cluster) -> tuple[float, str]:
     so a bisection in log space finds it. Where the memory term alone exceeds the measured time,
     the flat rate Σ FLOPs / Σ time (said)."""
     measured_s = flop_ops["dur_us"].sum() * 1e-6
-    shapes = flop_ops.group_by(SHAPE).agg(count=pl.len()).sort(SHAPE, nulls_last=True)  # a fixed order: the same sum every time
+    # a fixed order: the same float sum every time
+    shapes = flop_ops.group_by(SHAPE).agg(count=pl.len()).sort(SHAPE, nulls_last=True)
 
     def total(peak: float) -> float:
         c = dataclasses.replace(base, peak_tflops=peak)
