@@ -160,3 +160,31 @@ def test_gpu_trace_uses_kernel_times(tmp_path):
     fast = dataclasses.replace(own, peak_tflops=own.peak_tflops * 2, hbm_gbps=own.hbm_gbps * 2)
     # kernel time x (roofline there / roofline on its own H100) = half; the 10 µs gap is carried over
     assert project_details(work.run_dir, fast, work=work)["estimate"].step_s == pytest.approx(260e-6)
+
+
+def test_layouts_of_the_samples_runs():
+    from profiler.layout import Layout
+    from profiler.project import run_layout, run_spec
+
+    def own(p):
+        m = json.loads((SAMPLES / f"sample-{p}-2r" / "run.json").read_text())
+        return run_layout(m, run_spec(m))
+
+    assert own("ddp") == Layout(dp=2, microbatch=4)  # 8 sequences over 2 replicas
+    assert own("fsdp") == Layout(dp=2, zero=3, microbatch=4)
+    assert own("1f1b") == Layout(pp=2, schedule="1f1b", microbatch=2, microbatches=4)
+    assert own("zbv") == Layout(pp=2, schedule="zero-bubble", microbatch=2, microbatches=4)
+    assert own("ring") == Layout(cp=2, microbatch=8)
+
+
+def test_another_layout_scales_the_cost_model_by_the_trace(works):
+    work = works["ddp"]
+    cal = calibrate(work)
+    own = project_details(work.run_dir, cal, work=work)["estimate"]
+    # ZeRO-1 computes what DDP computes: the model's compute, scaled by trace / model for the run's
+    # own layout, is the trace-driven compute
+    z1 = project_details(work.run_dir, cal, work=work, layout="dp=2,zero=1")["estimate"]
+    assert z1.layout.zero == 1 and z1.layout.microbatch == 4
+    assert z1.breakdown_s["compute"] == pytest.approx(own.breakdown_s["compute"], rel=1e-9)
+    assert z1.breakdown_s["other"] == pytest.approx(own.breakdown_s["other"])  # host time carried over
+    assert any("compute_scale" in a for a in z1.assumptions)
