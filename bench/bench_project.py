@@ -68,6 +68,8 @@ def main() -> int:
         rows[paradigm] = [run_once(paradigm, out, f"{paradigm}-{i}", args.steps, args.active) for i in range(args.repeats)]
     print(f"\n{'paradigm':<10} {'runs':>4} {'measured ms':>12} {'trace ms':>10} {'err':>7} {'layout ms':>10} {'err':>7}")
     for paradigm, runs in rows.items():
+        if not runs:
+            continue
         meas, pred, tr, lay = [], [], [], []
         for run in runs:
             d = project_details(str(run), cluster)

@@ -98,14 +98,31 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
         colls.append(collectives(ev, traces.ranks))
     if not steps:
         raise TraceError(run_dir, "no ProfilerStep spans in its traces: project needs the profiled steps")
+    ops = pl.concat(ops)
+    steps = _waits_to_comm(pl.concat(steps), ops)
+    ops = ops.filter(pl.col("klass") != "wait")
     acts = [a for a in actions if a.height]
     if traces.ranks["has_gpu"].any() and acts:
         raise TraceError(run_dir, "a pipeline run on GPUs: its action spans time kernel launches, not kernels, so its "
                                   "schedule cannot be replayed (project reads CPU pipeline runs and GPU runs of the other "
                                   "paradigms)")
-    return RunWork(str(run_dir), manifest, traces.ranks, pl.concat(steps), pl.concat(ops),
+    return RunWork(str(run_dir), manifest, traces.ranks, steps, ops,
                    pl.concat(acts) if acts else actions[0], pl.concat([c for c in colls if c.width], how="diagonal_relaxed"),
                    bool(traces.ranks["has_gpu"].any()))
+
+
+def _waits_to_comm(steps: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """steps with the functional-collective waits (workload's class "wait": operators to
+    profiler.breakdown, so compute there) moved to communication: compute_us − wait, and the
+    communication that ran under them counted exposed, not overlapped. The window is unchanged."""
+    waits = (ops.filter(pl.col("klass") == "wait").group_by("rank", "step").agg(wait_us=pl.col("dur_us").sum())
+             .with_columns(pl.col("rank").cast(pl.Int32)))
+    w = pl.col("wait_us").fill_null(0.0)
+    moved = pl.min_horizontal(w, pl.col("overlap_us"))
+    return (steps.join(waits, on=["rank", "step"], how="left")
+            .with_columns(compute_us=(pl.col("compute_us") - w).clip(0), overlap_us=pl.col("overlap_us") - moved,
+                          exposed_comm_us=pl.col("exposed_comm_us") + moved)
+            .drop("wait_us"))
 
 
 def with_kernel_times(ops: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:

@@ -17,6 +17,11 @@ Bytes of a memory-bound op: the elements of its tensor inputs times their dtype 
 output the size of its first tensor input (in-place ops write it; out-of-place ops write a new
 one of about that size) -- an approximation, said in the projection's assumptions.
 
+A collective inside a counted op (DTensor's `aten::add` waiting in `_c10d_functional::wait_tensor`)
+is not that op's work: its time is taken off the op's duration. Outermost functional-collective
+ops (`_c10d_functional::*`) are kept as class "wait": profiler.breakdown counts them as compute,
+project moves them to communication.
+
 The event frame (profiler.parse) keeps shapes of collectives only; the shapes of compute ops are
 read here from the trace file itself, once per file, into a small frame.
 """
@@ -52,6 +57,9 @@ NO_WORK = {"aten::view", "aten::as_strided", "aten::t", "aten::transpose", "aten
            "aten::new_empty_strided", "aten::set_", "aten::resize_", "aten::numpy_T", "aten::chalf",
            "aten::embedding", "aten::matmul_backward", "aten::linear_backward"}
 COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
+# torch's functional collectives (DTensor, tensor parallel): their waits are operators to
+# profiler.breakdown (compute time), kept here as class "wait" so project can move them to communication
+FUNCTIONAL_COMM_PREFIX = "_c10d_functional::"
 # Input type names of traces -> bytes per element
 TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
               "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
@@ -59,7 +67,7 @@ TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long
 OP_COLUMNS = {"pid": pl.Int64, "tid": pl.Int64, "ts_us": pl.Float64, "dur_us": pl.Float64, "name": pl.String,
               "klass": pl.String, "flops": pl.Float64, "bytes": pl.Float64, "batch": pl.Int64, "m": pl.Int64,
               "n": pl.Int64, "k": pl.Int64, "elem_bytes": pl.Int64}
-KLASSES = ("matmul", "attention", "memory", "unknown")
+KLASSES = ("matmul", "attention", "memory", "unknown", "wait")
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -197,23 +205,34 @@ def trace_ops(path: str | Path) -> pl.DataFrame:
         if e.ph == "X" and e.cat == "cpu_op" and isinstance(e.name, str) and isinstance(e.ts, (int, float)) \
                 and isinstance(e.dur, (int, float)) and e.dur >= 0:
             by_thread.setdefault((e.pid, e.tid), []).append(e)
-    rows = []
+    rows: list[list] = []
     for (pid, tid), evs in by_thread.items():
         evs.sort(key=lambda e: (e.ts, -e.dur))
-        stack: list[tuple[float, bool]] = []  # (end, covered: a work or comm op at or above this level)
+        # (end, covered: a work or comm op at or above this level, row of the counted op it is, in comm)
+        stack: list[tuple[float, bool, int | None, bool]] = []
         for e in evs:
             end = e.ts + e.dur
             while stack and stack[-1][0] <= e.ts:
                 stack.pop()
             covered = bool(stack) and stack[-1][1]
-            comm = e.name.startswith(COMM_PREFIXES)
+            in_comm = bool(stack) and stack[-1][3]
+            comm = e.name.startswith(COMM_PREFIXES) or e.name.startswith(FUNCTIONAL_COMM_PREFIX)
             work = not comm and _is_work(e.name)
+            row = None
+            p, t = (pid if isinstance(pid, int) else None), (tid if isinstance(tid, int) else None)
             if work and not covered:
                 args = e.args or _Args()
                 klass, flops, nbytes, shape, elem = op_work(e.name, _decode(args.dims), _decode(args.types))
-                rows.append((pid if isinstance(pid, int) else None, tid if isinstance(tid, int) else None,
-                             float(e.ts), float(e.dur), e.name, klass, flops, nbytes, *(shape or (None,) * 4), elem))
-            stack.append((end, covered or work or comm))
+                row = len(rows)
+                rows.append([p, t, float(e.ts), float(e.dur), e.name, klass, flops, nbytes, *(shape or (None,) * 4), elem])
+            elif comm and not in_comm:
+                # a collective inside a counted op (DTensor's add waiting for its all-reduce): not the op's work
+                owner = next((f[2] for f in reversed(stack) if f[2] is not None), None)
+                if owner is not None:
+                    rows[owner][3] = max(0.0, rows[owner][3] - float(e.dur))
+                if e.name.startswith(FUNCTIONAL_COMM_PREFIX):  # an operator to the breakdown: its compute
+                    rows.append([p, t, float(e.ts), float(e.dur), e.name, "wait", None, None, None, None, None, None, None])
+            stack.append((end, covered or work or comm, row, in_comm or comm))
     frame = pl.DataFrame(rows, schema=OP_COLUMNS, orient="row")
     return frame.sort("ts_us")
 
