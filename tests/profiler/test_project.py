@@ -188,3 +188,20 @@ def test_another_layout_scales_the_cost_model_by_the_trace(works):
     assert z1.breakdown_s["compute"] == pytest.approx(own.breakdown_s["compute"], rel=1e-9)
     assert z1.breakdown_s["other"] == pytest.approx(own.breakdown_s["other"])  # host time carried over
     assert any("compute_scale" in a for a in z1.assumptions)
+
+
+def test_link_fit_recovers_alpha_beta():
+    import polars as pl
+
+    from profiler.project_measure import fit_link
+
+    # all-reduce over 2 ranks: 2(n-1) = 2 latency steps, traffic 2(n-1)/n x size = size.
+    # α = 50 µs, bw = 1 GB/s: 1 MB takes 2·50 + 1000 = 1100 µs, 2 MB 2100 µs (mean of 2000 and 2200).
+    # A receive of 0.5 MB: 1 step + 500 µs = 550 µs at best; its slower calls waited for the peer.
+    colls = pl.DataFrame({"collective": ["all_reduce", "all_reduce", "all_reduce", "recv", "recv"],
+                          "size_bytes": [1_000_000, 2_000_000, 2_000_000, 500_000, 500_000],
+                          "group_size": [2, 2, 2, 2, 2], "dur_us": [1100.0, 2000.0, 2200.0, 550.0, 9000.0]})
+    link, how = fit_link(colls)
+    assert link.latency_us == pytest.approx(50.0, rel=1e-6)
+    assert link.bw_gbps == pytest.approx(1.0, rel=1e-6)
+    assert "least squares" in how
