@@ -8,12 +8,26 @@ fits nowhere) ends with one line naming what was wrong and exit status 2, never 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from profiler.cli import EXIT_BAD_INPUT, _Parser, _print_line, _whole_number
 from profiler.errors import TraceError
 
 MAX_GPUS = 1 << 20
+PARAMS_TOLERANCE_PCT = 10.0  # --params further than this from the dims' count is refused
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole count written 175000000000 or 175e9."""
+    try:
+        value = float(text) if any(c in text.lower() for c in ".e") else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 175e9)") from None
+    if not (value >= 1 and value < 1e16 and float(value).is_integer()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole count between 1 and 1e16")
+    return int(value)
 
 
 def _cluster_help() -> str:
@@ -49,7 +63,9 @@ def build_plan_parser() -> argparse.ArgumentParser:
                             "memory, ranked by predicted step time.",
                 epilog="No trace informs a pure plan: compute efficiency is assumed (docs/whatif.md says how).")
     pos = _whole_number(1, 1 << 40)
-    p.add_argument("--params", type=pos, metavar="N", help="parameter count as a check of the dims (e.g. 175e9 as 175000000000)")
+    p.add_argument("--params", type=_count, metavar="N",
+                   help="parameter count, as a check of the dims (175e9 or 175000000000): refused when more than "
+                        f"{PARAMS_TOLERANCE_PCT:g} %% off the count of the dims")
     p.add_argument("--layers", type=pos, required=True)
     p.add_argument("--hidden", type=pos, required=True)
     p.add_argument("--heads", type=pos, required=True)
@@ -59,8 +75,11 @@ def build_plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=pos, required=True, help="sequences per optimizer step")
     p.add_argument("--gpus", type=_whole_number(1, MAX_GPUS), required=True)
     p.add_argument("--cluster", required=True, metavar="C", help=_cluster_help())
-    p.add_argument("--moe", metavar="E,k", help="mixture of experts: E experts, top-k routing")
-    p.add_argument("--top", type=_whole_number(1, 1000), default=10, help="layouts to print (default 10)")
+    p.add_argument("--moe", metavar="E,k", help="mixture of experts: E experts, top-k routing (every block's MLP)")
+    p.add_argument("--flash-attention", action="store_true",
+                   help="fused attention (FlashAttention): no attention scores kept, cheaper memory traffic "
+                        "(default off, as the Megatron papers' accounting)")
+    p.add_argument("--top", type=_whole_number(1, 1000), default=10, help="layouts to print and write (default 10)")
     p.add_argument("--json", metavar="FILE", help="write the plan as JSON (schema ptprof.plan/1)")
     return p
 
@@ -92,10 +111,73 @@ def project_main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
+def _parse_moe(text: str | None) -> tuple[int, int]:
+    """`--moe E,k` -> (E, k); (0, 0) without it."""
+    if text is None:
+        return 0, 0
+    e, sep, k = text.partition(",")
+    if not (sep and e.strip().isdigit() and k.strip().isdigit() and 1 <= int(k) <= int(e)):
+        raise ValueError(f"--moe {text!r}: expected E,k with E >= 1 experts and 1 <= k <= E top-k (e.g. 8,2)")
+    return int(e), int(k)
+
+
+def _check_params(spec, given: int | None) -> str:
+    """The header's note on --params; ValueError when it is more than PARAMS_TOLERANCE_PCT off."""
+    counted = spec.count_params()
+    if given is None:
+        return " (counted from the dims)"
+    off_pct = 100 * abs(counted - given) / given
+    if off_pct > PARAMS_TOLERANCE_PCT:
+        raise ValueError(f"--params {given:,} is {off_pct:.1f} % off the {counted:,} the dims give (layers, hidden, "
+                         f"ffn, vocab, seq; docs/whatif.md, 'Plan'): check the dims or drop --params")
+    return f" (--params {given / 1e9:,.2f} B: {off_pct:.1f} % off)"
+
+
+def _check_json_path(path: str | None) -> Path | None:
+    # before the work, not after it (as profiler/cli.py)
+    if path is None:
+        return None
+    out = Path(path)
+    if not out.resolve().parent.is_dir():
+        raise ValueError(f"--json {path}: its folder does not exist")
+    if out.is_dir():
+        raise ValueError(f"--json {path}: this is a folder; name the report file (e.g. plan.json)")
+    return out
+
+
 def plan_main(argv: list[str] | None = None) -> int:
     args = build_plan_parser().parse_args(argv)
     try:
-        raise NotImplementedError("issue 15: plan")
+        from profiler.cluster import cluster_to_dict, load_cluster
+        from profiler.layout import ModelSpec
+        from profiler.plan import plan
+        from profiler.plan_report import format_plan, plan_json
+
+        json_path = _check_json_path(args.json)
+        experts, top_k = _parse_moe(args.moe)
+        spec = ModelSpec(layers=args.layers, hidden=args.hidden, heads=args.heads, ffn=args.ffn or 4 * args.hidden,
+                         vocab=args.vocab, seq=args.seq, global_batch=args.global_batch, experts=experts, top_k=top_k,
+                         params=args.params, flash_attention=args.flash_attention)
+        spec.check()
+        params_note = _check_params(spec, args.params)
+        cluster = load_cluster(args.cluster)
+        result = plan(spec, args.gpus, cluster)
+        if not result.ranked:
+            if result.min_memory_bytes is None:
+                why = "; ".join(f"{n:,} {k}" for k, n in result.refused.items() if n)
+                raise ValueError(f"no layout of {args.gpus} GPUs divides this model and batch ({why})")
+            raise ValueError(f"nothing fits: the smallest memory need of any layout is "
+                             f"{result.min_memory_bytes / 2**30:,.1f} GiB per GPU, over the {cluster.hbm_gib:g} GiB "
+                             f"HBM of {cluster.name} (more GPUs, a smaller model or a smaller global batch)")
+        print(format_plan(spec, args.gpus, cluster, result, args.top, params_note))
+        if json_path is not None:
+            report = plan_json(spec, args.gpus, cluster_to_dict(cluster), result, args.top, cluster)
+            try:
+                json_path.write_text(json.dumps(report, indent=1))
+            except OSError as e:
+                raise ValueError(f"--json {args.json}: cannot write the plan ({e.strerror})") from None
+            print("\nplan: " + str(json_path))
     except (TraceError, ValueError) as e:
         _print_line(f"ptprof plan: error: {e}", sys.stderr)
         return EXIT_BAD_INPUT
+    return 0

@@ -36,15 +36,17 @@ def sm_count(cluster: Cluster) -> int | None:
 
 
 def wave_efficiency(m: int, n: int, sms: int | None, batch: int = 1) -> float:
-    """Share of the GPU's SMs busy over a GEMM's waves: tiles / (waves · SMs), the tiles being the
-    256x128 output blocks (either orientation, the better one: cuBLAS picks its kernel per shape).
-    A GEMM of 1.1 waves runs as long as 2 full ones (NVIDIA, "wave quantization"). 1 without SMs."""
+    """Share of the SMs' tile-time that does useful work: m·n / (waves · SMs · 256·128), over
+    256x128 output tiles (either orientation, the better one: cuBLAS picks its kernel per shape).
+    It holds both of NVIDIA's losses ("Matrix Multiplication Background User's Guide"): tile
+    quantization (a partial tile costs a whole one) and wave quantization (1.1 waves of tiles take
+    as long as 2). 1 without an SM count."""
     if not sms:
         return 1.0
     best = 0.0
     for tm, tn in ((TILE_M, TILE_N), (TILE_N, TILE_M)):
         tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-        best = max(best, tiles / (math.ceil(tiles / sms) * sms))
+        best = max(best, batch * m * n / (math.ceil(tiles / sms) * sms * tm * tn))
     return best
 
 
@@ -101,19 +103,28 @@ def gemm_flops(shapes: dict[str, tuple[int, int, int, int]]) -> float:
 def gemm_pass_times(shapes: dict[str, tuple[int, int, int, int]], cluster: Cluster) -> tuple[float, float]:
     """(forward, backward) seconds of these GEMMs: backward = the data gradient (m x n)@(n x k) and
     the weight gradient (k x m)@(m x n) of each, the same FLOPs as its forward each (so 2x)."""
+    fwd, dgrad, wgrad = gemm_pass_parts(shapes, cluster)
+    return fwd, dgrad + wgrad
+
+
+def gemm_pass_parts(shapes: dict[str, tuple[int, int, int, int]], cluster: Cluster) -> tuple[float, float, float]:
+    """(forward, data-gradient, weight-gradient) seconds of these GEMMs (gemm_pass_times split:
+    zero-bubble schedules move the weight gradients into the pipeline's bubble)."""
     sms = sm_count(cluster)
-    fwd = bwd = 0.0
+    fwd = dgrad = wgrad = 0.0
     for m, n, k, bt in shapes.values():
         fwd += gemm_time_s(m, n, k, cluster, batch=bt, sms=sms)
-        bwd += gemm_time_s(m, k, n, cluster, batch=bt, sms=sms) + gemm_time_s(k, n, m, cluster, batch=bt, sms=sms)
-    return fwd, bwd
+        dgrad += gemm_time_s(m, k, n, cluster, batch=bt, sms=sms)
+        wgrad += gemm_time_s(k, n, m, cluster, batch=bt, sms=sms)
+    return fwd, dgrad, wgrad
 
 
 ATTN_CORE = ("scores", "context")  # what selective recomputation runs again
 
 
 def layer_memory_bound_bytes(b: int, s: int, h: int, heads: int, ffn: int, t: int = 1, cp: int = 1,
-                             sp: bool = False, top_k: int = 0, act_bytes: int = 2) -> dict[str, float]:
+                             sp: bool = False, top_k: int = 0, act_bytes: int = 2,
+                             flash: bool = False) -> dict[str, float]:
     """HBM bytes of one layer's forward memory-bound ops for a microbatch on one GPU, each op read
     once and written once, the tensors being those of Korthikanti et al. 2022's accounting:
     - layernorm x2: read x (2sbh), write y (2sbh): 8sbh;
@@ -123,12 +134,13 @@ def layer_memory_bound_bytes(b: int, s: int, h: int, heads: int, ffn: int, t: in
     - scale-mask-softmax and attention dropout (Megatron's fused softmax, no flash attention, as
       the paper): softmax read + write 2as²b each, dropout read + write + mask: 9as²b/t.
     With sp the layernorm and dropout-add parts split over t too (each rank holds s/t tokens).
+    flash: the fused kernel keeps scores on chip; its HBM traffic is Q, K, V in and O out: 8sbh/t.
     Bytes scale with act_bytes/2. Returns {"attn_core": softmax+dropout, "other": the rest}."""
     sl = s // cp
     sbh = sl * b * h * act_bytes / 2
     rep = t if sp else 1
     other = (8 + 14) * sbh / rep + 4 * sl * b * ffn * max(top_k, 1) * act_bytes / 2 / t
-    attn = 9 * heads * sl * s * b * act_bytes / 2 / t
+    attn = (8 * sl * b * h if flash else 9 * heads * sl * s * b) * act_bytes / 2 / t
     return {"attn_core": attn, "other": other}
 
 

@@ -29,6 +29,7 @@ class ModelSpec:
     `moe_every`-th block's MLP a mixture of experts. Bytes per element: `param_bytes` for weights
     and activations (2: bf16/fp16 mixed precision), `grad_bytes`, and `optimizer_bytes_per_param`
     for Adam's state (12 = fp32 master + two fp32 moments: the 16 B/param of mixed-precision Adam).
+    `flash_attention`: fused attention (costmodel and plan_memory price it; docs/whatif.md).
     """
 
     layers: int
@@ -45,6 +46,10 @@ class ModelSpec:
     grad_bytes: int = 2
     optimizer_bytes_per_param: int = 12
     params: int | None = None  # as given (`--params`); None: count_params() of the dims
+    # FlashAttention-style fused attention: the s×s scores are never stored (no 5as²b of
+    # activations, no softmax/dropout HBM traffic) and backward recomputes them (2.5x the core's
+    # forward FLOPs instead of 2x). False: Megatron's unfused attention, as Korthikanti et al. 2022.
+    flash_attention: bool = False
 
     @property
     def head_dim(self) -> int:

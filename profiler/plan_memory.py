@@ -25,10 +25,11 @@ from profiler.layout import Layout, ModelSpec
 
 
 def layer_activation_bytes(b: int, s: int, h: int, heads: int, ffn: int, t: int = 1, sp: bool = False,
-                           recompute: str = "none", top_k: int = 0, cp: int = 1) -> float:
+                           recompute: str = "none", top_k: int = 0, cp: int = 1, flash: bool = False) -> float:
     """Bytes one layer keeps for backward for one microbatch (the module docstring's terms).
     selective: the attention core (5as²b) is recomputed, not kept; full: only the layer input 2sbh
     (/t with sp) -- the layer being recomputed is counted separately (`recompute_working_bytes`).
+    flash: the core is never stored either, only its fp32 log-sum-exp per row (4asb/t).
     A MoE MLP keeps its tensors for k experts per token (f -> k·f)."""
     sl = s // cp
     sbh = float(sl * b * h)
@@ -38,6 +39,8 @@ def layer_activation_bytes(b: int, s: int, h: int, heads: int, ffn: int, t: int 
     split = 8 + 4 * f_eff / h  # Q, K, V, out-projection input, GELU in/out: split by tp
     rest = 10.0  # LN outputs/inputs, dropout masks, MLP-up input: split only by sp
     core = 0.0 if recompute == "selective" else 5.0 * heads * sl * s * b
+    if flash:
+        core = 4.0 * heads * sl * b
     if sp:
         return (sbh * (rest + split) + core) / t
     return sbh * (rest + split / t) + core / t
@@ -71,10 +74,10 @@ def recompute_working_bytes(spec: ModelSpec, layout: Layout) -> float:
     if layout.recompute != "full":
         return 0.0
     return layer_activation_bytes(layout.microbatch, spec.seq, spec.hidden, spec.heads, spec.ffn, layout.tp,
-                                  layout.sp, "none", spec.top_k if spec.moe else 0, layout.cp)
+                                  layout.sp, "none", spec.top_k if spec.moe else 0, layout.cp, spec.flash_attention)
 
 
-def _stage_params(spec: ModelSpec, layout: Layout, stage: int) -> tuple[float, float, float]:
+def stage_params(spec: ModelSpec, layout: Layout, stage: int) -> tuple[float, float, float]:
     """(dense, expert, one layer's gathered) parameter counts on one GPU of pipeline `stage`:
     its L/p layers' weights over tp (LayerNorms replicated), experts over ep·tp; the embedding
     (V·h/t vocabulary-parallel, positions s·h) on the first stage, the final norm and the head
@@ -97,7 +100,7 @@ def _stage_params(spec: ModelSpec, layout: Layout, stage: int) -> tuple[float, f
 
 
 def _stage_memory(spec: ModelSpec, layout: Layout, stage: int) -> dict[str, float]:
-    dense, expert, layer = _stage_params(spec, layout, stage)
+    dense, expert, layer = stage_params(spec, layout, stage)
     n_dense = layout.dp * layout.cp  # replicas of a dense weight (ZeRO shards over them)
     n_exp = max(1, n_dense // layout.ep)
     pb, gb, ob = spec.param_bytes, spec.grad_bytes, spec.optimizer_bytes_per_param
@@ -110,8 +113,9 @@ def _stage_memory(spec: ModelSpec, layout: Layout, stage: int) -> dict[str, floa
     k_top = spec.top_k if spec.moe else 0
     held, mbs = in_flight(layout, spec.layers, stage)
     moe_frac = (1.0 / spec.moe_every) if spec.moe else 0.0
-    per_dense = layer_activation_bytes(b, s, h, spec.heads, spec.ffn, t, layout.sp, layout.recompute, 0, layout.cp)
-    per_moe = (layer_activation_bytes(b, s, h, spec.heads, spec.ffn, t, layout.sp, layout.recompute, k_top, layout.cp)
+    fl = spec.flash_attention
+    per_dense = layer_activation_bytes(b, s, h, spec.heads, spec.ffn, t, layout.sp, layout.recompute, 0, layout.cp, fl)
+    per_moe = (layer_activation_bytes(b, s, h, spec.heads, spec.ffn, t, layout.sp, layout.recompute, k_top, layout.cp, fl)
                if moe_frac else 0.0)
     acts = held * ((1 - moe_frac) * per_dense + moe_frac * per_moe) + recompute_working_bytes(spec, layout)
     sbh = b * (s // layout.cp) * h

@@ -1,0 +1,213 @@
+"""What `ptprof plan` prints and writes: the ranked table, why the best layouts win (from their
+step breakdowns, against the next one and against the rule of thumb), and the JSON report
+(schema ptprof.plan/1). Plain strings and dicts; profiler.cli_whatif does the I/O.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from profiler.cluster import Cluster
+from profiler.commcost import group_link
+from profiler.layout import Estimate, Layout, ModelSpec, group_stride
+from profiler.plan import PlanResult
+
+SCHEMA = "ptprof.plan/1"
+WIDTH = 100
+WHY_TOP = 3  # layouts that get a "why" line
+TIE_PCT = 0.5  # closer than this is called a tie: well inside the model's error
+SCHEDULE_SHORT = {"1f1b": "1f1b", "gpipe": "gpipe", "zero-bubble": "zb", "interleaved-1f1b": "i1f1b"}
+RC_SHORT = {"selective": "rc=sel", "full": "rc=full"}
+
+
+def compact(layout: Layout) -> str:
+    """A table cell: `dp=16 tp=8 pp=8 z1 mb=1x96 i1f1b v=3 rc=sel sp` (the legend under the table)."""
+    parts = [f"dp={layout.dp}", f"tp={layout.tp}", f"pp={layout.pp}"]
+    parts += [f"ep={layout.ep}"] * (layout.ep > 1) + [f"z{layout.zero}", f"mb={layout.microbatch}x{layout.microbatches}"]
+    if layout.pp > 1:
+        parts.append(SCHEDULE_SHORT[layout.schedule] + (f" v={layout.stages_per_rank}" if layout.stages_per_rank > 1 else ""))
+    parts += [RC_SHORT[layout.recompute]] if layout.recompute in RC_SHORT else []
+    parts += ["sp"] * layout.sp
+    return " ".join(parts)
+
+
+def exposed_comm_s(est: Estimate) -> float:
+    return sum(v for k, v in est.breakdown_s.items() if k.startswith("comm_exposed"))
+
+
+def _placement(layout: Layout, dim: str, cluster: Cluster) -> str:
+    size = {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "cp": layout.cp}.get(dim)
+    if size is None:
+        return ""
+    if size == 1:
+        return f"{dim}=1"
+    link = group_link(cluster, size, group_stride(layout, dim))
+    where = "inside a node" if link is cluster.intra else "across nodes"
+    return f"{dim}={size} on {link.name} ({where})"
+
+
+def _term(key: str, a: Estimate, b: Estimate, cluster: Cluster) -> str:
+    """One breakdown term where `a` spends less than `b`, with the layout difference behind it."""
+    va, vb = a.breakdown_s.get(key, 0.0), b.breakdown_s.get(key, 0.0)
+    la, lb = a.layout, b.layout
+    if key.startswith("comm_exposed"):
+        dim = key.partition(":")[2]
+        pa, pb = _placement(la, dim, cluster), _placement(lb, dim, cluster)
+        where = pa if pa == pb else f"{pa} vs {pb}"
+        if pa != pb and pa.partition(" on ")[2] == pb.partition(" on ")[2]:  # same link: say it once
+            where = f"{pa.partition(' on ')[0]} vs {pb.partition(' on ')[0]}, both on {pa.partition(' on ')[2]}"
+        extra = f"; zero={la.zero} vs {lb.zero}" if dim == "dp" and la.zero != lb.zero else ""
+        return f"less exposed {dim or 'comm'} comm {va:.3g} vs {vb:.3g} s ({where}{extra})"
+    if key == "bubble":
+        def desc(l: Layout, e: Estimate) -> str:
+            v = f" v={l.stages_per_rank}" if l.stages_per_rank > 1 else ""
+            return f"{100 * e.breakdown_s.get('bubble', 0.0) / e.step_s:.1f} % ({l.schedule}{v}, pp={l.pp}, m={l.microbatches})"
+        return f"bubble {desc(la, a)} vs {desc(lb, b)}"
+    if key.startswith("compute") or key.startswith("recompute"):
+        why = []
+        if la.recompute != lb.recompute:
+            why.append(f"recompute {la.recompute} vs {lb.recompute}")
+        if la.microbatch != lb.microbatch:
+            why.append(f"microbatch {la.microbatch} vs {lb.microbatch}")
+        for dim in ("tp", "pp", "ep"):  # tp splits the GEMMs; pp and ep move the head and the experts
+            if getattr(la, dim) != getattr(lb, dim):
+                why.append(f"{dim}={getattr(la, dim)} vs {getattr(lb, dim)}")
+        return f"{key} {va:.3g} vs {vb:.3g} s" + (f" ({', '.join(why)})" if why else "")
+    return f"{key} {va:.3g} vs {vb:.3g} s"
+
+
+def why(a: Estimate, b: Estimate, cluster: Cluster, label: str) -> str:
+    """`a` against `b` in one phrase: how much faster, and the (at most two) terms that make it."""
+    gap_pct = 100 * (b.step_s - a.step_s) / b.step_s
+    keys = set(a.breakdown_s) | set(b.breakdown_s)
+    gains = sorted(((b.breakdown_s.get(k, 0.0) - a.breakdown_s.get(k, 0.0), k) for k in keys), reverse=True)
+    # the terms that make the gap: at most two, each at least a tenth of it (or of the step, in a tie)
+    floor = 0.1 * max(b.step_s - a.step_s, TIE_PCT / 100 * b.step_s)
+    terms = [_term(k, a, b, cluster) for d, k in gains[:2] if d > floor]
+    if gap_pct < TIE_PCT:
+        head = f"ties {label} ({gap_pct:.2f} % faster: inside the model's error)"
+        ma, mb = a.memory_bytes.get("total", 0), b.memory_bytes.get("total", 0)
+        if ma < mb:
+            head += f", less memory {ma / 2**30:.1f} vs {mb / 2**30:.1f} GiB"
+        if gains and gains[-1][0] < 0 and terms:  # a trade: what it gains and what it pays
+            lost = gains[-1][1]
+            name = f"exposed {lost.partition(':')[2]} comm" if lost.startswith("comm_exposed:") else lost
+            head += (f": {terms[0]}, but more {name} {a.breakdown_s.get(lost, 0.0):.3g} vs "
+                     f"{b.breakdown_s.get(lost, 0.0):.3g} s")
+        return head
+    return f"{gap_pct:.1f} % faster than {label}: " + "; ".join(terms or ["no single term"])
+
+
+def why_lines(result: PlanResult, cluster: Cluster, top: int = WHY_TOP) -> list[str]:
+    """'#1: ...' for the top layouts: against the next one and (for #1) the rule of thumb."""
+    out, ranked, rule = [], result.ranked, result.rule_of_thumb
+    for i, est in enumerate(ranked[:top]):
+        parts = []
+        if i + 1 < len(ranked):
+            parts.append(why(est, ranked[i + 1], cluster, f"#{i + 2}"))
+        if i == 0 and rule is not None and rule.layout != est.layout:
+            parts.append(why(est, rule, cluster, "the rule of thumb"))
+        if parts:
+            out.append(f"#{i + 1}: " + "; ".join(parts))
+    return out
+
+
+def _gib(n: int | float) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def _wrap(line: str, indent: str = "  ") -> list[str]:
+    return textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [""]
+
+
+def header_lines(spec: ModelSpec, gpus: int, cluster: Cluster, checked_params: str) -> list[str]:
+    nodes = -(-gpus // cluster.gpus_per_node)
+    moe = f", MoE {spec.experts} experts top-{spec.top_k}" if spec.moe else ""
+    moe += ", flash attention" if getattr(spec, "flash_attention", False) else ""
+    lines = [f"model: {spec.count_params() / 1e9:,.2f} B params{checked_params}; {spec.layers} layers, hidden "
+             f"{spec.hidden}, {spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}{moe}",
+             f"batch: {spec.global_batch:,} sequences = {spec.tokens_per_step:,} tokens/step",
+             f"cluster: {cluster.name} ({cluster.peak_tflops:g} TFLOP/s, {cluster.hbm_gib:g} GiB HBM, "
+             f"{cluster.gpus_per_node} GPUs/node; inside a node {cluster.intra.bw_gbps:g} GB/s ({cluster.intra.name}), "
+             f"between nodes {cluster.inter.bw_gbps:g} GB/s per GPU ({cluster.inter.name})); "
+             f"G = {gpus:,} GPUs = {nodes:,} nodes"]
+    return [w for line in lines for w in _wrap(line)]
+
+
+def table_lines(result: PlanResult, top: int) -> list[str]:
+    head = f"{'rank':>4} {'step s':>8} {'MFU %':>6} {'mem GiB':>8} {'comm s':>7} {'bubble':>6}  layout"
+    out = [head]
+    for i, est in enumerate(result.ranked[:top]):
+        mfu = f"{est.mfu_pct:.1f}" if est.mfu_pct is not None else "-"
+        bubble = 100 * est.breakdown_s.get("bubble", 0.0) / est.step_s
+        out.append(f"{i + 1:>4} {est.step_s:>8.3g} {mfu:>6} {_gib(est.memory_bytes.get('total', 0)):>8} "
+                   f"{exposed_comm_s(est):>7.3g} {bubble:>5.1f}%  {compact(est.layout)}")
+    return out
+
+
+def refused_lines(result: PlanResult) -> list[str]:
+    parts = [f"{n:,} {k}" for k, n in result.refused.items() if n]
+    line = (f"searched {result.considered:,} layouts of {result.splits} dividing splits in {result.seconds:.1f} s: "
+            f"{len(result.ranked):,} ranked ({result.evaluated:,} estimates); dropped: " + "; ".join(parts))
+    out = _wrap(line)
+    if result.pruning_check:
+        out += _wrap("pruning check: " + result.pruning_check)
+    return out
+
+
+def rule_line(result: PlanResult) -> list[str]:
+    rule = result.rule
+    if rule is None:
+        return []
+    if rule.layout is None:
+        return _wrap(f"rule of thumb: {rule.why}")
+    if result.rule_of_thumb is None:
+        return _wrap(f"rule of thumb: {compact(rule.layout)} -- the cost model finds it does not fit ({rule.why})")
+    est, best = result.rule_of_thumb, result.ranked[0] if result.ranked else None
+    slower = f", {100 * (est.step_s / best.step_s - 1):.1f} % slower than #1" if best else ""
+    return _wrap(f"rule of thumb: {compact(rule.layout)}: {est.step_s:.3g} s, rank {result.rule_of_thumb_rank:,} "
+                 f"of {len(result.ranked):,} ranked{slower} ({rule.why})")
+
+
+def format_plan(spec: ModelSpec, gpus: int, cluster: Cluster, result: PlanResult, top: int,
+                checked_params: str = "") -> str:
+    lines = header_lines(spec, gpus, cluster, checked_params) + [""] + refused_lines(result) + [""]
+    lines += table_lines(result, top)
+    lines += _wrap(f"  HBM {cluster.hbm_gib:g} GiB per GPU; comm s: exposed communication; bubble: pipeline idle share "
+                   "of the step; z: ZeRO stage (3 = FSDP); mb=BxM: microbatch B sequences, M per step; "
+                   "i1f1b: interleaved-1f1b, zb: zero-bubble; rc: recompute", "  ")
+    lines += [""] + [w for line in why_lines(result, cluster) for w in _wrap(line)]
+    lines += rule_line(result)
+    if result.ranked and result.ranked[0].dominant:
+        lines += _wrap(f"uncertainty: #1's step moves most with {result.ranked[0].dominant}")
+    lines += ["", "assumptions:"]
+    lines += [w for a in result.assumptions for w in _wrap("- " + a, "  ")]
+    return "\n".join(lines)
+
+
+def plan_json(spec: ModelSpec, gpus: int, cluster_dict: dict, result: PlanResult, top: int, cluster: Cluster) -> dict:
+    """The ptprof.plan/1 report (docs/whatif.md, "Plan")."""
+    inputs = {k: getattr(spec, k) for k in spec.__dataclass_fields__}
+    inputs.update(params_counted=spec.count_params(), gpus=gpus, tokens_per_step=spec.tokens_per_step)
+    rule = result.rule
+    return {
+        "schema": SCHEMA,
+        "inputs": inputs,
+        "cluster": cluster_dict,
+        "ranked": [dict(e.as_dict(), rank=i + 1) for i, e in enumerate(result.ranked[:top])],
+        "ranked_total": len(result.ranked),
+        "considered": result.considered,
+        "evaluated": result.evaluated,
+        "refused": dict(result.refused),
+        "pruning_check": result.pruning_check,
+        "why": why_lines(result, cluster),
+        "rule_of_thumb": {
+            "layout": rule.layout.as_dict() if rule and rule.layout else None,
+            "layout_text": rule.layout.short() if rule and rule.layout else None,
+            "why": rule.why if rule else None,
+            "rank": result.rule_of_thumb_rank,
+            "estimate": result.rule_of_thumb.as_dict() if result.rule_of_thumb else None,
+        },
+        "assumptions": list(result.assumptions),
+        "seconds": result.seconds,
+    }

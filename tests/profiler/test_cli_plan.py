@@ -1,0 +1,127 @@
+"""`ptprof plan` (profiler.cli_whatif.plan_main): clear one-line errors with exit 2, and the
+printed plan and its --json (ptprof.plan/1) with the real cost model on a small G."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from profiler.cli_whatif import plan_main
+
+# a 1.3 B-class GPT (GPT-3 XL dims: 24 layers, hidden 2048, 16 heads; seq 2048, vocab 51200)
+MODEL = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "2048", "--global-batch", "64"]
+
+
+def _run(capsys, argv):
+    code = plan_main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line_error(err: str) -> str:
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ptprof plan: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--gpus", "8", "--cluster", "no-such-preset"], ["no-such-preset"]),
+    (["--gpus", "8", "--cluster", "h100", "--moe", "8"], ["--moe", "E,k"]),
+    (["--gpus", "8", "--cluster", "h100", "--moe", "2,3"], ["--moe", "1 <= k <= E"]),
+    (["--gpus", "8", "--cluster", "h100", "--moe", "a,b"], ["--moe"]),
+])
+def test_bad_cluster_and_moe_are_one_line(capsys, argv, words):
+    code, out, err = _run(capsys, MODEL + argv)
+    line = _one_line_error(err)
+    assert code == 2 and out == ""
+    assert all(w in line for w in words), line
+
+
+def test_heads_not_dividing_hidden(capsys):
+    argv = ["--layers", "24", "--hidden", "2048", "--heads", "24", "--seq", "2048", "--global-batch", "64",
+            "--gpus", "8", "--cluster", "h100"]
+    code, _, err = _run(capsys, argv)
+    line = _one_line_error(err)
+    assert code == 2 and "2048" in line and "24" in line
+
+
+def test_params_far_from_the_dims_is_refused_naming_both(capsys):
+    # the dims give 2·51200·2048 (embedding, head) + 2048·2048 (positions) + 24·(4·2048² + 4·2048
+    #   + 2·2048·8192) (blocks) + 2·2048 (final norm) = 209,715,200 + 4,194,304 + 24·50,339,840 + 4,096
+    #   = 1,422,069,760
+    code, _, err = _run(capsys, MODEL + ["--gpus", "8", "--cluster", "h100", "--params", "1e9"])
+    line = _one_line_error(err)
+    assert code == 2 and "1,000,000,000" in line and "1,422,069,760" in line
+    # 1.35e9 is 5.4 % off: accepted (checked below by the run that prints)
+
+
+def test_json_folder_must_exist_before_the_work(capsys, tmp_path):
+    code, _, err = _run(capsys, MODEL + ["--gpus", "8", "--cluster", "h100", "--json", str(tmp_path / "no" / "p.json")])
+    assert code == 2 and "folder does not exist" in _one_line_error(err)
+
+
+def test_nothing_fits_names_the_smallest_need_and_the_hbm(capsys, tmp_path):
+    # 175 B-class dims on 8 GPUs of 80 GiB: 16 B/param of state alone is 2.8 TB / 8 = 350 GB per GPU
+    argv = ["--layers", "96", "--hidden", "12288", "--heads", "96", "--seq", "2048", "--global-batch", "8",
+            "--gpus", "8", "--cluster", "h100"]
+    code, out, err = _run(capsys, argv)
+    line = _one_line_error(err)
+    assert code == 2 and out == ""
+    assert "nothing fits" in line and "80 GiB" in line and "GiB per GPU" in line
+
+
+def test_plan_prints_and_writes_json(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    code, out, err = _run(capsys, MODEL + ["--gpus", "16", "--cluster", "h100", "--params", "1.35e9", "--top", "5",
+                                           "--json", str(path)])
+    assert code == 0, err
+    assert all(len(line) <= 100 for line in out.splitlines())
+    assert "5.3 % off" in out  # |1,422,069,760 - 1,350,000,000| / 1.35e9 = 5.34 %
+    assert "rule of thumb:" in out and "compute efficiency is assumed" in out and "uncertainty: #1" in out
+    report = json.loads(path.read_text())
+    assert report["schema"] == "ptprof.plan/1"
+    for key in ("inputs", "cluster", "ranked", "refused", "rule_of_thumb", "assumptions", "why"):
+        assert key in report
+    assert report["inputs"]["gpus"] == 16 and report["inputs"]["params_counted"] == 1_422_069_760
+    assert len(report["ranked"]) == 5 and [r["rank"] for r in report["ranked"]] == [1, 2, 3, 4, 5]
+    steps = [r["step_s"] for r in report["ranked"]]
+    assert steps == sorted(steps) and all(r["fits"] for r in report["ranked"])
+    assert report["cluster"]["gpus_per_node"] == 8
+
+
+def test_why_names_the_terms_that_make_the_gap_and_the_links():
+    from profiler.cluster import Cluster, Link
+    from profiler.layout import Estimate, Layout
+    from profiler.plan_report import why
+
+    cluster = Cluster(name="t", peak_tflops=1000.0, hbm_gib=80.0, hbm_gbps=3000.0, gpus_per_node=8,
+                      intra=Link("nvlink", 450.0, 3.0), inter=Link("ib", 50.0, 10.0))
+
+    def est(layout, **terms):
+        return Estimate(layout=layout, step_s=sum(terms.values()), breakdown_s=terms, mfu_pct=None,
+                        memory_bytes={"total": 0}, hbm_bytes=cluster.hbm_bytes, fits=True)
+
+    # a: tp=8 in a node, 1f1b with v=3; b: tp=16 over two nodes. Steps 10.0 vs 12.5 s: 20 % faster.
+    a = est(Layout(dp=2, tp=8, pp=4, schedule="interleaved-1f1b", stages_per_rank=3, microbatches=16),
+            compute=9.0, **{"comm_exposed:tp": 0.5, "bubble": 0.5})
+    b = est(Layout(dp=1, tp=16, pp=4, microbatches=32), compute=9.0, **{"comm_exposed:tp": 2.0, "bubble": 1.5})
+    line = why(a, b, cluster, "#2")
+    assert line.startswith("20.0 % faster than #2: ")
+    assert "less exposed tp comm 0.5 vs 2 s (tp=8 on nvlink (inside a node) vs tp=16 on ib (across nodes))" in line
+    assert "bubble 5.0 % (interleaved-1f1b v=3, pp=4, m=16) vs 12.0 % (1f1b, pp=4, m=32)" in line
+    # 10.0 vs 10.04 s: a 0.4 % gap is a tie, and the line says what the tie trades
+    c = est(Layout(dp=2, tp=8, pp=4, microbatches=16), compute=9.54, **{"comm_exposed:tp": 0.5})
+    assert why(a, c, cluster, "#2").startswith("ties #2 (0.40 % faster")
+
+
+def test_flash_attention_is_passed_on_and_said(capsys):
+    argv = MODEL + ["--gpus", "8", "--cluster", "h100", "--top", "1"]
+    code, plain, _ = _run(capsys, argv)
+    code_fa, flash, _ = _run(capsys, argv + ["--flash-attention"])
+    assert code == code_fa == 0
+    assert "flash attention" in flash and "flash attention" not in plain.split("\n")[0]
+    # fused attention keeps no scores: #1's memory differs (the costmodel tests give the numbers)
+    assert plain.split("rank ")[1] != flash.split("rank ")[1]
