@@ -52,7 +52,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", required=True, help="section (b): this machine's CPU ranks")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--paradigms", default="zero1,zero2,fsdp,tp,1f1b,gpipe,ep")
+    ap.add_argument("--paradigms", default="zero1,zero2,fsdp,tp,1f1b,gpipe,ep,ring")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--active", type=int, default=3)
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")

@@ -249,7 +249,7 @@ def own_layout_step(work: RunWork, cluster: Cluster, source: Cluster, layout: La
 def _by_dim(exposed_s: float, rows_t: pl.DataFrame) -> dict[str, float]:
     """The exposed communication as `comm_exposed:<dim>` keys (as profiler.costmodel's), split in
     proportion to each dim's predicted communication time (sp's rows are the tp group's)."""
-    per = (rows_t.filter(pl.col("target_s").is_not_null())
+    per = (rows_t.filter(pl.col("target_s").is_not_null() & pl.col("step").is_null())  # every step's rows
            .with_columns(dim=pl.col("dim").replace({"sp": "tp"}))
            .group_by("dim").agg(pl.col("target_s").sum()).filter(pl.col("target_s") > 0))
     total = per["target_s"].sum() if per.height else 0.0
@@ -299,7 +299,7 @@ def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: 
     n = (pl.col("compute_us") * us - pl.col("a_src")).clip(0)  # compute outside the action spans
     resid = (pl.col("window_us") * us - pl.col("m_src") - n - pl.col("p2p_src")).clip(0)
     return st.with_columns(compute_t=pl.col("a_t") + n * pl.col("rho"),
-                           bubble=pl.col("m_t") - pl.col("a_t"),
+                           bubble=(pl.col("m_t") - pl.col("a_t")).clip(0),
                            exposed=pl.col("p2p_t") + pl.col("comm_t_s"),
                            other=resid)
 
@@ -378,6 +378,9 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
         assumptions.append(mem_why)
     peak = cluster.peak_tflops * 1e12
     mfu = 100.0 * model_flops_per_step(spec) / (step_s * target.gpus * peak) if step_s > 0 else None
+    if not (math.isfinite(step_s) and step_s > 0) or any(not math.isfinite(v) or v < 0 for v in breakdown.values()):
+        raise ValueError(f"{run_dir}: the projection gives no usable step ({step_s!r} s; breakdown {breakdown}): "
+                         "a damaged trace or cluster?")
     ours = _dominant(breakdown, step_s, cov, target == own)
     # another layout: the cost model names its own dominant efficiency, unless the carried-over host time outweighs it
     dominant = ours if target == own or max(breakdown, key=breakdown.get) == "other" else other_dominant
