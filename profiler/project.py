@@ -16,7 +16,7 @@ Pipelines: the schedule's order replayed with each action's duration × its own 
 the compute outside actions N scaled at ρ, and the rest of the measured step beyond the replay,
 R = W − M_src − N − P_src, carried over with its p2p time P re-timed on the target:
     step_t = M_t + ρ·N + R + P_t
-The job's step: the slowest rank's, averaged over the profiled steps.
+The job's step: the slowest rank's mean over the profiled steps; measured: the mean window.
 """
 
 from __future__ import annotations
@@ -236,11 +236,15 @@ def own_layout_step(work: RunWork, cluster: Cluster, source: Cluster, layout: La
     else:
         st = _pipeline_terms(work, ops, st, rows_t, rows_src)
     st = st.with_columns(step_t=pl.col("compute_t") + pl.col("exposed") + pl.col("bubble") + pl.col("other"))
-    # The job's step: per profiled step the slowest rank, then the mean over steps.
-    slow = st.sort("step_t", descending=True).group_by("step").first()
+    # The job's step: the slowest rank's mean over the profiled steps (the others wait for it). The
+    # measured step: the mean window over ranks and steps -- in a synchronous job every rank takes the
+    # same time per step on average; a max over ranks per step would pick one rank's late wait.
+    cols = ["step_t", "compute_t", "exposed", "bubble", "other", "comm_t_s"]
+    per_rank = st.group_by("rank").agg(pl.col(cols).mean())
+    slow = per_rank.sort("step_t", "rank", descending=[True, False]).head(1)
     parts = {"compute": slow["compute_t"].mean(), **_by_dim(slow["exposed"].mean(), rows_t),
              "bubble": slow["bubble"].mean(), "other": slow["other"].mean()}
-    measured = work.steps.group_by("step").agg(pl.col("window_us").max())["window_us"].mean() * us
+    measured = work.steps["window_us"].mean() * us
     return {"step_s": float(slow["step_t"].mean()), "breakdown_s": {k: float(v) for k, v in parts.items() if v},
             "measured_step_s": float(measured), "per_step": st, "rho": rho_all, "comm_why": why,
             "comm_t_s": float(slow["comm_t_s"].mean()), "pipeline": pipeline}
