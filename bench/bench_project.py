@@ -5,12 +5,15 @@
 Profiles `ptprof run ddp --gpus 2` (gloo ranks on the CPU) `--repeats` times, calibrates the CPU
 "cluster" from the first ddp run (op throughput from its ops, gloo α–β from its collectives:
 profiler.project.calibrate_cluster), then runs every other paradigm at 2 ranks `--repeats` times
-and predicts each run's measured step on that cluster two ways:
+and predicts each run's measured step on that cluster two ways (and again from the first run of
+each other `--calibrate-from` paradigm: a ddp run has one message size, which cannot separate
+gloo's per-call latency α from its bandwidth; an fsdp run has several):
 
 - trace: the run's own trace projected onto the ddp-calibrated cluster (its ops re-timed with the
   ddp run's throughput, its communication under the ddp run's α–β: `ptprof project RUN --cluster DDP_RUN`);
 - layout: the ddp run projected to the paradigm's layout (`ptprof project DDP_RUN --cluster DDP_RUN
   --layout ...`: the analytical cost model scaled by the ddp run's trace-driven compute).
+Runs already in `--out` (a folder of an earlier bench) are reused.
 
 Error = predicted / measured - 1, the mean over the repeats per paradigm. Other work on the machine
 shares its cores, so timings are noisy. (A separate file from bench_whatif.py, whose section (a)
@@ -53,41 +56,48 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", required=True, help="section (b): this machine's CPU ranks")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--paradigms", default="zero1,zero2,fsdp,tp,1f1b,gpipe,ep,ring")
+    ap.add_argument("--calibrate-from", default="ddp,fsdp",
+                    help="paradigms whose first run is a calibration source, each with its own table (default ddp,fsdp)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--active", type=int, default=3)
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-project-"))
-    ddp = [run_once("ddp", out, f"ddp-{i}", args.steps, args.active) for i in range(args.repeats)]
-    base = measure_run(ddp[0])
-    cluster = calibrate(base)
-    print(f"calibrated from {ddp[0].name}: peak {cluster.peak_tflops * 1e3:.2f} GFLOP/s, memory-bound "
-          f"{cluster.hbm_gbps:.2f} GB/s, link {cluster.intra.bw_gbps:.3f} GB/s + {cluster.intra.latency_us:.0f} µs")
-    rows = {"ddp": ddp[1:]}
-    for paradigm in [p for p in args.paradigms.split(",") if p]:
-        rows[paradigm] = [run_once(paradigm, out, f"{paradigm}-{i}", args.steps, args.active) for i in range(args.repeats)]
-    print(f"\n{'paradigm':<10} {'runs':>4} {'measured ms':>12} {'trace ms':>10} {'err':>7} {'layout ms':>10} {'err':>7}")
-    for paradigm, runs in rows.items():
-        if not runs:
-            continue
-        meas, pred, tr, lay = [], [], [], []
-        for run in runs:
-            d = project_details(str(run), cluster)
-            meas.append(d["measured_step_s"])
-            pred.append(d["estimate"].step_s)
-            tr.append(d["estimate"].step_s / d["measured_step_s"] - 1)
-            spec = LAYOUTS.get(paradigm)
-            if spec:
-                try:
-                    e = project_details(str(ddp[0]), cluster, layout=spec, work=base)["estimate"]
-                    lay.append((e.step_s, e.step_s / d["measured_step_s"] - 1))
-                except ValueError as err:
-                    print(f"  {paradigm}: layout {spec}: {err}")
-        m = statistics.mean(meas) * 1e3
-        t = statistics.mean(tr)
-        lay_ms = f"{statistics.mean(x for x, _ in lay) * 1e3:10.2f}" if lay else f"{'-':>10}"
-        lay_err = f"{100 * statistics.mean(e for _, e in lay):+6.1f}%" if lay else f"{'-':>7}"
-        print(f"{paradigm:<10} {len(runs):>4} {m:12.2f} {statistics.mean(pred) * 1e3:10.2f} {100 * t:+6.1f}% {lay_ms} {lay_err}")
+    sources = [p for p in args.calibrate_from.split(",") if p]
+    paradigms = list(dict.fromkeys(["ddp", *sources, *(p for p in args.paradigms.split(",") if p)]))
+    runs = {p: [out / f"{p}-{i}" if (out / f"{p}-{i}" / "run.json").is_file()
+                else run_once(p, out, f"{p}-{i}", args.steps, args.active) for i in range(args.repeats)]
+            for p in paradigms}
+    for source in sources:
+        base = measure_run(runs[source][0])
+        cluster = calibrate(base)
+        print(f"\ncalibrated from {runs[source][0].name}: peak {cluster.peak_tflops * 1e3:.2f} GFLOP/s, memory-bound "
+              f"{cluster.hbm_gbps:.2f} GB/s, link {cluster.intra.bw_gbps:.3f} GB/s + {cluster.intra.latency_us:.0f} µs")
+        print(f"{'paradigm':<10} {'runs':>4} {'measured ms':>12} {'trace ms':>10} {'err':>7} {'layout ms':>10} {'err':>7}")
+        for paradigm in paradigms:
+            todo = runs[paradigm][1:] if paradigm == source else runs[paradigm]
+            if not todo:
+                continue
+            meas, pred, lay = [], [], []
+            for run in todo:
+                d = project_details(str(run), cluster)
+                meas.append(d["measured_step_s"])
+                pred.append(d["estimate"].step_s)
+                spec = LAYOUTS.get(paradigm)
+                if spec:
+                    try:
+                        lay.append(project_details(str(runs[source][0]), cluster, layout=spec, work=base)["estimate"].step_s)
+                    except ValueError as err:
+                        print(f"  {paradigm}: layout {spec}: {err}")
+            m, p = statistics.mean(meas), statistics.mean(pred)
+            err = statistics.mean(q / r - 1 for q, r in zip(pred, meas))
+            cells = f"{m * 1e3:12.2f} {p * 1e3:10.2f} {100 * err:+6.1f}%"
+            if lay:
+                lay_err = statistics.mean(q / r - 1 for q, r in zip(lay, meas))
+                cells += f" {statistics.mean(lay) * 1e3:10.2f} {100 * lay_err:+6.1f}%"
+            else:
+                cells += f" {'-':>10} {'-':>7}"
+            print(f"{paradigm:<10} {len(todo):>4} {cells}")
     print(f"\nruns in {out}")
     return 0
 

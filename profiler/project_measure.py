@@ -202,22 +202,20 @@ def device_preset(work: RunWork) -> Cluster | None:
 # Calibration: the cluster a run was measured on
 
 
-def fit_link(colls: pl.DataFrame) -> tuple[Link, str]:
+def fit_link(colls: pl.DataFrame, *, bw_prior_gbps: float | None = None) -> tuple[Link, str]:
     """One α–β link from a run's collectives (profiler.commcost's model): time = steps·α +
-    traffic/bw over every call with a size, least squares over each (kind, size, group):
-    a collective's mean call, the fastest point-to-point call. (link, how) -- how says what was fitted or assumed."""
+    traffic/bw, least squares over the fastest call of each (kind, size, group) -- a call that
+    waited for a late peer (or a receive that waited out the peer's compute) is slower, never
+    faster, than the transfer (as profiler.alphabeta's fastest_per_size), sends and receives pooled.
+    Sizes that cannot separate α from β (one size, or a fit with a negative term): bw =
+    `bw_prior_gbps` and α the rest where given, else α = 0. (link, how): what was fitted or assumed."""
     if colls.is_empty() or "size_bytes" not in colls.columns:
         return Link("none measured", 1.0, 0.0), "no collectives in the run: link 1 GB/s, 0 µs assumed (no communication to project)"
-    # Point-to-point calls block until the peer's message arrives (a pipeline's recv waits out the
-    # peer's compute): the fastest p2p call of a size, sends and receives pooled, is the transfer.
-    # A collective's mean call is what the run's steps paid for it (late peers included).
     c = (colls.filter(pl.col("collective").is_in(list(TRAFFIC_FACTOR)) & pl.col("size_bytes").is_not_null()
                       & (pl.col("size_bytes") > 0) & (pl.col("dur_us") > 0) & pl.col("group_size").is_not_null())
          .with_columns(collective=pl.when(pl.col("collective").is_in(P2P_KINDS)).then(pl.lit("send"))
                        .otherwise(pl.col("collective")))
-         .group_by("collective", "size_bytes", "group_size")
-         .agg(dur_us=pl.when(pl.col("collective").first() == "send").then(pl.col("dur_us").min())
-              .otherwise(pl.col("dur_us").mean()), n=pl.len())
+         .group_by("collective", "size_bytes", "group_size").agg(pl.col("dur_us").min(), n=pl.len())
          .sort("collective", "size_bytes", "group_size"))  # a fixed order: the same fit every time
     if c.is_empty():
         return Link("none measured", 1.0, 0.0), "no sized collectives: link 1 GB/s, 0 µs assumed"
@@ -225,17 +223,17 @@ def fit_link(colls: pl.DataFrame) -> tuple[Link, str]:
     x_lat = np.array([latency_steps(k, max(g, 2)) for k, g in zip(kinds, groups)], float)
     x_bytes = np.array([TRAFFIC_FACTOR[k](max(g, 2)) * s for k, s, g in zip(kinds, sizes, groups)], float)
     t = np.array(dur, float) * 1e-6
-    w = np.sqrt(np.array(n, float))
-    how = f"α–β least squares over {sum(n)} calls ({len(t)} kind/size points)"
-    alpha_s = inv_bw = None
+    how = f"α–β least squares over the fastest of {sum(n)} calls ({len(t)} kind/size points)"
     if len(t) >= 2 and np.linalg.matrix_rank(np.c_[x_lat, x_bytes]) == 2:
-        (a, b), *_ = np.linalg.lstsq(np.c_[x_lat, x_bytes] * w[:, None], t * w, rcond=None)
+        (a, b), *_ = np.linalg.lstsq(np.c_[x_lat, x_bytes], t, rcond=None)
         if a >= 0 and b > 0:
-            alpha_s, inv_bw = a, b
-    if alpha_s is None:  # one size, or a fit with a negative term: all of the time as bandwidth
-        alpha_s, inv_bw = 0.0, float((t * w).sum() / (x_bytes * w).sum())
-        how = f"one bandwidth over {sum(n)} calls (sizes do not separate α from β): α = 0 assumed"
-    return Link("measured (α–β fit)", float(1e-9 / inv_bw), float(alpha_s * 1e6)), how
+            return Link("measured (α–β fit)", float(1e-9 / b), float(a * 1e6)), how
+    if bw_prior_gbps and (rest := t.sum() - x_bytes.sum() / (bw_prior_gbps * 1e9)) > 0:
+        return (Link("measured (α, bandwidth assumed)", float(bw_prior_gbps), float(rest / x_lat.sum() * 1e6)),
+                f"the fastest of {sum(n)} calls; their sizes do not separate α from β: bw = {bw_prior_gbps:.3g} GB/s "
+                "assumed (the run's measured memory-bound rate: ranks of one host copy through memory), α the rest")
+    return (Link("measured (bandwidth only)", float(x_bytes.sum() / t.sum() / 1e9), 0.0),
+            f"the fastest of {sum(n)} calls; their sizes do not separate α from β: α = 0 assumed")
 
 
 def _scaled_to_run(work: RunWork, link: Link, how: str) -> tuple[Link, str]:
@@ -281,7 +279,7 @@ def calibrate(work: RunWork) -> Cluster:
         raise ValueError(f"{work.run_dir}: no matmul ops with recorded shapes in its profiled steps: cannot measure "
                          "its op throughput (was it profiled with record_shapes?)")
     mem_gbps = (mem_ops["bytes"].sum() / (mem_ops["dur_us"].sum() * 1e-6) / 1e9) if mem_ops.height else None
-    link, how = fit_link(work.colls)
+    link, how = fit_link(work.colls, bw_prior_gbps=None if work.has_gpu else mem_gbps)
     world = work.world
     link, how = _scaled_to_run(work, link, how)
     own_gpu = device_preset(work)

@@ -196,12 +196,19 @@ def test_link_fit_recovers_alpha_beta():
     from profiler.project_measure import fit_link
 
     # all-reduce over 2 ranks: 2(n-1) = 2 latency steps, traffic 2(n-1)/n x size = size.
-    # α = 50 µs, bw = 1 GB/s: 1 MB takes 2·50 + 1000 = 1100 µs, 2 MB 2100 µs (mean of 2000 and 2200).
-    # A receive of 0.5 MB: 1 step + 500 µs = 550 µs at best; its slower calls waited for the peer.
+    # α = 50 µs, bw = 1 GB/s: 1 MB takes 2·50 + 1000 = 1100 µs, 2 MB 2100 µs at best (the 2500 µs
+    # call waited for a late peer). A receive of 0.5 MB: 1 step + 500 µs = 550 µs at best.
     colls = pl.DataFrame({"collective": ["all_reduce", "all_reduce", "all_reduce", "recv", "recv"],
                           "size_bytes": [1_000_000, 2_000_000, 2_000_000, 500_000, 500_000],
-                          "group_size": [2, 2, 2, 2, 2], "dur_us": [1100.0, 2000.0, 2200.0, 550.0, 9000.0]})
+                          "group_size": [2, 2, 2, 2, 2], "dur_us": [1100.0, 2100.0, 2500.0, 550.0, 9000.0]})
     link, how = fit_link(colls)
     assert link.latency_us == pytest.approx(50.0, rel=1e-6)
     assert link.bw_gbps == pytest.approx(1.0, rel=1e-6)
     assert "least squares" in how
+    # one size: α and β not separable; with a bandwidth prior of 2 GB/s, 1 MB moves in 500 µs and
+    # the 2 latency steps take the other 600 µs: α = 300 µs; without one, α = 0 and bw = 1 MB / 1.1 ms
+    one = colls.head(1)
+    link, how = fit_link(one, bw_prior_gbps=2.0)
+    assert (link.bw_gbps, link.latency_us) == (2.0, pytest.approx(300.0))
+    link, how = fit_link(one)
+    assert link.latency_us == 0.0 and link.bw_gbps == pytest.approx(1e6 / 1100e-6 / 1e9)
