@@ -71,9 +71,11 @@ def main() -> int:
     for source in sources:
         base = measure_run(runs[source][0])
         cluster = calibrate(base)
-        print(f"\ncalibrated from {runs[source][0].name}: peak {cluster.peak_tflops * 1e3:.2f} GFLOP/s, memory-bound "
-              f"{cluster.hbm_gbps:.2f} GB/s, link {cluster.intra.bw_gbps:.3f} GB/s + {cluster.intra.latency_us:.0f} µs")
-        print(f"{'paradigm':<10} {'runs':>4} {'measured ms':>12} {'trace ms':>10} {'err':>7} {'layout ms':>10} {'err':>7}")
+        print(f"\nCalibrated from {runs[source][0].name}: peak {cluster.peak_tflops * 1e3:.2f} GFLOP/s, memory-bound "
+              f"{cluster.hbm_gbps:.2f} GB/s, link {cluster.intra.bw_gbps:.3f} GB/s + {cluster.intra.latency_us:.0f} µs.\n")
+        print("| paradigm | runs | measured ms | trace ms | trace error % | layout ms | layout error % |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        errs: dict[str, list[float]] = {"trace": [], "layout": []}
         for paradigm in paradigms:
             todo = runs[paradigm][1:] if paradigm == source else runs[paradigm]
             if not todo:
@@ -91,13 +93,17 @@ def main() -> int:
                         print(f"  {paradigm}: layout {spec}: {err}")
             m, p = statistics.mean(meas), statistics.mean(pred)
             err = statistics.mean(q / r - 1 for q, r in zip(pred, meas))
-            cells = f"{m * 1e3:12.2f} {p * 1e3:10.2f} {100 * err:+6.1f}%"
+            errs["trace"].append(abs(err))
+            cells = f"{m * 1e3:.2f} | {p * 1e3:.2f} | {100 * err:+.1f}"
             if lay:
                 lay_err = statistics.mean(q / r - 1 for q, r in zip(lay, meas))
-                cells += f" {statistics.mean(lay) * 1e3:10.2f} {100 * lay_err:+6.1f}%"
+                errs["layout"].append(abs(lay_err))
+                cells += f" | {statistics.mean(lay) * 1e3:.2f} | {100 * lay_err:+.1f}"
             else:
-                cells += f" {'-':>10} {'-':>7}"
-            print(f"{paradigm:<10} {len(todo):>4} {cells}")
+                cells += " | - | -"
+            print(f"| {paradigm} | {len(todo)} | {cells} |")
+        print("\nmean |error|: " + ", ".join(f"{k} {100 * statistics.mean(v):.1f} % over {len(v)} paradigms"
+                                           for k, v in errs.items() if v))
     print(f"\nruns in {out}")
     return 0
 

@@ -17,6 +17,8 @@ Bytes of a memory-bound op: the elements of its tensor inputs times their dtype 
 output the size of its first tensor input (in-place ops write it; out-of-place ops write a new
 one of about that size) -- an approximation, said in the projection's assumptions.
 
+An op that a tensor subclass dispatches again inside itself (DTensor: `aten::add_` > `PythonSubclass` >
+`aten::add_`) counts as the inner op; the outer op's extra time is dispatch, of unknown work.
 A collective inside a counted op (DTensor's `aten::add` waiting in `_c10d_functional::wait_tensor`)
 is not that op's work: its time is taken off the op's duration. Outermost functional-collective
 ops (`_c10d_functional::*`) are kept as class "wait": profiler.breakdown counts them as compute,
@@ -60,6 +62,7 @@ COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
 # torch's functional collectives (DTensor, tensor parallel): their waits are operators to
 # profiler.breakdown (compute time), kept here as class "wait" so project can move them to communication
 FUNCTIONAL_COMM_PREFIX = "_c10d_functional::"
+PYTHON_SUBCLASS = "PythonSubclass"  # the profiler's span of a tensor subclass's __torch_dispatch__ (DTensor)
 # Input type names of traces -> bytes per element
 TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
               "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
@@ -208,12 +211,17 @@ def trace_ops(path: str | Path) -> pl.DataFrame:
     rows: list[list] = []
     for (pid, tid), evs in by_thread.items():
         evs.sort(key=lambda e: (e.ts, -e.dur))
-        # (end, covered: a work or comm op at or above this level, row of the counted op it is, in comm)
-        stack: list[tuple[float, bool, int | None, bool]] = []
+        # [end, covered: a work or comm op at or above this level, row of the counted op it is, in comm]
+        stack: list[list] = []
         for e in evs:
             end = e.ts + e.dur
             while stack and stack[-1][0] <= e.ts:
                 stack.pop()
+            if e.name == PYTHON_SUBCLASS and stack and stack[-1][2] is not None:
+                # a tensor subclass (DTensor) dispatching the op again inside: the op counted is the
+                # inner one, the outer's time is dispatch (compute to the breakdown, work unknown)
+                rows[stack[-1][2]][5] = "wrapper"
+                stack[-1][1], stack[-1][2] = False, None
             covered = bool(stack) and stack[-1][1]
             in_comm = bool(stack) and stack[-1][3]
             comm = e.name.startswith(COMM_PREFIXES) or e.name.startswith(FUNCTIONAL_COMM_PREFIX)
@@ -232,7 +240,8 @@ def trace_ops(path: str | Path) -> pl.DataFrame:
                     rows[owner][3] = max(0.0, rows[owner][3] - float(e.dur))
                 if e.name.startswith(FUNCTIONAL_COMM_PREFIX):  # an operator to the breakdown: its compute
                     rows.append([p, t, float(e.ts), float(e.dur), e.name, "wait", None, None, None, None, None, None, None])
-            stack.append((end, covered or work or comm, row, in_comm or comm))
+            stack.append([end, covered or work or comm, row, in_comm or comm])
+    rows = [r for r in rows if r[5] != "wrapper"]
     frame = pl.DataFrame(rows, schema=OP_COLUMNS, orient="row")
     return frame.sort("ts_us")
 

@@ -68,7 +68,9 @@ def test_projection_onto_its_own_cluster_returns_its_measured_step(works, paradi
     assert measured > 0 and abs(step / measured - 1) < 0.10
     assert abs(sum(d["estimate"].breakdown_s.values()) - step) < 1e-9 * step
     assert d["estimate"].layout == d["own_layout"]
-    assert 30 < d["coverage"]["known_pct"] <= 100  # fsdp: ~40 % (FSDP2 hooks and DTensor dispatch are not aten ops)
+    # most of ddp's and 1f1b's compute time has its work known from shapes; fsdp's ~26 %: FSDP2's hooks
+    # and DTensor's dispatch are Python, not aten ops
+    assert {"ddp": 70, "fsdp": 20, "1f1b": 70}[paradigm] < d["coverage"]["known_pct"] <= 100
 
 
 def test_faster_cluster_gives_faster_compute(works):
