@@ -214,3 +214,21 @@ def test_link_fit_recovers_alpha_beta():
     assert (link.bw_gbps, link.latency_us) == (2.0, pytest.approx(300.0))
     link, how = fit_link(one)
     assert link.latency_us == 0.0 and link.bw_gbps == pytest.approx(1e6 / 1100e-6 / 1e9)
+
+
+def test_dtensor_dispatch_and_functional_waits(tmp_path):
+    f = ["float", "float"]
+    events = [
+        # DTensor: the outer add_ (40 µs) dispatches the real one (10 µs) inside PythonSubclass
+        _op("aten::add_", 0, 40, [[64], [64]], f),
+        _op("PythonSubclass", 2, 36, [], []),
+        _op("aten::add_", 5, 10, [[64], [64]], f),
+        # tensor parallel: an add (100 µs) that waits 70 µs for its all-reduce inside
+        _op("aten::add", 50, 100, [[64], [64]], f),
+        _op("_c10d_functional::wait_tensor", 60, 70, [[64]], ["float"]),
+    ]
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    ops = trace_ops(path)
+    assert ops.select("name", "klass", "dur_us").rows() == [
+        ("aten::add_", "memory", 10.0), ("aten::add", "memory", 30.0), ("_c10d_functional::wait_tensor", "wait", 70.0)]
