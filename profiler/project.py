@@ -12,7 +12,7 @@ step's ops of known work):
     exposed_t = comm_t − min(comm_t, ρ·O) (the compute that hid communication shrinks with it)
     other     = W − C − E                (host gaps and waits with neither: carried over as measured)
     step_t    = compute_t + exposed_t + other
-Pipelines: the schedule's order replayed with each action's duration × its own ρ (makespan M),
+Pipelines: the schedule's order replayed with each action's op time × its own ρ (makespan M),
 the compute outside actions N scaled at ρ, and the rest of the measured step beyond the replay,
 R = W − M_src − N − P_src, carried over with its p2p time P re-timed on the target:
     step_t = M_t + ρ·N + R + P_t
@@ -33,7 +33,7 @@ from profiler.commcost import TRAFFIC_FACTOR, collective_s, group_link
 from profiler.discover import read_manifest
 from profiler.errors import TraceError
 from profiler.layout import Estimate, Layout, LayoutError, ModelSpec, group_stride, parse_layout
-from profiler.pipeline import _durations, _ideal_order, simulate_order
+from profiler.pipeline import _durations, _ideal_order, pp_coordinates, simulate_order
 from profiler.project_measure import FLOP_CLASSES, NO_RUN_JSON, RunWork, calibrate, measure_run, with_target_time
 from profiler.theory import predict_run
 from profiler.theory_params import run_dtypes
@@ -269,32 +269,45 @@ def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: 
     cfg = work.manifest.get("pipeline") if isinstance(work.manifest.get("pipeline"), dict) else {}
     last_stage = cfg.get("loss_stage") if isinstance(cfg.get("loss_stage"), int) else acts["stage"].max()
     ideal = _ideal_order(work.manifest)
-    # Each action's ρ: its own ops of known work (ops starting inside the action span).
+    # Each action re-timed by its own ops (those starting inside its span): its op time x the ρ of
+    # its ops of known work; the rest of the span (Python between ops, a hybrid's FSDP waits inside
+    # it) kept as measured.
     a = acts.with_row_index("_a")
-    joined = (ops.filter(pl.col("target_us").is_not_null()).select("rank", "ts_us", "dur_us", "target_us")
+    joined = (ops.select("rank", "ts_us", "dur_us", "target_us")
               .join_where(a.select("_a", "rank", "start_us", "end_us"), pl.col("rank") == pl.col("rank_right"),
                           pl.col("ts_us") >= pl.col("start_us"), pl.col("ts_us") < pl.col("end_us")))
-    arho = joined.group_by("_a").agg(arho=pl.col("target_us").sum() / pl.col("dur_us").sum())
+    known = pl.col("target_us").is_not_null()
+    arho = joined.group_by("_a").agg(
+        op_us=pl.col("dur_us").sum(),
+        arho=pl.col("target_us").filter(known).sum() / pl.col("dur_us").filter(known).sum())
     a = (a.join(arho, on="_a", how="left").join(st.select("rank", "step", "rho"), on=["rank", "step"], how="left")
-         .with_columns(t_us=pl.col("dur_us") * pl.coalesce("arho", "rho", pl.lit(1.0))))
+         .with_columns(pl.col("op_us").fill_null(0.0).clip(0, pl.col("dur_us")))
+         .with_columns(t_us=pl.col("dur_us") + pl.col("op_us") * (pl.coalesce("arho", "rho", pl.lit(1.0)) - 1)))
     p2p_t = _comm_per_step(rows_t, st, p2p=True).rename({"comm_s": "p2p_t"})
     p2p_src = _comm_per_step(rows_src, st, p2p=True).rename({"comm_s": "p2p_src"})
+    # one replay per pipeline: a hybrid run has dp replicas of it (run.json hybrid.groups.pp)
+    coords = pp_coordinates(work.manifest) or {r: (0, r) for r in range(work.world)}
+    pipes: dict[int, dict[int, int]] = {}
+    for r, (k, c) in coords.items():
+        pipes.setdefault(k, {})[c] = r
     out = []
     for step in st["step"].unique().sort().to_list():
-        sa = a.filter(pl.col("step") == step)
-        if sa.is_empty():
-            continue
-        ran = [[(x, s, i) for x, s, i in sa.filter((pl.col("rank") == r) & pl.col("slot").is_not_null()).sort("slot")
-                .select("action", "stage", "microbatch").iter_rows()] for r in range(work.world)]
-        plan = ideal if ideal is not None and len(ideal) == work.world else ran
-        src = simulate_order(plan, _durations(sa, plan, last_stage), last_stage=last_stage)
-        tgt = simulate_order(plan, _durations(sa.with_columns(dur_us=pl.col("t_us")), plan, last_stage), last_stage=last_stage)
-        if src is None or tgt is None:
-            raise ValueError(f"{work.run_dir}: the pipeline order of step {step} does not replay (deadlock)")
-        busy_src = sa.group_by("rank").agg(pl.col("dur_us").sum(), pl.col("t_us").sum())
-        for r, b_src, b_t in busy_src.iter_rows():
-            out.append({"rank": r, "step": step, "m_src": src[1] * 1e-6, "m_t": tgt[1] * 1e-6,
-                        "a_src": b_src * 1e-6, "a_t": b_t * 1e-6})
+        for members in pipes.values():  # pp coordinate -> global rank
+            sa = a.filter((pl.col("step") == step) & pl.col("rank").is_in(list(members.values())))
+            if sa.is_empty():
+                continue
+            ran = [[(x, s, i) for x, s, i in sa.filter((pl.col("rank") == members.get(c, -1)) & pl.col("slot").is_not_null())
+                    .sort("slot").select("action", "stage", "microbatch").iter_rows()] for c in range(max(members) + 1)]
+            plan = ideal if ideal is not None and len(ideal) == len(ran) else ran
+            src = simulate_order(plan, _durations(sa, plan, last_stage), last_stage=last_stage)
+            tgt = simulate_order(plan, _durations(sa.with_columns(dur_us=pl.col("t_us")), plan, last_stage),
+                                 last_stage=last_stage)
+            if src is None or tgt is None:
+                raise ValueError(f"{work.run_dir}: the pipeline order of step {step} does not replay (deadlock)")
+            busy = sa.group_by("rank").agg(pl.col("dur_us").sum(), pl.col("t_us").sum())
+            for r, b_src, b_t in busy.iter_rows():
+                out.append({"rank": r, "step": step, "m_src": src[1] * 1e-6, "m_t": tgt[1] * 1e-6,
+                            "a_src": b_src * 1e-6, "a_t": b_t * 1e-6})
     rep = pl.DataFrame(out, schema={"rank": pl.Int32, "step": pl.Int64, "m_src": pl.Float64, "m_t": pl.Float64,
                                     "a_src": pl.Float64, "a_t": pl.Float64})
     us = 1e-6

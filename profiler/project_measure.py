@@ -94,7 +94,7 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
             rank_ops = with_kernel_times(rank_ops, ev)
         ops.append(ops_in_steps(rank_ops, st.select("start_us", "end_us", "step")).with_columns(
             rank=pl.lit(part.rank, pl.Int32)))
-        actions.append(pipeline_actions(ev, steps=st, runs=traces.runs))
+        actions.append(_clipped(pipeline_actions(ev, steps=st, runs=traces.runs), st))
         colls.append(collectives(ev, traces.ranks))
     if not steps:
         raise TraceError(run_dir, "no ProfilerStep spans in its traces: project needs the profiled steps")
@@ -109,6 +109,19 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
     return RunWork(str(run_dir), manifest, traces.ranks, steps, ops,
                    pl.concat(acts) if acts else actions[0], pl.concat([c for c in colls if c.width], how="diagonal_relaxed"),
                    bool(traces.ranks["has_gpu"].any()))
+
+
+def _clipped(actions: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Pipeline actions cut to their step's window (a first step's action can start before its
+    ProfilerStep span, lazy initialisation inside it): the replay compares them with that window."""
+    if actions.is_empty():
+        return actions
+    win = steps.select(pl.col("rank").cast(actions.schema["rank"]), "step", _s="start_us", _e="end_us")
+    return (actions.join(win, on=["rank", "step"], how="left")
+            .with_columns(start_us=pl.max_horizontal("start_us", pl.col("_s").fill_null(pl.col("start_us"))),
+                          end_us=pl.min_horizontal("end_us", pl.col("_e").fill_null(pl.col("end_us"))))
+            .with_columns(dur_us=(pl.col("end_us") - pl.col("start_us")).clip(0))
+            .drop("_s", "_e"))
 
 
 def _waits_to_comm(steps: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
