@@ -200,11 +200,11 @@ def trace_ops(path: str | Path) -> pl.DataFrame:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-        doc = msgspec.json.decode(raw, type=_Doc)
+        doc = msgspec.json.decode(raw, type=_Doc | list[_Ev])  # the JSON-array form of a Chrome trace too
     except (OSError, EOFError, msgspec.DecodeError, UnicodeDecodeError) as e:
         raise TraceError(path, f"cannot read its operators' shapes ({e})") from None
     by_thread: dict[tuple, list[_Ev]] = {}
-    for e in doc.traceEvents:
+    for e in (doc if isinstance(doc, list) else doc.traceEvents):
         if e.ph == "X" and e.cat == "cpu_op" and isinstance(e.name, str) and isinstance(e.ts, (int, float)) \
                 and isinstance(e.dur, (int, float)) and e.dur >= 0:
             by_thread.setdefault((e.pid, e.tid), []).append(e)
