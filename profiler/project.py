@@ -220,7 +220,10 @@ def own_layout_step(work: RunWork, cluster: Cluster, source: Cluster, layout: La
     ops = with_target_time(work.ops, cluster, source if work.has_gpu else None)
     rho = _rho(ops, ["rank", "step"])
     overall = _rho(ops.with_columns(_k=pl.lit(1)), ["_k"])["rho"]
-    rho_all = float(overall[0]) if overall.len() else 1.0
+    if not overall.len() or not math.isfinite(overall[0] or math.nan):
+        raise ValueError(f"{work.run_dir}: no operator with recorded shapes in its profiled steps: project re-times "
+                         "the run's ops from their shapes (profile with record_shapes=True, as `ptprof run` does)")
+    rho_all = float(overall[0])
     rows, why = comm_rows(work, layout)
     rows_t, rows_src = comm_seconds(rows, cluster, layout.gpus), comm_seconds(rows, source, layout.gpus)
     st = work.steps.join(rho, on=["rank", "step"], how="left").with_columns(pl.col("rho").fill_null(rho_all))

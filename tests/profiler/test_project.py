@@ -232,3 +232,14 @@ def test_dtensor_dispatch_and_functional_waits(tmp_path):
     ops = trace_ops(path)
     assert ops.select("name", "klass", "dur_us").rows() == [
         ("aten::add_", "memory", 10.0), ("aten::add", "memory", 30.0), ("_c10d_functional::wait_tensor", "wait", 70.0)]
+
+
+def test_a_run_without_shapes_is_refused(tmp_path, capsys):
+    run = tmp_path / "noshapes"
+    shutil.copytree(SAMPLES / "sample-ddp-2r", run)
+    for f in run.glob("rank*.json.gz"):
+        doc = json.loads(gzip.decompress(f.read_bytes()))
+        for e in doc["traceEvents"]:
+            (e.get("args") or {}).pop("Input Dims", None)
+        f.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    assert "recorded shapes" in _error([str(run), "--cluster", "h100"], capsys)
