@@ -401,7 +401,7 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
     if not (math.isfinite(step_s) and step_s > 0) or any(not math.isfinite(v) or v < 0 for v in breakdown.values()):
         raise ValueError(f"{run_dir}: the projection gives no usable step ({step_s!r} s; breakdown {breakdown}): "
                          "a damaged trace or cluster?")
-    ours = _dominant(breakdown, step_s, cov, target == own)
+    ours = _dominant(breakdown, step_s, cov)
     # another layout: the cost model names its own dominant efficiency, unless the carried-over host time outweighs it
     dominant = ours if target == own or max(breakdown, key=breakdown.get) == "other" else other_dominant
     est = Estimate(layout=target, step_s=step_s, breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem,
@@ -412,7 +412,7 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
 
 
 def _other_layout(spec: ModelSpec, own: Layout, target: Layout, cluster: Cluster, proj: dict):
-    """(step_s, breakdown, assumptions) of another layout: costmodel.estimate with compute_scale =
+    """(step_s, breakdown, assumptions, dominant) of another layout: costmodel.estimate with compute_scale =
     trace-driven compute on the target / analytical compute of the run's own layout on the target."""
     from profiler import costmodel
     try:
@@ -435,7 +435,7 @@ def _other_layout(spec: ModelSpec, own: Layout, target: Layout, cluster: Cluster
     return sum(breakdown.values()), breakdown, why + list(est.assumptions), est.dominant
 
 
-def _dominant(breakdown: dict[str, float], step_s: float, cov: dict, own: bool) -> str | None:
+def _dominant(breakdown: dict[str, float], step_s: float, cov: dict) -> str | None:
     """The assumption whose error would move the step most: the largest part of the breakdown, with why."""
     if not breakdown or step_s <= 0:
         return None
