@@ -51,6 +51,8 @@ def build_project_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", metavar="SPEC",
                    help="dp=..,tp=..,pp=..[,zero=,mb=,m=,schedule=,v=,recompute=,sp=] (default: the run's own)")
     p.add_argument("--json", metavar="FILE", help="write the projection as JSON (schema ptprof.projection/1)")
+    p.add_argument("--save-cluster", metavar="FILE.json",
+                   help="write the cluster used (e.g. the one calibrated from a run folder) as JSON, loadable by --cluster")
     return p
 
 
@@ -85,7 +87,25 @@ def build_plan_parser() -> argparse.ArgumentParser:
 def project_main(argv: list[str] | None = None) -> int:
     args = build_project_parser().parse_args(argv)
     try:
-        raise NotImplementedError("issue 15: project")
+        import json
+        from pathlib import Path
+
+        from profiler.project import project_details
+        from profiler.project_text import projection_dict, projection_text, resolve_cluster, save_cluster
+
+        cluster, how, cal_work = resolve_cluster(args.cluster)
+        if args.save_cluster:
+            save_cluster(cluster, args.save_cluster)
+        same = cal_work is not None and Path(args.cluster).resolve() == Path(args.run).resolve()
+        d = project_details(args.run, cluster, nodes=args.nodes, layout=args.layout, work=cal_work if same else None)
+        if args.json:
+            try:
+                with open(args.json, "w") as f:
+                    json.dump(projection_dict(d, cluster, how, args.run), f, indent=2)
+            except OSError as e:
+                raise ValueError(f"--json {args.json}: cannot write ({e.strerror})") from None
+        print(projection_text(d, cluster, how, args.run))
+        return 0
     except (TraceError, ValueError) as e:
         _print_line(f"ptprof project: error: {e}", sys.stderr)
         return EXIT_BAD_INPUT
