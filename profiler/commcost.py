@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from functools import lru_cache
 
 from profiler.cluster import Cluster, Link
 
@@ -36,7 +37,14 @@ def group_link(cluster: Cluster, group_size: int, stride: int, *, world_size: in
     (tp=8 stride 1 on 8-GPU nodes: intra; dp=2 stride 8: inter); a span that does not divide it
     puts some block across a node boundary, and a collective runs at its slowest group, so that is
     inter too. `world_size`, when given, places the whole job on one node when it fits there (6
-    GPUs of an 8-GPU node: every group is intra)."""
+    GPUs of an 8-GPU node: every group is intra).
+
+    A group across nodes with k members in each node drives k NICs at once: NCCL runs one channel
+    per NIC and its tuning model prices the inter-node ring at nChannels·bwInter (src/graph/
+    tuning.cc), capped by what the node's members can feed it over the intra-node link. So the
+    returned link has bandwidth min(intra, k·inter) and the NIC's latency, with k = min(n,
+    gpus_per_node // stride) when the blocks cover whole nodes (span a multiple of gpus_per_node,
+    stride dividing it), else k = 1 (some node holds a single member of a straddling group)."""
     if group_size <= 1:
         return cluster.intra
     span = group_size * stride
@@ -45,7 +53,16 @@ def group_link(cluster: Cluster, group_size: int, stride: int, *, world_size: in
         return cluster.intra
     if span <= gpn and gpn % span == 0:
         return cluster.intra
-    return cluster.inter
+    k = min(group_size, gpn // stride) if (span % gpn == 0 and stride < gpn and gpn % stride == 0) else 1
+    if k <= 1:
+        return cluster.inter
+    return _nic_link(cluster.inter, cluster.intra, k)
+
+
+@lru_cache(maxsize=1024)
+def _nic_link(inter: Link, intra: Link, k: int) -> Link:
+    """k NICs of a node carrying one group's ring: k·inter bandwidth, at most the intra link's."""
+    return Link(f"{inter.name} x{k}", min(intra.bw_gbps, k * inter.bw_gbps), inter.latency_us)
 
 
 def latency_steps(kind: str, group_size: int, algorithm: str = "ring") -> int:

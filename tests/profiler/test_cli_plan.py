@@ -110,7 +110,7 @@ def test_why_names_the_terms_that_make_the_gap_and_the_links():
     b = est(Layout(dp=1, tp=16, pp=4, microbatches=32), compute=9.0, **{"comm_exposed:tp": 2.0, "bubble": 1.5})
     line = why(a, b, cluster, "#2")
     assert line.startswith("20.0 % faster than #2: ")
-    assert "less exposed tp comm 0.5 vs 2 s (tp=8 on nvlink (inside a node) vs tp=16 on ib (across nodes))" in line
+    assert "less exposed tp comm 0.5 vs 2 s (tp=8 on nvlink (inside a node) vs tp=16 on ib x8 (across nodes))" in line
     assert "bubble 5.0 % (interleaved-1f1b v=3, pp=4, m=16) vs 12.0 % (1f1b, pp=4, m=32)" in line
     # 10.0 vs 10.04 s: a 0.4 % gap is a tie, and the line says what the tie trades
     c = est(Layout(dp=2, tp=8, pp=4, microbatches=16), compute=9.54, **{"comm_exposed:tp": 0.5})

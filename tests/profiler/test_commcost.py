@@ -96,6 +96,24 @@ def test_group_of_one_is_intra_and_a_straddling_span_is_inter():
     assert group_link(NODE8, 2, 8, world_size=16) is IB
 
 
+def test_a_group_across_nodes_drives_one_nic_per_member_in_each_node():
+    # dp=64 (stride 1) on 8-GPU nodes: 8 members per node, one NCCL channel per NIC (tuning.cc
+    # busBw = nChannels * bwInter): 8 x 25 GB/s = 200 GB/s, under NVLink's 300, NIC latency.
+    link = group_link(NODE8, 64, 1)
+    assert (link.bw_gbps, link.latency_us) == (200.0, 10.0)
+    # a ring all-reduce of 1e8 bytes over the 64: 126 steps of 10 us + 2*63/64 * 1e8 / 2e11 s
+    want = 126 * 10e-6 + 2 * 63 / 64 * 1e8 / 2e11
+    assert collective_s("all_reduce", 1e8, 64, link) == pytest.approx(want, rel=1e-12)
+    # stride 4 (tp=4), 4 members over 2 nodes: 2 per node -> 50 GB/s
+    assert group_link(NODE8, 4, 4).bw_gbps == 50.0
+    # 16 NICs of 25 would be 400 GB/s: capped by the intra link's 300 on 16-GPU nodes
+    node16 = Cluster(name="t16", peak_tflops=100.0, hbm_gib=80.0, hbm_gbps=2000.0, gpus_per_node=16,
+                     intra=NVL, inter=IB)
+    assert group_link(node16, 32, 1).bw_gbps == 300.0
+    # one member per node (stride 8): one NIC, the inter link itself
+    assert group_link(NODE8, 4, 8) is IB
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(kind="all_scatter"), "collective 'all_scatter'"),
     (dict(algorithm="butterfly"), "algorithm 'butterfly'"),
