@@ -161,6 +161,11 @@ class Layout:
         if self.dp * self.microbatch * self.microbatches != spec.global_batch:
             raise LayoutError(f"dp·microbatch·microbatches = {self.dp}·{self.microbatch}·{self.microbatches} is not "
                               f"the global batch {spec.global_batch}")
+        if self.pp > 1 and self.microbatches < self.pp:
+            # fewer microbatches than stages leave stages idle: the bubble formulas ((p-1)/v of a
+            # microbatch, ZB-H1's (p-1)(F+B-W)) assume every stage has work in the steady state
+            raise LayoutError(f"microbatches={self.microbatches} < pp={self.pp}: a pipeline needs at least pp "
+                              "microbatches per step")
         if self.ep > 1 and (not spec.moe or spec.experts % self.ep):
             raise LayoutError(f"ep={self.ep} needs a MoE model whose expert count divides by it")
 
