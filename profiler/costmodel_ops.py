@@ -145,8 +145,9 @@ def layer_memory_bound_bytes(b: int, s: int, h: int, heads: int, ffn: int, t: in
 
 
 def head_gemms(b: int, s: int, h: int, vocab: int, t: int = 1, cp: int = 1) -> dict[str, tuple[int, int, int, int]]:
-    """The output projection (vocabulary-parallel over t): (T x h) @ (h x V/t), T = b·s/cp."""
-    return {"logits": (b * (s // cp), vocab // t, h, 1)}
+    """The output projection (vocabulary-parallel over t): (T x h) @ (h x ⌈V/t⌉), T = b·s/cp (the
+    vocabulary padded to a multiple of t, as ModelSpec.vocab_per_rank)."""
+    return {"logits": (b * (s // cp), -(-vocab // t), h, 1)}
 
 
 def head_memory_bound_bytes(b: int, s: int, h: int, vocab: int, t: int = 1, cp: int = 1, sp: bool = False,
@@ -154,7 +155,7 @@ def head_memory_bound_bytes(b: int, s: int, h: int, vocab: int, t: int = 1, cp: 
     """Final layernorm (8sbh, /t with sp) and the vocabulary-parallel cross entropy over fp32
     logits: read 2-byte logits, write and read fp32 softmax (2 + 4 + 4 bytes per logit): 10sbV/t."""
     sl = s // cp
-    return 8 * sl * b * h * act_bytes / 2 / (t if sp else 1) + 10.0 * sl * b * vocab / t
+    return 8 * sl * b * h * act_bytes / 2 / (t if sp else 1) + 10.0 * sl * b * -(-vocab // t)
 
 
 def model_flops_per_sequence(layers: int, s: int, h: int, heads: int, ffn: int, vocab: int, top_k: int = 0,

@@ -83,8 +83,29 @@ class ModelSpec:
                 raise LayoutError(f"--{f.replace('_', '-')} {v!r}: a whole number >= 1 is needed")
         if self.hidden % self.heads:
             raise LayoutError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}")
+        for f in ("experts", "top_k", "moe_every"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (1 if f == "moe_every" else 0):
+                raise LayoutError(f"{f} {v!r}: a whole number >= {1 if f == 'moe_every' else 0} is needed")
         if self.experts < 0 or self.top_k < 0 or (self.experts and not 1 <= self.top_k <= self.experts):
             raise LayoutError(f"--moe {self.experts},{self.top_k}: E >= 1 experts and 1 <= k <= E are needed")
+        if self.top_k and not self.experts:
+            raise LayoutError(f"top_k {self.top_k} without experts: a dense model routes no tokens (--moe E,k)")
+        if self.moe and self.moe_every > self.layers:
+            raise LayoutError(f"moe_every {self.moe_every} > layers {self.layers}: no block would be a MoE block")
+        # bytes per element: weights and activations >= 1 (fp8 .. fp32), gradients >= 1, Adam's
+        # state >= 0 (0: a stateless optimizer); anything else is a negative or zero memory
+        for f, low in (("param_bytes", 1), ("grad_bytes", 1), ("optimizer_bytes_per_param", 0)):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < low or v > 64:
+                raise LayoutError(f"{f} {v!r}: bytes per element, a number in [{low}, 64] is needed")
+
+    def vocab_per_rank(self, tp: int) -> int:
+        """Vocabulary rows of the embedding / head on one of `tp` ranks: ceil(V/tp). Megatron-LM pads
+        the vocabulary to a multiple of make_vocab_size_divisible_by (128) x tp
+        (megatron/training/tokenizer/tokenizer.py, _vocab_size_with_padding); we pad only to tp, never
+        truncate (V // tp would drop rows, and a zero-width head GEMM for V < tp)."""
+        return -(-self.vocab // tp)
 
 
 @dataclass(frozen=True)
@@ -154,6 +175,8 @@ class Layout:
             return
         if spec.heads % self.tp:
             raise LayoutError(f"tp={self.tp} does not divide the {spec.heads} heads")
+        if spec.ffn % self.tp:
+            raise LayoutError(f"tp={self.tp} does not divide the MLP's ffn {spec.ffn} (column-parallel MLP-up)")
         if spec.layers % (self.pp * self.stages_per_rank):
             raise LayoutError(f"pp·v = {self.pp}·{self.stages_per_rank} does not divide the {spec.layers} layers")
         if spec.seq % self.cp:

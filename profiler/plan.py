@@ -43,6 +43,7 @@ STATE_KEYS = ("params", "grads", "optimizer")  # memory_per_gpu's model state (t
 
 # refused reasons (PlanResult.refused keys); the unit is in the key
 R_TP_HEADS = "splits where tp does not divide the heads"
+R_TP_FFN = "splits where tp does not divide the ffn"
 R_PP_LAYERS = "splits where pp does not divide the layers"
 R_DP_BATCH = "splits where dp does not divide the global batch"
 R_FEW_MB = "layouts with fewer microbatches than pipeline stages"
@@ -104,6 +105,8 @@ def splits(spec: ModelSpec, gpus: int, refused: Counter | None = None) -> list[t
             dp = gpus // (tp * pp)
             if spec.heads % tp:
                 refused[R_TP_HEADS] += 1
+            elif spec.ffn % tp:
+                refused[R_TP_FFN] += 1
             elif spec.layers % pp:
                 refused[R_PP_LAYERS] += 1
             elif spec.global_batch % dp:

@@ -92,9 +92,9 @@ def stage_params(spec: ModelSpec, layout: Layout, stage: int) -> tuple[float, fl
     dense = n_layers * (attn + (1 - moe_frac) * dense_mlp + moe_frac * router)
     expert = n_layers * moe_frac * expert_mlp
     if stage == 0:
-        dense += spec.vocab * h / t + spec.seq * h
+        dense += spec.vocab_per_rank(t) * h + spec.seq * h
     if stage == layout.pp - 1:
-        dense += 2 * h + spec.vocab * h / t
+        dense += 2 * h + spec.vocab_per_rank(t) * h
     layer = attn + max(dense_mlp, expert_mlp)
     return dense, expert, layer
 
@@ -125,7 +125,7 @@ def _stage_memory(spec: ModelSpec, layout: Layout, stage: int) -> dict[str, floa
     if stage == layout.pp - 1:
         head_mbs = layout.microbatches if (layout.schedule == "gpipe" and layout.pp > 1) else 1
         # final LN input 2sbh, head input 2sbh (/t with sp), fp32 logits for the cross entropy 4sbV/t
-        acts += head_mbs * (4 * sbh / div + 4.0 * b * (s // layout.cp) * spec.vocab / t)
+        acts += head_mbs * (4 * sbh / div + 4.0 * b * (s // layout.cp) * spec.vocab_per_rank(t))
     return {"params": params, "grads": grads, "optimizer": optimizer, "activations": acts}
 
 

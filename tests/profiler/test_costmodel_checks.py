@@ -1,0 +1,56 @@
+"""Specs and layouts the cost model must refuse (one LayoutError line naming the field) rather than
+price with a silent wrong number, and the vocabulary padding of the vocabulary-parallel head."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from profiler.cluster import Cluster, Link
+from profiler.costmodel import estimate
+from profiler.costmodel_ops import head_gemms
+from profiler.layout import Layout, LayoutError, ModelSpec
+from profiler.plan_memory import memory_per_gpu
+
+GPU = Cluster(name="testgpu", peak_tflops=100.0, hbm_gib=80.0, hbm_gbps=1000.0, gpus_per_node=8,
+              intra=Link("nvlink", 100.0, 2.0), inter=Link("ib", 10.0, 5.0))
+SPEC = ModelSpec(layers=8, hidden=1024, heads=16, ffn=4096, vocab=32000, seq=1024, global_batch=32)
+MOE = replace(SPEC, experts=4, top_k=2)
+
+
+@pytest.mark.parametrize("spec,field", [
+    (replace(MOE, moe_every=0), "moe_every 0"),  # was a ZeroDivisionError
+    (replace(MOE, moe_every=-1), "moe_every -1"),  # was a negative memory
+    (replace(MOE, moe_every=9), "moe_every 9 > layers 8"),
+    (replace(SPEC, param_bytes=-2), "param_bytes -2"),
+    (replace(SPEC, param_bytes=0), "param_bytes 0"),
+    (replace(SPEC, grad_bytes=-1), "grad_bytes -1"),
+    (replace(SPEC, optimizer_bytes_per_param=-12), "optimizer_bytes_per_param -12"),
+    (replace(SPEC, param_bytes=float("nan")), "param_bytes nan"),
+    (replace(SPEC, top_k=2), "top_k 2 without experts"),
+])
+def test_bad_specs_are_refused_naming_the_field(spec, field):
+    with pytest.raises(LayoutError, match=field):
+        estimate(spec, Layout(microbatch=2, microbatches=16), GPU)
+
+
+def test_tp_that_does_not_divide_ffn_is_refused():
+    # ffn 4098 over tp=4: the column-parallel MLP-up has no whole width per rank
+    spec = replace(SPEC, ffn=4098)
+    with pytest.raises(LayoutError, match=r"tp=4 does not divide the MLP's ffn 4098"):
+        estimate(spec, Layout(tp=4, microbatch=2, microbatches=16), GPU)
+    assert estimate(spec, Layout(tp=1, microbatch=2, microbatches=16), GPU).step_s > 0
+
+
+def test_vocabulary_is_padded_to_tp_not_truncated():
+    # V = 50 over tp = 4: ceil(50/4) = 13 rows per rank (52 padded), not 50 // 4 = 12; V = 3 over
+    # tp = 4: 1 row per rank, not a zero-width GEMM
+    assert head_gemms(2, 8, 64, 50, t=4)["logits"] == (16, 13, 64, 1)
+    assert head_gemms(2, 8, 64, 3, t=4)["logits"] == (16, 1, 64, 1)
+    assert SPEC.vocab_per_rank(3) == 10667  # 32000 / 3 = 10666.67 -> 10667
+    # memory: the last stage's head holds ceil(V/t)·h weights (2 B) and fp32 logits b·s·ceil(V/t)·4
+    spec = ModelSpec(layers=2, hidden=64, heads=4, ffn=256, vocab=50, seq=8, global_batch=4)
+    one = memory_per_gpu(spec, Layout(tp=4, microbatch=4, microbatches=1))
+    spec52 = replace(spec, vocab=52)  # the padded vocabulary: the same memory
+    assert one == memory_per_gpu(spec52, Layout(tp=4, microbatch=4, microbatches=1))
