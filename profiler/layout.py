@@ -169,6 +169,11 @@ class Layout:
             raise LayoutError(f"ep={self.ep} does not divide dp={self.dp} (experts are spread over data-parallel ranks)")
         if self.stages_per_rank > 1 and self.schedule != "interleaved-1f1b":
             raise LayoutError(f"v={self.stages_per_rank} needs schedule=interleaved-1f1b")
+        # stages that mean nothing: ZeRO shards over dp·cp replicas, sp splits over the tp group
+        if self.zero > 0 and self.dp * self.cp == 1:
+            raise LayoutError(f"zero={self.zero} with dp·cp = 1: nothing to shard over (zero=0)")
+        if self.sp and self.tp == 1:
+            raise LayoutError("sp with tp=1: sequence parallelism splits over the tp group (sp=0)")
         if gpus is not None and self.gpus != gpus:
             raise LayoutError(f"dp·cp·tp·pp = {self.dp}·{self.cp}·{self.tp}·{self.pp} = {self.gpus}, not the {gpus} GPUs")
         if spec is None:

@@ -354,21 +354,21 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
     if gb % gpus:
         note = f" (DDP and FSDP over all {gpus} do not divide the global batch {gb})"
     else:
-        for zero, name in ((0, "DDP"), (1, "ZeRO-1")):
+        for zero, name in ((0, "DDP"), (1, "ZeRO-1"))[:1 if gpus == 1 else 2]:  # ZeRO over 1 GPU: nothing
             layout = _fitting(spec, Layout(dp=gpus, zero=zero), hbm, memory_fn)
             if layout is not None:
                 return RuleOfThumb(layout, f"one GPU holds the model: {name} over all {gpus}")
         node = min(cluster.gpus_per_node, gpus)
         # "one node fits": ZeRO-3 sharded over one node's GPUs, each with its share of the batch
         node_spec = replace(spec, global_batch=node * (gb // gpus))
-        if _fitting(node_spec, Layout(dp=node, zero=3), hbm, memory_fn) is not None:
+        if gpus > 1 and node > 1 and _fitting(node_spec, Layout(dp=node, zero=3), hbm, memory_fn) is not None:
             layout = _fitting(spec, Layout(dp=gpus, zero=3), hbm, memory_fn)
             if layout is not None:
                 return RuleOfThumb(layout, f"one node ({node} GPUs) holds the model sharded: FSDP (ZeRO-3) over all "
                                            f"{gpus} (HSDP, sharding inside a node only, is not a layout here)")
     # the largest tp dividing the heads and a node (so its group stays on NVLink: tp=6 on 8-GPU
     # nodes would straddle two) and G
-    tps = [t for t in divisors(spec.heads) if cluster.gpus_per_node % t == 0 and gpus % t == 0]
+    tps = [t for t in divisors(spec.heads) if cluster.gpus_per_node % t == 0 and gpus % t == 0 and spec.ffn % t == 0]
     tp = tps[-1]
     failed: dict[str, set[int]] = {}  # why not -> the pp it stopped, for the message when none is left
     for zero in (0, 1):
@@ -376,6 +376,8 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
             if gpus % (tp * pp):
                 continue
             dp = gpus // (tp * pp)
+            if zero and dp == 1:  # ZeRO-1 over one replica shards nothing
+                continue
             if gb % dp:
                 failed.setdefault("dp does not divide the global batch", set()).add(pp)
                 continue

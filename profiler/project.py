@@ -110,9 +110,11 @@ def run_layout(manifest: dict, spec: ModelSpec, where: str = "run.json") -> Layo
     pipe = manifest.get("pipeline") if isinstance(manifest.get("pipeline"), dict) else {}
     opts = manifest.get("options") if isinstance(manifest.get("options"), dict) else {}
     if paradigm in ZERO_OF:
-        lay = Layout(dp=deg.get("dp", world), zero=ZERO_OF[paradigm])
+        dp = deg.get("dp", world)
+        lay = Layout(dp=dp, zero=ZERO_OF[paradigm] if dp > 1 else 0)  # ZeRO at one rank shards nothing: DDP
     elif paradigm == "tp":
-        lay = Layout(tp=deg.get("tp", world), sp=bool(opts.get("sp")))
+        tp = deg.get("tp", world)
+        lay = Layout(tp=tp, sp=bool(opts.get("sp")) and tp > 1)  # sp at tp=1 splits nothing
     elif paradigm in ("ulysses", "ring"):
         lay = Layout(cp=deg.get("cp", world))
     elif paradigm == "ep":
@@ -125,7 +127,8 @@ def run_layout(manifest: dict, spec: ModelSpec, where: str = "run.json") -> Layo
             sched = "interleaved-1f1b"
         lay = Layout(dp=deg.get("dp", 1), tp=deg.get("tp", 1), pp=deg.get("pp", 1 if paradigm == "hybrid" else world),
                      zero=3 if paradigm == "hybrid" and deg.get("dp", 1) > 1 else 0, schedule=sched,
-                     stages_per_rank=v if sched == "interleaved-1f1b" else 1, sp=bool(opts.get("sp")))
+                     stages_per_rank=v if sched == "interleaved-1f1b" else 1,
+                     sp=bool(opts.get("sp")) and deg.get("tp", 1) > 1)
     else:
         raise ValueError(f"{where}: paradigm {paradigm!r} has no layout project can map (ddp, zero1, zero2, fsdp, tp, "
                          "ep, ulysses, ring, the pipeline schedules and hybrid can be)")

@@ -54,3 +54,41 @@ def test_vocabulary_is_padded_to_tp_not_truncated():
     one = memory_per_gpu(spec, Layout(tp=4, microbatch=4, microbatches=1))
     spec52 = replace(spec, vocab=52)  # the padded vocabulary: the same memory
     assert one == memory_per_gpu(spec52, Layout(tp=4, microbatch=4, microbatches=1))
+
+
+@pytest.mark.parametrize("layout,msg", [
+    (Layout(zero=1, microbatch=2, microbatches=16), "zero=1 with dp·cp = 1"),
+    (Layout(zero=3, microbatch=2, microbatches=16), "zero=3 with dp·cp = 1"),
+    (Layout(sp=True, microbatch=2, microbatches=16), "sp with tp=1"),
+])
+def test_layouts_that_mean_nothing_are_refused(layout, msg):
+    with pytest.raises(LayoutError, match=msg):
+        estimate(SPEC, layout, GPU)
+    # with something to shard over / split over, the same knob is a layout
+    ok = replace(layout, dp=2, microbatches=8) if layout.zero else replace(layout, tp=2)
+    assert estimate(SPEC, ok, GPU).step_s > 0
+
+
+def test_run_mapping_never_gives_zero_at_one_rank_or_sp_at_tp_one():
+    from profiler.project import run_layout
+
+    model = {"n_layers": 2, "d_model": 64, "n_heads": 4, "vocab_size": 50, "seq_len": 8, "mlp_ratio": 4}
+    for paradigm, extra in (("zero1", {}), ("fsdp", {}), ("tp", {"sp": True})):
+        manifest = {"paradigm": paradigm, "world_size": 1, "mesh": {}, "options": extra, "model": model}
+        lay = run_layout(manifest, SPEC)
+        assert lay.gpus == 1 and lay.zero == 0 and not lay.sp
+        lay.check(SPEC)
+
+
+def test_plan_never_enumerates_meaningless_layouts():
+    from profiler.plan import rule_of_thumb, splits, variants
+
+    spec = ModelSpec(layers=4, hidden=256, heads=8, ffn=1024, vocab=1000, seq=128, global_batch=8)
+    for gpus in (1, 2, 8):
+        for split in splits(spec, gpus):
+            for group in variants(spec, split):
+                for lay in group:
+                    assert not (lay.zero and lay.dp * lay.cp == 1) and not (lay.sp and lay.tp == 1)
+                    lay.check(spec, gpus)
+        rule = rule_of_thumb(spec, gpus, GPU).layout
+        assert rule is None or not (rule.zero and rule.dp == 1)
