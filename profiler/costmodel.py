@@ -49,6 +49,7 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
     Strides place each group on a link (commcost.group_link); world: the job's GPUs (one node: intra)."""
     h, a, f, s, flash = spec.hidden, spec.heads, spec.ffn, spec.seq, spec.flash_attention
     out: dict[str, float] = {}
+    pb = spec.param_bytes  # activations in the parameter dtype (GEMM operands, collectives, elementwise)
     act = spec.param_bytes * b * (s // cp) * h  # one b·s·h activation (the tp collectives' buffer)
     one_tp = 0.0
     if t > 1:
@@ -62,8 +63,8 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
             out.update({k.replace("dense_", "moe_"): v for k, v in list(out.items())})
             continue
         shapes = layer_gemms(b, s, h, a, f, t, cp, top_k)
-        gf, g_dgrad, gw = gemm_pass_parts({k: v for k, v in shapes.items() if k not in ATTN_CORE}, cluster)
-        af, ab = gemm_pass_times({k: shapes[k] for k in ATTN_CORE}, cluster)  # no weights: all "B"
+        gf, g_dgrad, gw = gemm_pass_parts({k: v for k, v in shapes.items() if k not in ATTN_CORE}, cluster, pb)
+        af, ab = gemm_pass_times({k: shapes[k] for k in ATTN_CORE}, cluster, pb)  # no weights: all "B"
         gf, gb = gf + af, g_dgrad + gw + ab
         core_f = af
         mb = layer_memory_bound_bytes(b, s, h, a, f, t, cp, sp, top_k, spec.param_bytes, flash)
@@ -93,7 +94,7 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
         for key, val in (("gemm_f", gf), ("gemm_b", gb), ("mem_f", mf), ("mem_b", BWD_MEM_FACTOR * mf), ("rc", rc),
                          ("attn_f", core_f), ("gemm_w", gw), ("tp", n_tp), ("ep", n_ep), ("cp", n_cp)):
             out[f"{kind}_{key}"] = val
-    hg_f, hg_d, hg_w = gemm_pass_parts(head_gemms(b, s, h, spec.vocab, t, cp), cluster)
+    hg_f, hg_d, hg_w = gemm_pass_parts(head_gemms(b, s, h, spec.vocab, t, cp), cluster, pb)
     hm = memory_bound_time_s(head_memory_bound_bytes(b, s, h, spec.vocab, t, cp, sp, spec.param_bytes), cluster)
     out["head_gemm"], out["head_mem"], out["head_w"] = hg_f + hg_d + hg_w, hm * (1 + BWD_MEM_FACTOR), hg_w
     return out

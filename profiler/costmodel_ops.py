@@ -100,22 +100,24 @@ def gemm_flops(shapes: dict[str, tuple[int, int, int, int]]) -> float:
     return float(sum(2.0 * m * n * k * bt for m, n, k, bt in shapes.values()))
 
 
-def gemm_pass_times(shapes: dict[str, tuple[int, int, int, int]], cluster: Cluster) -> tuple[float, float]:
+def gemm_pass_times(shapes: dict[str, tuple[int, int, int, int]], cluster: Cluster,
+                    dtype_bytes: float = 2) -> tuple[float, float]:
     """(forward, backward) seconds of these GEMMs: backward = the data gradient (m x n)@(n x k) and
     the weight gradient (k x m)@(m x n) of each, the same FLOPs as its forward each (so 2x)."""
-    fwd, dgrad, wgrad = gemm_pass_parts(shapes, cluster)
+    fwd, dgrad, wgrad = gemm_pass_parts(shapes, cluster, dtype_bytes)
     return fwd, dgrad + wgrad
 
 
-def gemm_pass_parts(shapes: dict[str, tuple[int, int, int, int]], cluster: Cluster) -> tuple[float, float, float]:
+def gemm_pass_parts(shapes: dict[str, tuple[int, int, int, int]], cluster: Cluster,
+                    dtype_bytes: float = 2) -> tuple[float, float, float]:
     """(forward, data-gradient, weight-gradient) seconds of these GEMMs (gemm_pass_times split:
     zero-bubble schedules move the weight gradients into the pipeline's bubble)."""
     sms = sm_count(cluster)
     fwd = dgrad = wgrad = 0.0
     for m, n, k, bt in shapes.values():
-        fwd += gemm_time_s(m, n, k, cluster, batch=bt, sms=sms)
-        dgrad += gemm_time_s(m, k, n, cluster, batch=bt, sms=sms)
-        wgrad += gemm_time_s(k, n, m, cluster, batch=bt, sms=sms)
+        fwd += gemm_time_s(m, n, k, cluster, dtype_bytes, batch=bt, sms=sms)
+        dgrad += gemm_time_s(m, k, n, cluster, dtype_bytes, batch=bt, sms=sms)
+        wgrad += gemm_time_s(k, n, m, cluster, dtype_bytes, batch=bt, sms=sms)
     return fwd, dgrad, wgrad
 
 

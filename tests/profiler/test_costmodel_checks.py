@@ -92,3 +92,26 @@ def test_plan_never_enumerates_meaningless_layouts():
                     lay.check(spec, gpus)
         rule = rule_of_thumb(spec, gpus, GPU).layout
         assert rule is None or not (rule.zero and rule.dp == 1)
+
+
+def test_activations_are_in_the_parameter_dtype():
+    from profiler.costmodel_ops import gemm_pass_parts
+    from profiler.plan_memory import layer_activation_bytes
+
+    # b=1, s=4, h=8, a=2, f=32, t=1: sbh = 32, as²b = 32.
+    # 2 B: sbh(18 + 4f/h) + 5as²b = 32·34 + 5·32 = 1248
+    assert layer_activation_bytes(1, 4, 8, 2, 32) == 1248
+    # 4 B (fp32 CPU runs): the 2-byte tensors double -- 16sbh + 4sbf + 4as²b = 512 + 512 + 128 = 1152
+    # -> 2304 -- and the 1-byte masks do not: 2sbh + as²b = 64 + 32 = 96. 2304 + 96 = 2400
+    assert layer_activation_bytes(1, 4, 8, 2, 32, act_bytes=4) == 2400
+    # full recompute keeps the layer input: 2sbh at 2 B = 64, at 4 B = 128
+    assert layer_activation_bytes(1, 4, 8, 2, 32, recompute="full", act_bytes=4) == 128
+    # a memory-bound GEMM (1 x 1024) @ (1024 x 1024) reads and writes 4 B elements on an fp32 spec:
+    # 4 · (1024 + 1024² + 1024) B at 1000 GB/s x 0.8 (GPU's defaults)
+    fwd, _, _ = gemm_pass_parts({"x": (1, 1024, 1024, 1)}, GPU, 4)
+    assert fwd == pytest.approx(4 * (1024 + 1024**2 + 1024) / (1000e9 * 0.8))
+    fp32 = replace(SPEC, param_bytes=4, grad_bytes=4)
+    lay = Layout(microbatch=2, microbatches=16)
+    # the whole model: 2-byte tensors double, masks and the head's fp32 logits (4sbV) do not
+    ratio = memory_per_gpu(fp32, lay)["activations"] / memory_per_gpu(SPEC, lay)["activations"]
+    assert 1.5 < ratio < 2
