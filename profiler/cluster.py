@@ -75,6 +75,11 @@ class Cluster:
     source: str = field(default="", compare=False)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
+    def __post_init__(self):
+        # a list of notes (a hand-built Cluster) would make it unhashable for the cost model's caches
+        if not isinstance(self.notes, tuple):
+            object.__setattr__(self, "notes", tuple(self.notes) if isinstance(self.notes, (list, set)) else (str(self.notes),))
+
     @property
     def hbm_bytes(self) -> int:
         return int(self.hbm_gib * 2**30)
@@ -96,6 +101,14 @@ CLUSTER_FIELDS = {
     "notes": ("notes", False),
 }
 LINK_FIELDS = {"name": ("str", True), "bw_gbps": ("pos", True), "latency_us": ("nonneg", True)}
+# Plausible ranges (inclusive) of the numbers, by field name: a value outside is a typo or a unit
+# mistake, and an extreme one overflows (hbm_gib 1e300 -> int) or makes a step of inf / NaN / 0
+# (a 1e-320 GB/s link, a 1e300 TFLOP/s peak). Wide on purpose: from a toy accelerator to 10^4x
+# today's GPUs (H100: 989 TFLOP/s, 80 GiB, 3350 GB/s, 450 GB/s NVLink, 8 per node).
+BOUNDS = {
+    "peak_tflops": (1e-6, 1e7), "hbm_gib": (1e-6, 1e6), "hbm_gbps": (1e-6, 1e7), "gpus_per_node": (1, 4096),
+    "bw_gbps": (1e-6, 1e6), "latency_us": (0.0, 1e6),
+}
 
 
 def preset_names() -> list[str]:
@@ -231,16 +244,18 @@ def _value(v, kind: str, *, label: str, name: str):
     if kind == "count":
         if x != int(x) or x < 1:
             raise ClusterError(f"{label}: field {name} must be a whole number >= 1, not {v}")
-        return int(x)
-    if kind == "nonneg":
+    elif kind == "nonneg":
         if x < 0:
             raise ClusterError(f"{label}: field {name} must be >= 0, not {v}")
-        return x
-    if x <= 0:
+    elif x <= 0:
         raise ClusterError(f"{label}: field {name} must be > 0, not {v}")
-    if kind == "eff" and x > 1:
+    elif kind == "eff" and x > 1:
         raise ClusterError(f"{label}: field {name} is a share of peak in (0, 1], not {v}")
-    return x
+    lo, hi = BOUNDS.get(name.rpartition(".")[2], (-math.inf, math.inf))
+    if not lo <= x <= hi:
+        raise ClusterError(f"{label}: field {name} = {v} is outside the plausible range [{lo:g}, {hi:g}] "
+                           "(docs/whatif.md, Clusters)")
+    return int(x) if kind == "count" else x
 
 
 def _kind(v) -> str:

@@ -24,7 +24,7 @@ from profiler.costmodel_ops import (ATTN_CORE, gemm_pass_parts, gemm_pass_times,
 from profiler.layout import Estimate, Layout, ModelSpec, group_stride
 from profiler.plan_memory import memory_per_gpu, stage_params
 
-__all__ = ["estimate", "gemm_time_s", "memory_bound_time_s", "microbatch_costs", "BREAKDOWN_KEYS"]
+__all__ = ["NoStepError", "estimate", "gemm_time_s", "memory_bound_time_s", "microbatch_costs", "BREAKDOWN_KEYS"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25: the last bucket's reduce is never hidden
 BWD_MEM_FACTOR = 2.0  # a backward elementwise op reads the saved input and the output gradient, writes the input gradient
@@ -32,6 +32,10 @@ PERTURB = 0.20  # the ±20 % moved on each assumed efficiency to name the domina
 # The keys of Estimate.breakdown_s, summing to step_s (docs/whatif.md "Compute" explains each).
 BREAKDOWN_KEYS = ("compute", "recompute", "comm_exposed:tp", "comm_exposed:cp", "comm_exposed:ep",
                   "comm_exposed:pp", "comm_exposed:dp", "bubble", "optimizer")
+
+
+class NoStepError(ValueError):
+    """The model gives no usable step for this input (not finite or not > 0): refused, never printed."""
 
 
 def _coll(kind: str, nbytes: float, n: int, link, cluster: Cluster, algorithm: str = "ring") -> float:
@@ -273,6 +277,11 @@ def estimate(spec: ModelSpec, layout: Layout, cluster: Cluster, *, compute_scale
     terms = _layout_terms(spec, layout)
     breakdown = _assemble(spec, layout, cluster, scale, terms)
     step = sum(breakdown.values())
+    # a number is right or refused: extreme cluster numbers (a 1e-320 GB/s link, a 1e300 TFLOP/s
+    # peak) can make inf, NaN or 0 here, and _dominant divides by the step
+    if not (0 < step < float("inf")) or any(not (0 <= v < float("inf")) for v in breakdown.values()):
+        raise NoStepError(f"cluster {cluster.name}: the cost model gives no usable step for {layout.short()} "
+                          f"({step!r} s): check the cluster's numbers")
     flops_seq, _ = _spec_consts(spec)
     peak = layout.gpus * cluster.peak_tflops * 1e12
     mfu = 100.0 * flops_seq * spec.global_batch / (step * peak) if step > 0 else None

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from profiler.cluster import Cluster
+from profiler.costmodel import NoStepError
 from profiler.layout import RECOMPUTE, Estimate, Layout, ModelSpec, divisors
 
 EstimateFn = Callable[[ModelSpec, Layout, Cluster], Estimate]
@@ -178,9 +179,12 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
         nonlocal calls
         if layout not in estimates:
             calls += 1
-            estimates[layout] = estimate_fn(spec, layout, cluster)
+            try:
+                estimates[layout] = estimate_fn(spec, layout, cluster)
+            except NoStepError:  # counted under R_NOT_FINITE
+                estimates[layout] = None
         est = estimates[layout]
-        return est if _finite(est) else None
+        return est if est is not None and _finite(est) else None
 
     all_splits = splits(spec, gpus, refused)
     skipped = 0

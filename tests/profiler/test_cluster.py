@@ -193,6 +193,41 @@ def test_bad_field_is_refused_naming_file_and_field(tmp_path, old, new, field, p
     assert field in msg and problem in msg
 
 
+@pytest.mark.parametrize("old,new,field", [
+    ("hbm_gib = 24", "hbm_gib = 1e300", "hbm_gib"),  # was an OverflowError traceback in hbm_bytes
+    ("hbm_gbps = 900.0", "hbm_gbps = 1e-320", "hbm_gbps"),  # was a NaN step
+    ("bw_gbps = 12.5", "bw_gbps = 1e-320", "inter.bw_gbps"),  # was an infinite step
+    ("peak_tflops = 100.0", "peak_tflops = 1e300", "peak_tflops"),  # was an MFU of 0
+    ("gpus_per_node = 4", "gpus_per_node = 1e300", "gpus_per_node"),
+    ("gpus_per_node = 4", "gpus_per_node = 8192", "gpus_per_node"),
+    ("latency_us = 20", "latency_us = 2e6", "inter.latency_us"),
+])
+def test_implausible_numbers_are_refused(tmp_path, old, new, field):
+    msg = _refusal(tmp_path, _toml_with(old, new))
+    assert f"field {field} = " in msg and "plausible range" in msg
+
+
+def test_notes_list_is_a_tuple_and_the_cluster_hashable():
+    c = Cluster(name="t", peak_tflops=100.0, hbm_gib=80.0, hbm_gbps=2000.0, gpus_per_node=8,
+                intra=Link("nvl", 300.0, 3.0), inter=Link("ib", 25.0, 10.0), notes=["a", "b"])
+    assert c.notes == ("a", "b") and hash(c) == hash(c)
+
+
+def test_estimate_refuses_a_step_that_is_not_finite():
+    from dataclasses import replace
+
+    from profiler.costmodel import NoStepError, estimate
+    from profiler.layout import Layout, ModelSpec
+
+    spec = ModelSpec(layers=2, hidden=64, heads=4, ffn=256, vocab=100, seq=16, global_batch=4)
+    c = Cluster(name="t", peak_tflops=100.0, hbm_gib=80.0, hbm_gbps=2000.0, gpus_per_node=8,
+                intra=Link("nvl", 300.0, 3.0), inter=Link("ib", 25.0, 10.0))
+    # a hand-built cluster escapes the file bounds: 1e-320 GB/s HBM makes every memory-bound op inf
+    with pytest.raises(NoStepError, match="no usable step"):
+        estimate(spec, Layout(microbatch=4), replace(c, hbm_gbps=1e-320))
+    assert estimate(spec, Layout(microbatch=4), c).step_s > 0
+
+
 def test_link_that_is_not_a_table_is_refused(tmp_path):
     text = FULL_TOML.split("[intra]")[0] + 'intra = 5\n[inter]\nname = "x"\nbw_gbps = 1\nlatency_us = 1\n'
     msg = _refusal(tmp_path, text)
