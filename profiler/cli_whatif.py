@@ -167,8 +167,8 @@ def plan_main(argv: list[str] | None = None) -> int:
                 why = "; ".join(f"{n:,} {k}" for k, n in result.refused.items() if n)
                 raise ValueError(f"no layout of {args.gpus} GPUs divides this model and batch ({why})")
             raise ValueError(f"nothing fits: the smallest memory need of any layout is "
-                             f"{result.min_memory_bytes / 2**30:,.1f} GiB per GPU, over the {cluster.hbm_gib:g} GiB "
-                             f"HBM of {cluster.name} (more GPUs, a smaller model or a smaller global batch)")
+                             f"{result.min_memory_bytes / 2**30:,.1f} GiB per GPU, over the "
+                             f"{cluster.usable_hbm_bytes / 2**30:.1f} GiB usable of the {cluster.hbm_gib:g} GiB HBM of {cluster.name} (more GPUs, a smaller model or a smaller global batch)")
         print(format_plan(spec, args.gpus, cluster, result, args.top, params_note))
         if json_path is not None:
             report = plan_json(spec, args.gpus, cluster_to_dict(cluster), result, args.top, cluster)

@@ -45,6 +45,9 @@ class ClusterError(ValueError):
     """A cluster that cannot be used: the message names the file or preset and the field."""
 
 
+HBM_RESERVE_GIB = 2.0  # default reserve per GPU, GiB (Cluster.hbm_reserve_gib says what it holds)
+
+
 @dataclass(frozen=True)
 class Link:
     """One kind of link: `bw_gbps` GB/s (1e9 B/s) one way per GPU, `latency_us` per message."""
@@ -70,6 +73,11 @@ class Cluster:
     gemm_efficiency: float = 0.8  # large-GEMM share of peak (cuBLAS-class)
     hbm_efficiency: float = 0.8  # share of HBM bandwidth a streaming kernel reaches
     link_efficiency: float = 0.8  # share of a link's bandwidth a large collective reaches (busbw / link)
+    # HBM the training state cannot use (docs/whatif.md, "Clusters"): the CUDA context and kernel
+    # images (~0.8 GB at process start, pytorch/pytorch#34323), NCCL's buffers, which the PyTorch
+    # allocator does not see (PyTorch docs, "Understanding CUDA Memory Usage"), and the caching
+    # allocator's fragmentation (reserved above allocated). `fits` compares with HBM minus this.
+    hbm_reserve_gib: float = HBM_RESERVE_GIB
     # Where it came from (the preset or user file). Not part of equality: the same cluster
     # written to another file and read back is the same cluster.
     source: str = field(default="", compare=False)
@@ -83,6 +91,11 @@ class Cluster:
     @property
     def hbm_bytes(self) -> int:
         return int(self.hbm_gib * 2**30)
+
+    @property
+    def usable_hbm_bytes(self) -> int:
+        """HBM less the reserve: what parameters, gradients, optimizer state and activations may fill."""
+        return max(0, self.hbm_bytes - int(self.hbm_reserve_gib * 2**30))
 
 
 # The fields of a file: name -> (kind, required). Kinds: "str", "pos" (finite > 0), "nonneg"
@@ -98,6 +111,7 @@ CLUSTER_FIELDS = {
     "gemm_efficiency": ("eff", False),
     "hbm_efficiency": ("eff", False),
     "link_efficiency": ("eff", False),
+    "hbm_reserve_gib": ("nonneg", False),
     "notes": ("notes", False),
 }
 LINK_FIELDS = {"name": ("str", True), "bw_gbps": ("pos", True), "latency_us": ("nonneg", True)}
@@ -107,7 +121,7 @@ LINK_FIELDS = {"name": ("str", True), "bw_gbps": ("pos", True), "latency_us": ("
 # today's GPUs (H100: 989 TFLOP/s, 80 GiB, 3350 GB/s, 450 GB/s NVLink, 8 per node).
 BOUNDS = {
     "peak_tflops": (1e-6, 1e7), "hbm_gib": (1e-6, 1e6), "hbm_gbps": (1e-6, 1e7), "gpus_per_node": (1, 4096),
-    "bw_gbps": (1e-6, 1e6), "latency_us": (0.0, 1e6),
+    "bw_gbps": (1e-6, 1e6), "latency_us": (0.0, 1e6), "hbm_reserve_gib": (0.0, 1e6),
 }
 
 
@@ -197,6 +211,10 @@ def _from_dict(data: dict, *, label: str, source: str, default_name: str) -> Clu
     values.setdefault("name", default_name)
     for key in ("intra", "inter"):
         values[key] = Link(**_fields(values[key], LINK_FIELDS, label=label, where=f"{key}."))
+    reserve = values.get("hbm_reserve_gib", HBM_RESERVE_GIB)
+    if reserve >= values["hbm_gib"]:
+        raise ClusterError(f"{label}: field hbm_reserve_gib = {reserve:g} leaves nothing of hbm_gib = "
+                           f"{values['hbm_gib']:g} (it must be smaller)")
     return Cluster(**values, source=source)
 
 
@@ -277,7 +295,7 @@ def cluster_to_dict(cluster: Cluster) -> dict:
         "hbm_gbps": cluster.hbm_gbps, "gpus_per_node": cluster.gpus_per_node,
         "intra": link(cluster.intra), "inter": link(cluster.inter),
         "gemm_efficiency": cluster.gemm_efficiency, "hbm_efficiency": cluster.hbm_efficiency,
-        "link_efficiency": cluster.link_efficiency,
+        "link_efficiency": cluster.link_efficiency, "hbm_reserve_gib": cluster.hbm_reserve_gib,
     }
     if cluster.notes:
         out["notes"] = list(cluster.notes)

@@ -286,8 +286,8 @@ def estimate(spec: ModelSpec, layout: Layout, cluster: Cluster, *, compute_scale
     peak = layout.gpus * cluster.peak_tflops * 1e12
     mfu = 100.0 * flops_seq * spec.global_batch / (step * peak) if step > 0 else None
     mem = memory_per_gpu(spec, layout)
-    hbm = cluster.hbm_bytes
-    return Estimate(layout=layout, step_s=step, breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem, hbm_bytes=hbm,
-                    fits=mem["total"] <= hbm,
+    usable = cluster.usable_hbm_bytes
+    return Estimate(layout=layout, step_s=step, breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem,
+                    hbm_bytes=cluster.hbm_bytes, usable_hbm_bytes=usable, fits=mem["total"] <= usable,
                     assumptions=_assumptions(spec, layout, cluster, compute_scale) if detail else [],
                     dominant=_dominant(spec, layout, cluster, scale, step, terms) if detail else None)

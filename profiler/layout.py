@@ -257,7 +257,8 @@ class Estimate:
 
     breakdown_s: where the step goes, summing to step_s: "compute", "comm_exposed:<dim>" per
     dimension, "bubble", "optimizer", ... (docs/whatif.md names every key). memory_bytes: per GPU,
-    "params", "grads", "optimizer", "activations", "total"; fits: total <= the cluster's HBM.
+    "params", "grads", "optimizer", "activations", "total"; fits: total <= the cluster's usable HBM
+    (HBM less its hbm_reserve_gib).
     assumptions: every input that is assumed rather than measured, one line each; dominant: the
     assumption whose error would move step_s the most, with how much.
     """
@@ -271,9 +272,10 @@ class Estimate:
     fits: bool
     assumptions: list[str] = field(default_factory=list)
     dominant: str | None = None
+    usable_hbm_bytes: int | None = None  # HBM less the cluster's reserve: what `fits` compares with
 
     def as_dict(self) -> dict:
         return {"layout": self.layout.as_dict(), "layout_text": self.layout.short(), "step_s": self.step_s,
                 "breakdown_s": dict(self.breakdown_s), "mfu_pct": self.mfu_pct, "memory_bytes": dict(self.memory_bytes),
-                "hbm_bytes": self.hbm_bytes, "fits": self.fits, "assumptions": list(self.assumptions),
+                "hbm_bytes": self.hbm_bytes, "usable_hbm_bytes": self.usable_hbm_bytes, "fits": self.fits, "assumptions": list(self.assumptions),
                 "dominant": self.dominant}

@@ -166,7 +166,7 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
     spec.check()
     estimate_fn = estimate_fn or _real_estimate
     memory_fn = memory_fn or _real_memory
-    hbm = cluster.hbm_bytes
+    hbm = cluster.usable_hbm_bytes  # HBM less the reserve (context, NCCL, fragmentation)
     refused: Counter = Counter()
     considered, min_mem = 0, None
     kept: list[Layout] = []
@@ -352,7 +352,7 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
     inside a node, then PP across nodes (the fewest stages that fit), then DP outermost.
     docs/whatif.md, "Plan", says how each 'fits' is tested."""
     memory_fn = memory_fn or _real_memory
-    hbm = cluster.hbm_bytes
+    hbm = cluster.usable_hbm_bytes
     gb = spec.global_batch
     note = ""
     if gb % gpus:
@@ -390,7 +390,7 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
                 continue
             layout = _fitting(spec, Layout(dp=dp, tp=tp, pp=pp, zero=zero, sp=tp > 1), hbm, memory_fn)
             if layout is None:
-                failed.setdefault(f"over {cluster.hbm_gib:g} GiB HBM", set()).add(pp)
+                failed.setdefault(f"over the {cluster.usable_hbm_bytes / 2**30:.1f} GiB usable of {cluster.hbm_gib:g} GiB HBM", set()).add(pp)
                 continue
             extra = " with ZeRO-1 (the distributed optimizer)" if zero else ""
             lead = note[2:-1] + ": " if note else "no node holds the model: "

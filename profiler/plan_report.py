@@ -127,7 +127,8 @@ def header_lines(spec: ModelSpec, gpus: int, cluster: Cluster, checked_params: s
     lines = [f"model: {spec.count_params() / 1e9:,.2f} B params{checked_params}; {spec.layers} layers, hidden "
              f"{spec.hidden}, {spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}{moe}",
              f"batch: {spec.global_batch:,} sequences = {spec.tokens_per_step:,} tokens/step",
-             f"cluster: {cluster.name} ({cluster.peak_tflops:g} TFLOP/s, {cluster.hbm_gib:g} GiB HBM, "
+             f"cluster: {cluster.name} ({cluster.peak_tflops:g} TFLOP/s, {cluster.hbm_gib:g} GiB HBM "
+             f"({cluster.usable_hbm_bytes / 2**30:.1f} usable), "
              f"{cluster.gpus_per_node} GPUs/node; inside a node {cluster.intra.bw_gbps:g} GB/s ({cluster.intra.name}), "
              f"between nodes {cluster.inter.bw_gbps:g} GB/s per GPU ({cluster.inter.name})); "
              f"G = {gpus:,} GPUs = {nodes:,} nodes"]
@@ -173,7 +174,8 @@ def format_plan(spec: ModelSpec, gpus: int, cluster: Cluster, result: PlanResult
                 checked_params: str = "") -> str:
     lines = header_lines(spec, gpus, cluster, checked_params) + [""] + refused_lines(result) + [""]
     lines += table_lines(result, top)
-    lines += _wrap(f"  HBM {cluster.hbm_gib:g} GiB per GPU; comm s: exposed communication; bubble: pipeline idle share "
+    lines += _wrap(f"  HBM {cluster.hbm_gib:g} GiB per GPU, {cluster.usable_hbm_bytes / 2**30:.1f} usable (less "
+                   f"{cluster.hbm_reserve_gib:g} GiB reserve); comm s: exposed communication; bubble: pipeline idle share "
                    "of the step; z: ZeRO stage (3 = FSDP); mb=BxM: microbatch B sequences, M per step; "
                    "i1f1b: interleaved-1f1b, zb: zero-bubble; rc: recompute", "  ")
     lines += [""] + [w for line in why_lines(result, cluster) for w in _wrap(line)]

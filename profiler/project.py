@@ -408,7 +408,8 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
     # another layout: the cost model names its own dominant efficiency, unless the carried-over host time outweighs it
     dominant = ours if target == own or max(breakdown, key=breakdown.get) == "other" else other_dominant
     est = Estimate(layout=target, step_s=step_s, breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem,
-                   hbm_bytes=cluster.hbm_bytes, fits=(mem.get("total", 0) <= cluster.hbm_bytes) if mem else True,
+                   hbm_bytes=cluster.hbm_bytes, usable_hbm_bytes=cluster.usable_hbm_bytes,
+                   fits=(mem.get("total", 0) <= cluster.usable_hbm_bytes) if mem else True,
                    assumptions=assumptions, dominant=dominant)
     return {"estimate": est, "measured_step_s": proj["measured_step_s"], "coverage": cov, "source": source,
             "own_layout": own, "spec": spec, "work": work, "nodes": nodes or need_nodes, "own_step_s": proj["step_s"]}

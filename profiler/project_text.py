@@ -84,7 +84,8 @@ def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
     lines.append(f"MFU             {est.mfu_pct:.3g} %" if est.mfu_pct is not None else "MFU             -")
     if est.memory_bytes:
         parts = ", ".join(f"{k} {_gib(v)}" for k, v in est.memory_bytes.items() if k != "total")
-        lines.append(f"memory per GPU  {_gib(est.memory_bytes.get('total'))} of {_gib(est.hbm_bytes)} HBM: "
+        usable = f", {_gib(est.usable_hbm_bytes)} usable" if est.usable_hbm_bytes is not None else ""
+        lines.append(f"memory per GPU  {_gib(est.memory_bytes.get('total'))} of {_gib(est.hbm_bytes)} HBM{usable}: "
                      f"{'fits' if est.fits else 'DOES NOT FIT'}")
         lines += textwrap.wrap(parts, WIDTH, initial_indent="  ", subsequent_indent="  ")
     lines.append("")

@@ -70,7 +70,8 @@ def test_nothing_fits_names_the_smallest_need_and_the_hbm(capsys, tmp_path):
     code, out, err = _run(capsys, argv)
     line = _one_line_error(err)
     assert code == 2 and out == ""
-    assert "nothing fits" in line and "80 GiB" in line and "GiB per GPU" in line
+    # the H100 preset: 81,559 MiB = 79.65 GiB of HBM (nvidia-smi), 77.6 usable after the 2 GiB reserve
+    assert "nothing fits" in line and "77.6 GiB usable of the 79.65 GiB HBM" in line and "GiB per GPU" in line
 
 
 def test_plan_prints_and_writes_json(capsys, tmp_path):

@@ -115,3 +115,20 @@ def test_activations_are_in_the_parameter_dtype():
     # the whole model: 2-byte tensors double, masks and the head's fp32 logits (4sbV) do not
     ratio = memory_per_gpu(fp32, lay)["activations"] / memory_per_gpu(SPEC, lay)["activations"]
     assert 1.5 < ratio < 2
+
+
+def test_fits_leaves_the_hbm_reserve():
+    # HBM = the layout's total + 1 GiB: it fits the raw HBM but not HBM - the default 2 GiB reserve,
+    # and fits again with a 0.5 GiB reserve
+    from profiler.cluster import HBM_RESERVE_GIB
+
+    assert HBM_RESERVE_GIB == 2.0
+    spec = ModelSpec(layers=24, hidden=2048, heads=16, ffn=8192, vocab=51200, seq=2048, global_batch=8)
+    lay = Layout(microbatch=1, microbatches=8)
+    total = memory_per_gpu(spec, lay)["total"]
+    hbm_gib = (total + 1 * 2**30) / 2**30  # total + 1 GiB: fits the raw HBM, not HBM - 2 GiB
+    small = replace(GPU, hbm_gib=hbm_gib)
+    est = estimate(spec, lay, small)
+    assert est.hbm_bytes == int(hbm_gib * 2**30) and est.usable_hbm_bytes == est.hbm_bytes - 2 * 2**30
+    assert not est.fits  # fits=False: over the usable HBM
+    assert estimate(spec, lay, replace(small, hbm_reserve_gib=0.5)).fits

@@ -18,8 +18,9 @@ IB = Link("ib", 50.0, 10.0)
 
 
 def _cluster(gpus_per_node=4, hbm_gib=80.0, inter=IB) -> Cluster:
+    # no HBM reserve: the hand cases count memory in whole GiB of HBM
     return Cluster(name="test", peak_tflops=1000.0, hbm_gib=hbm_gib, hbm_gbps=3000.0, gpus_per_node=gpus_per_node,
-                   intra=NVLINK, inter=inter)
+                   intra=NVLINK, inter=inter, hbm_reserve_gib=0.0)
 
 
 TINY = ModelSpec(layers=4, hidden=64, heads=4, ffn=256, vocab=128, seq=8, global_batch=4)
