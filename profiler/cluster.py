@@ -50,11 +50,15 @@ HBM_RESERVE_GIB = 2.0  # default reserve per GPU, GiB (Cluster.hbm_reserve_gib s
 
 @dataclass(frozen=True)
 class Link:
-    """One kind of link: `bw_gbps` GB/s (1e9 B/s) one way per GPU, `latency_us` per message."""
+    """One kind of link: `bw_gbps` GB/s (1e9 B/s) one way per GPU, `latency_us` per message.
+    `peer_gbps` (optional, the intra link of a point-to-point mesh such as MI300X's xGMI): one
+    peer link's bandwidth, so a group of n in a node gets min(bw_gbps, (n-1)·peer_gbps) and a
+    send/recv one peer link (commcost.group_link). None: a switch (NVSwitch), any group gets bw_gbps."""
 
     name: str
     bw_gbps: float
     latency_us: float
+    peer_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,8 @@ CLUSTER_FIELDS = {
     "hbm_reserve_gib": ("nonneg", False),
     "notes": ("notes", False),
 }
-LINK_FIELDS = {"name": ("str", True), "bw_gbps": ("pos", True), "latency_us": ("nonneg", True)}
+LINK_FIELDS = {"name": ("str", True), "bw_gbps": ("pos", True), "latency_us": ("nonneg", True),
+               "peer_gbps": ("pos", False)}
 # Plausible ranges (inclusive) of the numbers, by field name: a value outside is a typo or a unit
 # mistake, and an extreme one overflows (hbm_gib 1e300 -> int) or makes a step of inf / NaN / 0
 # (a 1e-320 GB/s link, a 1e300 TFLOP/s peak). Wide on purpose: from a toy accelerator to 10^4x
@@ -122,6 +127,7 @@ LINK_FIELDS = {"name": ("str", True), "bw_gbps": ("pos", True), "latency_us": ("
 BOUNDS = {
     "peak_tflops": (1e-6, 1e7), "hbm_gib": (1e-6, 1e6), "hbm_gbps": (1e-6, 1e7), "gpus_per_node": (1, 4096),
     "bw_gbps": (1e-6, 1e6), "latency_us": (0.0, 1e6), "hbm_reserve_gib": (0.0, 1e6),
+    "peer_gbps": (1e-6, 1e6),
 }
 
 
@@ -288,7 +294,10 @@ def _kind(v) -> str:
 def cluster_to_dict(cluster: Cluster) -> dict:
     """The fields a cluster file holds (load_cluster reads back an equal Cluster)."""
     def link(l: Link) -> dict:
-        return {"name": l.name, "bw_gbps": l.bw_gbps, "latency_us": l.latency_us}
+        out = {"name": l.name, "bw_gbps": l.bw_gbps, "latency_us": l.latency_us}
+        if l.peer_gbps is not None:
+            out["peer_gbps"] = l.peer_gbps
+        return out
 
     out = {
         "name": cluster.name, "peak_tflops": cluster.peak_tflops, "hbm_gib": cluster.hbm_gib,

@@ -93,7 +93,7 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
         # backward (3 forward-sized passes in all), each step under the attention core it feeds.
         n_cp = 0.0
         if cp > 1:
-            link = commcost.group_link(cluster, cp, cp_stride, world_size=world)
+            link = commcost.group_link(cluster, cp, cp_stride, world_size=world, p2p=True)  # ring: to a neighbour
             n_cp = max(0.0, 3 * ((cp - 1) * _coll("send_recv", 2 * act / t, cp, link, cluster) - core_f))
         for key, val in (("gemm_f", gf), ("gemm_b", gb), ("mem_f", mf), ("mem_b", BWD_MEM_FACTOR * mf), ("rc", rc),
                          ("attn_f", core_f), ("gemm_w", gw), ("tp", n_tp), ("ep", n_ep), ("cp", n_cp)):
@@ -128,7 +128,7 @@ def _stage_param_counts(spec: ModelSpec, layout: Layout) -> tuple[float, float, 
 def _p2p_s(spec: ModelSpec, cluster: Cluster, b: int, cp: int, t: int, p: int, stride: int, world: int) -> float:
     """One pipeline send of a microbatch's b·s·h/t activation (Megatron's scatter/gather of the
     tp-split activation, or sp's shard) between neighbouring stages."""
-    link = commcost.group_link(cluster, p, stride, world_size=world)
+    link = commcost.group_link(cluster, p, stride, world_size=world, p2p=True)
     return _coll("send_recv", spec.param_bytes * b * (spec.seq // cp) * spec.hidden / t, 2, link, cluster)
 
 

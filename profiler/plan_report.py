@@ -8,7 +8,7 @@ from __future__ import annotations
 import textwrap
 
 from profiler.cluster import Cluster
-from profiler.commcost import group_link
+from profiler.commcost import crosses_nodes, group_link
 from profiler.layout import Estimate, Layout, ModelSpec, group_stride
 from profiler.plan import PlanResult
 
@@ -42,7 +42,7 @@ def _placement(layout: Layout, dim: str, cluster: Cluster) -> str:
     if size == 1:
         return f"{dim}=1"
     link = group_link(cluster, size, group_stride(layout, dim))
-    where = "inside a node" if link is cluster.intra else "across nodes"
+    where = "across nodes" if crosses_nodes(cluster, size, group_stride(layout, dim)) else "inside a node"
     return f"{dim}={size} on {link.name} ({where})"
 
 

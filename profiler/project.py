@@ -192,7 +192,8 @@ def comm_seconds(rows: pl.DataFrame, cluster: Cluster, world: int | None = None)
         if kind not in TRAFFIC_FACTOR or not calls or nbytes is None:
             out.append(None)
             continue
-        link = group_link(cluster, n or 1, stride or 1, world_size=world)
+        link = group_link(cluster, n or 1, stride or 1, world_size=world,
+                          p2p=kind in ("send", "recv", "send_recv"))
         out.append(calls * collective_s(kind, nbytes / calls, n or 1, link, efficiency=cluster.link_efficiency))
     return rows.with_columns(target_s=pl.Series(out, dtype=pl.Float64))
 
