@@ -82,6 +82,9 @@ class Cluster:
     # allocator does not see (PyTorch docs, "Understanding CUDA Memory Usage"), and the caching
     # allocator's fragmentation (reserved above allocated). `fits` compares with HBM minus this.
     hbm_reserve_gib: float = HBM_RESERVE_GIB
+    # streaming multiprocessors (compute units) per GPU, for wave quantization; None: by preset name
+    # (profiler.costmodel_ops.sm_count), or none at all for an unknown GPU
+    sms: int | None = None
     # Where it came from (the preset or user file). Not part of equality: the same cluster
     # written to another file and read back is the same cluster.
     source: str = field(default="", compare=False)
@@ -116,6 +119,7 @@ CLUSTER_FIELDS = {
     "hbm_efficiency": ("eff", False),
     "link_efficiency": ("eff", False),
     "hbm_reserve_gib": ("nonneg", False),
+    "sms": ("count", False),
     "notes": ("notes", False),
 }
 LINK_FIELDS = {"name": ("str", True), "bw_gbps": ("pos", True), "latency_us": ("nonneg", True),
@@ -127,7 +131,7 @@ LINK_FIELDS = {"name": ("str", True), "bw_gbps": ("pos", True), "latency_us": ("
 BOUNDS = {
     "peak_tflops": (1e-6, 1e7), "hbm_gib": (1e-6, 1e6), "hbm_gbps": (1e-6, 1e7), "gpus_per_node": (1, 4096),
     "bw_gbps": (1e-6, 1e6), "latency_us": (0.0, 1e6), "hbm_reserve_gib": (0.0, 1e6),
-    "peer_gbps": (1e-6, 1e6),
+    "peer_gbps": (1e-6, 1e6), "sms": (1, 100_000),
 }
 
 
@@ -306,6 +310,8 @@ def cluster_to_dict(cluster: Cluster) -> dict:
         "gemm_efficiency": cluster.gemm_efficiency, "hbm_efficiency": cluster.hbm_efficiency,
         "link_efficiency": cluster.link_efficiency, "hbm_reserve_gib": cluster.hbm_reserve_gib,
     }
+    if cluster.sms is not None:
+        out["sms"] = cluster.sms
     if cluster.notes:
         out["notes"] = list(cluster.notes)
     return out

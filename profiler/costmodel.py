@@ -14,7 +14,9 @@ cp, sp, recompute, ...) and are cached, so an estimate is a few dozen float oper
 from __future__ import annotations
 
 from dataclasses import replace
+from collections.abc import Mapping
 from functools import lru_cache
+from types import MappingProxyType
 
 from profiler import commcost
 from profiler.cluster import Cluster
@@ -42,8 +44,13 @@ def _coll(kind: str, nbytes: float, n: int, link, cluster: Cluster, algorithm: s
     return commcost.collective_s(kind, nbytes, n, link, efficiency=cluster.link_efficiency, algorithm=algorithm)
 
 
+def microbatch_costs(*args, **kwargs) -> Mapping[str, float]:
+    """_microbatch_costs (below) as a read-only mapping: the dict is shared by the cache."""
+    return MappingProxyType(_microbatch_costs(*args, **kwargs))
+
+
 @lru_cache(maxsize=16384)
-def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int, sp: bool, recompute: str,
+def _microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int, sp: bool, recompute: str,
                      ep: int, tp_stride: int, cp_stride: int, ep_stride: int, world: int | None = None) -> dict[str, float]:
     """Seconds of one microbatch on one GPU, per layer (`dense_*`, `moe_*`) and for the head:
     gemm_f / gemm_b (GEMMs forward / backward), gemm_w (the weight-gradient share of gemm_b), mem_f / mem_b (memory-bound ops), rc (what
@@ -112,16 +119,17 @@ def _check_spec(spec: ModelSpec) -> None:
 @lru_cache(maxsize=4096)
 def _spec_consts(spec: ModelSpec) -> tuple[float, float]:
     """(model FLOPs per sequence without recomputation, share of MoE layers)."""
-    moe_layers = spec.layers // spec.moe_every if spec.moe else 0
     fl = model_flops_per_sequence(spec.layers, spec.seq, spec.hidden, spec.heads, spec.ffn, spec.vocab,
-                                  spec.top_k if spec.moe else 0, moe_layers)
-    return fl, (moe_layers / spec.layers if spec.layers else 0.0)
+                                  spec.top_k if spec.moe else 0, spec.moe_layers)
+    return fl, spec.moe_share
 
 
 @lru_cache(maxsize=65536)
-def _stage_param_counts(spec: ModelSpec, layout: Layout) -> tuple[float, float, float]:
-    """(dense, expert, one layer's) parameters on a GPU of the most loaded stage (first or last)."""
-    return max((stage_params(spec, layout, st) for st in {0, layout.pp - 1}), key=lambda x: x[0] + x[1])
+def _stage_param_counts(spec: ModelSpec, tp: int, pp: int, ep: int) -> tuple[float, float, float]:
+    """(dense, expert, one layer's) parameters on a GPU of the most loaded stage (first or last);
+    they depend on tp, pp and ep only, so the cache is keyed on those, not the whole Layout."""
+    lay = Layout(dp=ep, tp=tp, pp=pp, ep=ep)
+    return max((stage_params(spec, lay, st) for st in {0, pp - 1}), key=lambda x: x[0] + x[1])
 
 
 @lru_cache(maxsize=16384)
@@ -155,7 +163,7 @@ def _layout_terms(spec: ModelSpec, lay: Layout) -> tuple:
     """What the assembly needs of the layout alone (shared by the dominant-assumption variants)."""
     _, moe = _spec_consts(spec)
     n = spec.layers / lay.pp  # layers of this GPU (all its interleaved chunks)
-    dense, expert, layer = _stage_param_counts(spec, lay)
+    dense, expert, layer = _stage_param_counts(spec, lay.tp, lay.pp, lay.ep)
     strides = (1, group_stride(lay, "cp"), group_stride(lay, "ep"), group_stride(lay, "pp"))
     return n, n * (1 - moe), n * moe, dense, expert, layer, strides
 
@@ -165,7 +173,7 @@ def _assemble(spec: ModelSpec, lay: Layout, cluster: Cluster, compute_scale: flo
     """breakdown_s (BREAKDOWN_KEYS) of one step; their sum is the step."""
     n, nd, nm, dense, expert, layer, (tp_st, cp_st, ep_st, pp_st) = terms or _layout_terms(spec, lay)
     t, p, m, cp, ep, world = lay.tp, lay.pp, lay.microbatches, lay.cp, lay.ep, lay.gpus
-    c = microbatch_costs(spec, cluster, lay.microbatch, t, cp, lay.sp, lay.recompute, ep, tp_st, cp_st, ep_st, world)
+    c = _microbatch_costs(spec, cluster, lay.microbatch, t, cp, lay.sp, lay.recompute, ep, tp_st, cp_st, ep_st, world)
     fwd = nd * (c["dense_gemm_f"] + c["dense_mem_f"]) + nm * (c["moe_gemm_f"] + c["moe_mem_f"])
     bwd = nd * (c["dense_gemm_b"] + c["dense_mem_b"]) + nm * (c["moe_gemm_b"] + c["moe_mem_b"])
     head = c["head_gemm"] + c["head_mem"]  # on the last stage, which sets the pipeline's pace

@@ -29,6 +29,8 @@ def sm_count(cluster: Cluster) -> int | None:
     if isinstance(n, int) and n > 0:
         return n
     name = (cluster.name or "").lower()
+    if "h100" in name and "pcie" in name:
+        return 114  # H100 PCIe: 114 SMs (NVIDIA H100 whitepaper), not the SXM5's 132
     for key, sms in SMS_BY_NAME.items():
         if key in name:
             return sms

@@ -60,6 +60,16 @@ class ModelSpec:
         return self.experts > 0
 
     @property
+    def moe_layers(self) -> int:
+        """Blocks whose MLP is a mixture of experts: every moe_every-th, L // moe_every of them."""
+        return self.layers // self.moe_every if self.moe else 0
+
+    @property
+    def moe_share(self) -> float:
+        """Share of the blocks that are MoE: (L // moe_every) / L (the same in FLOPs, memory, params)."""
+        return self.moe_layers / self.layers
+
+    @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq
 
@@ -70,7 +80,7 @@ class ModelSpec:
         untied head V·h."""
         h, f = self.hidden, self.ffn
         dense_mlp = 2 * h * f
-        moe_blocks = self.layers // self.moe_every if self.moe else 0
+        moe_blocks = self.moe_layers
         per_block = 4 * h * h + 4 * h
         mlp = (self.layers - moe_blocks) * dense_mlp + moe_blocks * (self.experts * dense_mlp + self.experts * h)
         return self.vocab * h + self.seq * h + self.layers * per_block + mlp + 2 * h + self.vocab * h

@@ -92,7 +92,7 @@ def stage_params(spec: ModelSpec, layout: Layout, stage: int) -> tuple[float, fl
     (V·h/t) on the last."""
     h, f, t = spec.hidden, spec.ffn, layout.tp
     n_layers = spec.layers / layout.pp
-    moe_frac = (1.0 / spec.moe_every) if spec.moe else 0.0
+    moe_frac = spec.moe_share  # (L // moe_every) / L, as the cost model and count_params
     attn = 4 * h * h / t + 4 * h
     dense_mlp = 2 * h * f / t
     expert_mlp = spec.experts * 2 * h * f / (t * layout.ep) if spec.moe else 0.0
@@ -120,7 +120,7 @@ def _stage_memory(spec: ModelSpec, layout: Layout, stage: int) -> dict[str, floa
     b, s, h, t = layout.microbatch, spec.seq, spec.hidden, layout.tp
     k_top = spec.top_k if spec.moe else 0
     held, mbs = in_flight(layout, spec.layers, stage)
-    moe_frac = (1.0 / spec.moe_every) if spec.moe else 0.0
+    moe_frac = spec.moe_share
     fl = spec.flash_attention
     ab = spec.param_bytes
     per_dense = layer_activation_bytes(b, s, h, spec.heads, spec.ffn, t, layout.sp, layout.recompute, 0, layout.cp, fl,

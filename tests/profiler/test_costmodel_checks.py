@@ -132,3 +132,46 @@ def test_fits_leaves_the_hbm_reserve():
     assert est.hbm_bytes == int(hbm_gib * 2**30) and est.usable_hbm_bytes == est.hbm_bytes - 2 * 2**30
     assert not est.fits  # fits=False: over the usable HBM
     assert estimate(spec, lay, replace(small, hbm_reserve_gib=0.5)).fits
+
+
+def test_sm_count_from_the_cluster_file_first_then_the_name():
+    from profiler.cluster import cluster_from_dict
+    from profiler.costmodel_ops import sm_count
+
+    # "H100 PCIe" has 114 SMs (NVIDIA H100 whitepaper), not the SXM5's 132 its name contains
+    assert sm_count(replace(GPU, name="H100 PCIe")) == 114
+    assert sm_count(replace(GPU, name="H100 SXM5")) == 132
+    assert sm_count(replace(GPU, name="H100 PCIe", sms=100)) == 100  # the field wins
+    c = cluster_from_dict({"name": "mine", "peak_tflops": 100.0, "hbm_gib": 24, "hbm_gbps": 900.0, "gpus_per_node": 4,
+                           "sms": 84, "intra": {"name": "p", "bw_gbps": 25.0, "latency_us": 5.0},
+                           "inter": {"name": "e", "bw_gbps": 12.5, "latency_us": 20}}, source="x")
+    assert c.sms == 84 and sm_count(c) == 84
+
+
+def test_moe_layer_share_is_the_same_in_memory_and_time():
+    from profiler.plan_memory import stage_params
+
+    # 8 layers, a MoE block every 3rd: 8 // 3 = 2 MoE blocks, share 2/8 (not 1/3) everywhere
+    spec = replace(MOE, moe_every=3)
+    assert (spec.moe_layers, spec.moe_share) == (2, 0.25)
+    # expert parameters on one GPU (tp = pp = ep = 1): 2 blocks x 4 experts x 2·h·ffn = 2 x 4 x 8,388,608
+    _, expert, _ = stage_params(spec, Layout(), 0)
+    assert expert == 2 * 4 * 2 * 1024 * 4096
+
+
+def test_microbatch_costs_cannot_be_changed_by_a_caller():
+    from profiler.costmodel import microbatch_costs
+
+    c = microbatch_costs(SPEC, GPU, 2, 1, 1, False, "none", 1, 1, 1, 1)
+    with pytest.raises(TypeError):
+        c["dense_gemm_f"] = 0.0
+    assert microbatch_costs(SPEC, GPU, 2, 1, 1, False, "none", 1, 1, 1, 1)["dense_gemm_f"] > 0
+
+
+def test_stage_param_cache_is_shared_by_layouts_of_the_same_tp_pp_ep():
+    from profiler.costmodel import _stage_param_counts
+
+    _stage_param_counts.cache_clear()
+    for mb, m, rc in ((1, 32, "none"), (2, 16, "full"), (4, 8, "selective")):
+        estimate(SPEC, Layout(microbatch=mb, microbatches=m, recompute=rc), GPU, detail=False)
+    assert _stage_param_counts.cache_info().currsize == 1
