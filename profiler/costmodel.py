@@ -202,6 +202,11 @@ def _assemble(spec: ModelSpec, lay: Layout, cluster: Cluster, compute_scale: flo
             # buckets under the last microbatch's backward: hidden but for the last bucket's share
             first = min(1.0, DDP_BUCKET_BYTES / grad_bytes)
             dp_exposed = max(red * first, red - bwd_mb * (1 - first)) + after
+            if lay.zero == 2 and m > 1:
+                # ZeRO-2 keeps only its shard of the gradients, so it cannot accumulate whole ones:
+                # every microbatch's gradients are reduce-scattered (DeepSpeed's ZeRO-2 reduces in
+                # each backward), each under its own microbatch's backward, the last one as above
+                dp_exposed += (m - 1) * max(0.0, red - bwd_mb)
     t_mb = comp + rc + tp + cpc + epc + pp + z3
     if p == 1:
         bubble = 0.0
@@ -259,7 +264,9 @@ def _assumptions(spec: ModelSpec, layout: Layout, cluster: Cluster, compute_scal
         "tp / ep communication not overlapped with compute (Megatron default); pp sends on the critical path",
     ]
     if layout.dp * layout.cp > 1:
-        out.append("dp gradient reduction in 25 MB buckets under the last microbatch's backward" if layout.zero < 3
+        out.append(("dp gradient reduce-scatter in 25 MB buckets under every microbatch's backward (ZeRO-2 keeps "
+                    "gradients sharded)" if layout.zero == 2 and layout.microbatches > 1 else
+                    "dp gradient reduction in 25 MB buckets under the last microbatch's backward") if layout.zero < 3
                    else "FSDP: each layer's all-gather prefetched under the previous layer's compute")
     if layout.pp > 1:
         out.append("pipeline bubble (p-1)/v of a microbatch's time, uniform stages paced by the last (head) stage"

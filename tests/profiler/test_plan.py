@@ -277,3 +277,26 @@ def test_the_memory_bounds_the_search_relies_on_hold_for_the_real_memory_model()
                     assert totals == sorted(totals), (zero, schedule, v, rc, sp, totals)
                     all_totals += totals
         assert min(all_totals) >= max(states)
+
+
+def test_zero2_reduce_scatters_every_microbatch():
+    # ZeRO-2 keeps only its shard of the gradients, so with m > 1 each microbatch's gradients are
+    # reduce-scattered (DeepSpeed's ZeRO-2). Model: 2 layers h=256, 2,120,192 params x 2 B on one
+    # GPU (tests/profiler/test_costmodel_terms.py counts them); dp=2 on a 0.01 GB/s link at
+    # efficiency 0.8 (8e6 B/s) and 2 µs: a reduce-scatter (or all-gather) over 2 moves half:
+    # 2e-6 + 2,120,192 x 2 / 2 / 8e6 = 0.265026 s, beside which the backward (~1e-4 s) is nothing.
+    # ZeRO-1, m=4: one reduce-scatter + one all-gather of the weights = 2 x 0.265026 s;
+    # ZeRO-2, m=4: four reduce-scatters + the all-gather = 5 x 0.265026 s
+    from profiler.costmodel import estimate
+
+    small = ModelSpec(layers=2, hidden=256, heads=4, ffn=1024, vocab=1000, seq=128, global_batch=8)
+    slow = Cluster(name="slow", peak_tflops=100.0, hbm_gib=80.0, hbm_gbps=1000.0, gpus_per_node=8,
+                   intra=Link("slow", 0.01, 2.0), inter=Link("ib", 0.01, 5.0),
+                   gemm_efficiency=0.8, hbm_efficiency=0.8, link_efficiency=0.8)
+    coll = 2e-6 + 2_120_192 * 2 / 2 / 8e6
+    z1 = estimate(small, Layout(dp=2, zero=1, microbatch=1, microbatches=4), slow)
+    z2 = estimate(small, Layout(dp=2, zero=2, microbatch=1, microbatches=4), slow)
+    z2_one = estimate(small, Layout(dp=2, zero=2, microbatch=4, microbatches=1), slow)
+    assert z1.breakdown_s["comm_exposed:dp"] == pytest.approx(2 * coll, rel=1e-3)
+    assert z2.breakdown_s["comm_exposed:dp"] == pytest.approx(5 * coll, rel=1e-3)
+    assert z2_one.breakdown_s["comm_exposed:dp"] == pytest.approx(2 * coll, rel=1e-3)  # m = 1: as ZeRO-1
