@@ -7,8 +7,9 @@ ranked is counted under the reason it was dropped, `PlanResult.refused`):
 
 1. splits dp·tp·pp (·ep inside dp for MoE) = G that divide: tp | heads, pp | layers, dp | global batch,
    ep | dp and ep | experts;
-2. per split, every microbatch size mb | global_batch/dp (microbatches m = global_batch/(dp·mb),
-   m >= pp), ZeRO stage (1-3 only where dp > 1), pipeline schedule (pp > 1: 1f1b, gpipe,
+2. per split, every microbatch size mb | global_batch/dp up to 64, powers of two beyond
+   (microbatch_sizes; microbatches m = global_batch/(dp·mb), m >= pp; global batch <= 2^24), ZeRO
+   stage (1-3 only where dp > 1; 2-3 only where pp = 1), pipeline schedule (pp > 1: 1f1b, gpipe,
    zero-bubble, interleaved-1f1b with v | layers/pp), recompute and sequence parallelism (tp > 1);
 3. memory first (cheap): a layout whose memory_per_gpu exceeds HBM is refused. Two bounds spare
    the calls: where the model state (params, grads, optimizer: split and ZeRO stage only) alone
@@ -39,6 +40,8 @@ EstimateFn = Callable[[ModelSpec, Layout, Cluster], Estimate]
 MemoryFn = Callable[[ModelSpec, Layout], dict]
 
 PIPELINE_SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
+MAX_DENSE_MB = 64  # every microbatch size up to this is searched, beyond it powers of two only
+MAX_GLOBAL_BATCH = 1 << 24  # sequences per step: 16.8 M (GPT-3 used 3.2 M tokens = 1,536 sequences)
 CHECK_TOP = 10  # the top layouts whose pruned neighbours are estimated (step 5)
 STATE_KEYS = ("params", "grads", "optimizer")  # memory_per_gpu's model state (the ZeRO table)
 
@@ -48,6 +51,7 @@ R_TP_FFN = "splits where tp does not divide the ffn"
 R_PP_LAYERS = "splits where pp does not divide the layers"
 R_DP_BATCH = "splits where dp does not divide the global batch"
 R_FEW_MB = "layouts with fewer microbatches than pipeline stages"
+R_ZERO_PP = "layouts with ZeRO-2/3 and a pipeline (DeepSpeed refuses them; Megatron's is ZeRO-1)"
 R_HBM = "layouts over HBM"
 R_RECOMPUTE = "layouts pruned: more recompute than needed to fit"
 R_SP_OFF = "layouts pruned: sp off (a probe found sp on no slower)"
@@ -118,6 +122,22 @@ def splits(spec: ModelSpec, gpus: int, refused: Counter | None = None) -> list[t
     return out
 
 
+def microbatch_sizes(per_dp: int) -> list[int]:
+    """The microbatch sizes searched for `per_dp` sequences per replica: its divisors up to
+    MAX_DENSE_MB, and beyond only the powers of two (a microbatch that large has long saturated the
+    GEMMs: only memory and the bubble still move, which powers of two sample). Keeps the search
+    small for any global batch: at most MAX_DENSE_MB + log2(per_dp) sizes."""
+    if per_dp > MAX_GLOBAL_BATCH:
+        raise ValueError(f"{per_dp:,} sequences per replica: over the {MAX_GLOBAL_BATCH:,} searched")
+    small = [d for d in range(1, min(per_dp, MAX_DENSE_MB) + 1) if per_dp % d == 0]
+    big, p = [], 1 << MAX_DENSE_MB.bit_length()
+    while p <= per_dp:
+        if per_dp % p == 0:
+            big.append(p)
+        p <<= 1
+    return small + big
+
+
 def _schedules(spec: ModelSpec, pp: int) -> list[tuple[str, int]]:
     if pp == 1:
         return [("1f1b", 1)]
@@ -131,15 +151,20 @@ def variants(spec: ModelSpec, split: tuple[int, int, int, int], refused: Counter
     refused = refused if refused is not None else Counter()
     dp, tp, pp, ep = split
     scheds = _schedules(spec, pp)
-    zeros = (0, 1, 2, 3) if dp > 1 else (0,)
+    # ZeRO-2/3 with a pipeline: not searched. DeepSpeed refuses ZeRO-2/3 with its pipeline engine
+    # (gradients sharded while microbatches accumulate), Megatron-LM's distributed optimizer
+    # (--use-distributed-optimizer) shards the optimizer state only, ZeRO-1's memory.
+    zeros = ((0, 1, 2, 3) if pp == 1 else (0, 1)) if dp > 1 else (0,)
     sps = (True, False) if tp > 1 else (False,)
     per_mb = len(scheds) * len(zeros) * len(sps) * len(RECOMPUTE)
     per_dp = spec.global_batch // dp
-    for mb in divisors(per_dp):
+    for mb in microbatch_sizes(per_dp):
         m = per_dp // mb
         if m < pp:
             refused[R_FEW_MB] += per_mb
             continue
+        if dp > 1 and pp > 1:
+            refused[R_ZERO_PP] += 2 * per_mb // len(zeros)
         for zero in zeros:
             for schedule, v in scheds:
                 for sp in sps:
@@ -164,6 +189,9 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
     `detail_top` (and the rule of thumb) are estimated again with them."""
     t0 = time.perf_counter()
     spec.check()
+    if spec.global_batch > MAX_GLOBAL_BATCH:
+        raise ValueError(f"--global-batch {spec.global_batch:,}: over the {MAX_GLOBAL_BATCH:,} sequences a plan "
+                         f"searches (the largest published runs use a few thousand)")
     estimate_fn = estimate_fn or _real_estimate
     memory_fn = memory_fn or _real_memory
     hbm = cluster.usable_hbm_bytes  # HBM less the reserve (context, NCCL, fragmentation)
@@ -336,7 +364,7 @@ def _fitting(spec: ModelSpec, base: Layout, hbm: int, memory_fn: MemoryFn) -> La
     rule of thumb takes: the largest for pp = 1 (fewest accumulation steps), 1 for pp > 1 (most
     microbatches, smallest bubble)."""
     per_dp = spec.global_batch // base.dp
-    mbs = [mb for mb in divisors(per_dp) if per_dp // mb >= base.pp]
+    mbs = [mb for mb in microbatch_sizes(per_dp) if per_dp // mb >= base.pp]
     if base.pp == 1:
         mbs = mbs[::-1]
     for rc in RECOMPUTE:

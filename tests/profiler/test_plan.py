@@ -10,7 +10,8 @@ import pytest
 
 from profiler.cluster import Cluster, Link
 from profiler.layout import Estimate, Layout, ModelSpec
-from profiler.plan import R_FEW_MB, R_HBM, R_RECOMPUTE, R_TP_HEADS, plan, rule_of_thumb
+from profiler.plan import (MAX_GLOBAL_BATCH, R_FEW_MB, R_HBM, R_RECOMPUTE, R_TP_HEADS, R_ZERO_PP, microbatch_sizes,
+                           plan, rule_of_thumb)
 
 GIB = 2**30
 NVLINK = Link("nvlink", 450.0, 3.0)
@@ -52,19 +53,20 @@ def _step(layout: Layout) -> float:
 def test_enumeration_is_complete_and_divides_on_a_tiny_case():
     # G = 4 GPUs, 4 heads, 4 layers, global batch 4. Splits (dp, tp, pp): (4,1,1) (2,2,1) (2,1,2)
     # (1,4,1) (1,2,2) (1,1,4), all dividing. Layouts per split (mb | 4/dp, m = 4/(dp·mb) >= pp;
-    # zero 0-3 only where dp > 1; schedules 1f1b, zero-bubble, gpipe and interleaved v | layers/pp,
+    # zero 0-3 only where dp > 1, 0-1 where pp > 1 too (no framework runs ZeRO-2/3 with a pipeline); schedules 1f1b, zero-bubble, gpipe and interleaved v | layers/pp,
     # v > 1, where pp > 1; recompute x3; sp x2 where tp > 1):
     #   (4,1,1): mb 1             x zero 4 x rc 3                   = 12
     #   (2,2,1): mb 1, 2          x zero 4 x rc 3 x sp 2            = 48
-    #   (2,1,2): mb 1 (m=2)       x zero 4 x sched 4 (v=2) x rc 3   = 48
+    #   (2,1,2): mb 1 (m=2)       x zero 2 x sched 4 (v=2) x rc 3   = 24 (zero 2, 3: 24 more dropped)
     #   (1,4,1): mb 1, 2, 4       x rc 3 x sp 2                     = 18
     #   (1,2,2): mb 1, 2          x sched 4 x rc 3 x sp 2           = 48
     #   (1,1,4): mb 1 (m=4)       x sched 3 (layers/pp = 1) x rc 3  =  9
-    # total 183; too few microbatches: (2,1,2) mb 2: 48, (1,2,2) mb 4: 24, (1,1,4) mb 2 and 4: 18 = 90
+    # total 159; too few microbatches: (2,1,2) mb 2: 24, (1,2,2) mb 4: 24, (1,1,4) mb 2 and 4: 18 = 66
     result = plan(TINY, 4, _cluster(), estimate_fn=_fake_estimate(_step), memory_fn=_no_memory, prune=False)
     layouts = [e.layout for e in result.ranked]
-    assert len(layouts) == 183 == result.considered == len(set(layouts))
-    assert result.refused == {R_FEW_MB: 90}
+    assert len(layouts) == 159 == result.considered == len(set(layouts))
+    assert result.refused == {R_FEW_MB: 66, R_ZERO_PP: 24}
+    assert not any(l.pp > 1 and l.zero >= 2 for l in layouts)
     for layout in layouts:
         layout.check(TINY, 4)  # raises if it does not divide
     assert {(l.dp, l.tp, l.pp) for l in layouts} == {(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 2, 2), (1, 1, 4)}
@@ -72,7 +74,7 @@ def test_enumeration_is_complete_and_divides_on_a_tiny_case():
     # 2 heads: tp = 4 no longer divides, one split fewer (the 18 layouts of (1,4,1))
     two_heads = plan(replace(TINY, hidden=64, heads=2), 4, _cluster(), estimate_fn=_fake_estimate(_step),
                      memory_fn=_no_memory, prune=False)
-    assert len(two_heads.ranked) == 183 - 18 and two_heads.refused[R_TP_HEADS] == 1
+    assert len(two_heads.ranked) == 159 - 18 and two_heads.refused[R_TP_HEADS] == 1
 
 
 def test_moe_adds_ep_dividing_dp_and_the_experts():
@@ -81,8 +83,8 @@ def test_moe_adds_ep_dividing_dp_and_the_experts():
     result = plan(moe, 4, _cluster(), estimate_fn=_fake_estimate(_step), memory_fn=_no_memory, prune=False)
     eps = {(e.layout.dp, e.layout.ep) for e in result.ranked}
     assert eps == {(4, 1), (4, 2), (2, 1), (2, 2), (1, 1)}
-    # the ep=2 copies of dp=4 (12) and of dp=2 (48 + 48) come on top of the 183
-    assert len(result.ranked) == 183 + 12 + 96
+    # the ep=2 copies of dp=4 (12) and of dp=2 (48 + 24) come on top of the 159
+    assert len(result.ranked) == 159 + 12 + 72
 
 
 @pytest.mark.parametrize("sp_gain", [0.002, -0.002])  # sp faster (pruned after the probe) / slower (kept)
@@ -102,7 +104,7 @@ def test_pruning_keeps_the_exhaustive_top(sp_gain):
     assert [e.layout for e in pruned.ranked[:10]] == [e.layout for e in full.ranked[:10]]
     assert pruned.evaluated < full.evaluated
     # nothing is lost without a count: ranked + every layout reason = the layouts considered
-    layout_reasons = sum(n for k, n in pruned.refused.items() if k.startswith("layouts") and k != R_FEW_MB)
+    layout_reasons = sum(n for k, n in pruned.refused.items() if k.startswith("layouts") and k not in (R_FEW_MB, R_ZERO_PP))
     assert len(pruned.ranked) + layout_reasons == pruned.considered == full.considered
     # recompute none never fits (3 > 2.5 units) unless sp halves it
     assert all(e.layout.recompute != "none" or e.layout.sp for e in full.ranked)
@@ -300,3 +302,14 @@ def test_zero2_reduce_scatters_every_microbatch():
     assert z1.breakdown_s["comm_exposed:dp"] == pytest.approx(2 * coll, rel=1e-3)
     assert z2.breakdown_s["comm_exposed:dp"] == pytest.approx(5 * coll, rel=1e-3)
     assert z2_one.breakdown_s["comm_exposed:dp"] == pytest.approx(2 * coll, rel=1e-3)  # m = 1: as ZeRO-1
+
+
+def test_microbatch_sizes_are_capped_and_the_global_batch_bounded():
+    # divisors up to 64, then powers of two only: 3 * 2^20 -> 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64,
+    # then 128, 256, ..., 2^20 (13 powers)
+    expected = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64] + [2**k for k in range(7, 21)]
+    assert microbatch_sizes(3 * 2**20) == expected
+    assert microbatch_sizes(96) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]  # 96 is no power of two
+    assert microbatch_sizes(128) == [1, 2, 4, 8, 16, 32, 64, 128]
+    with pytest.raises(ValueError, match="over the 16,777,216 sequences"):
+        plan(replace(TINY, global_batch=MAX_GLOBAL_BATCH + 1), 4, _cluster())
