@@ -403,8 +403,10 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
     tps = [t for t in divisors(spec.heads) if cluster.gpus_per_node % t == 0 and gpus % t == 0 and spec.ffn % t == 0]
     tp = tps[-1]
     failed: dict[str, set[int]] = {}  # why not -> the pp it stopped, for the message when none is left
-    for zero in (0, 1):
-        for pp in divisors(spec.layers):
+    # the fewest stages first; at each pp ZeRO-0, then ZeRO-1 (the distributed optimizer, which
+    # Megatron-LM runs with pipelines): a stage more is the rule's last resort, not ZeRO-1
+    for pp in divisors(spec.layers):
+        for zero in (0, 1):
             if gpus % (tp * pp):
                 continue
             dp = gpus // (tp * pp)
@@ -420,10 +422,13 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
             if layout is None:
                 failed.setdefault(f"over the {cluster.usable_hbm_bytes / 2**30:.1f} GiB usable of {cluster.hbm_gib:g} GiB HBM", set()).add(pp)
                 continue
-            extra = " with ZeRO-1 (the distributed optimizer)" if zero else ""
             lead = note[2:-1] + ": " if note else "no node holds the model: "
-            return RuleOfThumb(layout, f"{lead}tp={tp} inside a node, the fewest stages that fit (pp={pp}) "
-                                       f"across nodes, dp={layout.dp} outermost{extra}")
+            how = ("ZeRO-1 (the distributed optimizer): ZeRO-0 does not fit there" if zero else
+                   "ZeRO-0" + (", ZeRO-1 tried only where ZeRO-0 does not fit" if dp > 1 else ""))
+            moe = ("; ep=1: the rule has no expert-parallel step (every GPU holds all experts of its stage)"
+                   if spec.moe else "")
+            return RuleOfThumb(layout, f"{lead}tp={tp} inside a node, the fewest stages that fit (pp={pp}, {how}) "
+                                       f"across nodes, dp={layout.dp} outermost{moe}")
     whys = "; ".join(f"{why} at pp={','.join(map(str, sorted(pps)))}" for why, pps in failed.items())
     return RuleOfThumb(None, f"no layout of the rule divides and fits: DDP/FSDP do not fit or divide{note}; "
                              f"tp={tp} with ZeRO-0/1: {whys or 'no pp divides both the layers and G'}")

@@ -149,12 +149,18 @@ def test_rule_of_thumb_on_hand_cases():
     # 12 GiB: DDP no; ZeRO-1 over 8: 12·(1/4 + 3/4/8) = 4.125 -> ZeRO-1
     r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(12.0))
     assert (r.layout.dp, r.layout.zero) == (8, 1) and "ZeRO-1" in r.why
-    # 60 GiB: ZeRO-1 over 8: 60·(1/4 + 3/32) = 20.6 no; FSDP over a node of 4: 15 + 1 > 10 no;
-    # -> tp = 4 (GPUs per node, divides the 4 heads); pp = 1 (dp = 2): 60/4 = 15 no;
-    #    pp = 2 (dp = 1): 60/8 = 7.5 + 1 (mb 1, the most microbatches) fits with zero 0
-    r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(60.0))
+    # 72 GiB: ZeRO-1 over 8: 72·(1/4 + 3/32) = 24.75 no; FSDP over a node of 4: 18 + 1 > 10 no;
+    # -> tp = 4 (GPUs per node, divides the 4 heads); pp = 1 (dp = 2): 72/4 = 18 no, with ZeRO-1
+    #    18·(1/4 + 3/8) = 11.25 no; pp = 2 (dp = 1): 72/8 = 9 + 1 (mb 1, the most microbatches) fits with zero 0
+    r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(72.0))
     assert (r.layout.tp, r.layout.pp, r.layout.dp, r.layout.zero, r.layout.sp) == (4, 2, 1, 0, True)
-    assert r.layout.microbatch == 1 and "tp=4" in r.why
+    assert r.layout.microbatch == 1 and "tp=4" in r.why and "pp=2, ZeRO-0" in r.why
+    # 60 GiB: the fewest stages first, ZeRO-1 before a stage more: pp = 1 (dp = 2) zero 0: 15 no;
+    # ZeRO-1: 15·(1/4 + 3/8) = 9.375, + 1 GiB a sequence without recompute > 10, selective (no
+    # activations here) fits, at the largest microbatch (pp = 1): 8 of 16/2 -- not pp = 2 with zero 0
+    r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(60.0))
+    assert (r.layout.tp, r.layout.pp, r.layout.dp, r.layout.zero, r.layout.recompute) == (4, 1, 2, 1, "selective")
+    assert r.layout.microbatch == 8 and "pp=1, ZeRO-1" in r.why
     # 36 GiB: FSDP over a node of 4: 9 + 1 = 10 fits -> FSDP (zero 3) over all 8
     r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(36.0))
     assert (r.layout.dp, r.layout.zero) == (8, 3) and "FSDP" in r.why
