@@ -4,6 +4,7 @@ printed plan and its --json (ptprof.plan/1) with the real cost model on a small 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -116,6 +117,19 @@ def test_why_names_the_terms_that_make_the_gap_and_the_links():
     # 10.0 vs 10.04 s: a 0.4 % gap is a tie, and the line says what the tie trades
     c = est(Layout(dp=2, tp=8, pp=4, microbatches=16), compute=9.54, **{"comm_exposed:tp": 0.5})
     assert why(a, c, cluster, "#2").startswith("ties #2 (0.40 % faster")
+    # a tie with no term and no memory between them names the knobs that differ
+    d = est(Layout(dp=2, tp=8, pp=4, schedule="gpipe", microbatches=16), compute=9.0, **{"comm_exposed:tp": 1.0})
+    e = est(Layout(dp=2, tp=8, pp=4, microbatches=16), compute=9.001, **{"comm_exposed:tp": 1.0})
+    assert why(d, e, cluster, "#3").endswith("differs in schedule gpipe vs 1f1b")
+    # a tiny model's memory in the unit that shows it: 1.5 vs 3 MiB, not "0.0 vs 0.0 GiB"
+    f = replace(d, memory_bytes={"total": 3 * 2**19})
+    g = replace(e, memory_bytes={"total": 3 * 2**20})
+    assert "less memory 1.5 vs 3.0 MiB" in why(f, g, cluster, "#2")
+    # a pp gap made by interleaving names v (both on the same link): 6 chunks send 6x as often
+    h = est(Layout(dp=2, tp=8, pp=4, microbatches=16), compute=9.0, **{"comm_exposed:pp": 0.2})
+    i = est(Layout(dp=2, tp=8, pp=4, schedule="interleaved-1f1b", stages_per_rank=6, microbatches=16),
+            compute=9.0, **{"comm_exposed:pp": 1.2})
+    assert "v=1 vs 6: a send per chunk" in why(h, i, cluster, "#2")
 
 
 def test_flash_attention_is_passed_on_and_said(capsys):
