@@ -41,6 +41,13 @@ def test_bad_cluster_and_moe_are_one_line(capsys, argv, words):
     assert all(w in line for w in words), line
 
 
+def test_a_run_folder_as_cluster_points_to_project_save_cluster(capsys, tmp_path):
+    code, out, err = _run(capsys, MODEL + ["--gpus", "8", "--cluster", str(tmp_path)])
+    line = _one_line_error(err)
+    assert code == 2 and out == ""
+    assert f"--cluster {tmp_path}: a folder" in line and "ptprof project RUN --cluster RUN --save-cluster" in line
+
+
 def test_heads_not_dividing_hidden(capsys):
     argv = ["--layers", "24", "--hidden", "2048", "--heads", "24", "--seq", "2048", "--global-batch", "64",
             "--gpus", "8", "--cluster", "h100"]
