@@ -227,6 +227,8 @@ def parse_layout(text: str, base: Layout | None = None) -> tuple[Layout, set[str
         if not sep or key not in _KEYS:
             raise LayoutError(f"--layout item {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(set(_KEYS)))}")
         name = _KEYS[key]
+        if name in given:  # dp=2,dp=4 (or mb= and microbatch=): which one was meant?
+            raise LayoutError(f"--layout {key}={value}: {name} is given twice")
         if name in ("schedule", "recompute"):
             v = value.lower()
         elif name == "sp":
@@ -239,6 +241,10 @@ def parse_layout(text: str, base: Layout | None = None) -> tuple[Layout, set[str
             except ValueError:
                 raise LayoutError(f"--layout {key}={value!r}: a whole number is needed") from None
         out, _ = replace(out, **{name: v}), given.add(name)
+    if not given:
+        raise LayoutError(f"--layout {text!r}: empty; give KEY=VALUE items, e.g. dp=8,tp=8,pp=4")
+    if out.schedule == "interleaved-1f1b" and out.stages_per_rank == 1:
+        raise LayoutError("--layout schedule=interleaved-1f1b needs v >= 2 stages per rank (v=1 is 1f1b)")
     out.check()
     return out, given
 

@@ -319,3 +319,15 @@ def test_microbatch_sizes_are_capped_and_the_global_batch_bounded():
     assert microbatch_sizes(128) == [1, 2, 4, 8, 16, 32, 64, 128]
     with pytest.raises(ValueError, match="over the 16,777,216 sequences"):
         plan(replace(TINY, global_batch=MAX_GLOBAL_BATCH + 1), 4, _cluster())
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "empty"), (" , ", "empty"), ("dp=2,dp=4", "dp is given twice"), ("mb=1,microbatch=2", "microbatch is given twice"),
+    ("pp=2,schedule=interleaved-1f1b", "needs v >= 2"), ("pp=2,schedule=interleaved-1f1b,v=1", "v=1 is 1f1b"),
+])
+def test_parse_layout_refuses_empty_repeated_and_interleaved_v1(text, words):
+    from profiler.layout import LayoutError, parse_layout
+
+    with pytest.raises(LayoutError, match=words):
+        parse_layout(text)
+    assert parse_layout("pp=2,schedule=interleaved-1f1b,v=2")[0].stages_per_rank == 2
