@@ -77,6 +77,11 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
     manifest = next(iter(traces.runs.values()))
     if not isinstance(manifest, dict):
         raise TraceError(run_dir / "run.json", "unreadable or not a ptprof run.json")
+    if traces.problems:  # projecting from the ranks that loaded would be a silent wrong number
+        p = traces.problems[0]
+        more = f" (and {len(traces.problems) - 1} more)" if len(traces.problems) > 1 else ""
+        raise TraceError(p.path, f"{p.problem}{more}; project needs every rank of the run")
+    check_world(run_dir, manifest, traces.ranks.height)
     steps, ops, actions, colls = [], [], [], []
     for part, events in zip(traces.parts, traces.rank_events()):
         st = profiler_steps(events).filter(pl.col("has_profiler_steps"))
@@ -109,6 +114,16 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
     return RunWork(str(run_dir), manifest, traces.ranks, steps, ops,
                    pl.concat(acts) if acts else actions[0], pl.concat([c for c in colls if c.width], how="diagonal_relaxed"),
                    bool(traces.ranks["has_gpu"].any()))
+
+
+def check_world(run_dir: Path, manifest: dict, n_ranks: int) -> None:
+    """TraceError unless run.json's world_size is a whole number equal to the rank files loaded."""
+    world = manifest.get("world_size")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise TraceError(run_dir / "run.json", f"world_size is {world!r}: a whole number >= 1 is needed")
+    if world != n_ranks:
+        raise TraceError(run_dir / "run.json", f"world_size {world} but {n_ranks} rank file(s) loaded: "
+                                               "project needs one trace per rank")
 
 
 def _clipped(actions: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:

@@ -1,0 +1,52 @@
+"""`ptprof project` on damaged runs (reviewer's findings, issue 15): each refused with one line
+naming the file and the problem, exit 2 -- never a projection from what was left. Copies of the
+shipped traces/sample-* edited by hand; no new `ptprof run`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from profiler.cli_whatif import project_main
+
+SAMPLES = Path(__file__).resolve().parents[2] / "traces"
+
+
+def _copy(tmp_path, name="sample-ddp-2r", edit=None) -> Path:
+    run = tmp_path / name
+    shutil.copytree(SAMPLES / name, run)
+    if edit is not None:
+        manifest = json.loads((run / "run.json").read_text())
+        edit(manifest)
+        (run / "run.json").write_text(json.dumps(manifest))
+    return run
+
+
+def _error(argv, capsys) -> str:
+    assert project_main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    return err
+
+
+def test_a_rank_that_failed_to_load_is_refused(tmp_path, capsys):
+    run = _copy(tmp_path)
+    (run / "rank1.json.gz").write_bytes(b"garbage, not gzip")
+    err = _error([run, "--cluster", "h100"], capsys)
+    assert "rank1.json.gz" in err and "every rank" in err
+
+
+def test_a_missing_rank_file_is_refused(tmp_path, capsys):
+    run = _copy(tmp_path)
+    (run / "rank1.json.gz").unlink()
+    err = _error([run, "--cluster", "h100"], capsys)
+    assert "world_size 2 but 1 rank file" in err
+
+
+def test_world_size_not_matching_the_rank_files_is_refused(tmp_path, capsys):
+    run = _copy(tmp_path, edit=lambda m: (m.update(world_size=1), m.get("mesh", {}).update(dp=1)))
+    err = _error([run, "--cluster", "h100"], capsys)
+    assert "run.json" in err and "world_size 1 but 2 rank file" in err
