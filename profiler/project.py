@@ -12,10 +12,13 @@ step's ops of known work):
     exposed_t = comm_t − min(comm_t, ρ·O) (the compute that hid communication shrinks with it)
     other     = W − C − E                (host gaps and waits with neither: carried over as measured)
     step_t    = compute_t + exposed_t + other
-Pipelines: the schedule's order replayed with each action's op time × its own ρ (makespan M),
-the compute outside actions N scaled at ρ, and the rest of the measured step beyond the replay,
-R = W − M_src − N − P_src, carried over with its p2p time P re-timed on the target:
+Pipelines: the schedule's order replayed with each action's op time × its own ρ and the rest of
+its span (host time) as measured (makespan M), the compute outside the actions' ops N = C − their
+op time scaled at ρ, and the rest of the measured step beyond the replay, R = W − M_src − N − P_src,
+carried over with its p2p time P re-timed on the target:
     step_t = M_t + ρ·N + R + P_t
+    compute = the actions' re-timed op time + ρ·N; other = R + the actions' host time;
+    bubble = M_t − the actions' busy time
 The job's step: the slowest rank's mean over the profiled steps; measured: the mean window.
 """
 
@@ -289,7 +292,8 @@ def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: 
         arho=pl.col("target_us").filter(known).sum() / pl.col("dur_us").filter(known).sum())
     a = (a.join(arho, on="_a", how="left").join(st.select("rank", "step", "rho"), on=["rank", "step"], how="left")
          .with_columns(pl.col("op_us").fill_null(0.0).clip(0, pl.col("dur_us")))
-         .with_columns(t_us=pl.col("dur_us") + pl.col("op_us") * (pl.coalesce("arho", "rho", pl.lit(1.0)) - 1)))
+         .with_columns(op_t_us=pl.col("op_us") * pl.coalesce("arho", "rho", pl.lit(1.0)))
+         .with_columns(t_us=pl.col("dur_us") - pl.col("op_us") + pl.col("op_t_us")))
     p2p_t = _comm_per_step(rows_t, st, p2p=True).rename({"comm_s": "p2p_t"})
     p2p_src = _comm_per_step(rows_src, st, p2p=True).rename({"comm_s": "p2p_src"})
     # one replay per pipeline: a hybrid run has dp replicas of it (run.json hybrid.groups.pp)
@@ -311,21 +315,25 @@ def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: 
                                  last_stage=last_stage)
             if src is None or tgt is None:
                 raise ValueError(f"{work.run_dir}: the pipeline order of step {step} does not replay (deadlock)")
-            busy = sa.group_by("rank").agg(pl.col("dur_us").sum(), pl.col("t_us").sum())
-            for r, b_src, b_t in busy.iter_rows():
+            busy = sa.group_by("rank").agg(pl.col("dur_us").sum(), pl.col("t_us").sum(), pl.col("op_us").sum(),
+                                           pl.col("op_t_us").sum())
+            for r, b_src, b_t, op_src, op_t in busy.iter_rows():
                 out.append({"rank": r, "step": step, "m_src": src[1] * 1e-6, "m_t": tgt[1] * 1e-6,
-                            "a_src": b_src * 1e-6, "a_t": b_t * 1e-6})
+                            "a_src": b_src * 1e-6, "a_t": b_t * 1e-6, "op_src": op_src * 1e-6, "op_t": op_t * 1e-6})
     rep = pl.DataFrame(out, schema={"rank": pl.Int32, "step": pl.Int64, "m_src": pl.Float64, "m_t": pl.Float64,
-                                    "a_src": pl.Float64, "a_t": pl.Float64})
+                                    "a_src": pl.Float64, "a_t": pl.Float64, "op_src": pl.Float64, "op_t": pl.Float64})
     us = 1e-6
     st = (st.join(rep, on=["rank", "step"], how="left").join(p2p_t, on=["rank", "step"], how="left")
           .join(p2p_src, on=["rank", "step"], how="left").fill_null(0.0))
-    n = (pl.col("compute_us") * us - pl.col("a_src")).clip(0)  # compute outside the action spans
+    # compute outside the actions' ops (the optimizer, the loss outside a span): the breakdown's
+    # compute less the op time inside the actions, re-timed at the step's ρ. An action's span beyond
+    # its ops (Python between them) is host time: kept as measured in the replay, shown as "other".
+    n = (pl.col("compute_us") * us - pl.col("op_src")).clip(0)
     resid = (pl.col("window_us") * us - pl.col("m_src") - n - pl.col("p2p_src")).clip(0)
-    return st.with_columns(compute_t=pl.col("a_t") + n * pl.col("rho"),
+    return st.with_columns(compute_t=pl.col("op_t") + n * pl.col("rho"),
                            bubble=(pl.col("m_t") - pl.col("a_t")).clip(0),
                            exposed=pl.col("p2p_t") + pl.col("comm_t_s"),
-                           other=resid)
+                           other=resid + pl.col("a_t") - pl.col("op_t"))
 
 
 # ---------------------------------------------------------------------------------------------
