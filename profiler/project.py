@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from pathlib import Path
 
@@ -33,6 +34,7 @@ import polars as pl
 
 from profiler.cluster import Cluster
 from profiler.commcost import TRAFFIC_FACTOR, collective_s, group_link
+from profiler.costmodel_ops import model_flops_per_sequence
 from profiler.discover import read_manifest
 from profiler.errors import TraceError
 from profiler.layout import Estimate, Layout, LayoutError, ModelSpec, group_stride, parse_layout
@@ -72,35 +74,69 @@ def calibrate_cluster(run_dir: str) -> Cluster:
 # The run's model and layout
 
 
+# plan's flag names in ModelSpec.check's messages -> the run.json fields they came from
+RUN_FIELDS = {"--layers": "model.n_layers", "--hidden": "model.d_model", "--heads": "model.n_heads",
+              "--vocab": "model.vocab_size", "--seq": "model.seq_len", "--global-batch": "global_batch_size",
+              "--ffn": "model.mlp_ratio x d_model", "--moe": "moe.experts,top_k"}
+PARAMS_TOLERANCE_PCT = 1.0  # run.json's model.n_params further than this from the dims' count is refused
+
+
+def run_fields(msg: str) -> str:
+    """A ModelSpec/Layout check's message with plan's flags named as run.json's fields."""
+    for flag, field in RUN_FIELDS.items():
+        msg = re.sub(re.escape(flag) + r"\b(?!-)", field, msg)
+    return msg
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 def run_spec(manifest: dict, where: str = "run.json") -> ModelSpec:
-    """The ModelSpec of a run.json's `model` block; ValueError naming the missing field."""
+    """The ModelSpec of a run.json's `model` block; ValueError naming the run.json field that is
+    missing, not a number (NaN, a string) or inconsistent (n_params against the dims' count)."""
     model = manifest.get("model") if isinstance(manifest.get("model"), dict) else {}
     need = {"n_layers": "layers", "d_model": "hidden", "n_heads": "heads", "vocab_size": "vocab", "seq_len": "seq"}
     vals = {}
     for key, field in need.items():
         v = model.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{where}: model.{key} is {v!r}: project needs the model dims (n_layers, d_model, n_heads, "
-                             "vocab_size, seq_len, mlp_ratio) that `ptprof run` writes")
+        if not _whole(v):
+            raise ValueError(f"{where}: model.{key} is {v!r}: project needs the model dims (n_layers, d_model, "
+                             "n_heads, vocab_size, seq_len, mlp_ratio) that `ptprof run` writes")
         vals[field] = v
     gb = manifest.get("global_batch_size")
-    if not isinstance(gb, int) or isinstance(gb, bool) or gb < 1:
+    if not _whole(gb):
         raise ValueError(f"{where}: global_batch_size is {gb!r}: a whole number >= 1 is needed")
     ratio = model.get("mlp_ratio", 4)
-    ratio = ratio if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0 else 4
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 0 \
+            or not float(ratio * vals["hidden"]).is_integer():
+        raise ValueError(f"{where}: model.mlp_ratio is {ratio!r}: a number > 0 giving a whole ffn = ratio x d_model "
+                         "is needed")
     dtypes, _, why = run_dtypes(manifest)
     if why:
         raise ValueError(f"{where}: {why}")
     moe = manifest.get("moe") if isinstance(manifest.get("moe"), dict) else {}
-    experts = moe.get("experts") if isinstance(moe.get("experts"), int) else 0
-    top_k = moe.get("top_k") if isinstance(moe.get("top_k"), int) else (2 if experts else 0)
-    moe_layers = moe.get("moe_layers")
-    every = vals["layers"] // len(moe_layers) if isinstance(moe_layers, list) and moe_layers else 1
-    spec = ModelSpec(ffn=int(ratio * vals["hidden"]), global_batch=gb, experts=experts, top_k=min(top_k, experts),
-                     moe_every=max(every, 1),
-                     param_bytes=dtypes.param, grad_bytes=dtypes.grad, optimizer_bytes_per_param=dtypes.optimizer_per_param,
-                     **vals)
-    spec.check()
+    experts, top_k, moe_layers = moe.get("experts", 0), moe.get("top_k", 2 if moe.get("experts") else 0), moe.get("moe_layers")
+    for key, v in (("experts", experts), ("top_k", top_k)):
+        if not (_whole(v) or v == 0) or isinstance(v, bool):
+            raise ValueError(f"{where}: moe.{key} is {v!r}: a whole number >= 0 is needed")
+    if moe_layers is not None and not (isinstance(moe_layers, list) and moe_layers
+                                       and all(_whole(x) or x == 0 for x in moe_layers)):
+        raise ValueError(f"{where}: moe.moe_layers is {moe_layers!r}: a list of layer indices is needed")
+    every = vals["layers"] // len(moe_layers) if moe_layers else 1
+    try:
+        spec = ModelSpec(ffn=int(ratio * vals["hidden"]), global_batch=gb, experts=experts, top_k=min(top_k, experts),
+                         moe_every=max(every, 1), param_bytes=dtypes.param, grad_bytes=dtypes.grad,
+                         optimizer_bytes_per_param=dtypes.optimizer_per_param, **vals)
+        spec.check()
+    except LayoutError as e:
+        raise ValueError(f"{where}: {run_fields(str(e))}") from None
+    n = model.get("n_params")
+    if n is not None:
+        counted = spec.count_params()
+        if not _whole(n) or abs(n - counted) > PARAMS_TOLERANCE_PCT / 100 * counted:
+            raise ValueError(f"{where}: model.n_params {n!r} is not the {counted:,} parameters its dims give "
+                             f"(more than {PARAMS_TOLERANCE_PCT:g} % off): a damaged run.json?")
     return spec
 
 
@@ -109,6 +145,8 @@ def run_layout(manifest: dict, spec: ModelSpec, where: str = "run.json") -> Layo
     paradigm = manifest.get("paradigm")
     mesh = manifest.get("mesh") if isinstance(manifest.get("mesh"), dict) else {}
     world = manifest.get("world_size")
+    if not _whole(world):
+        raise ValueError(f"{where}: world_size is {world!r}: a whole number >= 1 is needed")
     deg = {k: int(v) for k, v in mesh.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 1}
     pipe = manifest.get("pipeline") if isinstance(manifest.get("pipeline"), dict) else {}
     opts = manifest.get("options") if isinstance(manifest.get("options"), dict) else {}
@@ -142,6 +180,10 @@ def run_layout(manifest: dict, spec: ModelSpec, where: str = "run.json") -> Layo
                               recompute="full" if recompute_on(manifest) else "none")  # the runners checkpoint whole blocks
     if lay.gpus != world:
         raise ValueError(f"{where}: mesh {mesh} of paradigm {paradigm!r} gives {lay.gpus} GPUs, not world_size {world}")
+    try:
+        lay.check(spec)
+    except LayoutError as e:
+        raise ValueError(f"{where}: the run's layout ({paradigm}, mesh {mesh}): {run_fields(str(e))}") from None
     return lay
 
 
@@ -185,7 +227,8 @@ def comm_rows(work: RunWork, layout: Layout) -> pl.DataFrame:
             strides[dim] = group_stride(layout, {"sp": "tp"}.get(dim, dim))
         except LayoutError:
             strides[dim] = 1
-    return frame.with_columns(stride=pl.col("dim").replace_strict(strides, default=1, return_dtype=pl.Int64)), facts.get("why")
+    why = facts.get("why") or (None if frame.height else "profiler.theory.predict_run gives no rows")
+    return frame.with_columns(stride=pl.col("dim").replace_strict(strides, default=1, return_dtype=pl.Int64)), why
 
 
 def comm_seconds(rows: pl.DataFrame, cluster: Cluster, world: int | None = None) -> pl.DataFrame:
@@ -341,11 +384,11 @@ def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: 
 
 
 def model_flops_per_step(spec: ModelSpec) -> float:
-    """6·N·T + 12·L·h·s·T (Narayanan et al. 2021 eq. 3 without recomputation: forward and backward of
-    every weight, and of attention's QK^T and PV), T = tokens per step. MoE: the dense count (an
-    approximation: experts add parameters that only top_k/E of the tokens touch)."""
-    tokens = spec.tokens_per_step
-    return 6.0 * spec.count_params() * tokens + 12.0 * spec.layers * spec.hidden * spec.seq * tokens
+    """Model FLOPs of one step: the cost model's definition (profiler.costmodel_ops.
+    model_flops_per_sequence: 3 x the forward GEMMs of every layer, attention's QK^T and PV and the
+    head; a MoE layer counts its top_k experts, not all of them) x the global batch."""
+    return model_flops_per_sequence(spec.layers, spec.seq, spec.hidden, spec.heads, spec.ffn, spec.vocab,
+                                    spec.top_k if spec.moe else 0, spec.moe_layers) * spec.global_batch
 
 
 def memory_of(spec: ModelSpec, layout: Layout) -> tuple[dict[str, int], str | None]:
@@ -395,6 +438,9 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
         "other: host time with neither compute nor communication (Python, dispatch gaps, waits) carried over as "
         "measured; no per-kernel launch overhead is added",
     ]
+    if proj["comm_why"] and work.world > 1:  # a multi-rank step without its communication: wrong, not partial
+        raise ValueError(f"{where}: issue 8's theory predicts no communication for this {work.world}-rank run "
+                         f"({proj['comm_why']}): project cannot time its collectives")
     if proj["comm_why"]:
         assumptions.append(f"no communication predicted: {proj['comm_why']}")
     if proj["pipeline"]:
@@ -413,6 +459,10 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
     if not (math.isfinite(step_s) and step_s > 0) or any(not math.isfinite(v) or v < 0 for v in breakdown.values()):
         raise ValueError(f"{run_dir}: the projection gives no usable step ({step_s!r} s; breakdown {breakdown}): "
                          "a damaged trace or cluster?")
+    if mfu is not None and mfu > 100:  # more model FLOPs per second than the target's peak: impossible
+        raise ValueError(f"{run_dir}: the projected step {step_s * 1e3:.4g} ms gives MFU {mfu:.0f} % > 100 % "
+                         f"({model_flops_per_step(spec):.3g} model FLOP on {target.gpus} x {cluster.peak_tflops:g} "
+                         "TFLOP/s): the run's measured compute is implausibly short (a damaged trace?)")
     ours = _dominant(breakdown, step_s, cov)
     # another layout: the cost model names its own dominant efficiency, unless the carried-over host time outweighs it
     dominant = ours if target == own or max(breakdown, key=breakdown.get) == "other" else other_dominant

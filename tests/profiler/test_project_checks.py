@@ -64,3 +64,50 @@ def test_pipeline_host_time_inside_actions_is_not_compute():
     b = d["estimate"].breakdown_s
     assert b["compute"] < 0.5e-3
     assert b["other"] > 8e-3
+
+
+def test_model_flops_count_top_k_experts_by_hand():
+    # tiny MoE: L=2 (one MoE layer of 4 experts, top-2), h=64, heads=4, ffn=256, V=256, s=32, B=8.
+    # Forward FLOPs per token of a layer: 6h² + 2h² (QKV, out) + 4·s·h (QK^T, PV) + 4·h·ffn·k (MLP):
+    #   dense (k=1): 24576 + 8192 + 8192 + 65536 = 106496; MoE (k=2): 172032
+    # per sequence: 32·(106496 + 172032) + head 2·s·h·V 1,048,576 = 9,961,472; x3 passes x8 sequences.
+    from profiler.layout import ModelSpec
+    from profiler.project import model_flops_per_step
+
+    spec = ModelSpec(layers=2, hidden=64, heads=4, ffn=256, vocab=256, seq=32, global_batch=8, experts=4,
+                     top_k=2, moe_every=2)
+    assert model_flops_per_step(spec) == pytest.approx(3 * 8 * 9_961_472)
+
+
+def test_implausible_mfu_is_refused(tmp_path, capsys):
+    # the same measured step for a million times the batch: more model FLOPs per second than the peak
+    run = _copy(tmp_path, edit=lambda m: m.update(global_batch_size=8_000_000))
+    err = _error([run, "--cluster", run], capsys)
+    assert "MFU" in err and "> 100 %" in err
+
+
+def test_n_params_not_matching_the_dims_is_refused(tmp_path, capsys):
+    run = _copy(tmp_path, edit=lambda m: m["model"].update(n_params=2 * 133_760))
+    err = _error([run, "--cluster", "h100"], capsys)
+    assert "model.n_params 267520" in err and "133,760" in err
+
+
+@pytest.mark.parametrize("field, value", [("mlp_ratio", float("nan")), ("mlp_ratio", "4"), ("d_model", 64.0)])
+def test_non_numbers_in_run_json_are_refused(tmp_path, capsys, field, value):
+    run = _copy(tmp_path, edit=lambda m: m["model"].update({field: value}))
+    err = _error([run, "--cluster", "h100"], capsys)
+    assert f"model.{field}" in err
+
+
+def test_spec_errors_name_run_json_fields(tmp_path, capsys):
+    run = _copy(tmp_path, edit=lambda m: m["model"].update(n_heads=3))
+    err = _error([run, "--cluster", "h100"], capsys)
+    assert "run.json" in err and "model.n_heads 3" in err and "model.d_model 64" in err and "--heads" not in err
+
+
+def test_multi_rank_run_without_predicted_communication_is_refused(tmp_path, capsys, monkeypatch):
+    import profiler.project as project
+
+    monkeypatch.setattr(project, "predict_run", lambda manifest: ([], {"why": "a damaged run.json"}))
+    err = _error([SAMPLES / "sample-ddp-2r", "--cluster", "h100"], capsys)
+    assert "no communication" in err and "a damaged run.json" in err
