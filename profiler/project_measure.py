@@ -95,6 +95,10 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
         gloo_threads = _gloo_worker_threads(ev).select("pid", "tid")
         file = traces.ranks.filter(pl.col("rank") == part.rank)["file"][0]
         rank_ops = trace_ops(file).join(gloo_threads, on=["pid", "tid"], how="anti")
+        bad = rank_ops.filter(pl.col("klass") == "bad_shape")
+        if bad.height:  # no tensor has such a dim: the file is damaged, its ops' work cannot be trusted
+            raise TraceError(file, f"{bad.height} ops (first {bad['name'][0]}) record a negative or absurd dimension "
+                                   "in their Input Dims: a damaged trace")
         if (ev["device"] == "gpu").any():
             rank_ops = with_kernel_times(rank_ops, ev)
         ops.append(ops_in_steps(rank_ops, st.select("start_us", "end_us", "step")).with_columns(

@@ -24,6 +24,9 @@ is not that op's work: its time is taken off the op's duration. Outermost functi
 ops (`_c10d_functional::*`) are kept as class "wait": profiler.breakdown counts them as compute,
 project moves them to communication.
 
+An op whose `Input Dims` hold a dimension no tensor has (negative, over 2^40, or over 2^44
+elements) is class "bad_shape" with no work; `ptprof project` refuses the file (a damaged trace).
+
 The event frame (profiler.parse) keeps shapes of collectives only; the shapes of compute ops are
 read here from the trace file itself, once per file, into a small frame.
 """
@@ -70,7 +73,7 @@ TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long
 OP_COLUMNS = {"pid": pl.Int64, "tid": pl.Int64, "ts_us": pl.Float64, "dur_us": pl.Float64, "name": pl.String,
               "klass": pl.String, "flops": pl.Float64, "bytes": pl.Float64, "batch": pl.Int64, "m": pl.Int64,
               "n": pl.Int64, "k": pl.Int64, "elem_bytes": pl.Int64}
-KLASSES = ("matmul", "attention", "memory", "unknown", "wait")
+KLASSES = ("matmul", "attention", "memory", "unknown", "wait", "bad_shape")
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -93,8 +96,23 @@ class _Doc(msgspec.Struct, gc=False):
     traceEvents: list[_Ev] = []  # noqa: N815 (the trace's own key)
 
 
+MAX_DIM = 1 << 40  # a tensor dimension beyond this (or below 0) is a damaged trace, not a shape
+MAX_ELEMENTS = 1 << 44
+
+
 def _shape(d) -> list[int] | None:
-    return d if isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in d) else None
+    """A tensor's dims, None unless a list of whole numbers in [0, MAX_DIM] of at most MAX_ELEMENTS."""
+    ok = isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_DIM for x in d)
+    return d if ok and math.prod(d) <= MAX_ELEMENTS else None
+
+
+def bad_dims(dims) -> bool:
+    """Whether an op's `Input Dims` hold a dimension no tensor has (negative, or absurdly large)."""
+    def bad(d) -> bool:
+        if isinstance(d, list) and d and all(isinstance(x, list) for x in d):  # a TensorList
+            return any(bad(x) for x in d)
+        return isinstance(d, list) and all(isinstance(x, int) for x in d) and _shape(d) is None
+    return isinstance(dims, list) and any(bad(d) for d in dims)
 
 
 def gemm_shape(name: str, dims: list) -> tuple[int, int, int, int] | None:
@@ -169,6 +187,8 @@ def op_work(name: str, dims, types) -> tuple[str, float | None, float | None, tu
     (batch, m, n, k) of a matmul, (B·H, Sq, Sk, D) of attention."""
     dims = dims if isinstance(dims, list) else []
     types = types if isinstance(types, list) else []
+    if bad_dims(dims):  # no tensor has such a dim: class "bad_shape", work unknown (project refuses the file)
+        return "bad_shape", None, None, None, None
     elem = next((TYPE_BYTES[t] for t in types if t in TYPE_BYTES), None)
     if name in MATMUL:
         g = gemm_shape(name, dims)

@@ -111,3 +111,24 @@ def test_multi_rank_run_without_predicted_communication_is_refused(tmp_path, cap
     monkeypatch.setattr(project, "predict_run", lambda manifest: ([], {"why": "a damaged run.json"}))
     err = _error([SAMPLES / "sample-ddp-2r", "--cluster", "h100"], capsys)
     assert "no communication" in err and "a damaged run.json" in err
+
+
+def test_negative_input_dims_are_refused(tmp_path, capsys):
+    import gzip
+
+    run = _copy(tmp_path)
+    doc = json.loads(gzip.decompress((run / "rank0.json.gz").read_bytes()))
+    for e in doc["traceEvents"]:
+        if e.get("name") == "aten::mm":
+            e["args"]["Input Dims"] = [[-x for x in d] if isinstance(d, list) else d for d in e["args"]["Input Dims"]]
+    (run / "rank0.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    err = _error([run, "--cluster", run], capsys)
+    assert "rank0.json.gz" in err and "negative or absurd dimension" in err
+
+
+def test_shape_reader_refuses_negative_and_absurd_dims():
+    from profiler.workload import op_work
+
+    assert op_work("aten::mm", [[4, 8], [8, 2]], ["float", "float"])[1] == 2 * 4 * 8 * 2
+    assert op_work("aten::mm", [[-4, 8], [8, 2]], ["float", "float"])[0] == "bad_shape"
+    assert op_work("aten::add", [[1 << 41], [1]], ["float", "float"])[0] == "bad_shape"
