@@ -290,17 +290,19 @@ def own_layout_step(work: RunWork, cluster: Cluster, source: Cluster, layout: La
         st = _pipeline_terms(work, ops, st, rows_t, rows_src)
     st = st.with_columns(step_t=pl.col("compute_t") + pl.col("exposed") + pl.col("bubble") + pl.col("other"))
     # The job's step: the slowest rank's mean over the profiled steps (the others wait for it). The
-    # measured step: the mean window over ranks and steps -- in a synchronous job every rank takes the
-    # same time per step on average; a max over ranks per step would pick one rank's late wait.
-    cols = ["step_t", "compute_t", "exposed", "bubble", "other", "comm_t_s"]
-    per_rank = st.group_by("rank").agg(pl.col(cols).mean())
+    # measured step beside it is the same statistic of the measured windows (the slowest rank's
+    # mean window), so a self-projection compares like with like; the per-rank spread is kept.
+    cols = ["step_t", "compute_t", "exposed", "bubble", "other", "comm_t_s", "window_us"]
+    per_rank = st.group_by("rank").agg(pl.col(cols).mean()).sort("rank")
     slow = per_rank.sort("step_t", "rank", descending=[True, False]).head(1)
     parts = {"compute": slow["compute_t"].mean(), **_by_dim(slow["exposed"].mean(), rows_t),
              "bubble": slow["bubble"].mean(), "other": slow["other"].mean()}
-    measured = work.steps["window_us"].mean() * us
+    measured = per_rank["window_us"].max() * us
+    spread = {"projected_s": [float(x) for x in per_rank["step_t"]],
+              "measured_s": [float(x) * us for x in per_rank["window_us"]], "ranks": per_rank["rank"].to_list()}
     return {"step_s": float(slow["step_t"].mean()), "breakdown_s": {k: float(v) for k, v in parts.items() if v},
             "measured_step_s": float(measured), "per_step": st, "rho": rho_all, "comm_why": why,
-            "comm_t_s": float(slow["comm_t_s"].mean()), "pipeline": pipeline}
+            "comm_t_s": float(slow["comm_t_s"].mean()), "pipeline": pipeline, "per_rank": spread}
 
 
 def _by_dim(exposed_s: float, rows_t: pl.DataFrame) -> dict[str, float]:
@@ -470,7 +472,7 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
                    hbm_bytes=cluster.hbm_bytes, usable_hbm_bytes=cluster.usable_hbm_bytes,
                    fits=(mem.get("total", 0) <= cluster.usable_hbm_bytes) if mem else True,
                    assumptions=assumptions, dominant=dominant)
-    return {"estimate": est, "measured_step_s": proj["measured_step_s"], "coverage": cov, "source": source,
+    return {"estimate": est, "measured_step_s": proj["measured_step_s"], "per_rank": proj["per_rank"], "coverage": cov, "source": source,
             "own_layout": own, "spec": spec, "work": work, "nodes": nodes or need_nodes, "own_step_s": proj["step_s"]}
 
 
