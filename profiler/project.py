@@ -418,6 +418,9 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
     if nodes is not None and nodes < need_nodes:
         raise ValueError(f"--nodes {nodes}: layout {target.short()} needs {target.gpus} GPUs = {need_nodes} node(s) of "
                          f"{gpn} on {cluster.name}")
+    if nodes is not None and nodes > need_nodes:  # ranks are packed onto the nodes they fill: extra ones idle
+        raise ValueError(f"--nodes {nodes}: layout {target.short()} uses {target.gpus} GPUs = {need_nodes} node(s) of "
+                         f"{gpn}; to use more nodes, give a --layout of more GPUs")
     work = work or measure_run(run_dir)
     source = calibrate(work)
     proj = own_layout_step(work, cluster, source, own)

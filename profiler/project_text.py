@@ -61,7 +61,7 @@ def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
     spec = d["spec"]
     own = est.layout == d["own_layout"]
     lines = [*textwrap.wrap(f"ptprof project  {run_dir}  ->  {cluster.name} ({how}), {d['nodes']} node(s) "
-                            f"of {cluster.gpus_per_node}", WIDTH, subsequent_indent="    "),
+                            f"of {cluster.gpus_per_node}, {est.layout.gpus} GPU(s) used", WIDTH, subsequent_indent="    "),
              f"model     L={spec.layers} h={spec.hidden} heads={spec.heads} ffn={spec.ffn} V={spec.vocab} "
              f"s={spec.seq} batch={spec.global_batch} params={spec.count_params():,}",
              f"layout    {est.layout.short()}" + ("  (the run's own)" if own else

@@ -132,3 +132,9 @@ def test_shape_reader_refuses_negative_and_absurd_dims():
     assert op_work("aten::mm", [[4, 8], [8, 2]], ["float", "float"])[1] == 2 * 4 * 8 * 2
     assert op_work("aten::mm", [[-4, 8], [8, 2]], ["float", "float"])[0] == "bad_shape"
     assert op_work("aten::add", [[1 << 41], [1]], ["float", "float"])[0] == "bad_shape"
+
+
+def test_more_nodes_than_the_layout_uses_is_refused(capsys):
+    # dp=2 on 8-GPU nodes fills one node; a million nodes would print the same numbers
+    err = _error([SAMPLES / "sample-ddp-2r", "--cluster", "h100", "--nodes", "1000000"], capsys)
+    assert "--nodes 1000000" in err and "uses 2 GPUs = 1 node(s) of 8" in err
