@@ -255,7 +255,10 @@ def _assumptions(spec: ModelSpec, layout: Layout, cluster: Cluster, compute_scal
            "50-73 % of A100 peak)" if spec.flash_attention else
            "attention unfused, scores in HBM (Korthikanti et al. 2022 accounting)"),
         f"collectives at link_efficiency {cluster.link_efficiency:.2f} of {cluster.intra.name} "
-        f"{cluster.intra.bw_gbps:g} GB/s / {cluster.inter.name} {cluster.inter.bw_gbps:g} GB/s, ring (tree latency for dp all-reduce)",
+        f"{cluster.intra.bw_gbps:g} GB/s / {cluster.inter.name} {cluster.inter.bw_gbps:g} GB/s, ring (tree latency for dp all-reduce); a group across nodes with k "
+        f"members per node drives k NICs, min(intra, k x inter)"
+        + (f"; inside a node a group of n gets (n-1) x {cluster.intra.peer_gbps:g} GB/s peer links, a send one"
+           if cluster.intra.peer_gbps else ""),
         "tp / ep communication not overlapped with compute (Megatron default); pp sends on the critical path",
     ]
     if layout.dp * layout.cp > 1:
