@@ -138,3 +138,10 @@ def test_more_nodes_than_the_layout_uses_is_refused(capsys):
     # dp=2 on 8-GPU nodes fills one node; a million nodes would print the same numbers
     err = _error([SAMPLES / "sample-ddp-2r", "--cluster", "h100", "--nodes", "1000000"], capsys)
     assert "--nodes 1000000" in err and "uses 2 GPUs = 1 node(s) of 8" in err
+
+
+@pytest.mark.parametrize("text, why", [("", "empty"), (" , ", "empty"), ("dp=2,dp=4", "dp given twice"),
+                                       ("dp=2,m=2,microbatches=4", "given twice")])
+def test_empty_or_repeated_layout_is_refused(capsys, text, why):
+    err = _error([SAMPLES / "sample-ddp-2r", "--cluster", "h100", "--layout", text], capsys)
+    assert why in err
