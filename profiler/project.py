@@ -55,7 +55,7 @@ def run_manifest(run_dir: str) -> dict:
     """The run.json of a run folder; TraceError saying what project needs where there is none."""
     path = Path(run_dir)
     if not path.is_dir():
-        raise TraceError(path, "not a run folder (project needs a folder written by `ptprof run`: rank*.json.gz + run.json)")
+        raise TraceError(path, "not a run folder (`ptprof run` writes rank*.json.gz + run.json)")
     manifest = read_manifest(path)
     if not isinstance(manifest, dict):
         raise TraceError(path, NO_RUN_JSON)
@@ -101,8 +101,7 @@ def run_spec(manifest: dict, where: str = "run.json") -> ModelSpec:
     for key, field in need.items():
         v = model.get(key)
         if not _whole(v):
-            raise ValueError(f"{where}: model.{key} is {v!r}: project needs the model dims (n_layers, d_model, "
-                             "n_heads, vocab_size, seq_len, mlp_ratio) that `ptprof run` writes")
+            raise ValueError(f"{where}: model.{key} is {v!r}: a whole number >= 1 is needed")
         vals[field] = v
     gb = manifest.get("global_batch_size")
     if not _whole(gb):
@@ -110,8 +109,7 @@ def run_spec(manifest: dict, where: str = "run.json") -> ModelSpec:
     ratio = model.get("mlp_ratio", 4)
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 0 \
             or not float(ratio * vals["hidden"]).is_integer():
-        raise ValueError(f"{where}: model.mlp_ratio is {ratio!r}: a number > 0 giving a whole ffn = ratio x d_model "
-                         "is needed")
+        raise ValueError(f"{where}: model.mlp_ratio is {ratio!r}: need a number > 0, ratio x d_model whole")
     dtypes, _, why = run_dtypes(manifest)
     if why:
         raise ValueError(f"{where}: {why}")
@@ -122,7 +120,7 @@ def run_spec(manifest: dict, where: str = "run.json") -> ModelSpec:
             raise ValueError(f"{where}: moe.{key} is {v!r}: a whole number >= 0 is needed")
     if moe_layers is not None and not (isinstance(moe_layers, list) and moe_layers
                                        and all(_whole(x) or x == 0 for x in moe_layers)):
-        raise ValueError(f"{where}: moe.moe_layers is {moe_layers!r}: a list of layer indices is needed")
+        raise ValueError(f"{where}: moe.moe_layers is {moe_layers!r}: a list of layer indices is needed"[:200])
     every = vals["layers"] // len(moe_layers) if moe_layers else 1
     try:
         spec = ModelSpec(ffn=int(ratio * vals["hidden"]), global_batch=gb, experts=experts, top_k=min(top_k, experts),
@@ -135,8 +133,8 @@ def run_spec(manifest: dict, where: str = "run.json") -> ModelSpec:
     if n is not None:
         counted = spec.count_params()
         if not _whole(n) or abs(n - counted) > PARAMS_TOLERANCE_PCT / 100 * counted:
-            raise ValueError(f"{where}: model.n_params {n!r} is not the {counted:,} parameters its dims give "
-                             f"(more than {PARAMS_TOLERANCE_PCT:g} % off): a damaged run.json?")
+            raise ValueError(f"{where}: model.n_params {n!r} is not the {counted:,} its dims give "
+                             f"(> {PARAMS_TOLERANCE_PCT:g} % off)")
     return spec
 
 
@@ -171,19 +169,18 @@ def run_layout(manifest: dict, spec: ModelSpec, where: str = "run.json") -> Layo
                      stages_per_rank=v if sched == "interleaved-1f1b" else 1,
                      sp=bool(opts.get("sp")) and deg.get("tp", 1) > 1)
     else:
-        raise ValueError(f"{where}: paradigm {paradigm!r} has no layout project can map (ddp, zero1, zero2, fsdp, tp, "
-                         "ep, ulysses, ring, the pipeline schedules and hybrid can be)")
+        raise ValueError(f"{where}: paradigm {paradigm!r}: no layout mapped (docs/whatif.md)")
     m = pipe.get("microbatches") if isinstance(pipe.get("microbatches"), int) else 1
     per_replica = spec.global_batch // max(lay.dp, 1)
     mb = per_replica // m if m and per_replica % m == 0 else 1
     lay = dataclasses.replace(lay, microbatch=max(mb, 1), microbatches=m if per_replica % m == 0 else per_replica,
                               recompute="full" if recompute_on(manifest) else "none")  # the runners checkpoint whole blocks
     if lay.gpus != world:
-        raise ValueError(f"{where}: mesh {mesh} of paradigm {paradigm!r} gives {lay.gpus} GPUs, not world_size {world}")
+        raise ValueError(f"{where}: mesh {mesh} ({paradigm}) gives {lay.gpus} GPUs, not world_size {world}")
     try:
         lay.check(spec)
     except LayoutError as e:
-        raise ValueError(f"{where}: the run's layout ({paradigm}, mesh {mesh}): {run_fields(str(e))}") from None
+        raise ValueError(f"{where}: its layout: {run_fields(str(e))}") from None
     return lay
 
 
@@ -271,8 +268,7 @@ def own_layout_step(work: RunWork, cluster: Cluster, source: Cluster, layout: La
     rho = _rho(ops, ["rank", "step"])
     overall = _rho(ops.with_columns(_k=pl.lit(1)), ["_k"])["rho"]
     if not overall.len() or not math.isfinite(overall[0] or math.nan):
-        raise ValueError(f"{work.run_dir}: no operator with recorded shapes in its profiled steps: project re-times "
-                         "the run's ops from their shapes (profile with record_shapes=True, as `ptprof run` does)")
+        raise ValueError(f"{work.run_dir}: no ops with shapes (profile with record_shapes=True)")
     rho_all = float(overall[0])
     rows, why = comm_rows(work, layout)
     rows_t, rows_src = comm_seconds(rows, cluster, layout.gpus), comm_seconds(rows, source, layout.gpus)
@@ -420,7 +416,7 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
                          f"{gpn} on {cluster.name}")
     if nodes is not None and nodes > need_nodes:  # ranks are packed onto the nodes they fill: extra ones idle
         raise ValueError(f"--nodes {nodes}: layout {target.short()} uses {target.gpus} GPUs = {need_nodes} node(s) of "
-                         f"{gpn}; to use more nodes, give a --layout of more GPUs")
+                         f"{gpn} (a larger --layout uses more)")
     work = work or measure_run(run_dir)
     source = calibrate(work)
     proj = own_layout_step(work, cluster, source, own)
@@ -444,8 +440,7 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
         "measured; no per-kernel launch overhead is added",
     ]
     if proj["comm_why"] and work.world > 1:  # a multi-rank step without its communication: wrong, not partial
-        raise ValueError(f"{where}: issue 8's theory predicts no communication for this {work.world}-rank run "
-                         f"({proj['comm_why']}): project cannot time its collectives")
+        raise ValueError(f"{where}: no communication predicted for {work.world} ranks: {proj['comm_why']}")
     if proj["comm_why"]:
         assumptions.append(f"no communication predicted: {proj['comm_why']}")
     if proj["pipeline"]:
@@ -465,9 +460,7 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
         raise ValueError(f"{run_dir}: the projection gives no usable step ({step_s!r} s; breakdown {breakdown}): "
                          "a damaged trace or cluster?")
     if mfu is not None and mfu > 100:  # more model FLOPs per second than the target's peak: impossible
-        raise ValueError(f"{run_dir}: the projected step {step_s * 1e3:.4g} ms gives MFU {mfu:.0f} % > 100 % "
-                         f"({model_flops_per_step(spec):.3g} model FLOP on {target.gpus} x {cluster.peak_tflops:g} "
-                         "TFLOP/s): the run's measured compute is implausibly short (a damaged trace?)")
+        raise ValueError(f"{run_dir}: MFU {mfu:.3g} % > 100 % (step {step_s * 1e3:.3g} ms): its compute is implausibly short")
     ours = _dominant(breakdown, step_s, cov)
     # another layout: the cost model names its own dominant efficiency, unless the carried-over host time outweighs it
     dominant = ours if target == own or max(breakdown, key=breakdown.get) == "other" else other_dominant

@@ -246,4 +246,4 @@ def test_a_run_without_shapes_is_refused(tmp_path, capsys):
         for e in doc["traceEvents"]:
             (e.get("args") or {}).pop("Input Dims", None)
         f.write_bytes(gzip.compress(json.dumps(doc).encode()))
-    assert "recorded shapes" in _error([str(run), "--cluster", "h100"], capsys)
+    assert "record_shapes" in _error([str(run), "--cluster", "h100"], capsys)

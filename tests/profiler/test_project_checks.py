@@ -123,7 +123,7 @@ def test_negative_input_dims_are_refused(tmp_path, capsys):
             e["args"]["Input Dims"] = [[-x for x in d] if isinstance(d, list) else d for d in e["args"]["Input Dims"]]
     (run / "rank0.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
     err = _error([run, "--cluster", run], capsys)
-    assert "rank0.json.gz" in err and "negative or absurd dimension" in err
+    assert "rank0.json.gz" in err and "negative or absurd Input Dims" in err
 
 
 def test_shape_reader_refuses_negative_and_absurd_dims():
@@ -145,3 +145,26 @@ def test_more_nodes_than_the_layout_uses_is_refused(capsys):
 def test_empty_or_repeated_layout_is_refused(capsys, text, why):
     err = _error([SAMPLES / "sample-ddp-2r", "--cluster", "h100", "--layout", text], capsys)
     assert why in err
+
+
+def test_error_lines_fit_100_columns(tmp_path, capsys, monkeypatch):
+    # one line each, at most 100 columns with a short run path (the no-run.json line was 225)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f").mkdir()
+    shutil.copy(SAMPLES / "sample-ddp-2r" / "rank0.json.gz", tmp_path / "f" / "rank0.json.gz")
+    cases = [["f", "--cluster", "h100"], ["nothere", "--cluster", "h100"]]
+    for name, edit in [("a", lambda m: m["model"].update(n_heads=3)), ("b", lambda m: m["model"].update(n_params=1)),
+                       ("c", lambda m: m["model"].update(mlp_ratio=float("nan"))),
+                       ("d", lambda m: m.update(world_size=1)), ("e", lambda m: m.update(paradigm="pipedream")),
+                       ("g", lambda m: m["model"].update(d_model=None))]:
+        run = tmp_path / name
+        shutil.copytree(SAMPLES / "sample-ddp-2r", run)
+        m = json.loads((run / "run.json").read_text())
+        edit(m)
+        (run / "run.json").write_text(json.dumps(m))
+        cases.append([name, "--cluster", "h100"])
+    (tmp_path / "b" / "rank1.json.gz").write_bytes(b"garbage")
+    cases.append(["b", "--cluster", "h100"])
+    for argv in cases:
+        err = _error(argv, capsys)
+        assert len(err) <= 100, err
