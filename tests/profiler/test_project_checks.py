@@ -168,3 +168,14 @@ def test_error_lines_fit_100_columns(tmp_path, capsys, monkeypatch):
     for argv in cases:
         err = _error(argv, capsys)
         assert len(err) <= 100, err
+
+
+def test_json_folder_is_checked_before_the_work(tmp_path, capsys, monkeypatch):
+    import profiler.project as project
+
+    def never(*a, **k):
+        raise AssertionError("projected before the --json path was checked")
+
+    monkeypatch.setattr(project, "project_details", never)
+    err = _error([SAMPLES / "sample-ddp-2r", "--cluster", "h100", "--json", tmp_path / "no" / "p.json"], capsys)
+    assert "--json" in err and "folder does not exist" in err
