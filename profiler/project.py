@@ -38,7 +38,8 @@ from profiler.costmodel_ops import model_flops_per_sequence
 from profiler.discover import read_manifest
 from profiler.errors import TraceError
 from profiler.layout import Estimate, Layout, LayoutError, ModelSpec, group_stride, parse_layout
-from profiler.pipeline import _durations, _ideal_order, pp_coordinates, simulate_order
+from profiler.pipeline import pp_coordinates, simulate_order
+from profiler.pipeline_order import action_durations, ideal_order
 from profiler.project_measure import FLOP_CLASSES, NO_RUN_JSON, RunWork, calibrate, measure_run, with_target_time
 from profiler.theory import predict_run
 from profiler.theory_params import run_dtypes
@@ -319,7 +320,7 @@ def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: 
     acts = work.actions.with_columns(pl.col("rank").cast(pl.Int32))
     cfg = work.manifest.get("pipeline") if isinstance(work.manifest.get("pipeline"), dict) else {}
     last_stage = cfg.get("loss_stage") if isinstance(cfg.get("loss_stage"), int) else acts["stage"].max()
-    ideal = _ideal_order(work.manifest)
+    ideal = ideal_order(work.manifest)
     # Each action re-timed by its own ops (those starting inside its span): its op time x the ρ of
     # its ops of known work; the rest of the span (Python between ops, a hybrid's FSDP waits inside
     # it) kept as measured.
@@ -351,8 +352,8 @@ def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: 
             ran = [[(x, s, i) for x, s, i in sa.filter((pl.col("rank") == members.get(c, -1)) & pl.col("slot").is_not_null())
                     .sort("slot").select("action", "stage", "microbatch").iter_rows()] for c in range(max(members) + 1)]
             plan = ideal if ideal is not None and len(ideal) == len(ran) else ran
-            src = simulate_order(plan, _durations(sa, plan, last_stage), last_stage=last_stage)
-            tgt = simulate_order(plan, _durations(sa.with_columns(dur_us=pl.col("t_us")), plan, last_stage),
+            src = simulate_order(plan, action_durations(sa, plan, last_stage), last_stage=last_stage)
+            tgt = simulate_order(plan, action_durations(sa.with_columns(dur_us=pl.col("t_us")), plan, last_stage),
                                  last_stage=last_stage)
             if src is None or tgt is None:
                 raise ValueError(f"{work.run_dir}: the pipeline order of step {step} does not replay (deadlock)")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from profiler.breakdown import _gloo_worker_threads, temporal_breakdown
+from profiler.breakdown import gloo_worker_threads, temporal_breakdown
 from profiler.cluster import Cluster, Link, load_cluster, preset_names
 from profiler.collectives import collectives
 from profiler.commcost import TRAFFIC_FACTOR, collective_s, latency_steps
@@ -91,7 +91,7 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
         # the breakdown's window: the ProfilerStep span on CPU ranks, the GPU activity's on GPU ranks
         steps.append(bd.select(pl.col("rank").cast(pl.Int32), "step", "window_us", "compute_us", "comm_us",
                                "overlap_us", "exposed_comm_us"))
-        gloo_threads = _gloo_worker_threads(ev).select("pid", "tid")
+        gloo_threads = gloo_worker_threads(ev).select("pid", "tid")
         file = traces.ranks.filter(pl.col("rank") == part.rank)["file"][0]
         rank_ops = trace_ops(file).join(gloo_threads, on=["pid", "tid"], how="anti")
         bad = rank_ops.filter(pl.col("klass") == "bad_shape")
