@@ -494,7 +494,10 @@ def _other_layout(spec: ModelSpec, own: Layout, target: Layout, cluster: Cluster
            f"({t_compute * 1e3:.3g} ms) / the model's analytical compute of that layout ({a_compute * 1e3:.3g} ms)"]
     why.append(f"other: the {other * 1e3:.3g} ms of host time per step the run's own layout carries over (above) "
                "is added unchanged to the model's step")
-    return sum(breakdown.values()), breakdown, why + list(est.assumptions), est.dominant
+    # the cost model's own line on compute_scale ("measured / predicted on the source run") is
+    # replaced by the definition above (both terms on the target)
+    theirs = [a for a in est.assumptions if not a.startswith("compute scaled by")]
+    return sum(breakdown.values()), breakdown, why + theirs, est.dominant
 
 
 def _dominant(breakdown: dict[str, float], step_s: float, cov: dict) -> str | None:

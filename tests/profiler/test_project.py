@@ -194,6 +194,8 @@ def test_another_layout_scales_the_cost_model_by_the_trace(works):
     assert z1.breakdown_s["compute"] == pytest.approx(own.breakdown_s["compute"], rel=1e-9)
     assert z1.breakdown_s["other"] == pytest.approx(own.breakdown_s["other"])  # host time carried over
     assert any("compute_scale" in a for a in z1.assumptions)
+    # one definition of the scale (both terms on the target), not the cost model's "on the source run" too
+    assert not any("on the source run" in a for a in z1.assumptions)
 
 
 def test_link_fit_recovers_alpha_beta():
