@@ -428,6 +428,7 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
            "flop_ops_us": float(known.filter(pl.col("klass").is_in(FLOP_CLASSES))["dur_us"].sum()),
            "memory_ops_us": float(known.filter(pl.col("klass") == "memory")["dur_us"].sum())}
     cov["known_pct"] = 100.0 * cov["known_us"] / compute_us if compute_us > 0 else None
+    cov["conv_us"] = float(work.ops.filter(pl.col("klass") == "conv")["dur_us"].sum())
     assumptions = [
         f"compute: the run's measured ops re-timed on {cluster.name} by the cost model's roofline "
         f"(GEMMs at gemm_efficiency {cluster.gemm_efficiency:g} of peak with wave quantization, or HBM-bound; "
@@ -440,6 +441,9 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
         "other: host time with neither compute nor communication (Python, dispatch gaps, waits) carried over as "
         "measured; no per-kernel launch overhead is added",
     ]
+    if cov["conv_us"] > 0:
+        assumptions.append(f"convolutions: {cov['conv_us'] / 1e3:.3g} ms of measured time whose FLOPs the trace does not "
+                           "give (strides, padding): scaled by the same ratio as the rest")
     if proj["comm_why"] and work.world > 1:  # a multi-rank step without its communication: wrong, not partial
         raise ValueError(f"{where}: no communication predicted for {work.world} ranks: {proj['comm_why']}")
     if proj["comm_why"]:

@@ -10,7 +10,7 @@ not a work op (autograd's `MmBackward0`, `aten::to`, `aten::contiguous`) passes 
 ops inside it. So `aten::linear` counts once with its FLOPs (its `aten::matmul`/`aten::mm` inside
 are not counted again), and the backward's `aten::mm` under `MmBackward0` counts.
 
-FLOPs (2 per multiply-add): mm [m,k]x[k,n] 2mkn; addmm (bias, a, b) 2mkn; bmm/baddbmm 2·b·mkn;
+FLOPs (2 per multiply-add): mm [m,k]x[k,n] 2mkn; addmm and _addmm_activation (bias, a, b) 2mkn; bmm/baddbmm 2·b·mkn;
 matmul/linear 2·(rows of the input)·k·n; scaled_dot_product_attention (q, k, v of [B,H,S,D])
 4·B·H·Sq·Sk·D (QK^T and PV, causal masking not subtracted), its backward twice that.
 Bytes of a memory-bound op: the elements of its tensor inputs times their dtype size, plus one
@@ -24,6 +24,8 @@ is not that op's work: its time is taken off the op's duration. Outermost functi
 ops (`_c10d_functional::*`) are kept as class "wait": profiler.breakdown counts them as compute,
 project moves them to communication.
 
+einsum/tensordot/chain_matmul/multi_dot pass the count to the bmm/mm they run. Convolutions are
+class "conv", work unknown (their FLOPs need strides and padding the trace does not record).
 An op whose `Input Dims` hold a dimension no tensor has (negative, over 2^40, or over 2^44
 elements) is class "bad_shape" with no work; `ptprof project` refuses the file (a damaged trace).
 
@@ -43,7 +45,15 @@ import polars as pl
 
 from profiler.errors import TraceError
 
-MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
+MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+          "aten::_addmm_activation"}
+# GEMM wrappers whose own shapes do not give the product but whose inner aten::bmm/mm do: no work
+# of their own, the count passes to the GEMMs inside (as for aten::matmul's backward)
+GEMM_WRAPPERS = {"aten::einsum", "aten::tensordot", "aten::chain_matmul", "aten::linalg_multi_dot"}
+# Convolutions: their FLOPs need stride/padding/output shape, not in `Input Dims`: class "conv",
+# work unknown (scaled like the rest; the projection's coverage says how much time that is)
+CONV_PREFIXES = ("aten::conv", "aten::_convolution", "aten::cudnn_convolution", "aten::mkldnn_convolution",
+                 "aten::miopen_convolution", "aten::_conv_depthwise", "aten::slow_conv", "aten::thnn_conv")
 ATTENTION = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
              "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_efficient_attention",
              "aten::_scaled_dot_product_cudnn_attention", "aten::_flash_attention_forward"}
@@ -73,7 +83,7 @@ TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long
 OP_COLUMNS = {"pid": pl.Int64, "tid": pl.Int64, "ts_us": pl.Float64, "dur_us": pl.Float64, "name": pl.String,
               "klass": pl.String, "flops": pl.Float64, "bytes": pl.Float64, "batch": pl.Int64, "m": pl.Int64,
               "n": pl.Int64, "k": pl.Int64, "elem_bytes": pl.Int64}
-KLASSES = ("matmul", "attention", "memory", "unknown", "wait", "bad_shape")
+KLASSES = ("matmul", "attention", "memory", "conv", "unknown", "wait", "bad_shape")
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -122,7 +132,7 @@ def gemm_shape(name: str, dims: list) -> tuple[int, int, int, int] | None:
         if name == "aten::mm":
             (m, k), (_, n) = s[0], s[1]
             return 1, m, n, k
-        if name == "aten::addmm":
+        if name in ("aten::addmm", "aten::_addmm_activation"):
             (m, k), (_, n) = s[1], s[2]
             return 1, m, n, k
         if name == "aten::bmm":
@@ -197,12 +207,14 @@ def op_work(name: str, dims, types) -> tuple[str, float | None, float | None, tu
         bwd = name in ATTENTION_BACKWARD
         a = attention_shape(dims, backward=bwd)
         return "attention", (None if a is None else (2 if bwd else 1) * 4.0 * math.prod(a)), memory_bytes(dims, types), a, elem
+    if name.startswith(CONV_PREFIXES):
+        return "conv", None, None, None, elem
     b = memory_bytes(dims, types)
     return ("memory" if b is not None else "unknown"), None, b, None, elem
 
 
 def _is_work(name: str) -> bool:
-    return name.startswith("aten::") and name not in NO_WORK
+    return name.startswith("aten::") and name not in NO_WORK and name not in GEMM_WRAPPERS
 
 
 def _decode(raw) -> list:

@@ -179,3 +179,29 @@ def test_json_folder_is_checked_before_the_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(project, "project_details", never)
     err = _error([SAMPLES / "sample-ddp-2r", "--cluster", "h100", "--json", tmp_path / "no" / "p.json"], capsys)
     assert "--json" in err and "folder does not exist" in err
+
+
+def test_gemm_wrappers_and_convolutions(tmp_path):
+    import gzip
+
+    from profiler.workload import trace_ops
+
+    def op(name, ts, dur, dims):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": {"Input Dims": dims, "Input type": ["float"] * len(dims)}}
+
+    events = [
+        # einsum passes the count to the bmm it runs: 2·2·4·8·16 = 2048
+        op("aten::einsum", 0, 20, [[], [[2, 4, 8], [2, 8, 16]]]),
+        op("aten::bmm", 2, 10, [[2, 4, 8], [2, 8, 16]]),
+        # _addmm_activation (bias, a [4, 8], b [8, 16]): 2·4·8·16 = 1024, a GEMM, not memory-bound
+        op("aten::_addmm_activation", 30, 10, [[16], [4, 8], [8, 16]]),
+        # a convolution: class conv, FLOPs unknown (strides and padding not recorded)
+        op("aten::conv2d", 50, 10, [[1, 3, 8, 8], [4, 3, 3, 3], [4]]),
+    ]
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    ops = trace_ops(path)
+    assert ops["name"].to_list() == ["aten::bmm", "aten::_addmm_activation", "aten::conv2d"]
+    assert ops["klass"].to_list() == ["matmul", "matmul", "conv"]
+    assert ops["flops"].to_list()[:2] == [2048.0, 1024.0] and ops["flops"][2] is None
