@@ -146,7 +146,10 @@ def run_layout(manifest: dict, spec: ModelSpec, where: str = "run.json") -> Layo
     world = manifest.get("world_size")
     if not _whole(world):
         raise ValueError(f"{where}: world_size is {world!r}: a whole number >= 1 is needed")
-    deg = {k: int(v) for k, v in mesh.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 1}
+    bad = next(((k, v) for k, v in mesh.items() if not _whole(v)), None)
+    if bad:
+        raise ValueError(f"{where}: mesh.{bad[0]} is {bad[1]!r}: a whole number >= 1 is needed")
+    deg = dict(mesh)
     pipe = manifest.get("pipeline") if isinstance(manifest.get("pipeline"), dict) else {}
     opts = manifest.get("options") if isinstance(manifest.get("options"), dict) else {}
     if paradigm in ZERO_OF:

@@ -205,3 +205,8 @@ def test_gemm_wrappers_and_convolutions(tmp_path):
     assert ops["name"].to_list() == ["aten::bmm", "aten::_addmm_activation", "aten::conv2d"]
     assert ops["klass"].to_list() == ["matmul", "matmul", "conv"]
     assert ops["flops"].to_list()[:2] == [2048.0, 1024.0] and ops["flops"][2] is None
+
+
+def test_a_mesh_degree_not_a_number_is_refused(tmp_path, capsys):
+    run = _copy(tmp_path, edit=lambda m: m["mesh"].update(dp="2"))
+    assert "mesh.dp is '2'" in _error([run, "--cluster", "h100"], capsys)
