@@ -93,6 +93,7 @@ def project_main(argv: list[str] | None = None) -> int:
         from profiler.project import project_details
         from profiler.project_text import projection_dict, projection_text, resolve_cluster, save_cluster
 
+        json_path = _check_json_path(args.json)  # before the work, as plan and analyze
         cluster, how, cal_work = resolve_cluster(args.cluster)
         if args.save_cluster:
             save_cluster(cluster, args.save_cluster)
@@ -100,7 +101,7 @@ def project_main(argv: list[str] | None = None) -> int:
         d = project_details(args.run, cluster, nodes=args.nodes, layout=args.layout, work=cal_work if same else None)
         if args.json:
             try:
-                with open(args.json, "w") as f:
+                with open(json_path, "w") as f:
                     json.dump(projection_dict(d, cluster, how, args.run), f, indent=2)
             except OSError as e:
                 raise ValueError(f"--json {args.json}: cannot write ({e.strerror})") from None

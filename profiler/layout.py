@@ -218,7 +218,9 @@ def parse_layout(text: str, base: Layout | None = None) -> tuple[Layout, set[str
     """`dp=8,tp=8,pp=4[,zero=1,mb=1,m=64,schedule=1f1b,v=2,recompute=full,sp=1]` on top of `base`:
     (the layout, the fields given). LayoutError naming the bad item."""
     out, given = base or Layout(), set()
-    for item in (text or "").split(","):
+    if not (text or "").strip(" ,"):  # an empty --layout is a mistake, not "one GPU"
+        raise LayoutError(f"--layout {text!r}: empty; give KEY=VALUE items (e.g. dp=8,tp=2)")
+    for item in text.split(","):
         item = item.strip()
         if not item:
             continue
