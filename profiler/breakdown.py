@@ -135,7 +135,7 @@ def _cpu_breakdown(events: pl.DataFrame, steps: pl.DataFrame, per_step: bool) ->
     # spans on the main thread instead, whose operators stay compute.
     ops = (
         events.lazy().filter(pl.col("ph") == "X").select(*THREAD, "kind", "ts_us", "end_us").collect()
-        .join(_gloo_worker_threads(events), on=THREAD, how="anti")
+        .join(gloo_worker_threads(events), on=THREAD, how="anti")
     )
     labelled = pl.concat([
         ops.filter(pl.col("kind") == "op").select(*KEYS, label=pl.lit("op"), start_us="ts_us", end_us="end_us"),
@@ -152,7 +152,7 @@ def _cpu_breakdown(events: pl.DataFrame, steps: pl.DataFrame, per_step: bool) ->
     ).with_columns(device=pl.lit("cpu"))
 
 
-def _gloo_worker_threads(events: pl.DataFrame) -> pl.DataFrame:
+def gloo_worker_threads(events: pl.DataFrame) -> pl.DataFrame:
     """(run, rank, pid, tid) of threads carrying gloo spans other than the training loop's.
 
     The training loop's thread is the one with ProfilerStep spans; in a rank without them, the

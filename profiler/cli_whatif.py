@@ -93,6 +93,7 @@ def project_main(argv: list[str] | None = None) -> int:
         from profiler.project import project_details
         from profiler.project_text import projection_dict, projection_text, resolve_cluster, save_cluster
 
+        json_path = _check_json_path(args.json)  # before the work, as plan and analyze
         cluster, how, cal_work = resolve_cluster(args.cluster)
         if args.save_cluster:
             save_cluster(cluster, args.save_cluster)
@@ -100,7 +101,7 @@ def project_main(argv: list[str] | None = None) -> int:
         d = project_details(args.run, cluster, nodes=args.nodes, layout=args.layout, work=cal_work if same else None)
         if args.json:
             try:
-                with open(args.json, "w") as f:
+                with open(json_path, "w") as f:
                     json.dump(projection_dict(d, cluster, how, args.run), f, indent=2)
             except OSError as e:
                 raise ValueError(f"--json {args.json}: cannot write ({e.strerror})") from None
@@ -160,6 +161,10 @@ def plan_main(argv: list[str] | None = None) -> int:
                          params=args.params, flash_attention=args.flash_attention)
         spec.check()
         params_note = _check_params(spec, args.params)
+        if Path(args.cluster).is_dir():  # a run folder calibrates a cluster in `project` only
+            raise ValueError(f"--cluster {args.cluster}: a folder; plan takes a preset or a .toml/.json cluster file. "
+                             f"To plan on the cluster a run measured: ptprof project RUN --cluster RUN "
+                             f"--save-cluster FILE.json, then --cluster FILE.json")
         cluster = load_cluster(args.cluster)
         result = plan(spec, args.gpus, cluster)
         if not result.ranked:
@@ -167,8 +172,8 @@ def plan_main(argv: list[str] | None = None) -> int:
                 why = "; ".join(f"{n:,} {k}" for k, n in result.refused.items() if n)
                 raise ValueError(f"no layout of {args.gpus} GPUs divides this model and batch ({why})")
             raise ValueError(f"nothing fits: the smallest memory need of any layout is "
-                             f"{result.min_memory_bytes / 2**30:,.1f} GiB per GPU, over the {cluster.hbm_gib:g} GiB "
-                             f"HBM of {cluster.name} (more GPUs, a smaller model or a smaller global batch)")
+                             f"{result.min_memory_bytes / 2**30:,.1f} GiB per GPU, over the "
+                             f"{cluster.usable_hbm_bytes / 2**30:.1f} GiB usable of the {cluster.hbm_gib:g} GiB HBM of {cluster.name} (more GPUs, a smaller model or a smaller global batch)")
         print(format_plan(spec, args.gpus, cluster, result, args.top, params_note))
         if json_path is not None:
             report = plan_json(spec, args.gpus, cluster_to_dict(cluster), result, args.top, cluster)

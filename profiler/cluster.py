@@ -45,13 +45,20 @@ class ClusterError(ValueError):
     """A cluster that cannot be used: the message names the file or preset and the field."""
 
 
+HBM_RESERVE_GIB = 2.0  # default reserve per GPU, GiB (Cluster.hbm_reserve_gib says what it holds)
+
+
 @dataclass(frozen=True)
 class Link:
-    """One kind of link: `bw_gbps` GB/s (1e9 B/s) one way per GPU, `latency_us` per message."""
+    """One kind of link: `bw_gbps` GB/s (1e9 B/s) one way per GPU, `latency_us` per message.
+    `peer_gbps` (optional, the intra link of a point-to-point mesh such as MI300X's xGMI): one
+    peer link's bandwidth, so a group of n in a node gets min(bw_gbps, (n-1)·peer_gbps) and a
+    send/recv one peer link (commcost.group_link). None: a switch (NVSwitch), any group gets bw_gbps."""
 
     name: str
     bw_gbps: float
     latency_us: float
+    peer_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,14 +77,32 @@ class Cluster:
     gemm_efficiency: float = 0.8  # large-GEMM share of peak (cuBLAS-class)
     hbm_efficiency: float = 0.8  # share of HBM bandwidth a streaming kernel reaches
     link_efficiency: float = 0.8  # share of a link's bandwidth a large collective reaches (busbw / link)
+    # HBM the training state cannot use (docs/whatif.md, "Clusters"): the CUDA context and kernel
+    # images (~0.8 GB at process start, pytorch/pytorch#34323), NCCL's buffers, which the PyTorch
+    # allocator does not see (PyTorch docs, "Understanding CUDA Memory Usage"), and the caching
+    # allocator's fragmentation (reserved above allocated). `fits` compares with HBM minus this.
+    hbm_reserve_gib: float = HBM_RESERVE_GIB
+    # streaming multiprocessors (compute units) per GPU, for wave quantization; None: by preset name
+    # (profiler.costmodel_ops.sm_count), or none at all for an unknown GPU
+    sms: int | None = None
     # Where it came from (the preset or user file). Not part of equality: the same cluster
     # written to another file and read back is the same cluster.
     source: str = field(default="", compare=False)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
+    def __post_init__(self):
+        # a list of notes (a hand-built Cluster) would make it unhashable for the cost model's caches
+        if not isinstance(self.notes, tuple):
+            object.__setattr__(self, "notes", tuple(self.notes) if isinstance(self.notes, (list, set)) else (str(self.notes),))
+
     @property
     def hbm_bytes(self) -> int:
         return int(self.hbm_gib * 2**30)
+
+    @property
+    def usable_hbm_bytes(self) -> int:
+        """HBM less the reserve: what parameters, gradients, optimizer state and activations may fill."""
+        return max(0, self.hbm_bytes - int(self.hbm_reserve_gib * 2**30))
 
 
 # The fields of a file: name -> (kind, required). Kinds: "str", "pos" (finite > 0), "nonneg"
@@ -93,9 +118,21 @@ CLUSTER_FIELDS = {
     "gemm_efficiency": ("eff", False),
     "hbm_efficiency": ("eff", False),
     "link_efficiency": ("eff", False),
+    "hbm_reserve_gib": ("nonneg", False),
+    "sms": ("count", False),
     "notes": ("notes", False),
 }
-LINK_FIELDS = {"name": ("str", True), "bw_gbps": ("pos", True), "latency_us": ("nonneg", True)}
+LINK_FIELDS = {"name": ("str", True), "bw_gbps": ("pos", True), "latency_us": ("nonneg", True),
+               "peer_gbps": ("pos", False)}
+# Plausible ranges (inclusive) of the numbers, by field name: a value outside is a typo or a unit
+# mistake, and an extreme one overflows (hbm_gib 1e300 -> int) or makes a step of inf / NaN / 0
+# (a 1e-320 GB/s link, a 1e300 TFLOP/s peak). Wide on purpose: from a toy accelerator to 10^4x
+# today's GPUs (H100: 989 TFLOP/s, 80 GiB, 3350 GB/s, 450 GB/s NVLink, 8 per node).
+BOUNDS = {
+    "peak_tflops": (1e-6, 1e7), "hbm_gib": (1e-6, 1e6), "hbm_gbps": (1e-6, 1e7), "gpus_per_node": (1, 4096),
+    "bw_gbps": (1e-6, 1e6), "latency_us": (0.0, 1e6), "hbm_reserve_gib": (0.0, 1e6),
+    "peer_gbps": (1e-6, 1e6), "sms": (1, 100_000),
+}
 
 
 def preset_names() -> list[str]:
@@ -184,6 +221,10 @@ def _from_dict(data: dict, *, label: str, source: str, default_name: str) -> Clu
     values.setdefault("name", default_name)
     for key in ("intra", "inter"):
         values[key] = Link(**_fields(values[key], LINK_FIELDS, label=label, where=f"{key}."))
+    reserve = values.get("hbm_reserve_gib", HBM_RESERVE_GIB)
+    if reserve >= values["hbm_gib"]:
+        raise ClusterError(f"{label}: field hbm_reserve_gib = {reserve:g} leaves nothing of hbm_gib = "
+                           f"{values['hbm_gib']:g} (it must be smaller)")
     return Cluster(**values, source=source)
 
 
@@ -231,16 +272,18 @@ def _value(v, kind: str, *, label: str, name: str):
     if kind == "count":
         if x != int(x) or x < 1:
             raise ClusterError(f"{label}: field {name} must be a whole number >= 1, not {v}")
-        return int(x)
-    if kind == "nonneg":
+    elif kind == "nonneg":
         if x < 0:
             raise ClusterError(f"{label}: field {name} must be >= 0, not {v}")
-        return x
-    if x <= 0:
+    elif x <= 0:
         raise ClusterError(f"{label}: field {name} must be > 0, not {v}")
-    if kind == "eff" and x > 1:
+    elif kind == "eff" and x > 1:
         raise ClusterError(f"{label}: field {name} is a share of peak in (0, 1], not {v}")
-    return x
+    lo, hi = BOUNDS.get(name.rpartition(".")[2], (-math.inf, math.inf))
+    if not lo <= x <= hi:
+        raise ClusterError(f"{label}: field {name} = {v} is outside the plausible range [{lo:g}, {hi:g}] "
+                           "(docs/whatif.md, Clusters)")
+    return int(x) if kind == "count" else x
 
 
 def _kind(v) -> str:
@@ -255,15 +298,20 @@ def _kind(v) -> str:
 def cluster_to_dict(cluster: Cluster) -> dict:
     """The fields a cluster file holds (load_cluster reads back an equal Cluster)."""
     def link(l: Link) -> dict:
-        return {"name": l.name, "bw_gbps": l.bw_gbps, "latency_us": l.latency_us}
+        out = {"name": l.name, "bw_gbps": l.bw_gbps, "latency_us": l.latency_us}
+        if l.peer_gbps is not None:
+            out["peer_gbps"] = l.peer_gbps
+        return out
 
     out = {
         "name": cluster.name, "peak_tflops": cluster.peak_tflops, "hbm_gib": cluster.hbm_gib,
         "hbm_gbps": cluster.hbm_gbps, "gpus_per_node": cluster.gpus_per_node,
         "intra": link(cluster.intra), "inter": link(cluster.inter),
         "gemm_efficiency": cluster.gemm_efficiency, "hbm_efficiency": cluster.hbm_efficiency,
-        "link_efficiency": cluster.link_efficiency,
+        "link_efficiency": cluster.link_efficiency, "hbm_reserve_gib": cluster.hbm_reserve_gib,
     }
+    if cluster.sms is not None:
+        out["sms"] = cluster.sms
     if cluster.notes:
         out["notes"] = list(cluster.notes)
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from functools import lru_cache
 
 from profiler.cluster import Cluster, Link
 
@@ -27,7 +28,8 @@ TRAFFIC_FACTOR = {
 ALGORITHMS = ("ring", "tree", "auto")
 
 
-def group_link(cluster: Cluster, group_size: int, stride: int, *, world_size: int | None = None) -> Link:
+def group_link(cluster: Cluster, group_size: int, stride: int, *, world_size: int | None = None,
+               p2p: bool = False) -> Link:
     """The slowest link a group of `group_size` ranks `stride` apart crosses, under the rank order
     of profiler.layout.group_stride (nodes hold consecutive ranks).
 
@@ -36,16 +38,51 @@ def group_link(cluster: Cluster, group_size: int, stride: int, *, world_size: in
     (tp=8 stride 1 on 8-GPU nodes: intra; dp=2 stride 8: inter); a span that does not divide it
     puts some block across a node boundary, and a collective runs at its slowest group, so that is
     inter too. `world_size`, when given, places the whole job on one node when it fits there (6
-    GPUs of an 8-GPU node: every group is intra)."""
+    GPUs of an 8-GPU node: every group is intra).
+
+    A group across nodes with k members in each node drives k NICs at once: NCCL runs one channel
+    per NIC and its tuning model prices the inter-node ring at nChannels·bwInter (src/graph/
+    tuning.cc), capped by what the node's members can feed it over the intra-node link. So the
+    returned link has bandwidth min(intra, k·inter) and the NIC's latency, with k = min(n,
+    gpus_per_node // stride) when the blocks cover whole nodes (span a multiple of gpus_per_node,
+    stride dividing it), else k = 1 (some node holds a single member of a straddling group).
+
+    Inside a node on a point-to-point mesh (the intra link has `peer_gbps`, MI300X's xGMI): a
+    group of n has n-1 peer links to spread its rings over, min(bw_gbps, (n-1)·peer_gbps); a
+    send/recv (`p2p`: pipeline sends, ring attention) uses one peer link."""
     if group_size <= 1:
         return cluster.intra
-    span = group_size * stride
-    gpn = cluster.gpus_per_node
-    if world_size is not None and world_size <= gpn:
-        return cluster.intra
-    if span <= gpn and gpn % span == 0:
-        return cluster.intra
-    return cluster.inter
+    if not crosses_nodes(cluster, group_size, stride, world_size=world_size):
+        return cluster.intra if cluster.intra.peer_gbps is None else _mesh_link(cluster.intra, group_size, p2p)
+    span, gpn = group_size * stride, cluster.gpus_per_node
+    k = min(group_size, gpn // stride) if (span % gpn == 0 and stride < gpn and gpn % stride == 0) else 1
+    if k <= 1:
+        return cluster.inter
+    return _nic_link(cluster.inter, cluster.intra, k)
+
+
+def crosses_nodes(cluster: Cluster, group_size: int, stride: int, *, world_size: int | None = None) -> bool:
+    """Whether some group of this dimension spans nodes (group_link's placement rule)."""
+    span, gpn = group_size * stride, cluster.gpus_per_node
+    if group_size <= 1 or (world_size is not None and world_size <= gpn):
+        return False
+    return not (span <= gpn and gpn % span == 0)
+
+
+@lru_cache(maxsize=1024)
+def _mesh_link(intra: Link, n: int, p2p: bool) -> Link:
+    """The intra link as a group of n uses it: all of it on a switch, (n-1) peer links (one for p2p) on a mesh."""
+    if intra.peer_gbps is None:
+        return intra
+    bw = intra.peer_gbps if p2p else min(intra.bw_gbps, (n - 1) * intra.peer_gbps)
+    return Link(f"{intra.name} ({1 if p2p else n - 1} peer link{'s' if not p2p and n > 2 else ''})", bw,
+                intra.latency_us, intra.peer_gbps)
+
+
+@lru_cache(maxsize=1024)
+def _nic_link(inter: Link, intra: Link, k: int) -> Link:
+    """k NICs of a node carrying one group's ring: k·inter bandwidth, at most the intra link's."""
+    return Link(f"{inter.name} x{k}", min(intra.bw_gbps, k * inter.bw_gbps), inter.latency_us)
 
 
 def latency_steps(kind: str, group_size: int, algorithm: str = "ring") -> int:

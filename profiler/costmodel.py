@@ -14,7 +14,9 @@ cp, sp, recompute, ...) and are cached, so an estimate is a few dozen float oper
 from __future__ import annotations
 
 from dataclasses import replace
+from collections.abc import Mapping
 from functools import lru_cache
+from types import MappingProxyType
 
 from profiler import commcost
 from profiler.cluster import Cluster
@@ -24,7 +26,7 @@ from profiler.costmodel_ops import (ATTN_CORE, gemm_pass_parts, gemm_pass_times,
 from profiler.layout import Estimate, Layout, ModelSpec, group_stride
 from profiler.plan_memory import memory_per_gpu, stage_params
 
-__all__ = ["estimate", "gemm_time_s", "memory_bound_time_s", "microbatch_costs", "BREAKDOWN_KEYS"]
+__all__ = ["NoStepError", "estimate", "gemm_time_s", "memory_bound_time_s", "microbatch_costs", "BREAKDOWN_KEYS"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25: the last bucket's reduce is never hidden
 BWD_MEM_FACTOR = 2.0  # a backward elementwise op reads the saved input and the output gradient, writes the input gradient
@@ -34,12 +36,21 @@ BREAKDOWN_KEYS = ("compute", "recompute", "comm_exposed:tp", "comm_exposed:cp", 
                   "comm_exposed:pp", "comm_exposed:dp", "bubble", "optimizer")
 
 
+class NoStepError(ValueError):
+    """The model gives no usable step for this input (not finite or not > 0): refused, never printed."""
+
+
 def _coll(kind: str, nbytes: float, n: int, link, cluster: Cluster, algorithm: str = "ring") -> float:
     return commcost.collective_s(kind, nbytes, n, link, efficiency=cluster.link_efficiency, algorithm=algorithm)
 
 
+def microbatch_costs(*args, **kwargs) -> Mapping[str, float]:
+    """_microbatch_costs (below) as a read-only mapping: the dict is shared by the cache."""
+    return MappingProxyType(_microbatch_costs(*args, **kwargs))
+
+
 @lru_cache(maxsize=16384)
-def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int, sp: bool, recompute: str,
+def _microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int, sp: bool, recompute: str,
                      ep: int, tp_stride: int, cp_stride: int, ep_stride: int, world: int | None = None) -> dict[str, float]:
     """Seconds of one microbatch on one GPU, per layer (`dense_*`, `moe_*`) and for the head:
     gemm_f / gemm_b (GEMMs forward / backward), gemm_w (the weight-gradient share of gemm_b), mem_f / mem_b (memory-bound ops), rc (what
@@ -49,6 +60,7 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
     Strides place each group on a link (commcost.group_link); world: the job's GPUs (one node: intra)."""
     h, a, f, s, flash = spec.hidden, spec.heads, spec.ffn, spec.seq, spec.flash_attention
     out: dict[str, float] = {}
+    pb = spec.param_bytes  # activations in the parameter dtype (GEMM operands, collectives, elementwise)
     act = spec.param_bytes * b * (s // cp) * h  # one b·s·h activation (the tp collectives' buffer)
     one_tp = 0.0
     if t > 1:
@@ -62,8 +74,8 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
             out.update({k.replace("dense_", "moe_"): v for k, v in list(out.items())})
             continue
         shapes = layer_gemms(b, s, h, a, f, t, cp, top_k)
-        gf, g_dgrad, gw = gemm_pass_parts({k: v for k, v in shapes.items() if k not in ATTN_CORE}, cluster)
-        af, ab = gemm_pass_times({k: shapes[k] for k in ATTN_CORE}, cluster)  # no weights: all "B"
+        gf, g_dgrad, gw = gemm_pass_parts({k: v for k, v in shapes.items() if k not in ATTN_CORE}, cluster, pb)
+        af, ab = gemm_pass_times({k: shapes[k] for k in ATTN_CORE}, cluster, pb)  # no weights: all "B"
         gf, gb = gf + af, g_dgrad + gw + ab
         core_f = af
         mb = layer_memory_bound_bytes(b, s, h, a, f, t, cp, sp, top_k, spec.param_bytes, flash)
@@ -88,12 +100,12 @@ def microbatch_costs(spec: ModelSpec, cluster: Cluster, b: int, t: int, cp: int,
         # backward (3 forward-sized passes in all), each step under the attention core it feeds.
         n_cp = 0.0
         if cp > 1:
-            link = commcost.group_link(cluster, cp, cp_stride, world_size=world)
+            link = commcost.group_link(cluster, cp, cp_stride, world_size=world, p2p=True)  # ring: to a neighbour
             n_cp = max(0.0, 3 * ((cp - 1) * _coll("send_recv", 2 * act / t, cp, link, cluster) - core_f))
         for key, val in (("gemm_f", gf), ("gemm_b", gb), ("mem_f", mf), ("mem_b", BWD_MEM_FACTOR * mf), ("rc", rc),
                          ("attn_f", core_f), ("gemm_w", gw), ("tp", n_tp), ("ep", n_ep), ("cp", n_cp)):
             out[f"{kind}_{key}"] = val
-    hg_f, hg_d, hg_w = gemm_pass_parts(head_gemms(b, s, h, spec.vocab, t, cp), cluster)
+    hg_f, hg_d, hg_w = gemm_pass_parts(head_gemms(b, s, h, spec.vocab, t, cp), cluster, pb)
     hm = memory_bound_time_s(head_memory_bound_bytes(b, s, h, spec.vocab, t, cp, sp, spec.param_bytes), cluster)
     out["head_gemm"], out["head_mem"], out["head_w"] = hg_f + hg_d + hg_w, hm * (1 + BWD_MEM_FACTOR), hg_w
     return out
@@ -107,23 +119,24 @@ def _check_spec(spec: ModelSpec) -> None:
 @lru_cache(maxsize=4096)
 def _spec_consts(spec: ModelSpec) -> tuple[float, float]:
     """(model FLOPs per sequence without recomputation, share of MoE layers)."""
-    moe_layers = spec.layers // spec.moe_every if spec.moe else 0
     fl = model_flops_per_sequence(spec.layers, spec.seq, spec.hidden, spec.heads, spec.ffn, spec.vocab,
-                                  spec.top_k if spec.moe else 0, moe_layers)
-    return fl, (moe_layers / spec.layers if spec.layers else 0.0)
+                                  spec.top_k if spec.moe else 0, spec.moe_layers)
+    return fl, spec.moe_share
 
 
 @lru_cache(maxsize=65536)
-def _stage_param_counts(spec: ModelSpec, layout: Layout) -> tuple[float, float, float]:
-    """(dense, expert, one layer's) parameters on a GPU of the most loaded stage (first or last)."""
-    return max((stage_params(spec, layout, st) for st in {0, layout.pp - 1}), key=lambda x: x[0] + x[1])
+def _stage_param_counts(spec: ModelSpec, tp: int, pp: int, ep: int) -> tuple[float, float, float]:
+    """(dense, expert, one layer's) parameters on a GPU of the most loaded stage (first or last);
+    they depend on tp, pp and ep only, so the cache is keyed on those, not the whole Layout."""
+    lay = Layout(dp=ep, tp=tp, pp=pp, ep=ep)
+    return max((stage_params(spec, lay, st) for st in {0, pp - 1}), key=lambda x: x[0] + x[1])
 
 
 @lru_cache(maxsize=16384)
 def _p2p_s(spec: ModelSpec, cluster: Cluster, b: int, cp: int, t: int, p: int, stride: int, world: int) -> float:
     """One pipeline send of a microbatch's b·s·h/t activation (Megatron's scatter/gather of the
     tp-split activation, or sp's shard) between neighbouring stages."""
-    link = commcost.group_link(cluster, p, stride, world_size=world)
+    link = commcost.group_link(cluster, p, stride, world_size=world, p2p=True)
     return _coll("send_recv", spec.param_bytes * b * (spec.seq // cp) * spec.hidden / t, 2, link, cluster)
 
 
@@ -150,7 +163,7 @@ def _layout_terms(spec: ModelSpec, lay: Layout) -> tuple:
     """What the assembly needs of the layout alone (shared by the dominant-assumption variants)."""
     _, moe = _spec_consts(spec)
     n = spec.layers / lay.pp  # layers of this GPU (all its interleaved chunks)
-    dense, expert, layer = _stage_param_counts(spec, lay)
+    dense, expert, layer = _stage_param_counts(spec, lay.tp, lay.pp, lay.ep)
     strides = (1, group_stride(lay, "cp"), group_stride(lay, "ep"), group_stride(lay, "pp"))
     return n, n * (1 - moe), n * moe, dense, expert, layer, strides
 
@@ -160,7 +173,7 @@ def _assemble(spec: ModelSpec, lay: Layout, cluster: Cluster, compute_scale: flo
     """breakdown_s (BREAKDOWN_KEYS) of one step; their sum is the step."""
     n, nd, nm, dense, expert, layer, (tp_st, cp_st, ep_st, pp_st) = terms or _layout_terms(spec, lay)
     t, p, m, cp, ep, world = lay.tp, lay.pp, lay.microbatches, lay.cp, lay.ep, lay.gpus
-    c = microbatch_costs(spec, cluster, lay.microbatch, t, cp, lay.sp, lay.recompute, ep, tp_st, cp_st, ep_st, world)
+    c = _microbatch_costs(spec, cluster, lay.microbatch, t, cp, lay.sp, lay.recompute, ep, tp_st, cp_st, ep_st, world)
     fwd = nd * (c["dense_gemm_f"] + c["dense_mem_f"]) + nm * (c["moe_gemm_f"] + c["moe_mem_f"])
     bwd = nd * (c["dense_gemm_b"] + c["dense_mem_b"]) + nm * (c["moe_gemm_b"] + c["moe_mem_b"])
     head = c["head_gemm"] + c["head_mem"]  # on the last stage, which sets the pipeline's pace
@@ -189,6 +202,11 @@ def _assemble(spec: ModelSpec, lay: Layout, cluster: Cluster, compute_scale: flo
             # buckets under the last microbatch's backward: hidden but for the last bucket's share
             first = min(1.0, DDP_BUCKET_BYTES / grad_bytes)
             dp_exposed = max(red * first, red - bwd_mb * (1 - first)) + after
+            if lay.zero == 2 and m > 1:
+                # ZeRO-2 keeps only its shard of the gradients, so it cannot accumulate whole ones:
+                # every microbatch's gradients are reduce-scattered (DeepSpeed's ZeRO-2 reduces in
+                # each backward), each under its own microbatch's backward, the last one as above
+                dp_exposed += (m - 1) * max(0.0, red - bwd_mb)
     t_mb = comp + rc + tp + cpc + epc + pp + z3
     if p == 1:
         bubble = 0.0
@@ -242,11 +260,16 @@ def _assumptions(spec: ModelSpec, layout: Layout, cluster: Cluster, compute_scal
            "50-73 % of A100 peak)" if spec.flash_attention else
            "attention unfused, scores in HBM (Korthikanti et al. 2022 accounting)"),
         f"collectives at link_efficiency {cluster.link_efficiency:.2f} of {cluster.intra.name} "
-        f"{cluster.intra.bw_gbps:g} GB/s / {cluster.inter.name} {cluster.inter.bw_gbps:g} GB/s, ring (tree latency for dp all-reduce)",
+        f"{cluster.intra.bw_gbps:g} GB/s / {cluster.inter.name} {cluster.inter.bw_gbps:g} GB/s, ring (tree latency for dp all-reduce); a group across nodes with k "
+        f"members per node drives k NICs, min(intra, k x inter)"
+        + (f"; inside a node a group of n gets (n-1) x {cluster.intra.peer_gbps:g} GB/s peer links, a send one"
+           if cluster.intra.peer_gbps else ""),
         "tp / ep communication not overlapped with compute (Megatron default); pp sends on the critical path",
     ]
     if layout.dp * layout.cp > 1:
-        out.append("dp gradient reduction in 25 MB buckets under the last microbatch's backward" if layout.zero < 3
+        out.append(("dp gradient reduce-scatter in 25 MB buckets under every microbatch's backward (ZeRO-2 keeps "
+                    "gradients sharded)" if layout.zero == 2 and layout.microbatches > 1 else
+                    "dp gradient reduction in 25 MB buckets under the last microbatch's backward") if layout.zero < 3
                    else "FSDP: each layer's all-gather prefetched under the previous layer's compute")
     if layout.pp > 1:
         out.append("pipeline bubble (p-1)/v of a microbatch's time, uniform stages paced by the last (head) stage"
@@ -272,12 +295,17 @@ def estimate(spec: ModelSpec, layout: Layout, cluster: Cluster, *, compute_scale
     terms = _layout_terms(spec, layout)
     breakdown = _assemble(spec, layout, cluster, scale, terms)
     step = sum(breakdown.values())
+    # a number is right or refused: extreme cluster numbers (a 1e-320 GB/s link, a 1e300 TFLOP/s
+    # peak) can make inf, NaN or 0 here, and _dominant divides by the step
+    if not (0 < step < float("inf")) or any(not (0 <= v < float("inf")) for v in breakdown.values()):
+        raise NoStepError(f"cluster {cluster.name}: the cost model gives no usable step for {layout.short()} "
+                          f"({step!r} s): check the cluster's numbers")
     flops_seq, _ = _spec_consts(spec)
     peak = layout.gpus * cluster.peak_tflops * 1e12
     mfu = 100.0 * flops_seq * spec.global_batch / (step * peak) if step > 0 else None
     mem = memory_per_gpu(spec, layout)
-    hbm = cluster.hbm_bytes
-    return Estimate(layout=layout, step_s=step, breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem, hbm_bytes=hbm,
-                    fits=mem["total"] <= hbm,
+    usable = cluster.usable_hbm_bytes
+    return Estimate(layout=layout, step_s=step, breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem,
+                    hbm_bytes=cluster.hbm_bytes, usable_hbm_bytes=usable, fits=mem["total"] <= usable,
                     assumptions=_assumptions(spec, layout, cluster, compute_scale) if detail else [],
                     dominant=_dominant(spec, layout, cluster, scale, step, terms) if detail else None)

@@ -29,6 +29,8 @@ def sm_count(cluster: Cluster) -> int | None:
     if isinstance(n, int) and n > 0:
         return n
     name = (cluster.name or "").lower()
+    if "h100" in name and "pcie" in name:
+        return 114  # H100 PCIe: 114 SMs (NVIDIA H100 whitepaper), not the SXM5's 132
     for key, sms in SMS_BY_NAME.items():
         if key in name:
             return sms
@@ -100,22 +102,24 @@ def gemm_flops(shapes: dict[str, tuple[int, int, int, int]]) -> float:
     return float(sum(2.0 * m * n * k * bt for m, n, k, bt in shapes.values()))
 
 
-def gemm_pass_times(shapes: dict[str, tuple[int, int, int, int]], cluster: Cluster) -> tuple[float, float]:
+def gemm_pass_times(shapes: dict[str, tuple[int, int, int, int]], cluster: Cluster,
+                    dtype_bytes: float = 2) -> tuple[float, float]:
     """(forward, backward) seconds of these GEMMs: backward = the data gradient (m x n)@(n x k) and
     the weight gradient (k x m)@(m x n) of each, the same FLOPs as its forward each (so 2x)."""
-    fwd, dgrad, wgrad = gemm_pass_parts(shapes, cluster)
+    fwd, dgrad, wgrad = gemm_pass_parts(shapes, cluster, dtype_bytes)
     return fwd, dgrad + wgrad
 
 
-def gemm_pass_parts(shapes: dict[str, tuple[int, int, int, int]], cluster: Cluster) -> tuple[float, float, float]:
+def gemm_pass_parts(shapes: dict[str, tuple[int, int, int, int]], cluster: Cluster,
+                    dtype_bytes: float = 2) -> tuple[float, float, float]:
     """(forward, data-gradient, weight-gradient) seconds of these GEMMs (gemm_pass_times split:
     zero-bubble schedules move the weight gradients into the pipeline's bubble)."""
     sms = sm_count(cluster)
     fwd = dgrad = wgrad = 0.0
     for m, n, k, bt in shapes.values():
-        fwd += gemm_time_s(m, n, k, cluster, batch=bt, sms=sms)
-        dgrad += gemm_time_s(m, k, n, cluster, batch=bt, sms=sms)
-        wgrad += gemm_time_s(k, n, m, cluster, batch=bt, sms=sms)
+        fwd += gemm_time_s(m, n, k, cluster, dtype_bytes, batch=bt, sms=sms)
+        dgrad += gemm_time_s(m, k, n, cluster, dtype_bytes, batch=bt, sms=sms)
+        wgrad += gemm_time_s(k, n, m, cluster, dtype_bytes, batch=bt, sms=sms)
     return fwd, dgrad, wgrad
 
 
@@ -145,8 +149,9 @@ def layer_memory_bound_bytes(b: int, s: int, h: int, heads: int, ffn: int, t: in
 
 
 def head_gemms(b: int, s: int, h: int, vocab: int, t: int = 1, cp: int = 1) -> dict[str, tuple[int, int, int, int]]:
-    """The output projection (vocabulary-parallel over t): (T x h) @ (h x V/t), T = b·s/cp."""
-    return {"logits": (b * (s // cp), vocab // t, h, 1)}
+    """The output projection (vocabulary-parallel over t): (T x h) @ (h x ⌈V/t⌉), T = b·s/cp (the
+    vocabulary padded to a multiple of t, as ModelSpec.vocab_per_rank)."""
+    return {"logits": (b * (s // cp), -(-vocab // t), h, 1)}
 
 
 def head_memory_bound_bytes(b: int, s: int, h: int, vocab: int, t: int = 1, cp: int = 1, sp: bool = False,
@@ -154,7 +159,7 @@ def head_memory_bound_bytes(b: int, s: int, h: int, vocab: int, t: int = 1, cp: 
     """Final layernorm (8sbh, /t with sp) and the vocabulary-parallel cross entropy over fp32
     logits: read 2-byte logits, write and read fp32 softmax (2 + 4 + 4 bytes per logit): 10sbV/t."""
     sl = s // cp
-    return 8 * sl * b * h * act_bytes / 2 / (t if sp else 1) + 10.0 * sl * b * vocab / t
+    return 8 * sl * b * h * act_bytes / 2 / (t if sp else 1) + 10.0 * sl * b * -(-vocab // t)
 
 
 def model_flops_per_sequence(layers: int, s: int, h: int, heads: int, ffn: int, vocab: int, top_k: int = 0,

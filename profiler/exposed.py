@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from profiler.breakdown import THREAD, _gloo_worker_threads, multi_gpu_ranks
+from profiler.breakdown import THREAD, gloo_worker_threads, multi_gpu_ranks
 from profiler.intervals import sweep
 from profiler.steps import KEYS
 
@@ -113,7 +113,7 @@ def _cpu_compute(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     ops = (
         ev.lazy().filter((pl.col("ph") == "X") & pl.col("kind").is_in(["op", "enqueue"]))
         .select(*THREAD, "kind", "ts_us", "end_us").collect()
-        .join(_gloo_worker_threads(ev), on=THREAD, how="anti")
+        .join(gloo_worker_threads(ev), on=THREAD, how="anti")
     )
     # op minus enqueue, as the breakdown counts it: the segments an op covers and no enqueue does.
     segs = sweep(ops.select(*KEYS, label=pl.col("kind").cast(pl.String), start_us="ts_us", end_us="end_us"), KEYS, ["op", "enqueue"])

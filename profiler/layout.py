@@ -60,6 +60,16 @@ class ModelSpec:
         return self.experts > 0
 
     @property
+    def moe_layers(self) -> int:
+        """Blocks whose MLP is a mixture of experts: every moe_every-th, L // moe_every of them."""
+        return self.layers // self.moe_every if self.moe else 0
+
+    @property
+    def moe_share(self) -> float:
+        """Share of the blocks that are MoE: (L // moe_every) / L (the same in FLOPs, memory, params)."""
+        return self.moe_layers / self.layers
+
+    @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq
 
@@ -70,7 +80,7 @@ class ModelSpec:
         untied head V·h."""
         h, f = self.hidden, self.ffn
         dense_mlp = 2 * h * f
-        moe_blocks = self.layers // self.moe_every if self.moe else 0
+        moe_blocks = self.moe_layers
         per_block = 4 * h * h + 4 * h
         mlp = (self.layers - moe_blocks) * dense_mlp + moe_blocks * (self.experts * dense_mlp + self.experts * h)
         return self.vocab * h + self.seq * h + self.layers * per_block + mlp + 2 * h + self.vocab * h
@@ -83,8 +93,29 @@ class ModelSpec:
                 raise LayoutError(f"--{f.replace('_', '-')} {v!r}: a whole number >= 1 is needed")
         if self.hidden % self.heads:
             raise LayoutError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}")
+        for f in ("experts", "top_k", "moe_every"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (1 if f == "moe_every" else 0):
+                raise LayoutError(f"{f} {v!r}: a whole number >= {1 if f == 'moe_every' else 0} is needed")
         if self.experts < 0 or self.top_k < 0 or (self.experts and not 1 <= self.top_k <= self.experts):
             raise LayoutError(f"--moe {self.experts},{self.top_k}: E >= 1 experts and 1 <= k <= E are needed")
+        if self.top_k and not self.experts:
+            raise LayoutError(f"top_k {self.top_k} without experts: a dense model routes no tokens (--moe E,k)")
+        if self.moe and self.moe_every > self.layers:
+            raise LayoutError(f"moe_every {self.moe_every} > layers {self.layers}: no block would be a MoE block")
+        # bytes per element: weights and activations >= 1 (fp8 .. fp32), gradients >= 1, Adam's
+        # state >= 0 (0: a stateless optimizer); anything else is a negative or zero memory
+        for f, low in (("param_bytes", 1), ("grad_bytes", 1), ("optimizer_bytes_per_param", 0)):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < low or v > 64:
+                raise LayoutError(f"{f} {v!r}: bytes per element, a number in [{low}, 64] is needed")
+
+    def vocab_per_rank(self, tp: int) -> int:
+        """Vocabulary rows of the embedding / head on one of `tp` ranks: ceil(V/tp). Megatron-LM pads
+        the vocabulary to a multiple of make_vocab_size_divisible_by (128) x tp
+        (megatron/training/tokenizer/tokenizer.py, _vocab_size_with_padding); we pad only to tp, never
+        truncate (V // tp would drop rows, and a zero-width head GEMM for V < tp)."""
+        return -(-self.vocab // tp)
 
 
 @dataclass(frozen=True)
@@ -148,12 +179,19 @@ class Layout:
             raise LayoutError(f"ep={self.ep} does not divide dp={self.dp} (experts are spread over data-parallel ranks)")
         if self.stages_per_rank > 1 and self.schedule != "interleaved-1f1b":
             raise LayoutError(f"v={self.stages_per_rank} needs schedule=interleaved-1f1b")
+        # stages that mean nothing: ZeRO shards over dp·cp replicas, sp splits over the tp group
+        if self.zero > 0 and self.dp * self.cp == 1:
+            raise LayoutError(f"zero={self.zero} with dp·cp = 1: nothing to shard over (zero=0)")
+        if self.sp and self.tp == 1:
+            raise LayoutError("sp with tp=1: sequence parallelism splits over the tp group (sp=0)")
         if gpus is not None and self.gpus != gpus:
             raise LayoutError(f"dp·cp·tp·pp = {self.dp}·{self.cp}·{self.tp}·{self.pp} = {self.gpus}, not the {gpus} GPUs")
         if spec is None:
             return
         if spec.heads % self.tp:
             raise LayoutError(f"tp={self.tp} does not divide the {spec.heads} heads")
+        if spec.ffn % self.tp:
+            raise LayoutError(f"tp={self.tp} does not divide the MLP's ffn {spec.ffn} (column-parallel MLP-up)")
         if spec.layers % (self.pp * self.stages_per_rank):
             raise LayoutError(f"pp·v = {self.pp}·{self.stages_per_rank} does not divide the {spec.layers} layers")
         if spec.seq % self.cp:
@@ -161,6 +199,11 @@ class Layout:
         if self.dp * self.microbatch * self.microbatches != spec.global_batch:
             raise LayoutError(f"dp·microbatch·microbatches = {self.dp}·{self.microbatch}·{self.microbatches} is not "
                               f"the global batch {spec.global_batch}")
+        if self.pp > 1 and self.microbatches < self.pp:
+            # fewer microbatches than stages leave stages idle: the bubble formulas ((p-1)/v of a
+            # microbatch, ZB-H1's (p-1)(F+B-W)) assume every stage has work in the steady state
+            raise LayoutError(f"microbatches={self.microbatches} < pp={self.pp}: a pipeline needs at least pp "
+                              "microbatches per step")
         if self.ep > 1 and (not spec.moe or spec.experts % self.ep):
             raise LayoutError(f"ep={self.ep} needs a MoE model whose expert count divides by it")
 
@@ -175,7 +218,9 @@ def parse_layout(text: str, base: Layout | None = None) -> tuple[Layout, set[str
     """`dp=8,tp=8,pp=4[,zero=1,mb=1,m=64,schedule=1f1b,v=2,recompute=full,sp=1]` on top of `base`:
     (the layout, the fields given). LayoutError naming the bad item."""
     out, given = base or Layout(), set()
-    for item in (text or "").split(","):
+    if not (text or "").strip(" ,"):  # an empty --layout is a mistake, not "one GPU"
+        raise LayoutError(f"--layout {text!r}: empty; give KEY=VALUE items (e.g. dp=8,tp=2)")
+    for item in text.split(","):
         item = item.strip()
         if not item:
             continue
@@ -184,6 +229,8 @@ def parse_layout(text: str, base: Layout | None = None) -> tuple[Layout, set[str
         if not sep or key not in _KEYS:
             raise LayoutError(f"--layout item {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(set(_KEYS)))}")
         name = _KEYS[key]
+        if name in given:  # dp=2,dp=4 (or mb= and microbatch=): which one was meant?
+            raise LayoutError(f"--layout {key}={value}: {name} is given twice")
         if name in ("schedule", "recompute"):
             v = value.lower()
         elif name == "sp":
@@ -196,6 +243,10 @@ def parse_layout(text: str, base: Layout | None = None) -> tuple[Layout, set[str
             except ValueError:
                 raise LayoutError(f"--layout {key}={value!r}: a whole number is needed") from None
         out, _ = replace(out, **{name: v}), given.add(name)
+    if not given:
+        raise LayoutError(f"--layout {text!r}: empty; give KEY=VALUE items, e.g. dp=8,tp=8,pp=4")
+    if out.schedule == "interleaved-1f1b" and out.stages_per_rank == 1:
+        raise LayoutError("--layout schedule=interleaved-1f1b needs v >= 2 stages per rank (v=1 is 1f1b)")
     out.check()
     return out, given
 
@@ -224,7 +275,8 @@ class Estimate:
 
     breakdown_s: where the step goes, summing to step_s: "compute", "comm_exposed:<dim>" per
     dimension, "bubble", "optimizer", ... (docs/whatif.md names every key). memory_bytes: per GPU,
-    "params", "grads", "optimizer", "activations", "total"; fits: total <= the cluster's HBM.
+    "params", "grads", "optimizer", "activations", "total"; fits: total <= the cluster's usable HBM
+    (HBM less its hbm_reserve_gib).
     assumptions: every input that is assumed rather than measured, one line each; dominant: the
     assumption whose error would move step_s the most, with how much.
     """
@@ -238,9 +290,10 @@ class Estimate:
     fits: bool
     assumptions: list[str] = field(default_factory=list)
     dominant: str | None = None
+    usable_hbm_bytes: int | None = None  # HBM less the cluster's reserve: what `fits` compares with
 
     def as_dict(self) -> dict:
         return {"layout": self.layout.as_dict(), "layout_text": self.layout.short(), "step_s": self.step_s,
                 "breakdown_s": dict(self.breakdown_s), "mfu_pct": self.mfu_pct, "memory_bytes": dict(self.memory_bytes),
-                "hbm_bytes": self.hbm_bytes, "fits": self.fits, "assumptions": list(self.assumptions),
+                "hbm_bytes": self.hbm_bytes, "usable_hbm_bytes": self.usable_hbm_bytes, "fits": self.fits, "assumptions": list(self.assumptions),
                 "dominant": self.dominant}

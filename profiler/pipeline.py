@@ -59,6 +59,7 @@ import polars as pl
 
 from profiler.discover import manifest_field
 from profiler.intervals import union
+from profiler.pipeline_order import action_durations, ideal_order
 from profiler.steps import KEYS, assign_steps, names_matching, profiler_steps
 
 PP_SPAN_FORMAT = "ptprof/pp/{kind} s{stage} mb{microbatch}"  # runners/harness.py PP_ACTION
@@ -137,7 +138,7 @@ def ideal_orders(runs: dict[str, dict | None]) -> pl.DataFrame:
     """run.json's `pipeline.ideal_order` as a frame: run, rank (global), slot, action, stage, microbatch."""
     rows = []
     for run, manifest in runs.items():
-        order = _ideal_order(manifest) or []
+        order = ideal_order(manifest) or []
         # run.json's rows are pp coordinates; a hybrid run repeats them on every pipeline replica.
         coords = pp_coordinates(manifest) or {c: (0, c) for c in range(len(order))}
         rows += [
@@ -332,7 +333,7 @@ def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
     v = positive_int(cfg.get("stages_per_rank")) or max(1, stages // max(1, p))
     m = positive_int(cfg.get("microbatches")) or actions["microbatch"].n_unique()
     last_stage = cfg.get("loss_stage") if isinstance(cfg.get("loss_stage"), int) else actions["stage"].max()
-    ideal = _ideal_order(manifest)
+    ideal = ideal_order(manifest)
     stream = cfg.get("stream") is True  # microbatches numbered over the run: step k's i is k·M + i
     rows = []
     for step in actions["step"].unique().sort().to_list():
@@ -346,7 +347,7 @@ def _modelled(actions: pl.DataFrame, run: str, manifest: dict) -> list[dict]:
                 plan, source = ideal, "run.json"
             else:
                 plan, source = [ran.get(c, []) for c in range(max(members) + 1)], "measured"
-            durations = _durations(acts, plan, last_stage)
+            durations = action_durations(acts, plan, last_stage)
             if stream:
                 sim = stream_replay(plan, durations, last_stage=last_stage, microbatches=m) if plan else None
                 uniform = stream_replay(plan, uniform_durations(durations), last_stage=last_stage, microbatches=m) if plan else None
@@ -453,30 +454,6 @@ def pp_coordinates(manifest: dict | None) -> dict[int, tuple[int, int]] | None:
     if not isinstance(groups, list) or not all(isinstance(g, list) and all(isinstance(r, int) for r in g) for g in groups):
         return None
     return {r: (k, c) for k, g in enumerate(groups) for c, r in enumerate(g)}
-
-
-def _durations(acts: pl.DataFrame, plan: list[list[tuple[str, int, int]]], last_stage: int) -> dict[tuple[str, int, int], float]:
-    """(kind, stage, microbatch) -> measured µs for every planned action, the loss folded into the
-    last stage's F; an action missing from the trace takes the mean of its (kind, stage), else of
-    its kind, else 0."""
-    measured = {(a, s, i): d for a, s, i, d in acts.select("action", "stage", "microbatch", "dur_us").iter_rows()}
-    for (a, s, i), d in list(measured.items()):
-        if a == "L" and ("F", last_stage, i) in measured:
-            measured[("F", last_stage, i)] += d
-    by_stage = dict(((a, s), d) for a, s, d in acts.group_by("action", "stage").agg(pl.col("dur_us").mean()).iter_rows())
-    by_kind = dict(acts.group_by("action").agg(pl.col("dur_us").mean()).iter_rows())
-    return {
-        x: measured.get(x, by_stage.get((x[0], x[1]), by_kind.get(x[0], 0.0)))
-        for order in plan for x in order
-    }
-
-
-def _ideal_order(manifest: dict | None) -> list[list[tuple[str, int, int]]] | None:
-    order = manifest_field(manifest, "pipeline", "ideal_order")
-    try:
-        return [[(str(a), int(s), int(i)) for a, s, i in rank] for rank in order]
-    except (TypeError, ValueError):
-        return None  # absent, or a shape we do not know: no ideal rather than a wrong one
 
 
 def _span_formats(events: pl.DataFrame, runs: dict[str, dict | None]) -> dict[str, list[str]]:

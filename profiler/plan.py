@@ -7,8 +7,9 @@ ranked is counted under the reason it was dropped, `PlanResult.refused`):
 
 1. splits dp·tp·pp (·ep inside dp for MoE) = G that divide: tp | heads, pp | layers, dp | global batch,
    ep | dp and ep | experts;
-2. per split, every microbatch size mb | global_batch/dp (microbatches m = global_batch/(dp·mb),
-   m >= pp), ZeRO stage (1-3 only where dp > 1), pipeline schedule (pp > 1: 1f1b, gpipe,
+2. per split, every microbatch size mb | global_batch/dp up to 64, powers of two beyond
+   (microbatch_sizes; microbatches m = global_batch/(dp·mb), m >= pp; global batch <= 2^24), ZeRO
+   stage (1-3 only where dp > 1; 2-3 only where pp = 1), pipeline schedule (pp > 1: 1f1b, gpipe,
    zero-bubble, interleaved-1f1b with v | layers/pp), recompute and sequence parallelism (tp > 1);
 3. memory first (cheap): a layout whose memory_per_gpu exceeds HBM is refused. Two bounds spare
    the calls: where the model state (params, grads, optimizer: split and ZeRO stage only) alone
@@ -32,20 +33,25 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from profiler.cluster import Cluster
+from profiler.costmodel import NoStepError
 from profiler.layout import RECOMPUTE, Estimate, Layout, ModelSpec, divisors
 
 EstimateFn = Callable[[ModelSpec, Layout, Cluster], Estimate]
 MemoryFn = Callable[[ModelSpec, Layout], dict]
 
 PIPELINE_SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
+MAX_DENSE_MB = 64  # every microbatch size up to this is searched, beyond it powers of two only
+MAX_GLOBAL_BATCH = 1 << 24  # sequences per step: 16.8 M (GPT-3 used 3.2 M tokens = 1,536 sequences)
 CHECK_TOP = 10  # the top layouts whose pruned neighbours are estimated (step 5)
 STATE_KEYS = ("params", "grads", "optimizer")  # memory_per_gpu's model state (the ZeRO table)
 
 # refused reasons (PlanResult.refused keys); the unit is in the key
 R_TP_HEADS = "splits where tp does not divide the heads"
+R_TP_FFN = "splits where tp does not divide the ffn"
 R_PP_LAYERS = "splits where pp does not divide the layers"
 R_DP_BATCH = "splits where dp does not divide the global batch"
 R_FEW_MB = "layouts with fewer microbatches than pipeline stages"
+R_ZERO_PP = "layouts with ZeRO-2/3 and a pipeline (DeepSpeed refuses them; Megatron's is ZeRO-1)"
 R_HBM = "layouts over HBM"
 R_RECOMPUTE = "layouts pruned: more recompute than needed to fit"
 R_SP_OFF = "layouts pruned: sp off (a probe found sp on no slower)"
@@ -104,6 +110,8 @@ def splits(spec: ModelSpec, gpus: int, refused: Counter | None = None) -> list[t
             dp = gpus // (tp * pp)
             if spec.heads % tp:
                 refused[R_TP_HEADS] += 1
+            elif spec.ffn % tp:
+                refused[R_TP_FFN] += 1
             elif spec.layers % pp:
                 refused[R_PP_LAYERS] += 1
             elif spec.global_batch % dp:
@@ -112,6 +120,22 @@ def splits(spec: ModelSpec, gpus: int, refused: Counter | None = None) -> list[t
                 eps = [e for e in divisors(dp) if spec.experts % e == 0] if spec.moe else [1]
                 out += [(dp, tp, pp, ep) for ep in eps]
     return out
+
+
+def microbatch_sizes(per_dp: int) -> list[int]:
+    """The microbatch sizes searched for `per_dp` sequences per replica: its divisors up to
+    MAX_DENSE_MB, and beyond only the powers of two (a microbatch that large has long saturated the
+    GEMMs: only memory and the bubble still move, which powers of two sample). Keeps the search
+    small for any global batch: at most MAX_DENSE_MB + log2(per_dp) sizes."""
+    if per_dp > MAX_GLOBAL_BATCH:
+        raise ValueError(f"{per_dp:,} sequences per replica: over the {MAX_GLOBAL_BATCH:,} searched")
+    small = [d for d in range(1, min(per_dp, MAX_DENSE_MB) + 1) if per_dp % d == 0]
+    big, p = [], 1 << MAX_DENSE_MB.bit_length()
+    while p <= per_dp:
+        if per_dp % p == 0:
+            big.append(p)
+        p <<= 1
+    return small + big
 
 
 def _schedules(spec: ModelSpec, pp: int) -> list[tuple[str, int]]:
@@ -127,15 +151,20 @@ def variants(spec: ModelSpec, split: tuple[int, int, int, int], refused: Counter
     refused = refused if refused is not None else Counter()
     dp, tp, pp, ep = split
     scheds = _schedules(spec, pp)
-    zeros = (0, 1, 2, 3) if dp > 1 else (0,)
+    # ZeRO-2/3 with a pipeline: not searched. DeepSpeed refuses ZeRO-2/3 with its pipeline engine
+    # (gradients sharded while microbatches accumulate), Megatron-LM's distributed optimizer
+    # (--use-distributed-optimizer) shards the optimizer state only, ZeRO-1's memory.
+    zeros = ((0, 1, 2, 3) if pp == 1 else (0, 1)) if dp > 1 else (0,)
     sps = (True, False) if tp > 1 else (False,)
     per_mb = len(scheds) * len(zeros) * len(sps) * len(RECOMPUTE)
     per_dp = spec.global_batch // dp
-    for mb in divisors(per_dp):
+    for mb in microbatch_sizes(per_dp):
         m = per_dp // mb
         if m < pp:
             refused[R_FEW_MB] += per_mb
             continue
+        if dp > 1 and pp > 1:
+            refused[R_ZERO_PP] += 2 * per_mb // len(zeros)
         for zero in zeros:
             for schedule, v in scheds:
                 for sp in sps:
@@ -160,9 +189,12 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
     `detail_top` (and the rule of thumb) are estimated again with them."""
     t0 = time.perf_counter()
     spec.check()
+    if spec.global_batch > MAX_GLOBAL_BATCH:
+        raise ValueError(f"--global-batch {spec.global_batch:,}: over the {MAX_GLOBAL_BATCH:,} sequences a plan "
+                         f"searches (the largest published runs use a few thousand)")
     estimate_fn = estimate_fn or _real_estimate
     memory_fn = memory_fn or _real_memory
-    hbm = cluster.hbm_bytes
+    hbm = cluster.usable_hbm_bytes  # HBM less the reserve (context, NCCL, fragmentation)
     refused: Counter = Counter()
     considered, min_mem = 0, None
     kept: list[Layout] = []
@@ -175,9 +207,12 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
         nonlocal calls
         if layout not in estimates:
             calls += 1
-            estimates[layout] = estimate_fn(spec, layout, cluster)
+            try:
+                estimates[layout] = estimate_fn(spec, layout, cluster)
+            except NoStepError:  # counted under R_NOT_FINITE
+                estimates[layout] = None
         est = estimates[layout]
-        return est if _finite(est) else None
+        return est if est is not None and _finite(est) else None
 
     all_splits = splits(spec, gpus, refused)
     skipped = 0
@@ -329,7 +364,7 @@ def _fitting(spec: ModelSpec, base: Layout, hbm: int, memory_fn: MemoryFn) -> La
     rule of thumb takes: the largest for pp = 1 (fewest accumulation steps), 1 for pp > 1 (most
     microbatches, smallest bubble)."""
     per_dp = spec.global_batch // base.dp
-    mbs = [mb for mb in divisors(per_dp) if per_dp // mb >= base.pp]
+    mbs = [mb for mb in microbatch_sizes(per_dp) if per_dp // mb >= base.pp]
     if base.pp == 1:
         mbs = mbs[::-1]
     for rc in RECOMPUTE:
@@ -345,34 +380,38 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
     inside a node, then PP across nodes (the fewest stages that fit), then DP outermost.
     docs/whatif.md, "Plan", says how each 'fits' is tested."""
     memory_fn = memory_fn or _real_memory
-    hbm = cluster.hbm_bytes
+    hbm = cluster.usable_hbm_bytes
     gb = spec.global_batch
     note = ""
     if gb % gpus:
         note = f" (DDP and FSDP over all {gpus} do not divide the global batch {gb})"
     else:
-        for zero, name in ((0, "DDP"), (1, "ZeRO-1")):
+        for zero, name in ((0, "DDP"), (1, "ZeRO-1"))[:1 if gpus == 1 else 2]:  # ZeRO over 1 GPU: nothing
             layout = _fitting(spec, Layout(dp=gpus, zero=zero), hbm, memory_fn)
             if layout is not None:
                 return RuleOfThumb(layout, f"one GPU holds the model: {name} over all {gpus}")
         node = min(cluster.gpus_per_node, gpus)
         # "one node fits": ZeRO-3 sharded over one node's GPUs, each with its share of the batch
         node_spec = replace(spec, global_batch=node * (gb // gpus))
-        if _fitting(node_spec, Layout(dp=node, zero=3), hbm, memory_fn) is not None:
+        if gpus > 1 and node > 1 and _fitting(node_spec, Layout(dp=node, zero=3), hbm, memory_fn) is not None:
             layout = _fitting(spec, Layout(dp=gpus, zero=3), hbm, memory_fn)
             if layout is not None:
                 return RuleOfThumb(layout, f"one node ({node} GPUs) holds the model sharded: FSDP (ZeRO-3) over all "
                                            f"{gpus} (HSDP, sharding inside a node only, is not a layout here)")
     # the largest tp dividing the heads and a node (so its group stays on NVLink: tp=6 on 8-GPU
     # nodes would straddle two) and G
-    tps = [t for t in divisors(spec.heads) if cluster.gpus_per_node % t == 0 and gpus % t == 0]
+    tps = [t for t in divisors(spec.heads) if cluster.gpus_per_node % t == 0 and gpus % t == 0 and spec.ffn % t == 0]
     tp = tps[-1]
     failed: dict[str, set[int]] = {}  # why not -> the pp it stopped, for the message when none is left
-    for zero in (0, 1):
-        for pp in divisors(spec.layers):
+    # the fewest stages first; at each pp ZeRO-0, then ZeRO-1 (the distributed optimizer, which
+    # Megatron-LM runs with pipelines): a stage more is the rule's last resort, not ZeRO-1
+    for pp in divisors(spec.layers):
+        for zero in (0, 1):
             if gpus % (tp * pp):
                 continue
             dp = gpus // (tp * pp)
+            if zero and dp == 1:  # ZeRO-1 over one replica shards nothing
+                continue
             if gb % dp:
                 failed.setdefault("dp does not divide the global batch", set()).add(pp)
                 continue
@@ -381,12 +420,15 @@ def rule_of_thumb(spec: ModelSpec, gpus: int, cluster: Cluster, *, memory_fn: Me
                 continue
             layout = _fitting(spec, Layout(dp=dp, tp=tp, pp=pp, zero=zero, sp=tp > 1), hbm, memory_fn)
             if layout is None:
-                failed.setdefault(f"over {cluster.hbm_gib:g} GiB HBM", set()).add(pp)
+                failed.setdefault(f"over the {cluster.usable_hbm_bytes / 2**30:.1f} GiB usable of {cluster.hbm_gib:g} GiB HBM", set()).add(pp)
                 continue
-            extra = " with ZeRO-1 (the distributed optimizer)" if zero else ""
             lead = note[2:-1] + ": " if note else "no node holds the model: "
-            return RuleOfThumb(layout, f"{lead}tp={tp} inside a node, the fewest stages that fit (pp={pp}) "
-                                       f"across nodes, dp={layout.dp} outermost{extra}")
+            how = ("ZeRO-1 (the distributed optimizer): ZeRO-0 does not fit there" if zero else
+                   "ZeRO-0" + (", ZeRO-1 tried only where ZeRO-0 does not fit" if dp > 1 else ""))
+            moe = ("; ep=1: the rule has no expert-parallel step (every GPU holds all experts of its stage)"
+                   if spec.moe else "")
+            return RuleOfThumb(layout, f"{lead}tp={tp} inside a node, the fewest stages that fit (pp={pp}, {how}) "
+                                       f"across nodes, dp={layout.dp} outermost{moe}")
     whys = "; ".join(f"{why} at pp={','.join(map(str, sorted(pps)))}" for why, pps in failed.items())
     return RuleOfThumb(None, f"no layout of the rule divides and fits: DDP/FSDP do not fit or divide{note}; "
                              f"tp={tp} with ZeRO-0/1: {whys or 'no pp divides both the layers and G'}")

@@ -3,7 +3,8 @@ stages (issue 8's table), plus activations (Korthikanti et al. 2022: sbh(34 + 5a
 divided by tensor/sequence parallelism, cut by selective or full recomputation; pipelines keep
 microbatches in flight). docs/whatif.md, "Memory".
 
-Activation bytes per layer per microbatch (2-byte activations, 1-byte dropout masks; s = the
+Activation bytes per layer per microbatch (2-byte activations -- param_bytes/2 times that for
+another dtype --, 1-byte dropout masks; s = the
 local sequence s/cp, b = microbatch, a = heads, t = tp, f = ffn), derived term by term as the
 paper's Section 4.1 and generalized to f != 4h:
 - attention: LN output (QKV input) 2sbh, Q and K 4sbh, softmax output 2as²b, its dropout mask
@@ -25,20 +26,26 @@ from profiler.layout import Layout, ModelSpec
 
 
 def layer_activation_bytes(b: int, s: int, h: int, heads: int, ffn: int, t: int = 1, sp: bool = False,
-                           recompute: str = "none", top_k: int = 0, cp: int = 1, flash: bool = False) -> float:
+                           recompute: str = "none", top_k: int = 0, cp: int = 1, flash: bool = False,
+                           act_bytes: float = 2) -> float:
     """Bytes one layer keeps for backward for one microbatch (the module docstring's terms).
     selective: the attention core (5as²b) is recomputed, not kept; full: only the layer input 2sbh
     (/t with sp) -- the layer being recomputed is counted separately (`recompute_working_bytes`).
     flash: the core is never stored either, only its fp32 log-sum-exp per row (4asb/t).
-    A MoE MLP keeps its tensors for k experts per token (f -> k·f)."""
+    A MoE MLP keeps its tensors for k experts per token (f -> k·f).
+    act_bytes: bytes of an activation element (the spec's param_bytes: activations are in the
+    parameter dtype); the docstring's 2-byte terms scale by act_bytes/2, the 1-byte dropout masks
+    and the fp32 log-sum-exp do not."""
     sl = s // cp
     sbh = float(sl * b * h)
+    r = act_bytes / 2
     if recompute == "full":
-        return 2 * sbh / (t if sp else 1)
+        return 2 * r * sbh / (t if sp else 1)
     f_eff = ffn * max(top_k, 1)
-    split = 8 + 4 * f_eff / h  # Q, K, V, out-projection input, GELU in/out: split by tp
-    rest = 10.0  # LN outputs/inputs, dropout masks, MLP-up input: split only by sp
-    core = 0.0 if recompute == "selective" else 5.0 * heads * sl * s * b
+    split = (8 + 4 * f_eff / h) * r  # Q, K, V, out-projection input, GELU in/out: split by tp
+    rest = 8 * r + 2  # LN outputs/inputs and MLP-up input (8sbh at 2 B), two 1-byte dropout masks: split only by sp
+    # softmax output and dropout output (4as²b at 2 B) and the 1-byte dropout mask (as²b)
+    core = 0.0 if recompute == "selective" else (4 * r + 1) * heads * sl * s * b
     if flash:
         core = 4.0 * heads * sl * b
     if sp:
@@ -74,7 +81,8 @@ def recompute_working_bytes(spec: ModelSpec, layout: Layout) -> float:
     if layout.recompute != "full":
         return 0.0
     return layer_activation_bytes(layout.microbatch, spec.seq, spec.hidden, spec.heads, spec.ffn, layout.tp,
-                                  layout.sp, "none", spec.top_k if spec.moe else 0, layout.cp, spec.flash_attention)
+                                  layout.sp, "none", spec.top_k if spec.moe else 0, layout.cp, spec.flash_attention,
+                                  spec.param_bytes)
 
 
 def stage_params(spec: ModelSpec, layout: Layout, stage: int) -> tuple[float, float, float]:
@@ -84,7 +92,7 @@ def stage_params(spec: ModelSpec, layout: Layout, stage: int) -> tuple[float, fl
     (V·h/t) on the last."""
     h, f, t = spec.hidden, spec.ffn, layout.tp
     n_layers = spec.layers / layout.pp
-    moe_frac = (1.0 / spec.moe_every) if spec.moe else 0.0
+    moe_frac = spec.moe_share  # (L // moe_every) / L, as the cost model and count_params
     attn = 4 * h * h / t + 4 * h
     dense_mlp = 2 * h * f / t
     expert_mlp = spec.experts * 2 * h * f / (t * layout.ep) if spec.moe else 0.0
@@ -92,9 +100,9 @@ def stage_params(spec: ModelSpec, layout: Layout, stage: int) -> tuple[float, fl
     dense = n_layers * (attn + (1 - moe_frac) * dense_mlp + moe_frac * router)
     expert = n_layers * moe_frac * expert_mlp
     if stage == 0:
-        dense += spec.vocab * h / t + spec.seq * h
+        dense += spec.vocab_per_rank(t) * h + spec.seq * h
     if stage == layout.pp - 1:
-        dense += 2 * h + spec.vocab * h / t
+        dense += 2 * h + spec.vocab_per_rank(t) * h
     layer = attn + max(dense_mlp, expert_mlp)
     return dense, expert, layer
 
@@ -112,10 +120,13 @@ def _stage_memory(spec: ModelSpec, layout: Layout, stage: int) -> dict[str, floa
     b, s, h, t = layout.microbatch, spec.seq, spec.hidden, layout.tp
     k_top = spec.top_k if spec.moe else 0
     held, mbs = in_flight(layout, spec.layers, stage)
-    moe_frac = (1.0 / spec.moe_every) if spec.moe else 0.0
+    moe_frac = spec.moe_share
     fl = spec.flash_attention
-    per_dense = layer_activation_bytes(b, s, h, spec.heads, spec.ffn, t, layout.sp, layout.recompute, 0, layout.cp, fl)
-    per_moe = (layer_activation_bytes(b, s, h, spec.heads, spec.ffn, t, layout.sp, layout.recompute, k_top, layout.cp, fl)
+    ab = spec.param_bytes
+    per_dense = layer_activation_bytes(b, s, h, spec.heads, spec.ffn, t, layout.sp, layout.recompute, 0, layout.cp, fl,
+                                       ab)
+    per_moe = (layer_activation_bytes(b, s, h, spec.heads, spec.ffn, t, layout.sp, layout.recompute, k_top, layout.cp,
+                                      fl, ab)
                if moe_frac else 0.0)
     acts = held * ((1 - moe_frac) * per_dense + moe_frac * per_moe) + recompute_working_bytes(spec, layout)
     sbh = b * (s // layout.cp) * h
@@ -125,7 +136,7 @@ def _stage_memory(spec: ModelSpec, layout: Layout, stage: int) -> dict[str, floa
     if stage == layout.pp - 1:
         head_mbs = layout.microbatches if (layout.schedule == "gpipe" and layout.pp > 1) else 1
         # final LN input 2sbh, head input 2sbh (/t with sp), fp32 logits for the cross entropy 4sbV/t
-        acts += head_mbs * (4 * sbh / div + 4.0 * b * (s // layout.cp) * spec.vocab / t)
+        acts += head_mbs * (2 * ab * sbh / div + 4.0 * b * (s // layout.cp) * spec.vocab_per_rank(t))
     return {"params": params, "grads": grads, "optimizer": optimizer, "activations": acts}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import textwrap
 
 from profiler.cluster import Cluster
-from profiler.commcost import group_link
+from profiler.commcost import crosses_nodes, group_link
 from profiler.layout import Estimate, Layout, ModelSpec, group_stride
 from profiler.plan import PlanResult
 
@@ -42,7 +42,7 @@ def _placement(layout: Layout, dim: str, cluster: Cluster) -> str:
     if size == 1:
         return f"{dim}=1"
     link = group_link(cluster, size, group_stride(layout, dim))
-    where = "inside a node" if link is cluster.intra else "across nodes"
+    where = "across nodes" if crosses_nodes(cluster, size, group_stride(layout, dim)) else "inside a node"
     return f"{dim}={size} on {link.name} ({where})"
 
 
@@ -57,6 +57,11 @@ def _term(key: str, a: Estimate, b: Estimate, cluster: Cluster) -> str:
         if pa != pb and pa.partition(" on ")[2] == pb.partition(" on ")[2]:  # same link: say it once
             where = f"{pa.partition(' on ')[0]} vs {pb.partition(' on ')[0]}, both on {pa.partition(' on ')[2]}"
         extra = f"; zero={la.zero} vs {lb.zero}" if dim == "dp" and la.zero != lb.zero else ""
+        if dim == "pp":  # m·2v sends of a microbatch's activation: v and mb move it, not only the link
+            if la.stages_per_rank != lb.stages_per_rank:
+                extra += f"; v={la.stages_per_rank} vs {lb.stages_per_rank}: a send per chunk"
+            if (la.microbatch, la.microbatches) != (lb.microbatch, lb.microbatches):
+                extra += f"; mb={la.microbatch}x{la.microbatches} vs {lb.microbatch}x{lb.microbatches}"
         return f"less exposed {dim or 'comm'} comm {va:.3g} vs {vb:.3g} s ({where}{extra})"
     if key == "bubble":
         def desc(l: Layout, e: Estimate) -> str:
@@ -76,6 +81,28 @@ def _term(key: str, a: Estimate, b: Estimate, cluster: Cluster) -> str:
     return f"{key} {va:.3g} vs {vb:.3g} s"
 
 
+def memory_pair(a_bytes: float, b_bytes: float) -> str:
+    """'1.5 vs 2.0 GiB', or in MiB / KiB / B where the larger is under 1 GiB (a tiny model's
+    '0.0 vs 0.0 GiB' told nothing)."""
+    big = max(a_bytes, b_bytes)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if big >= size:
+            return f"{a_bytes / size:.1f} vs {b_bytes / size:.1f} {unit}"
+    return f"{a_bytes:.0f} vs {b_bytes:.0f} B"
+
+
+def layout_diff(a: Layout, b: Layout) -> str:
+    """The knobs in which two layouts differ, `schedule 1f1b vs gpipe, sp on vs off`."""
+    out = []
+    for name, label in (("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("ep", "ep"), ("cp", "cp"), ("zero", "zero"),
+                        ("microbatch", "microbatch"), ("microbatches", "microbatches"), ("schedule", "schedule"),
+                        ("stages_per_rank", "v"), ("recompute", "recompute"), ("sp", "sp")):
+        va, vb = getattr(a, name), getattr(b, name)
+        if va != vb:
+            out.append(f"sp {'on' if va else 'off'} vs {'on' if vb else 'off'}" if name == "sp" else f"{label} {va} vs {vb}")
+    return ", ".join(out)
+
+
 def why(a: Estimate, b: Estimate, cluster: Cluster, label: str) -> str:
     """`a` against `b` in one phrase: how much faster, and the (at most two) terms that make it."""
     gap_pct = 100 * (b.step_s - a.step_s) / b.step_s
@@ -88,7 +115,9 @@ def why(a: Estimate, b: Estimate, cluster: Cluster, label: str) -> str:
         head = f"ties {label} ({gap_pct:.2f} % faster: inside the model's error)"
         ma, mb = a.memory_bytes.get("total", 0), b.memory_bytes.get("total", 0)
         if ma < mb:
-            head += f", less memory {ma / 2**30:.1f} vs {mb / 2**30:.1f} GiB"
+            head += f", less memory {memory_pair(ma, mb)}"
+        elif not terms:  # no term and no memory to tell them apart: say what differs
+            head += f", differs in {layout_diff(a.layout, b.layout) or 'nothing'}"
         if gains and gains[-1][0] < 0 and terms:  # a trade: what it gains and what it pays
             lost = gains[-1][1]
             name = f"exposed {lost.partition(':')[2]} comm" if lost.startswith("comm_exposed:") else lost
@@ -127,7 +156,8 @@ def header_lines(spec: ModelSpec, gpus: int, cluster: Cluster, checked_params: s
     lines = [f"model: {spec.count_params() / 1e9:,.2f} B params{checked_params}; {spec.layers} layers, hidden "
              f"{spec.hidden}, {spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}{moe}",
              f"batch: {spec.global_batch:,} sequences = {spec.tokens_per_step:,} tokens/step",
-             f"cluster: {cluster.name} ({cluster.peak_tflops:g} TFLOP/s, {cluster.hbm_gib:g} GiB HBM, "
+             f"cluster: {cluster.name} ({cluster.peak_tflops:g} TFLOP/s, {cluster.hbm_gib:g} GiB HBM "
+             f"({cluster.usable_hbm_bytes / 2**30:.1f} usable), "
              f"{cluster.gpus_per_node} GPUs/node; inside a node {cluster.intra.bw_gbps:g} GB/s ({cluster.intra.name}), "
              f"between nodes {cluster.inter.bw_gbps:g} GB/s per GPU ({cluster.inter.name})); "
              f"G = {gpus:,} GPUs = {nodes:,} nodes"]
@@ -173,7 +203,8 @@ def format_plan(spec: ModelSpec, gpus: int, cluster: Cluster, result: PlanResult
                 checked_params: str = "") -> str:
     lines = header_lines(spec, gpus, cluster, checked_params) + [""] + refused_lines(result) + [""]
     lines += table_lines(result, top)
-    lines += _wrap(f"  HBM {cluster.hbm_gib:g} GiB per GPU; comm s: exposed communication; bubble: pipeline idle share "
+    lines += _wrap(f"  HBM {cluster.hbm_gib:g} GiB per GPU, {cluster.usable_hbm_bytes / 2**30:.1f} usable (less "
+                   f"{cluster.hbm_reserve_gib:g} GiB reserve); comm s: exposed communication; bubble: pipeline idle share "
                    "of the step; z: ZeRO stage (3 = FSDP); mb=BxM: microbatch B sequences, M per step; "
                    "i1f1b: interleaved-1f1b, zb: zero-bubble; rc: recompute", "  ")
     lines += [""] + [w for line in why_lines(result, cluster) for w in _wrap(line)]

@@ -12,16 +12,19 @@ step's ops of known work):
     exposed_t = comm_t − min(comm_t, ρ·O) (the compute that hid communication shrinks with it)
     other     = W − C − E                (host gaps and waits with neither: carried over as measured)
     step_t    = compute_t + exposed_t + other
-Pipelines: the schedule's order replayed with each action's op time × its own ρ (makespan M),
-the compute outside actions N scaled at ρ, and the rest of the measured step beyond the replay,
-R = W − M_src − N − P_src, carried over with its p2p time P re-timed on the target:
+Pipelines: the schedule's order replayed with each action's op time × its own ρ and the rest of
+its span (host time) as measured (makespan M), the compute outside the actions' ops N = C − their
+op time scaled at ρ, and the rest of the measured step beyond the replay, R = W − M_src − N − P_src,
+carried over with its p2p time P re-timed on the target:
     step_t = M_t + ρ·N + R + P_t
-The job's step: the slowest rank's mean over the profiled steps; measured: the mean window.
+    compute = the actions' re-timed op time + ρ·N; other = R + the actions' host time;
+    bubble = M_t − the actions' busy time
+The job's step: the slowest rank's mean over the profiled steps; measured: the same statistic of
+the windows (the slowest rank's mean window).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from pathlib import Path
@@ -30,19 +33,17 @@ import polars as pl
 
 from profiler.cluster import Cluster
 from profiler.commcost import TRAFFIC_FACTOR, collective_s, group_link
+from profiler.costmodel_ops import model_flops_per_sequence
 from profiler.discover import read_manifest
 from profiler.errors import TraceError
-from profiler.layout import Estimate, Layout, LayoutError, ModelSpec, group_stride, parse_layout
-from profiler.pipeline import _durations, _ideal_order, pp_coordinates, simulate_order
+from profiler.layout import Estimate, Layout, LayoutError, ModelSpec, group_stride
+from profiler.pipeline import pp_coordinates, simulate_order
+from profiler.pipeline_order import action_durations, ideal_order
+from profiler.project_run import fill_layout, run_layout, run_spec  # noqa: F401 (re-exported)
 from profiler.project_measure import FLOP_CLASSES, NO_RUN_JSON, RunWork, calibrate, measure_run, with_target_time
 from profiler.theory import predict_run
-from profiler.theory_params import run_dtypes
-from profiler.theory_recompute import recompute_on
 from profiler.theory_pipeline import PIPELINE_PARADIGMS
 
-SCHEDULE_OF = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved-1f1b": "interleaved-1f1b", "zero-bubble": "zero-bubble",
-               "zbv": "zero-bubble", "dualpipev": "zero-bubble"}
-ZERO_OF = {"ddp": 0, "dp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}
 P2P = ("send", "recv", "send_recv")
 
 
@@ -50,7 +51,7 @@ def run_manifest(run_dir: str) -> dict:
     """The run.json of a run folder; TraceError saying what project needs where there is none."""
     path = Path(run_dir)
     if not path.is_dir():
-        raise TraceError(path, "not a run folder (project needs a folder written by `ptprof run`: rank*.json.gz + run.json)")
+        raise TraceError(path, "not a run folder (`ptprof run` writes rank*.json.gz + run.json)")
     manifest = read_manifest(path)
     if not isinstance(manifest, dict):
         raise TraceError(path, NO_RUN_JSON)
@@ -63,103 +64,6 @@ def calibrate_cluster(run_dir: str) -> Cluster:
     ops (efficiency 1), one link fitted α–β to its collectives (a CPU/gloo run: one node of
     `world_size` ranks, the inter-node link the same)."""
     return calibrate(measure_run(run_dir))
-
-
-# ---------------------------------------------------------------------------------------------
-# The run's model and layout
-
-
-def run_spec(manifest: dict, where: str = "run.json") -> ModelSpec:
-    """The ModelSpec of a run.json's `model` block; ValueError naming the missing field."""
-    model = manifest.get("model") if isinstance(manifest.get("model"), dict) else {}
-    need = {"n_layers": "layers", "d_model": "hidden", "n_heads": "heads", "vocab_size": "vocab", "seq_len": "seq"}
-    vals = {}
-    for key, field in need.items():
-        v = model.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{where}: model.{key} is {v!r}: project needs the model dims (n_layers, d_model, n_heads, "
-                             "vocab_size, seq_len, mlp_ratio) that `ptprof run` writes")
-        vals[field] = v
-    gb = manifest.get("global_batch_size")
-    if not isinstance(gb, int) or isinstance(gb, bool) or gb < 1:
-        raise ValueError(f"{where}: global_batch_size is {gb!r}: a whole number >= 1 is needed")
-    ratio = model.get("mlp_ratio", 4)
-    ratio = ratio if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0 else 4
-    dtypes, _, why = run_dtypes(manifest)
-    if why:
-        raise ValueError(f"{where}: {why}")
-    moe = manifest.get("moe") if isinstance(manifest.get("moe"), dict) else {}
-    experts = moe.get("experts") if isinstance(moe.get("experts"), int) else 0
-    top_k = moe.get("top_k") if isinstance(moe.get("top_k"), int) else (2 if experts else 0)
-    moe_layers = moe.get("moe_layers")
-    every = vals["layers"] // len(moe_layers) if isinstance(moe_layers, list) and moe_layers else 1
-    spec = ModelSpec(ffn=int(ratio * vals["hidden"]), global_batch=gb, experts=experts, top_k=min(top_k, experts),
-                     moe_every=max(every, 1),
-                     param_bytes=dtypes.param, grad_bytes=dtypes.grad, optimizer_bytes_per_param=dtypes.optimizer_per_param,
-                     **vals)
-    spec.check()
-    return spec
-
-
-def run_layout(manifest: dict, spec: ModelSpec, where: str = "run.json") -> Layout:
-    """The run's own Layout from its paradigm and mesh; ValueError for a paradigm project cannot map."""
-    paradigm = manifest.get("paradigm")
-    mesh = manifest.get("mesh") if isinstance(manifest.get("mesh"), dict) else {}
-    world = manifest.get("world_size")
-    deg = {k: int(v) for k, v in mesh.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 1}
-    pipe = manifest.get("pipeline") if isinstance(manifest.get("pipeline"), dict) else {}
-    opts = manifest.get("options") if isinstance(manifest.get("options"), dict) else {}
-    if paradigm in ZERO_OF:
-        lay = Layout(dp=deg.get("dp", world), zero=ZERO_OF[paradigm])
-    elif paradigm == "tp":
-        lay = Layout(tp=deg.get("tp", world), sp=bool(opts.get("sp")))
-    elif paradigm in ("ulysses", "ring"):
-        lay = Layout(cp=deg.get("cp", world))
-    elif paradigm == "ep":
-        ep = deg.get("ep", world)
-        lay = Layout(dp=deg.get("dp", ep), ep=ep)
-    elif paradigm in SCHEDULE_OF or paradigm == "hybrid":
-        v = pipe.get("stages_per_rank") if isinstance(pipe.get("stages_per_rank"), int) else 1
-        sched = SCHEDULE_OF.get(pipe.get("schedule") if paradigm == "hybrid" else paradigm, "1f1b")
-        if v > 1 and sched == "1f1b":
-            sched = "interleaved-1f1b"
-        lay = Layout(dp=deg.get("dp", 1), tp=deg.get("tp", 1), pp=deg.get("pp", 1 if paradigm == "hybrid" else world),
-                     zero=3 if paradigm == "hybrid" and deg.get("dp", 1) > 1 else 0, schedule=sched,
-                     stages_per_rank=v if sched == "interleaved-1f1b" else 1, sp=bool(opts.get("sp")))
-    else:
-        raise ValueError(f"{where}: paradigm {paradigm!r} has no layout project can map (ddp, zero1, zero2, fsdp, tp, "
-                         "ep, ulysses, ring, the pipeline schedules and hybrid can be)")
-    m = pipe.get("microbatches") if isinstance(pipe.get("microbatches"), int) else 1
-    per_replica = spec.global_batch // max(lay.dp, 1)
-    mb = per_replica // m if m and per_replica % m == 0 else 1
-    lay = dataclasses.replace(lay, microbatch=max(mb, 1), microbatches=m if per_replica % m == 0 else per_replica,
-                              recompute="full" if recompute_on(manifest) else "none")  # the runners checkpoint whole blocks
-    if lay.gpus != world:
-        raise ValueError(f"{where}: mesh {mesh} of paradigm {paradigm!r} gives {lay.gpus} GPUs, not world_size {world}")
-    return lay
-
-
-def fill_layout(text: str, spec: ModelSpec, own: Layout) -> Layout:
-    """--layout text on top of a fresh Layout, microbatch/microbatches filled to the global batch
-    where not given; LayoutError naming what does not fit."""
-    lay, given = parse_layout(text)
-    if "microbatch" not in given or "microbatches" not in given:
-        per = spec.global_batch // lay.dp if spec.global_batch % lay.dp == 0 else None
-        if per is None:
-            raise LayoutError(f"--layout dp={lay.dp} does not divide the run's global batch {spec.global_batch}")
-        if "microbatches" in given:
-            m = lay.microbatches
-        elif "microbatch" in given:
-            m = per // lay.microbatch if per % lay.microbatch == 0 else 0
-        else:
-            m = max(own.microbatches, lay.pp) if lay.pp > 1 else 1
-            while per % m:
-                m -= 1
-        if m < 1 or per % m:
-            raise LayoutError(f"--layout: {per} sequences per replica do not split into microbatches of {lay.microbatch}")
-        lay = dataclasses.replace(lay, microbatches=m, microbatch=per // m)
-    lay.check(spec)
-    return lay
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +83,8 @@ def comm_rows(work: RunWork, layout: Layout) -> pl.DataFrame:
             strides[dim] = group_stride(layout, {"sp": "tp"}.get(dim, dim))
         except LayoutError:
             strides[dim] = 1
-    return frame.with_columns(stride=pl.col("dim").replace_strict(strides, default=1, return_dtype=pl.Int64)), facts.get("why")
+    why = facts.get("why") or (None if frame.height else "profiler.theory.predict_run gives no rows")
+    return frame.with_columns(stride=pl.col("dim").replace_strict(strides, default=1, return_dtype=pl.Int64)), why
 
 
 def comm_seconds(rows: pl.DataFrame, cluster: Cluster, world: int | None = None) -> pl.DataFrame:
@@ -189,7 +94,8 @@ def comm_seconds(rows: pl.DataFrame, cluster: Cluster, world: int | None = None)
         if kind not in TRAFFIC_FACTOR or not calls or nbytes is None:
             out.append(None)
             continue
-        link = group_link(cluster, n or 1, stride or 1, world_size=world)
+        link = group_link(cluster, n or 1, stride or 1, world_size=world,
+                          p2p=kind in ("send", "recv", "send_recv"))
         out.append(calls * collective_s(kind, nbytes / calls, n or 1, link, efficiency=cluster.link_efficiency))
     return rows.with_columns(target_s=pl.Series(out, dtype=pl.Float64))
 
@@ -221,8 +127,7 @@ def own_layout_step(work: RunWork, cluster: Cluster, source: Cluster, layout: La
     rho = _rho(ops, ["rank", "step"])
     overall = _rho(ops.with_columns(_k=pl.lit(1)), ["_k"])["rho"]
     if not overall.len() or not math.isfinite(overall[0] or math.nan):
-        raise ValueError(f"{work.run_dir}: no operator with recorded shapes in its profiled steps: project re-times "
-                         "the run's ops from their shapes (profile with record_shapes=True, as `ptprof run` does)")
+        raise ValueError(f"{work.run_dir}: no ops with shapes (profile with record_shapes=True)")
     rho_all = float(overall[0])
     rows, why = comm_rows(work, layout)
     rows_t, rows_src = comm_seconds(rows, cluster, layout.gpus), comm_seconds(rows, source, layout.gpus)
@@ -240,17 +145,19 @@ def own_layout_step(work: RunWork, cluster: Cluster, source: Cluster, layout: La
         st = _pipeline_terms(work, ops, st, rows_t, rows_src)
     st = st.with_columns(step_t=pl.col("compute_t") + pl.col("exposed") + pl.col("bubble") + pl.col("other"))
     # The job's step: the slowest rank's mean over the profiled steps (the others wait for it). The
-    # measured step: the mean window over ranks and steps -- in a synchronous job every rank takes the
-    # same time per step on average; a max over ranks per step would pick one rank's late wait.
-    cols = ["step_t", "compute_t", "exposed", "bubble", "other", "comm_t_s"]
-    per_rank = st.group_by("rank").agg(pl.col(cols).mean())
+    # measured step beside it is the same statistic of the measured windows (the slowest rank's
+    # mean window), so a self-projection compares like with like; the per-rank spread is kept.
+    cols = ["step_t", "compute_t", "exposed", "bubble", "other", "comm_t_s", "window_us"]
+    per_rank = st.group_by("rank").agg(pl.col(cols).mean()).sort("rank")
     slow = per_rank.sort("step_t", "rank", descending=[True, False]).head(1)
     parts = {"compute": slow["compute_t"].mean(), **_by_dim(slow["exposed"].mean(), rows_t),
              "bubble": slow["bubble"].mean(), "other": slow["other"].mean()}
-    measured = work.steps["window_us"].mean() * us
+    measured = per_rank["window_us"].max() * us
+    spread = {"projected_s": [float(x) for x in per_rank["step_t"]],
+              "measured_s": [float(x) * us for x in per_rank["window_us"]], "ranks": per_rank["rank"].to_list()}
     return {"step_s": float(slow["step_t"].mean()), "breakdown_s": {k: float(v) for k, v in parts.items() if v},
             "measured_step_s": float(measured), "per_step": st, "rho": rho_all, "comm_why": why,
-            "comm_t_s": float(slow["comm_t_s"].mean()), "pipeline": pipeline}
+            "comm_t_s": float(slow["comm_t_s"].mean()), "pipeline": pipeline, "per_rank": spread}
 
 
 def _by_dim(exposed_s: float, rows_t: pl.DataFrame) -> dict[str, float]:
@@ -271,7 +178,7 @@ def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: 
     acts = work.actions.with_columns(pl.col("rank").cast(pl.Int32))
     cfg = work.manifest.get("pipeline") if isinstance(work.manifest.get("pipeline"), dict) else {}
     last_stage = cfg.get("loss_stage") if isinstance(cfg.get("loss_stage"), int) else acts["stage"].max()
-    ideal = _ideal_order(work.manifest)
+    ideal = ideal_order(work.manifest)
     # Each action re-timed by its own ops (those starting inside its span): its op time x the ρ of
     # its ops of known work; the rest of the span (Python between ops, a hybrid's FSDP waits inside
     # it) kept as measured.
@@ -285,7 +192,8 @@ def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: 
         arho=pl.col("target_us").filter(known).sum() / pl.col("dur_us").filter(known).sum())
     a = (a.join(arho, on="_a", how="left").join(st.select("rank", "step", "rho"), on=["rank", "step"], how="left")
          .with_columns(pl.col("op_us").fill_null(0.0).clip(0, pl.col("dur_us")))
-         .with_columns(t_us=pl.col("dur_us") + pl.col("op_us") * (pl.coalesce("arho", "rho", pl.lit(1.0)) - 1)))
+         .with_columns(op_t_us=pl.col("op_us") * pl.coalesce("arho", "rho", pl.lit(1.0)))
+         .with_columns(t_us=pl.col("dur_us") - pl.col("op_us") + pl.col("op_t_us")))
     p2p_t = _comm_per_step(rows_t, st, p2p=True).rename({"comm_s": "p2p_t"})
     p2p_src = _comm_per_step(rows_src, st, p2p=True).rename({"comm_s": "p2p_src"})
     # one replay per pipeline: a hybrid run has dp replicas of it (run.json hybrid.groups.pp)
@@ -302,26 +210,30 @@ def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: 
             ran = [[(x, s, i) for x, s, i in sa.filter((pl.col("rank") == members.get(c, -1)) & pl.col("slot").is_not_null())
                     .sort("slot").select("action", "stage", "microbatch").iter_rows()] for c in range(max(members) + 1)]
             plan = ideal if ideal is not None and len(ideal) == len(ran) else ran
-            src = simulate_order(plan, _durations(sa, plan, last_stage), last_stage=last_stage)
-            tgt = simulate_order(plan, _durations(sa.with_columns(dur_us=pl.col("t_us")), plan, last_stage),
+            src = simulate_order(plan, action_durations(sa, plan, last_stage), last_stage=last_stage)
+            tgt = simulate_order(plan, action_durations(sa.with_columns(dur_us=pl.col("t_us")), plan, last_stage),
                                  last_stage=last_stage)
             if src is None or tgt is None:
                 raise ValueError(f"{work.run_dir}: the pipeline order of step {step} does not replay (deadlock)")
-            busy = sa.group_by("rank").agg(pl.col("dur_us").sum(), pl.col("t_us").sum())
-            for r, b_src, b_t in busy.iter_rows():
+            busy = sa.group_by("rank").agg(pl.col("dur_us").sum(), pl.col("t_us").sum(), pl.col("op_us").sum(),
+                                           pl.col("op_t_us").sum())
+            for r, b_src, b_t, op_src, op_t in busy.iter_rows():
                 out.append({"rank": r, "step": step, "m_src": src[1] * 1e-6, "m_t": tgt[1] * 1e-6,
-                            "a_src": b_src * 1e-6, "a_t": b_t * 1e-6})
+                            "a_src": b_src * 1e-6, "a_t": b_t * 1e-6, "op_src": op_src * 1e-6, "op_t": op_t * 1e-6})
     rep = pl.DataFrame(out, schema={"rank": pl.Int32, "step": pl.Int64, "m_src": pl.Float64, "m_t": pl.Float64,
-                                    "a_src": pl.Float64, "a_t": pl.Float64})
+                                    "a_src": pl.Float64, "a_t": pl.Float64, "op_src": pl.Float64, "op_t": pl.Float64})
     us = 1e-6
     st = (st.join(rep, on=["rank", "step"], how="left").join(p2p_t, on=["rank", "step"], how="left")
           .join(p2p_src, on=["rank", "step"], how="left").fill_null(0.0))
-    n = (pl.col("compute_us") * us - pl.col("a_src")).clip(0)  # compute outside the action spans
+    # compute outside the actions' ops (the optimizer, the loss outside a span): the breakdown's
+    # compute less the op time inside the actions, re-timed at the step's ρ. An action's span beyond
+    # its ops (Python between them) is host time: kept as measured in the replay, shown as "other".
+    n = (pl.col("compute_us") * us - pl.col("op_src")).clip(0)
     resid = (pl.col("window_us") * us - pl.col("m_src") - n - pl.col("p2p_src")).clip(0)
-    return st.with_columns(compute_t=pl.col("a_t") + n * pl.col("rho"),
+    return st.with_columns(compute_t=pl.col("op_t") + n * pl.col("rho"),
                            bubble=(pl.col("m_t") - pl.col("a_t")).clip(0),
                            exposed=pl.col("p2p_t") + pl.col("comm_t_s"),
-                           other=resid)
+                           other=resid + pl.col("a_t") - pl.col("op_t"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,11 +241,11 @@ def _pipeline_terms(work: RunWork, ops: pl.DataFrame, st: pl.DataFrame, rows_t: 
 
 
 def model_flops_per_step(spec: ModelSpec) -> float:
-    """6·N·T + 12·L·h·s·T (Narayanan et al. 2021 eq. 3 without recomputation: forward and backward of
-    every weight, and of attention's QK^T and PV), T = tokens per step. MoE: the dense count (an
-    approximation: experts add parameters that only top_k/E of the tokens touch)."""
-    tokens = spec.tokens_per_step
-    return 6.0 * spec.count_params() * tokens + 12.0 * spec.layers * spec.hidden * spec.seq * tokens
+    """Model FLOPs of one step: the cost model's definition (profiler.costmodel_ops.
+    model_flops_per_sequence: 3 x the forward GEMMs of every layer, attention's QK^T and PV and the
+    head; a MoE layer counts its top_k experts, not all of them) x the global batch."""
+    return model_flops_per_sequence(spec.layers, spec.seq, spec.hidden, spec.heads, spec.ffn, spec.vocab,
+                                    spec.top_k if spec.moe else 0, spec.moe_layers) * spec.global_batch
 
 
 def memory_of(spec: ModelSpec, layout: Layout) -> tuple[dict[str, int], str | None]:
@@ -361,6 +273,9 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
     if nodes is not None and nodes < need_nodes:
         raise ValueError(f"--nodes {nodes}: layout {target.short()} needs {target.gpus} GPUs = {need_nodes} node(s) of "
                          f"{gpn} on {cluster.name}")
+    if nodes is not None and nodes > need_nodes:  # ranks are packed onto the nodes they fill: extra ones idle
+        raise ValueError(f"--nodes {nodes}: layout {target.short()} uses {target.gpus} GPUs = {need_nodes} node(s) of "
+                         f"{gpn} (a larger --layout uses more)")
     work = work or measure_run(run_dir)
     source = calibrate(work)
     proj = own_layout_step(work, cluster, source, own)
@@ -371,6 +286,7 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
            "flop_ops_us": float(known.filter(pl.col("klass").is_in(FLOP_CLASSES))["dur_us"].sum()),
            "memory_ops_us": float(known.filter(pl.col("klass") == "memory")["dur_us"].sum())}
     cov["known_pct"] = 100.0 * cov["known_us"] / compute_us if compute_us > 0 else None
+    cov["conv_us"] = float(work.ops.filter(pl.col("klass") == "conv")["dur_us"].sum())
     assumptions = [
         f"compute: the run's measured ops re-timed on {cluster.name} by the cost model's roofline "
         f"(GEMMs at gemm_efficiency {cluster.gemm_efficiency:g} of peak with wave quantization, or HBM-bound; "
@@ -383,6 +299,11 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
         "other: host time with neither compute nor communication (Python, dispatch gaps, waits) carried over as "
         "measured; no per-kernel launch overhead is added",
     ]
+    if cov["conv_us"] > 0:
+        assumptions.append(f"convolutions: {cov['conv_us'] / 1e3:.3g} ms of measured time whose FLOPs the trace does not "
+                           "give (strides, padding): scaled by the same ratio as the rest")
+    if proj["comm_why"] and work.world > 1:  # a multi-rank step without its communication: wrong, not partial
+        raise ValueError(f"{where}: no communication predicted for {work.world} ranks: {proj['comm_why']}")
     if proj["comm_why"]:
         assumptions.append(f"no communication predicted: {proj['comm_why']}")
     if proj["pipeline"]:
@@ -401,13 +322,16 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
     if not (math.isfinite(step_s) and step_s > 0) or any(not math.isfinite(v) or v < 0 for v in breakdown.values()):
         raise ValueError(f"{run_dir}: the projection gives no usable step ({step_s!r} s; breakdown {breakdown}): "
                          "a damaged trace or cluster?")
+    if mfu is not None and mfu > 100:  # more model FLOPs per second than the target's peak: impossible
+        raise ValueError(f"{run_dir}: MFU {mfu:.3g} % > 100 % (step {step_s * 1e3:.3g} ms): its compute is implausibly short")
     ours = _dominant(breakdown, step_s, cov)
     # another layout: the cost model names its own dominant efficiency, unless the carried-over host time outweighs it
     dominant = ours if target == own or max(breakdown, key=breakdown.get) == "other" else other_dominant
     est = Estimate(layout=target, step_s=step_s, breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem,
-                   hbm_bytes=cluster.hbm_bytes, fits=(mem.get("total", 0) <= cluster.hbm_bytes) if mem else True,
+                   hbm_bytes=cluster.hbm_bytes, usable_hbm_bytes=cluster.usable_hbm_bytes,
+                   fits=(mem.get("total", 0) <= cluster.usable_hbm_bytes) if mem else True,
                    assumptions=assumptions, dominant=dominant)
-    return {"estimate": est, "measured_step_s": proj["measured_step_s"], "coverage": cov, "source": source,
+    return {"estimate": est, "measured_step_s": proj["measured_step_s"], "per_rank": proj["per_rank"], "coverage": cov, "source": source,
             "own_layout": own, "spec": spec, "work": work, "nodes": nodes or need_nodes, "own_step_s": proj["step_s"]}
 
 
@@ -432,7 +356,10 @@ def _other_layout(spec: ModelSpec, own: Layout, target: Layout, cluster: Cluster
            f"({t_compute * 1e3:.3g} ms) / the model's analytical compute of that layout ({a_compute * 1e3:.3g} ms)"]
     why.append(f"other: the {other * 1e3:.3g} ms of host time per step the run's own layout carries over (above) "
                "is added unchanged to the model's step")
-    return sum(breakdown.values()), breakdown, why + list(est.assumptions), est.dominant
+    # the cost model's own line on compute_scale ("measured / predicted on the source run") is
+    # replaced by the definition above (both terms on the target)
+    theirs = [a for a in est.assumptions if not a.startswith("compute scaled by")]
+    return sum(breakdown.values()), breakdown, why + theirs, est.dominant
 
 
 def _dominant(breakdown: dict[str, float], step_s: float, cov: dict) -> str | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from profiler.breakdown import _gloo_worker_threads, temporal_breakdown
+from profiler.breakdown import gloo_worker_threads, temporal_breakdown
 from profiler.cluster import Cluster, Link, load_cluster, preset_names
 from profiler.collectives import collectives
 from profiler.commcost import TRAFFIC_FACTOR, collective_s, latency_steps
@@ -29,8 +29,7 @@ from profiler.workload import ops_in_steps, trace_ops
 
 FLOP_CLASSES = ("matmul", "attention")
 P2P_KINDS = ("send", "recv", "send_recv")
-NO_RUN_JSON = ("no run.json: project needs the run's model dims, layout and global batch, which `ptprof run` writes "
-               "there (a foreign trace lacks them; write a run.json as docs/run-layout.md)")
+NO_RUN_JSON = "no run.json: project reads `ptprof run` folders (docs/run-layout.md)"
 SMALL_RUN_BYTES = 8 << 20
 STEP_COLUMNS = ["rank", "step", "window_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us"]
 
@@ -65,7 +64,7 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
     (1: parse in this process, quicker for a few small files)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise TraceError(run_dir, "not a run folder (project needs a folder written by `ptprof run`: rank*.json.gz + run.json)")
+        raise TraceError(run_dir, "not a run folder (`ptprof run` writes rank*.json.gz + run.json)")
     if not (run_dir / "run.json").is_file():
         raise TraceError(run_dir, NO_RUN_JSON)
     if workers is None:  # small runs parse faster here than in worker processes (each imports polars)
@@ -77,6 +76,11 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
     manifest = next(iter(traces.runs.values()))
     if not isinstance(manifest, dict):
         raise TraceError(run_dir / "run.json", "unreadable or not a ptprof run.json")
+    if traces.problems:  # projecting from the ranks that loaded would be a silent wrong number
+        p = traces.problems[0]
+        more = f" (and {len(traces.problems) - 1} more)" if len(traces.problems) > 1 else ""
+        raise TraceError(p.path, f"{_cut(p.problem, 60)}{more} (project needs every rank)")
+    check_world(run_dir, manifest, traces.ranks.height)
     steps, ops, actions, colls = [], [], [], []
     for part, events in zip(traces.parts, traces.rank_events()):
         st = profiler_steps(events).filter(pl.col("has_profiler_steps"))
@@ -87,9 +91,12 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
         # the breakdown's window: the ProfilerStep span on CPU ranks, the GPU activity's on GPU ranks
         steps.append(bd.select(pl.col("rank").cast(pl.Int32), "step", "window_us", "compute_us", "comm_us",
                                "overlap_us", "exposed_comm_us"))
-        gloo_threads = _gloo_worker_threads(ev).select("pid", "tid")
+        gloo_threads = gloo_worker_threads(ev).select("pid", "tid")
         file = traces.ranks.filter(pl.col("rank") == part.rank)["file"][0]
         rank_ops = trace_ops(file).join(gloo_threads, on=["pid", "tid"], how="anti")
+        bad = rank_ops.filter(pl.col("klass") == "bad_shape")
+        if bad.height:  # no tensor has such a dim: the file is damaged, its ops' work cannot be trusted
+            raise TraceError(file, f"{bad.height} ops ({bad['name'][0]}, ...) with a negative or absurd Input Dims")
         if (ev["device"] == "gpu").any():
             rank_ops = with_kernel_times(rank_ops, ev)
         ops.append(ops_in_steps(rank_ops, st.select("start_us", "end_us", "step")).with_columns(
@@ -97,18 +104,29 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
         actions.append(_clipped(pipeline_actions(ev, steps=st, runs=traces.runs), st))
         colls.append(collectives(ev, traces.ranks))
     if not steps:
-        raise TraceError(run_dir, "no ProfilerStep spans in its traces: project needs the profiled steps")
+        raise TraceError(run_dir, "no ProfilerStep spans: project needs the profiled steps")
     ops = pl.concat(ops)
     steps = _waits_to_comm(pl.concat(steps), ops)
     ops = ops.filter(pl.col("klass") != "wait")
     acts = [a for a in actions if a.height]
     if traces.ranks["has_gpu"].any() and acts:
-        raise TraceError(run_dir, "a pipeline run on GPUs: its action spans time kernel launches, not kernels, so its "
-                                  "schedule cannot be replayed (project reads CPU pipeline runs and GPU runs of the other "
-                                  "paradigms)")
+        raise TraceError(run_dir, "a GPU pipeline run: its action spans time launches, not kernels (docs/whatif.md)")
     return RunWork(str(run_dir), manifest, traces.ranks, steps, ops,
                    pl.concat(acts) if acts else actions[0], pl.concat([c for c in colls if c.width], how="diagonal_relaxed"),
                    bool(traces.ranks["has_gpu"].any()))
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def check_world(run_dir: Path, manifest: dict, n_ranks: int) -> None:
+    """TraceError unless run.json's world_size is a whole number equal to the rank files loaded."""
+    world = manifest.get("world_size")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise TraceError(run_dir / "run.json", f"world_size is {world!r}: a whole number >= 1 is needed")
+    if world != n_ranks:
+        raise TraceError(run_dir / "run.json", f"world_size {world} but {n_ranks} rank file(s) loaded")
 
 
 def _clipped(actions: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
@@ -289,8 +307,7 @@ def calibrate(work: RunWork) -> Cluster:
     flop_ops = ops.filter(pl.col("klass").is_in(FLOP_CLASSES) & pl.col("flops").is_not_null() & (pl.col("flops") > 0))
     mem_ops = ops.filter((pl.col("klass") == "memory") & pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
     if flop_ops.is_empty() or flop_ops["dur_us"].sum() <= 0:
-        raise ValueError(f"{work.run_dir}: no matmul ops with recorded shapes in its profiled steps: cannot measure "
-                         "its op throughput (was it profiled with record_shapes?)")
+        raise ValueError(f"{work.run_dir}: no matmul ops with shapes (profile with record_shapes=True)")
     mem_gbps = (mem_ops["bytes"].sum() / (mem_ops["dur_us"].sum() * 1e-6) / 1e9) if mem_ops.height else None
     link, how = fit_link(work.colls, bw_prior_gbps=None if work.has_gpu else mem_gbps)
     world = work.world

@@ -52,7 +52,7 @@ def projection_dict(d: dict, cluster: Cluster, how: str, run_dir: str) -> dict:
     return {"schema": PROJECTION_SCHEMA, "run": run_dir, "cluster": cluster_to_dict(cluster), "cluster_from": how,
             "nodes": d["nodes"], "own_layout": d["own_layout"].as_dict(), "measured_step_s": d["measured_step_s"],
             "measured_on_target": same, "coverage": d["coverage"], "source_cluster": cluster_to_dict(d["source"]),
-            "estimate": est.as_dict()}
+            "per_rank": d.get("per_rank"), "estimate": est.as_dict()}
 
 
 def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
@@ -61,7 +61,7 @@ def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
     spec = d["spec"]
     own = est.layout == d["own_layout"]
     lines = [*textwrap.wrap(f"ptprof project  {run_dir}  ->  {cluster.name} ({how}), {d['nodes']} node(s) "
-                            f"of {cluster.gpus_per_node}", WIDTH, subsequent_indent="    "),
+                            f"of {cluster.gpus_per_node}, {est.layout.gpus} GPU(s) used", WIDTH, subsequent_indent="    "),
              f"model     L={spec.layers} h={spec.hidden} heads={spec.heads} ffn={spec.ffn} V={spec.vocab} "
              f"s={spec.seq} batch={spec.global_batch} params={spec.count_params():,}",
              f"layout    {est.layout.short()}" + ("  (the run's own)" if own else
@@ -76,6 +76,13 @@ def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
     else:
         step += f"    (measured on its own hardware: {_ms(d['measured_step_s'])})"
     lines.append(step)
+    pr = d.get("per_rank")
+    if pr and len(pr["ranks"]) > 1:  # both sides: the slowest rank's mean over the profiled steps
+        p_lo, p_hi = min(pr["projected_s"]), max(pr["projected_s"])
+        m_lo, m_hi = min(pr["measured_s"]), max(pr["measured_s"])
+        lines += textwrap.wrap(f"per rank: projected {p_lo * 1e3:.4g}-{p_hi * 1e3:.4g} ms, measured {m_lo * 1e3:.4g}-"
+                               f"{m_hi * 1e3:.4g} ms (step: slowest rank's mean)", WIDTH,
+                               initial_indent="  ", subsequent_indent="    ")
     for k, v in est.breakdown_s.items():
         if v <= 0:
             continue
@@ -84,7 +91,8 @@ def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
     lines.append(f"MFU             {est.mfu_pct:.3g} %" if est.mfu_pct is not None else "MFU             -")
     if est.memory_bytes:
         parts = ", ".join(f"{k} {_gib(v)}" for k, v in est.memory_bytes.items() if k != "total")
-        lines.append(f"memory per GPU  {_gib(est.memory_bytes.get('total'))} of {_gib(est.hbm_bytes)} HBM: "
+        usable = f", {_gib(est.usable_hbm_bytes)} usable" if est.usable_hbm_bytes is not None else ""
+        lines.append(f"memory per GPU  {_gib(est.memory_bytes.get('total'))} of {_gib(est.hbm_bytes)} HBM{usable}: "
                      f"{'fits' if est.fits else 'DOES NOT FIT'}")
         lines += textwrap.wrap(parts, WIDTH, initial_indent="  ", subsequent_indent="  ")
     lines.append("")

@@ -10,7 +10,7 @@ not a work op (autograd's `MmBackward0`, `aten::to`, `aten::contiguous`) passes 
 ops inside it. So `aten::linear` counts once with its FLOPs (its `aten::matmul`/`aten::mm` inside
 are not counted again), and the backward's `aten::mm` under `MmBackward0` counts.
 
-FLOPs (2 per multiply-add): mm [m,k]x[k,n] 2mkn; addmm (bias, a, b) 2mkn; bmm/baddbmm 2·b·mkn;
+FLOPs (2 per multiply-add): mm [m,k]x[k,n] 2mkn; addmm and _addmm_activation (bias, a, b) 2mkn; bmm/baddbmm 2·b·mkn;
 matmul/linear 2·(rows of the input)·k·n; scaled_dot_product_attention (q, k, v of [B,H,S,D])
 4·B·H·Sq·Sk·D (QK^T and PV, causal masking not subtracted), its backward twice that.
 Bytes of a memory-bound op: the elements of its tensor inputs times their dtype size, plus one
@@ -23,6 +23,11 @@ A collective inside a counted op (DTensor's `aten::add` waiting in `_c10d_functi
 is not that op's work: its time is taken off the op's duration. Outermost functional-collective
 ops (`_c10d_functional::*`) are kept as class "wait": profiler.breakdown counts them as compute,
 project moves them to communication.
+
+einsum/tensordot/chain_matmul/multi_dot pass the count to the bmm/mm they run. Convolutions are
+class "conv", work unknown (their FLOPs need strides and padding the trace does not record).
+An op whose `Input Dims` hold a dimension no tensor has (negative, over 2^40, or over 2^44
+elements) is class "bad_shape" with no work; `ptprof project` refuses the file (a damaged trace).
 
 The event frame (profiler.parse) keeps shapes of collectives only; the shapes of compute ops are
 read here from the trace file itself, once per file, into a small frame.
@@ -40,7 +45,15 @@ import polars as pl
 
 from profiler.errors import TraceError
 
-MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
+MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+          "aten::_addmm_activation"}
+# GEMM wrappers whose own shapes do not give the product but whose inner aten::bmm/mm do: no work
+# of their own, the count passes to the GEMMs inside (as for aten::matmul's backward)
+GEMM_WRAPPERS = {"aten::einsum", "aten::tensordot", "aten::chain_matmul", "aten::linalg_multi_dot"}
+# Convolutions: their FLOPs need stride/padding/output shape, not in `Input Dims`: class "conv",
+# work unknown (scaled like the rest; the projection's coverage says how much time that is)
+CONV_PREFIXES = ("aten::conv", "aten::_convolution", "aten::cudnn_convolution", "aten::mkldnn_convolution",
+                 "aten::miopen_convolution", "aten::_conv_depthwise", "aten::slow_conv", "aten::thnn_conv")
 ATTENTION = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
              "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_efficient_attention",
              "aten::_scaled_dot_product_cudnn_attention", "aten::_flash_attention_forward"}
@@ -70,7 +83,7 @@ TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long
 OP_COLUMNS = {"pid": pl.Int64, "tid": pl.Int64, "ts_us": pl.Float64, "dur_us": pl.Float64, "name": pl.String,
               "klass": pl.String, "flops": pl.Float64, "bytes": pl.Float64, "batch": pl.Int64, "m": pl.Int64,
               "n": pl.Int64, "k": pl.Int64, "elem_bytes": pl.Int64}
-KLASSES = ("matmul", "attention", "memory", "unknown", "wait")
+KLASSES = ("matmul", "attention", "memory", "conv", "unknown", "wait", "bad_shape")
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -93,8 +106,23 @@ class _Doc(msgspec.Struct, gc=False):
     traceEvents: list[_Ev] = []  # noqa: N815 (the trace's own key)
 
 
+MAX_DIM = 1 << 40  # a tensor dimension beyond this (or below 0) is a damaged trace, not a shape
+MAX_ELEMENTS = 1 << 44
+
+
 def _shape(d) -> list[int] | None:
-    return d if isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in d) else None
+    """A tensor's dims, None unless a list of whole numbers in [0, MAX_DIM] of at most MAX_ELEMENTS."""
+    ok = isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_DIM for x in d)
+    return d if ok and math.prod(d) <= MAX_ELEMENTS else None
+
+
+def bad_dims(dims) -> bool:
+    """Whether an op's `Input Dims` hold a dimension no tensor has (negative, or absurdly large)."""
+    def bad(d) -> bool:
+        if isinstance(d, list) and d and all(isinstance(x, list) for x in d):  # a TensorList
+            return any(bad(x) for x in d)
+        return isinstance(d, list) and all(isinstance(x, int) for x in d) and _shape(d) is None
+    return isinstance(dims, list) and any(bad(d) for d in dims)
 
 
 def gemm_shape(name: str, dims: list) -> tuple[int, int, int, int] | None:
@@ -104,7 +132,7 @@ def gemm_shape(name: str, dims: list) -> tuple[int, int, int, int] | None:
         if name == "aten::mm":
             (m, k), (_, n) = s[0], s[1]
             return 1, m, n, k
-        if name == "aten::addmm":
+        if name in ("aten::addmm", "aten::_addmm_activation"):
             (m, k), (_, n) = s[1], s[2]
             return 1, m, n, k
         if name == "aten::bmm":
@@ -169,6 +197,8 @@ def op_work(name: str, dims, types) -> tuple[str, float | None, float | None, tu
     (batch, m, n, k) of a matmul, (B·H, Sq, Sk, D) of attention."""
     dims = dims if isinstance(dims, list) else []
     types = types if isinstance(types, list) else []
+    if bad_dims(dims):  # no tensor has such a dim: class "bad_shape", work unknown (project refuses the file)
+        return "bad_shape", None, None, None, None
     elem = next((TYPE_BYTES[t] for t in types if t in TYPE_BYTES), None)
     if name in MATMUL:
         g = gemm_shape(name, dims)
@@ -177,12 +207,14 @@ def op_work(name: str, dims, types) -> tuple[str, float | None, float | None, tu
         bwd = name in ATTENTION_BACKWARD
         a = attention_shape(dims, backward=bwd)
         return "attention", (None if a is None else (2 if bwd else 1) * 4.0 * math.prod(a)), memory_bytes(dims, types), a, elem
+    if name.startswith(CONV_PREFIXES):
+        return "conv", None, None, None, elem
     b = memory_bytes(dims, types)
     return ("memory" if b is not None else "unknown"), None, b, None, elem
 
 
 def _is_work(name: str) -> bool:
-    return name.startswith("aten::") and name not in NO_WORK
+    return name.startswith("aten::") and name not in NO_WORK and name not in GEMM_WRAPPERS
 
 
 def _decode(raw) -> list:

@@ -4,6 +4,7 @@ printed plan and its --json (ptprof.plan/1) with the real cost model on a small 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -40,6 +41,13 @@ def test_bad_cluster_and_moe_are_one_line(capsys, argv, words):
     assert all(w in line for w in words), line
 
 
+def test_a_run_folder_as_cluster_points_to_project_save_cluster(capsys, tmp_path):
+    code, out, err = _run(capsys, MODEL + ["--gpus", "8", "--cluster", str(tmp_path)])
+    line = _one_line_error(err)
+    assert code == 2 and out == ""
+    assert f"--cluster {tmp_path}: a folder" in line and "ptprof project RUN --cluster RUN --save-cluster" in line
+
+
 def test_heads_not_dividing_hidden(capsys):
     argv = ["--layers", "24", "--hidden", "2048", "--heads", "24", "--seq", "2048", "--global-batch", "64",
             "--gpus", "8", "--cluster", "h100"]
@@ -70,7 +78,8 @@ def test_nothing_fits_names_the_smallest_need_and_the_hbm(capsys, tmp_path):
     code, out, err = _run(capsys, argv)
     line = _one_line_error(err)
     assert code == 2 and out == ""
-    assert "nothing fits" in line and "80 GiB" in line and "GiB per GPU" in line
+    # the H100 preset: 81,559 MiB = 79.65 GiB of HBM (nvidia-smi), 77.6 usable after the 2 GiB reserve
+    assert "nothing fits" in line and "77.6 GiB usable of the 79.65 GiB HBM" in line and "GiB per GPU" in line
 
 
 def test_plan_prints_and_writes_json(capsys, tmp_path):
@@ -110,11 +119,24 @@ def test_why_names_the_terms_that_make_the_gap_and_the_links():
     b = est(Layout(dp=1, tp=16, pp=4, microbatches=32), compute=9.0, **{"comm_exposed:tp": 2.0, "bubble": 1.5})
     line = why(a, b, cluster, "#2")
     assert line.startswith("20.0 % faster than #2: ")
-    assert "less exposed tp comm 0.5 vs 2 s (tp=8 on nvlink (inside a node) vs tp=16 on ib (across nodes))" in line
+    assert "less exposed tp comm 0.5 vs 2 s (tp=8 on nvlink (inside a node) vs tp=16 on ib x8 (across nodes))" in line
     assert "bubble 5.0 % (interleaved-1f1b v=3, pp=4, m=16) vs 12.0 % (1f1b, pp=4, m=32)" in line
     # 10.0 vs 10.04 s: a 0.4 % gap is a tie, and the line says what the tie trades
     c = est(Layout(dp=2, tp=8, pp=4, microbatches=16), compute=9.54, **{"comm_exposed:tp": 0.5})
     assert why(a, c, cluster, "#2").startswith("ties #2 (0.40 % faster")
+    # a tie with no term and no memory between them names the knobs that differ
+    d = est(Layout(dp=2, tp=8, pp=4, schedule="gpipe", microbatches=16), compute=9.0, **{"comm_exposed:tp": 1.0})
+    e = est(Layout(dp=2, tp=8, pp=4, microbatches=16), compute=9.001, **{"comm_exposed:tp": 1.0})
+    assert why(d, e, cluster, "#3").endswith("differs in schedule gpipe vs 1f1b")
+    # a tiny model's memory in the unit that shows it: 1.5 vs 3 MiB, not "0.0 vs 0.0 GiB"
+    f = replace(d, memory_bytes={"total": 3 * 2**19})
+    g = replace(e, memory_bytes={"total": 3 * 2**20})
+    assert "less memory 1.5 vs 3.0 MiB" in why(f, g, cluster, "#2")
+    # a pp gap made by interleaving names v (both on the same link): 6 chunks send 6x as often
+    h = est(Layout(dp=2, tp=8, pp=4, microbatches=16), compute=9.0, **{"comm_exposed:pp": 0.2})
+    i = est(Layout(dp=2, tp=8, pp=4, schedule="interleaved-1f1b", stages_per_rank=6, microbatches=16),
+            compute=9.0, **{"comm_exposed:pp": 1.2})
+    assert "v=1 vs 6: a send per chunk" in why(h, i, cluster, "#2")
 
 
 def test_flash_attention_is_passed_on_and_said(capsys):

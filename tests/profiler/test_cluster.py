@@ -28,15 +28,17 @@ from tests.conftest import REPO
 DATASHEET = {
     # A100 80GB SXM datasheet: 312 TFLOPS, 80 GB HBM2e 2,039 GB/s, NVLink 600 GB/s;
     # DGX A100: one 200 Gb/s HDR ConnectX-6 per GPU.
+    # hbm_gib: the capacity nvidia-smi reports (Modal's table: A100 80GB 81,920 MiB, H100 81,559 MiB,
+    # H200 143,771 MiB; Vultr's HGX B200 page: 183,359 MiB), not the marketing GB.
     "a100": dict(peak=312.0, hbm_gib=80.0, hbm_gbps=2039.0, intra=600 / 2, inter=200 / 8),
     # H100 SXM5: 1,979 TFLOPS with sparsity -> 989.4 dense; 80 GB HBM3 3.35 TB/s; NVLink 900 GB/s;
     # DGX H100: one 400 Gb/s NDR ConnectX-7 per GPU.
-    "h100": dict(peak=989.4, hbm_gib=80.0, hbm_gbps=3350.0, intra=900 / 2, inter=400 / 8),
+    "h100": dict(peak=989.4, hbm_gib=round(81559 / 1024, 2), hbm_gbps=3350.0, intra=900 / 2, inter=400 / 8),
     # H200 SXM: same compute as H100 SXM5; 141 GB HBM3e 4.8 TB/s; NVLink 900 GB/s; DGX H200 NDR.
-    "h200": dict(peak=989.4, hbm_gib=141.0, hbm_gbps=4800.0, intra=900 / 2, inter=400 / 8),
+    "h200": dict(peak=989.4, hbm_gib=round(143771 / 1024, 2), hbm_gbps=4800.0, intra=900 / 2, inter=400 / 8),
     # HGX B200: 36 PFLOPS FP16/BF16 sparse for 8 GPUs -> 36000/2/8 dense per GPU; 1,440 GB and
     # 64 TB/s for 8 GPUs; NVLink 5 1.8 TB/s per GPU; DGX B200: 8x ConnectX-7 400 Gb/s.
-    "b200": dict(peak=36000 / 2 / 8, hbm_gib=1440 / 8, hbm_gbps=64000 / 8, intra=1800 / 2, inter=400 / 8),
+    "b200": dict(peak=36000 / 2 / 8, hbm_gib=round(183359 / 1024, 2), hbm_gbps=64000 / 8, intra=1800 / 2, inter=400 / 8),
     # MI300X: 1,307.4 TFLOPS BF16 dense, 192 GB HBM3 5.3 TB/s; 7 xGMI links x 64 GB/s one way;
     # Azure ND MI300X v5: 8x 400 Gb/s NDR per 8 GPUs.
     "mi300x": dict(peak=1307.4, hbm_gib=192.0, hbm_gbps=5300.0, intra=7 * 64, inter=400 / 8),
@@ -193,6 +195,41 @@ def test_bad_field_is_refused_naming_file_and_field(tmp_path, old, new, field, p
     assert field in msg and problem in msg
 
 
+@pytest.mark.parametrize("old,new,field", [
+    ("hbm_gib = 24", "hbm_gib = 1e300", "hbm_gib"),  # was an OverflowError traceback in hbm_bytes
+    ("hbm_gbps = 900.0", "hbm_gbps = 1e-320", "hbm_gbps"),  # was a NaN step
+    ("bw_gbps = 12.5", "bw_gbps = 1e-320", "inter.bw_gbps"),  # was an infinite step
+    ("peak_tflops = 100.0", "peak_tflops = 1e300", "peak_tflops"),  # was an MFU of 0
+    ("gpus_per_node = 4", "gpus_per_node = 1e300", "gpus_per_node"),
+    ("gpus_per_node = 4", "gpus_per_node = 8192", "gpus_per_node"),
+    ("latency_us = 20", "latency_us = 2e6", "inter.latency_us"),
+])
+def test_implausible_numbers_are_refused(tmp_path, old, new, field):
+    msg = _refusal(tmp_path, _toml_with(old, new))
+    assert f"field {field} = " in msg and "plausible range" in msg
+
+
+def test_notes_list_is_a_tuple_and_the_cluster_hashable():
+    c = Cluster(name="t", peak_tflops=100.0, hbm_gib=80.0, hbm_gbps=2000.0, gpus_per_node=8,
+                intra=Link("nvl", 300.0, 3.0), inter=Link("ib", 25.0, 10.0), notes=["a", "b"])
+    assert c.notes == ("a", "b") and hash(c) == hash(c)
+
+
+def test_estimate_refuses_a_step_that_is_not_finite():
+    from dataclasses import replace
+
+    from profiler.costmodel import NoStepError, estimate
+    from profiler.layout import Layout, ModelSpec
+
+    spec = ModelSpec(layers=2, hidden=64, heads=4, ffn=256, vocab=100, seq=16, global_batch=4)
+    c = Cluster(name="t", peak_tflops=100.0, hbm_gib=80.0, hbm_gbps=2000.0, gpus_per_node=8,
+                intra=Link("nvl", 300.0, 3.0), inter=Link("ib", 25.0, 10.0))
+    # a hand-built cluster escapes the file bounds: 1e-320 GB/s HBM makes every memory-bound op inf
+    with pytest.raises(NoStepError, match="no usable step"):
+        estimate(spec, Layout(microbatch=4), replace(c, hbm_gbps=1e-320))
+    assert estimate(spec, Layout(microbatch=4), c).step_s > 0
+
+
 def test_link_that_is_not_a_table_is_refused(tmp_path):
     text = FULL_TOML.split("[intra]")[0] + 'intra = 5\n[inter]\nname = "x"\nbw_gbps = 1\nlatency_us = 1\n'
     msg = _refusal(tmp_path, text)
@@ -284,7 +321,7 @@ def test_preset_round_trips_through_a_json_file(tmp_path, name):
 def test_constructed_cluster_round_trips(tmp_path):
     c = Cluster(name="calibrated", peak_tflops=0.1 + 0.2, hbm_gib=1 / 3, hbm_gbps=math.pi, gpus_per_node=2,
                 intra=Link("shm", 1e-3, 0.0), inter=Link("tcp", 0.125, 55.5), gemm_efficiency=1.0,
-                hbm_efficiency=1e-6, link_efficiency=0.5)
+                hbm_efficiency=1e-6, link_efficiency=0.5, hbm_reserve_gib=0.125)  # a reserve below the 1/3 GiB
     p = tmp_path / "c.json"
     p.write_text(json.dumps(cluster_to_dict(c)))
     assert load_cluster(str(p)) == c
@@ -299,3 +336,15 @@ def test_the_documented_example_file_loads(tmp_path):
     c = load_cluster(str(p))
     assert (c.name, c.gpus_per_node, c.intra.bw_gbps, c.inter.bw_gbps) == ("lab L40S", 4, 25.0, 12.5)
     assert c.link_efficiency == 0.8  # not given: the default
+
+
+def test_hbm_reserve_field(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text(FULL_TOML.replace("hbm_gib = 24", "hbm_gib = 24\nhbm_reserve_gib = 4"))
+    c = load_cluster(str(p))
+    assert c.hbm_reserve_gib == 4.0 and c.usable_hbm_bytes == 20 * 2**30
+    assert load_cluster("h100").usable_hbm_bytes == int(79.65 * 2**30) - 2 * 2**30  # the 2 GiB default
+    msg = _refusal(tmp_path, FULL_TOML.replace("hbm_gib = 24", "hbm_gib = 24\nhbm_reserve_gib = 24"))
+    assert "hbm_reserve_gib = 24 leaves nothing" in msg
+    msg = _refusal(tmp_path, FULL_TOML.replace("hbm_gib = 24", "hbm_gib = 24\nhbm_reserve_gib = -1"))
+    assert "hbm_reserve_gib" in msg and ">= 0" in msg

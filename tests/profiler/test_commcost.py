@@ -96,6 +96,24 @@ def test_group_of_one_is_intra_and_a_straddling_span_is_inter():
     assert group_link(NODE8, 2, 8, world_size=16) is IB
 
 
+def test_a_group_across_nodes_drives_one_nic_per_member_in_each_node():
+    # dp=64 (stride 1) on 8-GPU nodes: 8 members per node, one NCCL channel per NIC (tuning.cc
+    # busBw = nChannels * bwInter): 8 x 25 GB/s = 200 GB/s, under NVLink's 300, NIC latency.
+    link = group_link(NODE8, 64, 1)
+    assert (link.bw_gbps, link.latency_us) == (200.0, 10.0)
+    # a ring all-reduce of 1e8 bytes over the 64: 126 steps of 10 us + 2*63/64 * 1e8 / 2e11 s
+    want = 126 * 10e-6 + 2 * 63 / 64 * 1e8 / 2e11
+    assert collective_s("all_reduce", 1e8, 64, link) == pytest.approx(want, rel=1e-12)
+    # stride 4 (tp=4), 4 members over 2 nodes: 2 per node -> 50 GB/s
+    assert group_link(NODE8, 4, 4).bw_gbps == 50.0
+    # 16 NICs of 25 would be 400 GB/s: capped by the intra link's 300 on 16-GPU nodes
+    node16 = Cluster(name="t16", peak_tflops=100.0, hbm_gib=80.0, hbm_gbps=2000.0, gpus_per_node=16,
+                     intra=NVL, inter=IB)
+    assert group_link(node16, 32, 1).bw_gbps == 300.0
+    # one member per node (stride 8): one NIC, the inter link itself
+    assert group_link(NODE8, 4, 8) is IB
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(kind="all_scatter"), "collective 'all_scatter'"),
     (dict(algorithm="butterfly"), "algorithm 'butterfly'"),
@@ -114,3 +132,25 @@ def test_bad_arguments_are_refused(kwargs, match):
     args = dict(kind="all_reduce", nbytes=1e6, group_size=4, link=NVL, efficiency=1.0, algorithm="ring") | kwargs
     with pytest.raises(ValueError, match=match):
         collective_s(args.pop("kind"), args.pop("nbytes"), args.pop("group_size"), args.pop("link"), **args)
+
+
+def test_a_point_to_point_mesh_gives_a_small_group_its_peer_links():
+    # MI300X-like: 7 xGMI links of 64 GB/s, 448 GB/s in all, no switch (peer_gbps)
+    xgmi = Link("xgmi", bw_gbps=448.0, latency_us=2.7, peer_gbps=64.0)
+    mesh = Cluster(name="m", peak_tflops=100.0, hbm_gib=192.0, hbm_gbps=5300.0, gpus_per_node=8, intra=xgmi, inter=IB)
+    assert group_link(mesh, 2, 1).bw_gbps == 64.0  # tp=2: (2-1) x 64
+    assert group_link(mesh, 4, 1).bw_gbps == 192.0  # tp=4: 3 x 64
+    assert group_link(mesh, 8, 1).bw_gbps == 448.0  # all 8: min(448, 7 x 64)
+    assert group_link(mesh, 4, 2, p2p=True).bw_gbps == 64.0  # a pipeline send: one peer link
+    # a tp=2 ring all-reduce of 1e8 B: 2 steps of 2.7 us + 2*1/2 * 1e8 / 64e9 s
+    want = 2 * 2.7e-6 + 1e8 / 64e9
+    assert collective_s("all_reduce", 1e8, 2, group_link(mesh, 2, 1)) == pytest.approx(want, rel=1e-12)
+    # a switch (no peer_gbps) gives every group the whole link
+    assert group_link(NODE8, 2, 1) is NVL and group_link(NODE8, 2, 4, p2p=True) is NVL
+
+
+def test_mi300x_preset_is_a_mesh_and_nvswitch_presets_are_not():
+    from profiler.cluster import load_cluster, preset_names
+
+    assert load_cluster("mi300x").intra.peer_gbps == 64.0
+    assert all(load_cluster(n).intra.peer_gbps is None for n in preset_names() if n != "mi300x")

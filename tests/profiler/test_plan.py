@@ -10,7 +10,8 @@ import pytest
 
 from profiler.cluster import Cluster, Link
 from profiler.layout import Estimate, Layout, ModelSpec
-from profiler.plan import R_FEW_MB, R_HBM, R_RECOMPUTE, R_TP_HEADS, plan, rule_of_thumb
+from profiler.plan import (MAX_GLOBAL_BATCH, R_FEW_MB, R_HBM, R_RECOMPUTE, R_TP_HEADS, R_ZERO_PP, microbatch_sizes,
+                           plan, rule_of_thumb)
 
 GIB = 2**30
 NVLINK = Link("nvlink", 450.0, 3.0)
@@ -18,8 +19,9 @@ IB = Link("ib", 50.0, 10.0)
 
 
 def _cluster(gpus_per_node=4, hbm_gib=80.0, inter=IB) -> Cluster:
+    # no HBM reserve: the hand cases count memory in whole GiB of HBM
     return Cluster(name="test", peak_tflops=1000.0, hbm_gib=hbm_gib, hbm_gbps=3000.0, gpus_per_node=gpus_per_node,
-                   intra=NVLINK, inter=inter)
+                   intra=NVLINK, inter=inter, hbm_reserve_gib=0.0)
 
 
 TINY = ModelSpec(layers=4, hidden=64, heads=4, ffn=256, vocab=128, seq=8, global_batch=4)
@@ -51,19 +53,20 @@ def _step(layout: Layout) -> float:
 def test_enumeration_is_complete_and_divides_on_a_tiny_case():
     # G = 4 GPUs, 4 heads, 4 layers, global batch 4. Splits (dp, tp, pp): (4,1,1) (2,2,1) (2,1,2)
     # (1,4,1) (1,2,2) (1,1,4), all dividing. Layouts per split (mb | 4/dp, m = 4/(dp·mb) >= pp;
-    # zero 0-3 only where dp > 1; schedules 1f1b, zero-bubble, gpipe and interleaved v | layers/pp,
+    # zero 0-3 only where dp > 1, 0-1 where pp > 1 too (no framework runs ZeRO-2/3 with a pipeline); schedules 1f1b, zero-bubble, gpipe and interleaved v | layers/pp,
     # v > 1, where pp > 1; recompute x3; sp x2 where tp > 1):
     #   (4,1,1): mb 1             x zero 4 x rc 3                   = 12
     #   (2,2,1): mb 1, 2          x zero 4 x rc 3 x sp 2            = 48
-    #   (2,1,2): mb 1 (m=2)       x zero 4 x sched 4 (v=2) x rc 3   = 48
+    #   (2,1,2): mb 1 (m=2)       x zero 2 x sched 4 (v=2) x rc 3   = 24 (zero 2, 3: 24 more dropped)
     #   (1,4,1): mb 1, 2, 4       x rc 3 x sp 2                     = 18
     #   (1,2,2): mb 1, 2          x sched 4 x rc 3 x sp 2           = 48
     #   (1,1,4): mb 1 (m=4)       x sched 3 (layers/pp = 1) x rc 3  =  9
-    # total 183; too few microbatches: (2,1,2) mb 2: 48, (1,2,2) mb 4: 24, (1,1,4) mb 2 and 4: 18 = 90
+    # total 159; too few microbatches: (2,1,2) mb 2: 24, (1,2,2) mb 4: 24, (1,1,4) mb 2 and 4: 18 = 66
     result = plan(TINY, 4, _cluster(), estimate_fn=_fake_estimate(_step), memory_fn=_no_memory, prune=False)
     layouts = [e.layout for e in result.ranked]
-    assert len(layouts) == 183 == result.considered == len(set(layouts))
-    assert result.refused == {R_FEW_MB: 90}
+    assert len(layouts) == 159 == result.considered == len(set(layouts))
+    assert result.refused == {R_FEW_MB: 66, R_ZERO_PP: 24}
+    assert not any(l.pp > 1 and l.zero >= 2 for l in layouts)
     for layout in layouts:
         layout.check(TINY, 4)  # raises if it does not divide
     assert {(l.dp, l.tp, l.pp) for l in layouts} == {(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 2, 2), (1, 1, 4)}
@@ -71,7 +74,7 @@ def test_enumeration_is_complete_and_divides_on_a_tiny_case():
     # 2 heads: tp = 4 no longer divides, one split fewer (the 18 layouts of (1,4,1))
     two_heads = plan(replace(TINY, hidden=64, heads=2), 4, _cluster(), estimate_fn=_fake_estimate(_step),
                      memory_fn=_no_memory, prune=False)
-    assert len(two_heads.ranked) == 183 - 18 and two_heads.refused[R_TP_HEADS] == 1
+    assert len(two_heads.ranked) == 159 - 18 and two_heads.refused[R_TP_HEADS] == 1
 
 
 def test_moe_adds_ep_dividing_dp_and_the_experts():
@@ -80,8 +83,8 @@ def test_moe_adds_ep_dividing_dp_and_the_experts():
     result = plan(moe, 4, _cluster(), estimate_fn=_fake_estimate(_step), memory_fn=_no_memory, prune=False)
     eps = {(e.layout.dp, e.layout.ep) for e in result.ranked}
     assert eps == {(4, 1), (4, 2), (2, 1), (2, 2), (1, 1)}
-    # the ep=2 copies of dp=4 (12) and of dp=2 (48 + 48) come on top of the 183
-    assert len(result.ranked) == 183 + 12 + 96
+    # the ep=2 copies of dp=4 (12) and of dp=2 (48 + 24) come on top of the 159
+    assert len(result.ranked) == 159 + 12 + 72
 
 
 @pytest.mark.parametrize("sp_gain", [0.002, -0.002])  # sp faster (pruned after the probe) / slower (kept)
@@ -101,7 +104,7 @@ def test_pruning_keeps_the_exhaustive_top(sp_gain):
     assert [e.layout for e in pruned.ranked[:10]] == [e.layout for e in full.ranked[:10]]
     assert pruned.evaluated < full.evaluated
     # nothing is lost without a count: ranked + every layout reason = the layouts considered
-    layout_reasons = sum(n for k, n in pruned.refused.items() if k.startswith("layouts") and k != R_FEW_MB)
+    layout_reasons = sum(n for k, n in pruned.refused.items() if k.startswith("layouts") and k not in (R_FEW_MB, R_ZERO_PP))
     assert len(pruned.ranked) + layout_reasons == pruned.considered == full.considered
     # recompute none never fits (3 > 2.5 units) unless sp halves it
     assert all(e.layout.recompute != "none" or e.layout.sp for e in full.ranked)
@@ -146,12 +149,18 @@ def test_rule_of_thumb_on_hand_cases():
     # 12 GiB: DDP no; ZeRO-1 over 8: 12·(1/4 + 3/4/8) = 4.125 -> ZeRO-1
     r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(12.0))
     assert (r.layout.dp, r.layout.zero) == (8, 1) and "ZeRO-1" in r.why
-    # 60 GiB: ZeRO-1 over 8: 60·(1/4 + 3/32) = 20.6 no; FSDP over a node of 4: 15 + 1 > 10 no;
-    # -> tp = 4 (GPUs per node, divides the 4 heads); pp = 1 (dp = 2): 60/4 = 15 no;
-    #    pp = 2 (dp = 1): 60/8 = 7.5 + 1 (mb 1, the most microbatches) fits with zero 0
-    r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(60.0))
+    # 72 GiB: ZeRO-1 over 8: 72·(1/4 + 3/32) = 24.75 no; FSDP over a node of 4: 18 + 1 > 10 no;
+    # -> tp = 4 (GPUs per node, divides the 4 heads); pp = 1 (dp = 2): 72/4 = 18 no, with ZeRO-1
+    #    18·(1/4 + 3/8) = 11.25 no; pp = 2 (dp = 1): 72/8 = 9 + 1 (mb 1, the most microbatches) fits with zero 0
+    r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(72.0))
     assert (r.layout.tp, r.layout.pp, r.layout.dp, r.layout.zero, r.layout.sp) == (4, 2, 1, 0, True)
-    assert r.layout.microbatch == 1 and "tp=4" in r.why
+    assert r.layout.microbatch == 1 and "tp=4" in r.why and "pp=2, ZeRO-0" in r.why
+    # 60 GiB: the fewest stages first, ZeRO-1 before a stage more: pp = 1 (dp = 2) zero 0: 15 no;
+    # ZeRO-1: 15·(1/4 + 3/8) = 9.375, + 1 GiB a sequence without recompute > 10, selective (no
+    # activations here) fits, at the largest microbatch (pp = 1): 8 of 16/2 -- not pp = 2 with zero 0
+    r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(60.0))
+    assert (r.layout.tp, r.layout.pp, r.layout.dp, r.layout.zero, r.layout.recompute) == (4, 1, 2, 1, "selective")
+    assert r.layout.microbatch == 8 and "pp=1, ZeRO-1" in r.why
     # 36 GiB: FSDP over a node of 4: 9 + 1 = 10 fits -> FSDP (zero 3) over all 8
     r = rule_of_thumb(spec, 8, cluster, memory_fn=mem(36.0))
     assert (r.layout.dp, r.layout.zero) == (8, 3) and "FSDP" in r.why
@@ -198,7 +207,9 @@ def test_real_plan_keeps_tp_inside_a_node_when_the_inter_node_link_is_10x_slower
 
     # wide layers (hidden 16384, 128 heads) on 16 GPUs, 8 per node: tp = 16 spans two nodes
     spec = ModelSpec(layers=4, hidden=16384, heads=128, ffn=65536, vocab=32000, seq=2048, global_batch=8)
-    slow = _real_cluster(inter_gbps=45.0)  # 10x below the 450 GB/s NVLink
+    # a tp = 16 group has 8 members per node: it drives 8 NICs (commcost.group_link), so 5.625 GB/s
+    # per NIC is 8 x 5.625 = 45 GB/s for the group, 10x below the 450 GB/s NVLink
+    slow = _real_cluster(inter_gbps=45.0 / 8)
     same = _real_cluster(inter_gbps=450.0)  # control: between nodes as fast as inside
 
     def gap(result):  # how much slower the best tp = 16 layout is than #1
@@ -274,3 +285,49 @@ def test_the_memory_bounds_the_search_relies_on_hold_for_the_real_memory_model()
                     assert totals == sorted(totals), (zero, schedule, v, rc, sp, totals)
                     all_totals += totals
         assert min(all_totals) >= max(states)
+
+
+def test_zero2_reduce_scatters_every_microbatch():
+    # ZeRO-2 keeps only its shard of the gradients, so with m > 1 each microbatch's gradients are
+    # reduce-scattered (DeepSpeed's ZeRO-2). Model: 2 layers h=256, 2,120,192 params x 2 B on one
+    # GPU (tests/profiler/test_costmodel_terms.py counts them); dp=2 on a 0.01 GB/s link at
+    # efficiency 0.8 (8e6 B/s) and 2 µs: a reduce-scatter (or all-gather) over 2 moves half:
+    # 2e-6 + 2,120,192 x 2 / 2 / 8e6 = 0.265026 s, beside which the backward (~1e-4 s) is nothing.
+    # ZeRO-1, m=4: one reduce-scatter + one all-gather of the weights = 2 x 0.265026 s;
+    # ZeRO-2, m=4: four reduce-scatters + the all-gather = 5 x 0.265026 s
+    from profiler.costmodel import estimate
+
+    small = ModelSpec(layers=2, hidden=256, heads=4, ffn=1024, vocab=1000, seq=128, global_batch=8)
+    slow = Cluster(name="slow", peak_tflops=100.0, hbm_gib=80.0, hbm_gbps=1000.0, gpus_per_node=8,
+                   intra=Link("slow", 0.01, 2.0), inter=Link("ib", 0.01, 5.0),
+                   gemm_efficiency=0.8, hbm_efficiency=0.8, link_efficiency=0.8)
+    coll = 2e-6 + 2_120_192 * 2 / 2 / 8e6
+    z1 = estimate(small, Layout(dp=2, zero=1, microbatch=1, microbatches=4), slow)
+    z2 = estimate(small, Layout(dp=2, zero=2, microbatch=1, microbatches=4), slow)
+    z2_one = estimate(small, Layout(dp=2, zero=2, microbatch=4, microbatches=1), slow)
+    assert z1.breakdown_s["comm_exposed:dp"] == pytest.approx(2 * coll, rel=1e-3)
+    assert z2.breakdown_s["comm_exposed:dp"] == pytest.approx(5 * coll, rel=1e-3)
+    assert z2_one.breakdown_s["comm_exposed:dp"] == pytest.approx(2 * coll, rel=1e-3)  # m = 1: as ZeRO-1
+
+
+def test_microbatch_sizes_are_capped_and_the_global_batch_bounded():
+    # divisors up to 64, then powers of two only: 3 * 2^20 -> 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64,
+    # then 128, 256, ..., 2^20 (13 powers)
+    expected = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64] + [2**k for k in range(7, 21)]
+    assert microbatch_sizes(3 * 2**20) == expected
+    assert microbatch_sizes(96) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]  # 96 is no power of two
+    assert microbatch_sizes(128) == [1, 2, 4, 8, 16, 32, 64, 128]
+    with pytest.raises(ValueError, match="over the 16,777,216 sequences"):
+        plan(replace(TINY, global_batch=MAX_GLOBAL_BATCH + 1), 4, _cluster())
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "empty"), (" , ", "empty"), ("dp=2,dp=4", "dp is given twice"), ("mb=1,microbatch=2", "microbatch is given twice"),
+    ("pp=2,schedule=interleaved-1f1b", "needs v >= 2"), ("pp=2,schedule=interleaved-1f1b,v=1", "v=1 is 1f1b"),
+])
+def test_parse_layout_refuses_empty_repeated_and_interleaved_v1(text, words):
+    from profiler.layout import LayoutError, parse_layout
+
+    with pytest.raises(LayoutError, match=words):
+        parse_layout(text)
+    assert parse_layout("pp=2,schedule=interleaved-1f1b,v=2")[0].stages_per_rank == 2
