@@ -242,6 +242,12 @@ def build_plan_memory_figure(entries: list[PlanEntry], hbm_bytes: int | None = N
     if hbm is not None:
         fig.add_hline(y=hbm / GIB, line=dict(color="#b91c1c", dash="dash", width=2),
                       annotation_text=f"HBM {sig3(hbm / GIB)} GiB", annotation_position="top left")
+    # `fits` compares with the HBM less the cluster's reserve (CUDA context, NCCL buffers,
+    # fragmentation): drawn too where the estimate carries it.
+    usable = _finite(getattr(entries[0].estimate, "usable_hbm_bytes", None))
+    if usable is not None and hbm is not None and usable < hbm:
+        fig.add_hline(y=usable / GIB, line=dict(color="#b91c1c", dash="dot", width=1),
+                      annotation_text=f"usable {sig3(usable / GIB)} GiB", annotation_position="bottom left")
     fig.update_layout(barmode="stack", template="plotly_white", height=380, yaxis_title="GiB per GPU",
                       margin=dict(l=60, r=20, t=30, b=60), legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom", traceorder="normal"))
     return fig

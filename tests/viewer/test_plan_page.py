@@ -261,7 +261,10 @@ def test_a_good_form_gives_the_ranked_table(plan_page):
     step_fig, memory_fig = [c.figure for c in _walk(out) if type(c).__name__ == "Graph"]
     bars = [t for t in step_fig.data if t.type == "bar"]
     assert [sum(t.y[i] for t in bars) for i in range(len(table.data))] == pytest.approx([r["step_s"] for r in table.data], rel=5e-3)  # the table: 3 figures
-    assert memory_fig.layout.shapes[0].y0 == pytest.approx(80.0)  # the h100 preset's 80 GiB
+    from profiler.cluster import load_cluster
+
+    h100 = load_cluster("h100")  # the page draws the preset's HBM, and what `fits` compares with
+    assert [sh.y0 for sh in memory_fig.layout.shapes] == pytest.approx([h100.hbm_bytes / GiB, h100.usable_hbm_bytes / GiB])
 
 
 def _walk(component):
