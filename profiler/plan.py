@@ -94,6 +94,20 @@ def _detailed(spec: ModelSpec, est: Estimate, cluster: Cluster) -> Estimate:
     return estimate(spec, est.layout, cluster)
 
 
+class PlanTooLong(ValueError):
+    """The search passed plan()'s deadline (the viewer bounds a search inside a web request)."""
+
+
+def _until(deadline: float, fn):
+    # fn, refusing to run past `deadline` (perf_counter seconds): the memory function runs once per
+    # layout considered, so a search stops within one layout's time.
+    def bounded(*args):
+        if time.perf_counter() > deadline:
+            raise PlanTooLong(f"the search passed its {deadline:.0f} s deadline")
+        return fn(*args)
+    return bounded
+
+
 def _real_memory(spec: ModelSpec, layout: Layout) -> dict:
     from profiler.plan_memory import memory_per_gpu
 
@@ -182,18 +196,22 @@ def _rank_key(est: Estimate):
 
 def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateFn | None = None,
          memory_fn: MemoryFn | None = None, prune: bool = True, check_top: int = CHECK_TOP,
-         detail_top: int = 10) -> PlanResult:
+         detail_top: int = 10, time_limit_s: float | None = None) -> PlanResult:
     """Every layout of `spec` on `gpus` GPUs of `cluster`, ranked (see the module docstring).
     prune=False estimates every layout that fits (the reference the pruning is tested against).
     The real cost model ranks without its assumptions and dominant-assumption search; the top
-    `detail_top` (and the rule of thumb) are estimated again with them."""
+    `detail_top` (and the rule of thumb) are estimated again with them. time_limit_s: PlanTooLong
+    once the search has run that long (None: no limit, as the CLI)."""
     t0 = time.perf_counter()
     spec.check()
     if spec.global_batch > MAX_GLOBAL_BATCH:
         raise ValueError(f"--global-batch {spec.global_batch:,}: over the {MAX_GLOBAL_BATCH:,} sequences a plan "
                          f"searches (the largest published runs use a few thousand)")
+    real = estimate_fn is None  # the cost model: the top layouts get its details after ranking
     estimate_fn = estimate_fn or _real_estimate
     memory_fn = memory_fn or _real_memory
+    if time_limit_s is not None:
+        estimate_fn, memory_fn = (_until(t0 + time_limit_s, f) for f in (estimate_fn, memory_fn))
     hbm = cluster.usable_hbm_bytes  # HBM less the reserve (context, NCCL, fragmentation)
     refused: Counter = Counter()
     considered, min_mem = 0, None
@@ -295,11 +313,11 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
 
     rule = rule_of_thumb(spec, gpus, cluster, memory_fn=memory_fn)
     rule_est, rule_rank = None, None
-    if estimate_fn is _real_estimate:
+    if real:
         ranked[:detail_top] = [_detailed(spec, e, cluster) for e in ranked[:detail_top]]
     if rule.layout is not None:
         rule_est = estimate(rule.layout)
-        if rule_est is not None and estimate_fn is _real_estimate:
+        if rule_est is not None and real:
             rule_est = _detailed(spec, rule_est, cluster)
         if rule_est is not None and rule_est.fits:
             # its place in `ranked` where it was ranked; else where it would go (pruned ones uncounted)

@@ -331,3 +331,16 @@ def test_parse_layout_refuses_empty_repeated_and_interleaved_v1(text, words):
     with pytest.raises(LayoutError, match=words):
         parse_layout(text)
     assert parse_layout("pp=2,schedule=interleaved-1f1b,v=2")[0].stages_per_rank == 2
+
+
+def test_a_time_limit_stops_the_search_with_a_refusal():
+    # The viewer bounds a search inside a web request: past the limit plan() refuses (a ValueError,
+    # so callers' one-line handlers catch it) rather than returning a partial ranking as if whole.
+    from profiler.cluster import load_cluster
+    from profiler.plan import PlanTooLong, plan
+
+    spec = ModelSpec(layers=8, hidden=512, heads=8, ffn=2048, vocab=1000, seq=256, global_batch=16)
+    with pytest.raises(PlanTooLong) as e:
+        plan(spec, 8, load_cluster("h100"), time_limit_s=0.0)
+    assert isinstance(e.value, ValueError) and "deadline" in str(e.value)
+    assert plan(spec, 8, load_cluster("h100"), time_limit_s=60.0).ranked  # a generous limit changes nothing

@@ -17,6 +17,7 @@ import dash
 from dash import Input, Output, State, callback, dcc, html
 
 from viewer import ids, plan_figures
+from profiler.plan import PlanTooLong
 from viewer.pages import FONT
 
 MAX_PAGE_GPUS = 16384  # the issue's bound for a plan that takes seconds; the CLI takes more
@@ -173,20 +174,6 @@ def _heading(spec, gpus: int, cluster, seconds: float) -> str:
             f"{plan_figures.sig3(cluster.hbm_gib)} GiB HBM, {cluster.gpus_per_node} per node); planned in {seconds:.2f} s.")
 
 
-class PlanTooLong(Exception):
-    """The search passed PLAN_TIME_LIMIT_S."""
-
-
-def _until(deadline: float, fn):
-    """`fn`, refusing to run past `deadline` (perf_counter seconds): the planner calls its memory
-    function once per layout it considers, so this stops a search within one layout's time."""
-    def bounded(*args):
-        if time.perf_counter() > deadline:
-            raise PlanTooLong
-        return fn(*args)
-    return bounded
-
-
 def cli_command(spec, gpus: int, cluster: str) -> str:
     """The `ptprof plan` command that plans the same (no time limit, --json for a report)."""
     moe = f" --moe {spec.experts},{spec.top_k}" if spec.moe else ""
@@ -206,10 +193,7 @@ def plan_result(form: dict):
 
         cluster = load_cluster(name)
         t0 = time.perf_counter()
-        deadline = t0 + PLAN_TIME_LIMIT_S
-        # The planner's own cost and memory functions (its defaults), bounded in time.
-        result = planner.plan(spec, gpus, cluster, estimate_fn=_until(deadline, planner._real_estimate),
-                              memory_fn=_until(deadline, planner._real_memory))
+        result = planner.plan(spec, gpus, cluster, time_limit_s=PLAN_TIME_LIMIT_S)  # bounded: a web request
         took = time.perf_counter() - t0
         # The CLI's words for why the best win and where the rule of thumb ranks (one truth for both).
         why, rule_text = why_lines(result, cluster), " ".join(" ".join(rule_line(result)).split())
