@@ -44,6 +44,12 @@ MAX_DENSE_MB = 64  # every microbatch size up to this is searched, beyond it pow
 MAX_GLOBAL_BATCH = 1 << 24  # sequences per step: 16.8 M (GPT-3 used 3.2 M tokens = 1,536 sequences)
 CHECK_TOP = 10  # the top layouts whose pruned neighbours are estimated (step 5)
 STATE_KEYS = ("params", "grads", "optimizer")  # memory_per_gpu's model state (the ZeRO table)
+# Near-ties: layouts within NEAR_TIE_PCT of the fastest step are not told apart by the model, whose
+# step error on the validation rows (README "How good" (a)) spread 5-12 %: among them the layout
+# that is not tight on HBM, then the lower ZeRO stage, then the fewer pipeline stages comes first
+# (simpler, more headroom), then step time. Only the fastest's band is reordered.
+NEAR_TIE_PCT = 2.0
+TIGHT_HBM_FRAC = 0.9  # a layout needing more than this share of usable HBM is "tight"
 
 # refused reasons (PlanResult.refused keys); the unit is in the key
 R_TP_HEADS = "splits where tp does not divide the heads"
@@ -194,6 +200,23 @@ def _rank_key(est: Estimate):
     return (est.step_s, est.memory_bytes.get("total", 0), est.layout.short())
 
 
+def is_tight(est: Estimate, usable_hbm_bytes: float) -> bool:
+    """Over TIGHT_HBM_FRAC of usable HBM: fragmentation or a longer sequence may not fit."""
+    return est.memory_bytes.get("total", 0) > TIGHT_HBM_FRAC * usable_hbm_bytes
+
+
+def prefer_in_band(ranked: list[Estimate], usable_hbm_bytes: float, band_pct: float = NEAR_TIE_PCT) -> list[Estimate]:
+    """`ranked` (fastest first) with the layouts within band_pct of the fastest reordered: not
+    tight first, then lower ZeRO stage, fewer pipeline stages, then step (module constants' note)."""
+    if not ranked:
+        return ranked
+    limit = ranked[0].step_s * (1 + band_pct / 100)
+    band = [e for e in ranked if e.step_s <= limit]
+    rest = [e for e in ranked if e.step_s > limit]
+    band.sort(key=lambda e: (is_tight(e, usable_hbm_bytes), e.layout.zero, e.layout.pp) + _rank_key(e))
+    return band + rest
+
+
 def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateFn | None = None,
          memory_fn: MemoryFn | None = None, prune: bool = True, check_top: int = CHECK_TOP,
          detail_top: int = 10, time_limit_s: float | None = None) -> PlanResult:
@@ -310,6 +333,7 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
     check = ""
     if prune and ranked:
         ranked, check = _check_pruning(ranked, pruned, estimate, check_top, refused)
+    ranked = prefer_in_band(ranked, hbm)
 
     rule = rule_of_thumb(spec, gpus, cluster, memory_fn=memory_fn)
     rule_est, rule_rank = None, None

@@ -70,7 +70,10 @@ def test_enumeration_is_complete_and_divides_on_a_tiny_case():
     for layout in layouts:
         layout.check(TINY, 4)  # raises if it does not divide
     assert {(l.dp, l.tp, l.pp) for l in layouts} == {(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 2, 2), (1, 1, 4)}
-    assert [e.step_s for e in result.ranked] == sorted(e.step_s for e in result.ranked)
+    # fastest first, except the near-tie band of the fastest (plan.prefer_in_band: 2 %) that leads
+    fastest = min(e.step_s for e in result.ranked)
+    rest = [e for e in result.ranked if e.step_s > 1.02 * fastest]
+    assert [e.step_s for e in rest] == sorted(e.step_s for e in rest) and result.ranked[len(result.ranked) - len(rest):] == rest
     # 2 heads: tp = 4 no longer divides, one split fewer (the 18 layouts of (1,4,1))
     two_heads = plan(replace(TINY, hidden=64, heads=2), 4, _cluster(), estimate_fn=_fake_estimate(_step),
                      memory_fn=_no_memory, prune=False)
@@ -344,3 +347,24 @@ def test_a_time_limit_stops_the_search_with_a_refusal():
         plan(spec, 8, load_cluster("h100"), time_limit_s=0.0)
     assert isinstance(e.value, ValueError) and "deadline" in str(e.value)
     assert plan(spec, 8, load_cluster("h100"), time_limit_s=60.0).ranked  # a generous limit changes nothing
+
+
+def _est(step, mem_gib, **layout):
+    return Estimate(layout=Layout(**layout), step_s=step, breakdown_s={"compute": step}, mfu_pct=None,
+                    memory_bytes={"total": int(mem_gib * GIB)}, hbm_bytes=80 * GIB, fits=True)
+
+
+def test_near_ties_prefer_headroom_then_lower_zero_then_fewer_stages():
+    from profiler.plan import prefer_in_band
+    # usable HBM 80 GiB: tight above 0.9 x 80 = 72 GiB. Band: steps <= 1.00 x 1.02 = 1.02 s.
+    fsdp_tight = _est(1.000, 77.0, dp=8, zero=3, microbatch=64, microbatches=1)  # fastest, but tight
+    zero1 = _est(1.010, 39.0, dp=8, zero=1, microbatch=32, microbatches=2)
+    ddp = _est(1.015, 40.7, dp=8, zero=0, microbatch=32, microbatches=2)
+    ddp_pp = _est(1.005, 20.0, dp=4, pp=2, zero=0, microbatch=32, microbatches=4)
+    slow = _est(1.030, 10.0, dp=8, zero=0, microbatch=8, microbatches=8)  # 3 % slower: outside the band
+    faster_rest = _est(1.021, 70.0, dp=8, zero=3, microbatch=16, microbatches=4)  # 2.1 %: outside too
+    ranked = [fsdp_tight, ddp_pp, zero1, ddp, faster_rest, slow]
+    out = prefer_in_band(ranked, 80 * GIB)
+    # band sorted by (tight, zero, pp): DDP pp=1, DDP pp=2, ZeRO-1, tight FSDP; the rest by step
+    assert out == [ddp, ddp_pp, zero1, fsdp_tight, faster_rest, slow]
+    assert prefer_in_band([], 80 * GIB) == []
