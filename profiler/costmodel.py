@@ -265,6 +265,8 @@ def _assumptions(spec: ModelSpec, layout: Layout, cluster: Cluster, compute_scal
         + (f"; inside a node a group of n gets (n-1) x {cluster.intra.peer_gbps:g} GB/s peer links, a send one"
            if cluster.intra.peer_gbps else ""),
         "tp / ep communication not overlapped with compute (Megatron default); pp sends on the critical path",
+        "overlapped communication does not slow compute (optimistic: NCCL kernels take SMs and HBM bandwidth "
+        "from the GEMMs they overlap)",
     ]
     if layout.dp * layout.cp > 1:
         out.append(("dp gradient reduce-scatter in 25 MB buckets under every microbatch's backward (ZeRO-2 keeps "

@@ -10,7 +10,7 @@ import textwrap
 from profiler.cluster import Cluster
 from profiler.commcost import crosses_nodes, group_link
 from profiler.layout import Estimate, Layout, ModelSpec, group_stride
-from profiler.plan import PlanResult
+from profiler.plan import NEAR_TIE_PCT, PlanResult, is_tight
 
 SCHEMA = "ptprof.plan/1"
 WIDTH = 100
@@ -18,6 +18,16 @@ WHY_TOP = 3  # layouts that get a "why" line
 TIE_PCT = 0.5  # closer than this is called a tie: well inside the model's error
 SCHEDULE_SHORT = {"1f1b": "1f1b", "gpipe": "gpipe", "zero-bubble": "zb", "interleaved-1f1b": "i1f1b"}
 RC_SHORT = {"selective": "rc=sel", "full": "rc=full"}
+# The model's error: on the validation rows (README "How good" (a): Korthikanti et al. 2022's
+# Megatron runs on A100) every step was predicted 5-12 % too fast; a gap under this is no difference.
+MODEL_ERROR_PCT = 10.0
+OPTIMISM = ("validation: on the 8 Megatron-LM rows (Korthikanti et al. 2022, A100; README \"How good\" (a)) the "
+            "model predicted every step 5-12 % faster than measured (mean 8.7 %): read steps as lower bounds, MFU "
+            "as upper bounds")
+# The best dense-training MFU published that we know of: Korthikanti et al. 2022 (Megatron-LM, sequence
+# parallel + selective recompute) report up to 56.3 % on A100 (1T GPT). A prediction above it is suspect.
+MFU_CEILING_PCT = 57.0
+MFU_SOURCE = "the best published dense-training MFU, ~56 % (Korthikanti et al. 2022, Megatron-LM on A100)"
 
 
 def compact(layout: Layout) -> str:
@@ -29,6 +39,44 @@ def compact(layout: Layout) -> str:
     parts += [RC_SHORT[layout.recompute]] if layout.recompute in RC_SHORT else []
     parts += ["sp"] * layout.sp
     return " ".join(parts)
+
+
+def unvalidated(spec: ModelSpec, layout: Layout) -> list[str]:
+    """The features a layout uses that no measurement validated (the validation rows are dense,
+    unfused attention, ZeRO-0/1, 1f1b/interleaved pipelines)."""
+    out = []
+    if getattr(spec, "flash_attention", False):
+        out.append("fused (flash) attention")
+    if layout.zero >= 2:
+        out.append("ZeRO-2/3 (FSDP) overlap")
+    if layout.pp > 1 and layout.schedule == "zero-bubble":
+        out.append("zero-bubble schedule")
+    if spec.moe or layout.ep > 1:
+        out.append("MoE / expert parallelism")
+    return out
+
+
+def mfu_warning(result: PlanResult) -> str | None:
+    best = result.ranked[0] if result.ranked else None
+    if best is None or best.mfu_pct is None or best.mfu_pct <= MFU_CEILING_PCT:
+        return None
+    return (f"warning: #1's predicted MFU {best.mfu_pct:.1f} % is above {MFU_CEILING_PCT:g} %, {MFU_SOURCE}: "
+            "the cost model is optimistic here (efficiencies assumed, no launch gaps, overlapped communication "
+            "assumed free); expect a slower step")
+
+
+def caveat_lines(spec: ModelSpec, result: PlanResult, top: int, cluster: Cluster) -> list[str]:
+    """Under the table: the legend of the `*` and `!` marks, the model's known optimism, the MFU warning."""
+    shown = result.ranked[:top]
+    used = sorted({f for e in shown for f in unvalidated(spec, e.layout)})
+    out = []
+    if used:
+        out += _wrap("* uses what no measurement validated: " + ", ".join(used), "  ")
+    if any(is_tight(e, cluster.usable_hbm_bytes) for e in shown):
+        out += _wrap(f"! tight: over 90 % of the usable HBM (fragmentation or a longer sequence may not fit)", "  ")
+    out += _wrap(OPTIMISM)
+    warn = mfu_warning(result)
+    return out + (_wrap(warn) if warn else [])
 
 
 def exposed_comm_s(est: Estimate) -> float:
@@ -111,6 +159,15 @@ def why(a: Estimate, b: Estimate, cluster: Cluster, label: str) -> str:
     # the terms that make the gap: at most two, each at least a tenth of it (or of the step, in a tie)
     floor = 0.1 * max(b.step_s - a.step_s, TIE_PCT / 100 * b.step_s)
     terms = [_term(k, a, b, cluster) for d, k in gains[:2] if d > floor]
+    if gap_pct < 0:  # ranked ahead of a faster one: plan.prefer_in_band
+        hbm = cluster.usable_hbm_bytes
+        reason = ("not tight on HBM" if is_tight(b, hbm) and not is_tight(a, hbm) else
+                  f"lower ZeRO stage ({a.layout.zero} vs {b.layout.zero})" if a.layout.zero < b.layout.zero else
+                  f"fewer pipeline stages ({a.layout.pp} vs {b.layout.pp})" if a.layout.pp < b.layout.pp else
+                  "faster")
+        return (f"{-gap_pct:.1f} % slower than {label} but preferred: {reason}, within the {NEAR_TIE_PCT:g} % "
+                f"near-tie band (under the model's ±{MODEL_ERROR_PCT:g} % error, no real difference), memory "
+                f"{memory_pair(a.memory_bytes.get('total', 0), b.memory_bytes.get('total', 0))}")
     if gap_pct < TIE_PCT:
         head = f"ties {label} ({gap_pct:.2f} % faster: inside the model's error)"
         ma, mb = a.memory_bytes.get("total", 0), b.memory_bytes.get("total", 0)
@@ -124,7 +181,8 @@ def why(a: Estimate, b: Estimate, cluster: Cluster, label: str) -> str:
             head += (f": {terms[0]}, but more {name} {a.breakdown_s.get(lost, 0.0):.3g} vs "
                      f"{b.breakdown_s.get(lost, 0.0):.3g} s")
         return head
-    return f"{gap_pct:.1f} % faster than {label}: " + "; ".join(terms or ["no single term"])
+    error = f" (under the model's ±{MODEL_ERROR_PCT:g} % error: no real difference)" if gap_pct < MODEL_ERROR_PCT else ""
+    return f"{gap_pct:.1f} % faster than {label}{error}: " + "; ".join(terms or ["no single term"])
 
 
 def why_lines(result: PlanResult, cluster: Cluster, top: int = WHY_TOP) -> list[str]:
@@ -164,13 +222,18 @@ def header_lines(spec: ModelSpec, gpus: int, cluster: Cluster, checked_params: s
     return [w for line in lines for w in _wrap(line)]
 
 
-def table_lines(result: PlanResult, top: int) -> list[str]:
-    head = f"{'rank':>4} {'step s':>8} {'MFU %':>6} {'mem GiB':>8} {'comm s':>7} {'bubble':>6}  layout"
+def table_lines(result: PlanResult, top: int, spec: ModelSpec | None = None,
+                usable_hbm_bytes: float | None = None) -> list[str]:
+    """The ranked rows; with `spec`, a `*` after the rank where a row uses an unvalidated feature, with
+    `usable_hbm_bytes`, a `!` after the memory of a tight row (caveat_lines gives the legend)."""
+    head = f"{'rank':>5} {'step s':>8} {'MFU %':>6} {'mem GiB':>8} {'comm s':>7} {'bubble':>6}  layout"
     out = [head]
     for i, est in enumerate(result.ranked[:top]):
         mfu = f"{est.mfu_pct:.1f}" if est.mfu_pct is not None else "-"
         bubble = 100 * est.breakdown_s.get("bubble", 0.0) / est.step_s
-        out.append(f"{i + 1:>4} {est.step_s:>8.3g} {mfu:>6} {_gib(est.memory_bytes.get('total', 0)):>8} "
+        star = "*" if spec is not None and unvalidated(spec, est.layout) else " "
+        tight = "!" if usable_hbm_bytes is not None and is_tight(est, usable_hbm_bytes) else " "
+        out.append(f"{i + 1:>4}{star} {est.step_s:>8.3g} {mfu:>6} {_gib(est.memory_bytes.get('total', 0)):>7}{tight} "
                    f"{exposed_comm_s(est):>7.3g} {bubble:>5.1f}%  {compact(est.layout)}")
     return out
 
@@ -202,11 +265,12 @@ def rule_line(result: PlanResult) -> list[str]:
 def format_plan(spec: ModelSpec, gpus: int, cluster: Cluster, result: PlanResult, top: int,
                 checked_params: str = "") -> str:
     lines = header_lines(spec, gpus, cluster, checked_params) + [""] + refused_lines(result) + [""]
-    lines += table_lines(result, top)
+    lines += table_lines(result, top, spec, cluster.usable_hbm_bytes)
     lines += _wrap(f"  HBM {cluster.hbm_gib:g} GiB per GPU, {cluster.usable_hbm_bytes / 2**30:.1f} usable (less "
                    f"{cluster.hbm_reserve_gib:g} GiB reserve); comm s: exposed communication; bubble: pipeline idle share "
                    "of the step; z: ZeRO stage (3 = FSDP); mb=BxM: microbatch B sequences, M per step; "
                    "i1f1b: interleaved-1f1b, zb: zero-bubble; rc: recompute", "  ")
+    lines += caveat_lines(spec, result, top, cluster)
     lines += [""] + [w for line in why_lines(result, cluster) for w in _wrap(line)]
     lines += rule_line(result)
     if result.ranked and result.ranked[0].dominant:
@@ -225,7 +289,11 @@ def plan_json(spec: ModelSpec, gpus: int, cluster_dict: dict, result: PlanResult
         "schema": SCHEMA,
         "inputs": inputs,
         "cluster": cluster_dict,
-        "ranked": [dict(e.as_dict(), rank=i + 1) for i, e in enumerate(result.ranked[:top])],
+        "ranked": [dict(e.as_dict(), rank=i + 1, unvalidated=unvalidated(spec, e.layout),
+                        tight=is_tight(e, cluster.usable_hbm_bytes)) for i, e in enumerate(result.ranked[:top])],
+        "caveats": {"optimism": OPTIMISM, "model_error_pct": MODEL_ERROR_PCT, "near_tie_pct": NEAR_TIE_PCT,
+                    "mfu_ceiling_pct": MFU_CEILING_PCT, "mfu_ceiling_source": MFU_SOURCE,
+                    "mfu_warning": mfu_warning(result)},
         "ranked_total": len(result.ranked),
         "considered": result.considered,
         "evaluated": result.evaluated,

@@ -147,3 +147,57 @@ def test_flash_attention_is_passed_on_and_said(capsys):
     assert "flash attention" in flash and "flash attention" not in plain.split("\n")[0]
     # fused attention keeps no scores: #1's memory differs (the costmodel tests give the numbers)
     assert plain.split("rank ")[1] != flash.split("rank ")[1]
+
+
+SMALL = ["--layers", "12", "--hidden", "768", "--heads", "12", "--seq", "1024", "--global-batch", "512",
+         "--vocab", "50257", "--gpus", "8", "--cluster", "a100"]
+
+
+def test_near_tie_prefers_ddp_over_a_tight_fsdp_and_says_the_error(capsys, tmp_path):
+    # the trial's case: a 160M GPT on 8 A100s. FSDP mb=64 needs ~77 of 78 GiB usable and is ~1.4 %
+    # faster than DDP mb=32x2: inside the 2 % band, so the layout with headroom and ZeRO-0 leads.
+    code, out, err = _run(capsys, SMALL + ["--top", "40", "--json", str(tmp_path / "p.json")])
+    assert code == 0, err
+    rows = [l for l in out.splitlines() if l[:4].strip() == "1" and "dp=" in l]
+    assert "z0" in rows[0] and "!" not in rows[0]
+    assert any("z3 mb=64x1" in l and "!" in l for l in out.splitlines())  # 77.0 of 78.0 GiB: tight, marked
+    flat = " ".join(out.split())
+    assert "±10 % error" in flat and "! tight: over 90 % of the usable HBM" in flat
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert report["ranked"][0]["layout"]["zero"] == 0 and report["ranked"][0]["tight"] is False
+    assert report["caveats"]["model_error_pct"] == 10.0 and report["caveats"]["near_tie_pct"] == 2.0
+    tight = [r for r in report["ranked"] if r["tight"]]
+    assert tight and all(r["memory_bytes"]["total"] > 0.9 * 78.0 * 2**30 for r in tight)
+
+
+def test_optimism_unvalidated_marks_and_mfu_ceiling(capsys, tmp_path):
+    # GPT-3 XL dims, flash attention: every row uses fused attention, which no measurement validated
+    code, out, err = _run(capsys, MODEL + ["--gpus", "8", "--cluster", "a100", "--flash-attention",
+                                           "--json", str(tmp_path / "p.json")])
+    assert code == 0, err
+    assert "5-12 % faster than measured" in out
+    assert "overlapped communication does not slow compute" in " ".join(out.split())  # costmodel's assumption
+    legend = [l for l in out.splitlines() if l.startswith("* uses what no measurement validated: ")]
+    assert len(legend) == 1 and "fused (flash) attention" in legend[0]
+    assert "   1* " in out
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert "fused (flash) attention" in report["ranked"][0]["unvalidated"]
+    assert report["caveats"]["mfu_ceiling_pct"] == 57.0 and "Korthikanti" in report["caveats"]["mfu_ceiling_source"]
+    mfu = report["ranked"][0]["mfu_pct"]
+    # the warning is there exactly when #1's MFU passes the ceiling
+    assert (report["caveats"]["mfu_warning"] is not None) == (mfu > 57.0)
+    assert ("warning: #1's predicted MFU" in out) == (mfu > 57.0)
+
+
+def test_mfu_warning_from_a_hand_made_result():
+    from profiler.layout import Estimate, Layout
+    from profiler.plan import PlanResult
+    from profiler.plan_report import mfu_warning
+
+    def result(mfu):
+        est = Estimate(layout=Layout(dp=8), step_s=1.0, breakdown_s={"compute": 1.0}, mfu_pct=mfu,
+                       memory_bytes={"total": 1}, hbm_bytes=2, fits=True)
+        return PlanResult(ranked=[est], considered=1, refused={}, rule_of_thumb=None, rule_of_thumb_rank=None,
+                          assumptions=[])
+    assert "76.7 % is above 57 %" in mfu_warning(result(76.7)) and "Korthikanti" in mfu_warning(result(76.7))
+    assert mfu_warning(result(56.9)) is None and mfu_warning(result(None)) is None
