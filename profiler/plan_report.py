@@ -65,18 +65,32 @@ def mfu_warning(result: PlanResult) -> str | None:
             "assumed free); expect a slower step")
 
 
-def caveat_lines(spec: ModelSpec, result: PlanResult, top: int, cluster: Cluster) -> list[str]:
-    """Under the table: the legend of the `*` and `!` marks, the model's known optimism, the MFU warning."""
+def caveats(spec: ModelSpec, result: PlanResult, top: int, cluster: Cluster) -> list[str]:
+    """Said with the table (CLI and page): which unvalidated features the shown rows use, which are
+    tight on HBM, the model's known optimism, and the MFU warning; one line each, unwrapped."""
     shown = result.ranked[:top]
     used = sorted({f for e in shown for f in unvalidated(spec, e.layout)})
     out = []
     if used:
-        out += _wrap("* uses what no measurement validated: " + ", ".join(used), "  ")
+        out.append("* uses what no measurement validated: " + ", ".join(used))
     if any(is_tight(e, cluster.usable_hbm_bytes) for e in shown):
-        out += _wrap(f"! tight: over 90 % of the usable HBM (fragmentation or a longer sequence may not fit)", "  ")
-    out += _wrap(OPTIMISM)
+        out.append("! tight: over 90 % of the usable HBM (fragmentation or a longer sequence may not fit)")
+    out.append(OPTIMISM)
     warn = mfu_warning(result)
-    return out + (_wrap(warn) if warn else [])
+    return out + ([warn] if warn else [])
+
+
+def row_flags(spec: ModelSpec, est: Estimate, cluster: Cluster) -> list[str]:
+    """A row's marks in words (the page's note column): tight, unvalidated features."""
+    tight = ["tight on HBM"] if is_tight(est, cluster.usable_hbm_bytes) else []
+    feats = unvalidated(spec, est.layout)
+    return tight + (["* unvalidated: " + ", ".join(feats)] if feats else [])
+
+
+def caveat_lines(spec: ModelSpec, result: PlanResult, top: int, cluster: Cluster) -> list[str]:
+    """caveats(), wrapped for the terminal."""
+    return [w for line in caveats(spec, result, top, cluster)
+            for w in _wrap(line, "  ")]
 
 
 def exposed_comm_s(est: Estimate) -> float:

@@ -45,7 +45,7 @@ MEMORY_PARTS = [("params", "parameters", "#4C78A8"), ("grads", "gradients", "#F5
 TABLE_COLUMNS = [  # (id, header, numeric)
     ("rank", "rank", True), ("layout", "layout", False), ("step_s", "step (s)", True), ("mfu_pct", "MFU %", True),
     ("memory_gib", "memory GiB", True), ("hbm_pct", "% of HBM", True), ("exposed_comm_s", "exposed comm (s)", True),
-    ("bubble_s", "bubble (s)", True), ("note", "note", False),
+    ("bubble_pct", "bubble %", True), ("note", "note", False),
 ]
 
 
@@ -139,33 +139,39 @@ def breakdown_color(key: str, others: list[str]) -> str:
 # Table
 
 
-def plan_table_rows(entries: list[PlanEntry]) -> list[dict]:
+def plan_table_rows(entries: list[PlanEntry], flags=None) -> list[dict]:
     """One row per entry (TABLE_COLUMNS): rank, layout text, step, MFU, memory per GPU and its
-    share of HBM, exposed communication, bubble; `note` says rule of thumb / does not fit."""
+    share of HBM, exposed communication, bubble as a share of the step (as the CLI); `note` says
+    rule of thumb / does not fit, and `flags(estimate)`'s words (tight, unvalidated features)."""
     rows = []
     for e in entries:
         est = e.estimate
         total = est.memory_bytes.get("total")
         hbm = est.hbm_bytes
         notes = ([ROT] if e.rule_of_thumb else []) + ([] if est.fits else ["does not fit HBM"])
+        notes += list(flags(est)) if flags is not None else []
+        step = _finite(est.step_s)
         rows.append({
             "id": e.label, "rank": e.rank, "layout": est.layout.short(), "step_s": _round3(est.step_s),
             "mfu_pct": _round3(est.mfu_pct),
             "memory_gib": _round3(total / GIB) if _finite(total) is not None else None,
             "hbm_pct": _round3(100 * total / hbm) if _finite(total) is not None and _finite(hbm) else None,
-            "exposed_comm_s": _round3(exposed_comm_s(est)), "bubble_s": _round3(est.breakdown_s.get("bubble", 0.0)),
+            "exposed_comm_s": _round3(exposed_comm_s(est)), "bubble_pct": _round3(100 * est.breakdown_s.get("bubble", 0.0) / step) if step else None,
             "note": ", ".join(notes), "rule_of_thumb": e.rule_of_thumb,
         })
     return rows
 
 
-def build_plan_table(entries: list[PlanEntry], *, table_id: str, font: str):
-    """The ranked layouts as a DataTable, the rule of thumb's row highlighted."""
-    rows = plan_table_rows(entries)
+def build_plan_table(entries: list[PlanEntry], *, table_id: str, font: str, flags=None):
+    """The ranked layouts as a DataTable, the rule of thumb's row highlighted; wide tables scroll
+    inside their card and the note wraps (it overflowed the page at 1400 px)."""
+    rows = plan_table_rows(entries, flags)
     return dash_table.DataTable(
         id=table_id, data=rows,
         columns=[{"name": name, "id": c, "type": "numeric" if num else "text"} for c, name, num in TABLE_COLUMNS],
         sort_action="native",
+        style_table={"overflowX": "auto", "maxWidth": "100%"},
+        style_cell_conditional=[{"if": {"column_id": "note"}, "whiteSpace": "normal", "minWidth": "12rem", "maxWidth": "24rem"}],
         style_cell={"fontFamily": font, "fontSize": "0.85rem", "padding": "3px 8px", "textAlign": "left"},
         style_header={"fontWeight": "600", "backgroundColor": "#f3f4f6"},
         style_data_conditional=[
@@ -330,6 +336,9 @@ def assumption_lines(result) -> list[str]:
     dominates its uncertainty."""
     best = result.ranked[0] if result.ranked else None
     lines = [*result.assumptions, *(best.assumptions if best else [])]
+    if any("compute efficiency is assumed" in a for a in result.assumptions):
+        # the planner said it; the cost model's shorter "compute efficiency assumed (...)" repeats it
+        lines = [a for a in lines if not a.startswith("compute efficiency assumed")]
     if not any("compute efficiency is assumed" in a for a in lines):
         lines.insert(0, PURE_PLAN_LINE)
     if best is not None and best.dominant:
@@ -350,7 +359,8 @@ def _ul(lines: list[str], cls: str = ""):
 
 
 def plan_children(result, *, top: int, heading, table_id: str, font: str, graph_config: dict | None = None,
-                  why: list[str] | None = None, rule_text: str | None = None):
+                  why: list[str] | None = None, rule_text: str | None = None, cautions: list[str] | None = None,
+                  flags=None):
     """The result area for a PlanResult: a summary line, the ranked table, the breakdown and
     memory figures, why the best win (`why`: the CLI's lines, profiler.plan_report; else
     why_lines), where the rule of thumb ranks (`rule_text`, else rule_of_thumb_line), what was
@@ -371,7 +381,8 @@ def plan_children(result, *, top: int, heading, table_id: str, font: str, graph_
         summary,
         _card("Ranked layouts", html.P(f"The fastest {min(top, len(result.ranked))} of {len(result.ranked)} fitting layouts; "
                                        "the rule of thumb's row is highlighted.", className="hint"),
-              build_plan_table(entries, table_id=table_id, font=font)),
+              build_plan_table(entries, table_id=table_id, font=font, flags=flags),
+              *([_ul(cautions, "cautions")] if cautions else [])),
         _card("Why they win", _ul(why), html.P(rule_text, className="rule-of-thumb")),
         html.Div(className="row", children=[
             _card("Where the step goes", html.P("Predicted seconds per step by part, one bar per layout; the outlined bar "

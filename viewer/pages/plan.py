@@ -11,6 +11,7 @@ of viewer.plan_figures; any refusal is one line on the page, never a traceback.
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import dash
@@ -36,7 +37,7 @@ GRAPH_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", 
 # (Korthikanti et al. 2022, Table 3); Mixtral 8x7B's dims (Jiang et al. 2024, Table 1; its 8 KV
 # heads are not modelled, its batch is not published: 1024 x 4096 is illustrative).
 MODEL_PRESETS = {
-    "gpt3-1.3b": ("GPT-3 XL 1.3B", dict(layers=24, hidden=2048, heads=16, ffn=8192, vocab=51200, seq=2048, global_batch=512)),
+    "gpt3-1.3b": ("GPT-3 XL dims (1.42B counted)", dict(layers=24, hidden=2048, heads=16, ffn=8192, vocab=51200, seq=2048, global_batch=512)),
     "22b": ("22B (published runs)", dict(layers=48, hidden=6144, heads=64, ffn=24576, vocab=51200, seq=2048, global_batch=4)),
     "gpt3-175b": ("GPT-3 175B", dict(layers=96, hidden=12288, heads=96, ffn=49152, vocab=51200, seq=2048, global_batch=1536)),
     "mixtral-8x7b": ("Mixtral 8x7B-like MoE (8 experts, top-2)",
@@ -113,7 +114,8 @@ def _whole(name: str, value, *, required: bool = True, low: int = 1, high: int =
     label = LABELS.get(name, name)
     if value is None or (isinstance(value, str) and not value.strip()):
         if required:
-            raise ValueError(f"{label}: a value is needed")
+            # the browser sends None for an invalid number input too (2048.5, -5 where min is 1)
+            raise ValueError(f"{label}: a whole number ≥ {low} is needed (got an invalid or empty value)")
         return None
     if isinstance(value, bool):
         v = None
@@ -165,12 +167,24 @@ def read_form(form: dict):
     return spec, gpus, cluster, top
 
 
+# the CLI's flags in the planner's messages, as the form names them
+FORM_WORDS = {"--moe": "MoE experts, top-k", "--global-batch": "global batch", "--seq": "sequence length",
+              "--layers": "layers", "--hidden": "hidden", "--heads": "heads", "--ffn": "ffn", "--vocab": "vocab",
+              "--gpus": "GPUs", "--flash-attention": "flash attention", "--cluster": "cluster"}
+
+
+def form_words(message: str) -> str:
+    """A planner message with its CLI flags (`--moe 2,4: ...`) in the form's field names."""
+    message = re.sub(r"--moe (\d+),(\d+)", r"MoE experts \1, top-k \2", message)
+    return re.sub(r"--[a-z-]+", lambda m: FORM_WORDS.get(m.group(0), m.group(0)), message)
+
+
 def _heading(spec, gpus: int, cluster, seconds: float) -> str:
     moe = f", MoE {spec.experts} experts top-{spec.top_k}" if spec.moe else ""
     moe += ", flash attention" if spec.flash_attention else ""
     return (f"{plan_figures.sig3(spec.count_params() / 1e9)} B parameters ({spec.layers} layers, hidden {spec.hidden}, "
             f"{spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}, global batch {spec.global_batch}{moe}) "
-            f"on {gpus} GPUs of {cluster.name} ({plan_figures.sig3(cluster.peak_tflops)} TFLOP/s, "
+            f"on {gpus} GPU{'s' if gpus != 1 else ''} of {cluster.name} ({plan_figures.sig3(cluster.peak_tflops)} TFLOP/s, "
             f"{plan_figures.sig3(cluster.hbm_gib)} GiB HBM, {cluster.gpus_per_node} per node); planned in {seconds:.2f} s.")
 
 
@@ -189,7 +203,7 @@ def plan_result(form: dict):
         spec, gpus, name, top = read_form(form)
         from profiler import plan as planner
         from profiler.cluster import load_cluster
-        from profiler.plan_report import rule_line, why_lines
+        from profiler.plan_report import caveats, row_flags, rule_line, why_lines
 
         cluster = load_cluster(name)
         t0 = time.perf_counter()
@@ -197,19 +211,21 @@ def plan_result(form: dict):
         took = time.perf_counter() - t0
         # The CLI's words for why the best win and where the rule of thumb ranks (one truth for both).
         why, rule_text = why_lines(result, cluster), " ".join(" ".join(rule_line(result)).split())
+        cautions = caveats(spec, result, top, cluster)
     except PlanTooLong:
         return html.Div([f"Refused: the search passed the page's {PLAN_TIME_LIMIT_S:g} s limit (these dims and GPUs have "
                          "many divisors, so millions of layouts). Fewer GPUs or a batch with fewer divisors plan faster; "
                          "the CLI has no limit: ", html.Code(cli_command(spec, gpus, name))], className="error")
     except ValueError as e:  # LayoutError, ClusterError and the form's own refusals
-        return html.Div(f"Refused: {e}", className="error")
+        return html.Div(f"Refused: {form_words(str(e))}", className="error")
     except NotImplementedError as e:
         return html.Div(f"The planner is not available in this build ({e}).", className="error")
     except Exception as e:  # noqa: BLE001 -- the page's rule: a line saying what failed, never a 500
         return html.Div(f"The plan failed: {type(e).__name__}: {e}", className="error")
     heading = [_heading(spec, gpus, cluster, took), " The same in a shell: ", html.Code(cli_command(spec, gpus, name))]
     return plan_figures.plan_children(result, top=top, heading=heading, table_id=ids.PLAN_TABLE,
-                                      font=FONT, graph_config=GRAPH_CONFIG, why=why, rule_text=rule_text)
+                                      font=FONT, graph_config=GRAPH_CONFIG, why=why, rule_text=rule_text,
+                                      cautions=cautions, flags=lambda est: row_flags(spec, est, cluster))
 
 
 def preset_values(preset) -> list:
