@@ -19,13 +19,21 @@ MAX_GPUS = 1 << 20
 PARAMS_TOLERANCE_PCT = 10.0  # --params further than this from the dims' count is refused
 
 
+SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}  # --params 7B, 1.3B, 350M, 1T
+
+
 def _count(text: str) -> int:
-    """An argparse type: a whole count written 175000000000 or 175e9."""
+    """An argparse type: a whole count written 175000000000, 175e9, 175B or 1.3B (K/M/B/T suffixes)."""
+    from decimal import Decimal, InvalidOperation
+
+    t = text.strip().replace("_", "").replace(",", "")
+    scale = SUFFIXES.get(t[-1:].lower(), 1) if t[-1:].isalpha() and t[-1:].lower() != "e" else 1
+    num = t[:-1] if scale > 1 else t
     try:
-        value = float(text) if any(c in text.lower() for c in ".e") else int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 175e9)") from None
-    if not (value >= 1 and value < 1e16 and float(value).is_integer()):
+        value = Decimal(num) * scale  # Decimal: 1.3B is exactly 1,300,000,000 (no float rounding)
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 175e9, 175B or 1.3B)") from None
+    if not (value.is_finite() and 1 <= value < Decimal("1e16") and value == value.to_integral_value()):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole count between 1 and 1e16")
     return int(value)
 
@@ -64,7 +72,7 @@ def build_plan_parser() -> argparse.ArgumentParser:
                 epilog="No trace informs a pure plan: compute efficiency is assumed (docs/whatif.md says how).")
     pos = _whole_number(1, 1 << 40)
     p.add_argument("--params", type=_count, metavar="N",
-                   help="parameter count, as a check of the dims (175e9 or 175000000000): refused when more than "
+                   help="parameter count, as a check of the dims (175e9, 175B, 1.3B or 175000000000): refused when more than "
                         f"{PARAMS_TOLERANCE_PCT:g} %% off the count of the dims")
     p.add_argument("--layers", type=pos, required=True)
     p.add_argument("--hidden", type=pos, required=True)

@@ -232,7 +232,12 @@ def header_lines(spec: ModelSpec, gpus: int, cluster: Cluster, checked_params: s
              f"({cluster.usable_hbm_bytes / 2**30:.1f} usable), "
              f"{cluster.gpus_per_node} GPUs/node; inside a node {cluster.intra.bw_gbps:g} GB/s ({cluster.intra.name}), "
              f"between nodes {cluster.inter.bw_gbps:g} GB/s per GPU ({cluster.inter.name})); "
-             f"G = {gpus:,} GPUs = {nodes:,} nodes"]
+             f"G = {gpus:,} GPU{'s' * (gpus != 1)} = {nodes:,} node{'s' * (nodes != 1)}",
+             "attention: " + ("fused (FlashAttention), priced as GEMMs: not validated against a measurement"
+                              if getattr(spec, "flash_attention", False) else
+                              "unfused (scores written to HBM, as the Megatron papers count); --flash-attention "
+                              "prices FlashAttention")
+             + "; GQA/MQA not modelled (every head has its own K, V); a SwiGLU MLP: pass --ffn 1.5 x its width"]
     return [w for line in lines for w in _wrap(line)]
 
 

@@ -201,3 +201,30 @@ def test_mfu_warning_from_a_hand_made_result():
                           assumptions=[])
     assert "76.7 % is above 57 %" in mfu_warning(result(76.7)) and "Korthikanti" in mfu_warning(result(76.7))
     assert mfu_warning(result(56.9)) is None and mfu_warning(result(None)) is None
+
+
+@pytest.mark.parametrize("text, count", [("7B", 7_000_000_000), ("1.3B", 1_300_000_000), ("175e9", 175_000_000_000),
+                                         ("350M", 350_000_000), ("1T", 10**12), ("2k", 2000)])
+def test_params_take_suffixes(text, count):
+    from profiler.cli_whatif import _count
+    assert _count(text) == count
+
+
+@pytest.mark.parametrize("text", ["abc", "1.3", "0", "-5B", "nan", "inf", "sNaN", "1.5X"])
+def test_params_refuse_what_is_no_count(text):
+    import argparse
+
+    from profiler.cli_whatif import _count
+    with pytest.raises(argparse.ArgumentTypeError):
+        _count(text)
+
+
+def test_header_grammar_and_attention_pricing(capsys):
+    # GPT-3 XL dims count 1,422,069,760 params: 1.42B is 0.1 % off (inside the tolerance)
+    code, out, err = _run(capsys, MODEL + ["--gpus", "8", "--cluster", "a100", "--params", "1.42B"])
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "G = 8 GPUs = 1 node attention: unfused" in flat and "--flash-attention prices FlashAttention" in flat
+    assert "GQA/MQA not modelled" in flat and "1 nodes" not in flat
+    code, out, err = _run(capsys, MODEL + ["--gpus", "8", "--cluster", "a100", "--flash-attention"])
+    assert "attention: fused (FlashAttention)" in " ".join(out.split())
