@@ -75,6 +75,14 @@ def caveats(spec: ModelSpec, result: PlanResult, top: int, cluster: Cluster) -> 
         out.append("* uses what no measurement validated: " + ", ".join(used))
     if any(is_tight(e, cluster.usable_hbm_bytes) for e in shown):
         out.append("! tight: over 90 % of the usable HBM (fragmentation or a longer sequence may not fit)")
+    if result.ranked:
+        fastest = min(range(len(result.ranked)), key=lambda i: result.ranked[i].step_s)
+        step = result.ranked[fastest].step_s
+        band = sum(1 for e in result.ranked if e.step_s <= step * (1 + NEAR_TIE_PCT / 100))
+        if band > 1:
+            out.append(f"order: the {band:,} layouts within {NEAR_TIE_PCT:g} % of the fastest step ({step:.3g} s, rank "
+                       f"{fastest + 1:,}) are near-ties the model cannot tell apart (its error is ±{MODEL_ERROR_PCT:g} %): "
+                       "not tight on HBM first, then the lower ZeRO stage, the fewer pipeline stages, the faster")
     out.append(OPTIMISM)
     warn = mfu_warning(result)
     return out + ([warn] if warn else [])

@@ -163,6 +163,11 @@ def test_near_tie_prefers_ddp_over_a_tight_fsdp_and_says_the_error(capsys, tmp_p
     assert any("z3 mb=64x1" in l and "!" in l for l in out.splitlines())  # 77.0 of 78.0 GiB: tight, marked
     flat = " ".join(out.split())
     assert "±10 % error" in flat and "! tight: over 90 % of the usable HBM" in flat
+    # the fastest (FSDP mb=64x1, tight) is named with its rank in the band's order line
+    order = flat[flat.index("order: the "):]
+    fastest = min(range(len(json.loads((tmp_path / "p.json").read_text())["ranked"])),
+                  key=lambda i: json.loads((tmp_path / "p.json").read_text())["ranked"][i]["step_s"])
+    assert f"rank {fastest + 1})" in order and "within 2 % of the fastest step" in order
     report = json.loads((tmp_path / "p.json").read_text())
     assert report["ranked"][0]["layout"]["zero"] == 0 and report["ranked"][0]["tight"] is False
     assert report["caveats"]["model_error_pct"] == 10.0 and report["caveats"]["near_tie_pct"] == 2.0
