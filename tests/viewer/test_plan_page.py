@@ -348,3 +348,11 @@ def test_the_page_says_the_caveats_and_flags_rows(plan_page):
     (table,) = [c for c in _walk(out) if getattr(c, "id", None) == ids.PLAN_TABLE]
     assert "fused (flash) attention" in table.data[0]["note"]
     assert table.style_table["overflowX"] == "auto"
+
+
+def test_a_default_taken_for_an_empty_or_invalid_box_is_said(plan_page):
+    # the browser sends None for ffn = 2048.5 as for an empty box: the page uses 4 x hidden and says so
+    assert plan_page.defaulted_note({**GOOD, "ffn": None}) == " Defaults used: ffn 4·hidden (its box was empty or invalid)."
+    assert plan_page.defaulted_note(GOOD) == ""
+    out = plan_page.plan_result({**GOOD, "ffn": None, "vocab": ""})
+    assert "Defaults used: ffn 4·hidden, vocab 51200 (their boxes were empty or invalid)." in _text(out)

@@ -179,6 +179,19 @@ def form_words(message: str) -> str:
     return re.sub(r"--[a-z-]+", lambda m: FORM_WORDS.get(m.group(0), m.group(0)), message)
 
 
+OPTIONAL_DEFAULTS = {"ffn": "4·hidden", "vocab": str(DEFAULT_VOCAB), "experts": "0 (dense)", "top_k": "0 (dense)"}
+
+
+def defaulted_note(form: dict) -> str:
+    """' Defaults used: ffn 4·hidden (its box was empty or invalid).' -- the browser sends None for an
+    invalid number box as for an empty one, so a default taken is said, never silent."""
+    names = [f for f in OPTIONAL_DEFAULTS if form.get(f) is None or (isinstance(form.get(f), str) and not form[f].strip())]
+    if not names:
+        return ""
+    return (" Defaults used: " + ", ".join(f"{LABELS[f].split(' (')[0]} {OPTIONAL_DEFAULTS[f]}" for f in names)
+            + (" (their boxes were" if len(names) > 1 else " (its box was") + " empty or invalid).")
+
+
 def _heading(spec, gpus: int, cluster, seconds: float) -> str:
     moe = f", MoE {spec.experts} experts top-{spec.top_k}" if spec.moe else ""
     moe += ", flash attention" if spec.flash_attention else ""
@@ -222,7 +235,8 @@ def plan_result(form: dict):
         return html.Div(f"The planner is not available in this build ({e}).", className="error")
     except Exception as e:  # noqa: BLE001 -- the page's rule: a line saying what failed, never a 500
         return html.Div(f"The plan failed: {type(e).__name__}: {e}", className="error")
-    heading = [_heading(spec, gpus, cluster, took), " The same in a shell: ", html.Code(cli_command(spec, gpus, name))]
+    heading = [_heading(spec, gpus, cluster, took) + defaulted_note(form), " The same in a shell: ",
+               html.Code(cli_command(spec, gpus, name))]
     return plan_figures.plan_children(result, top=top, heading=heading, table_id=ids.PLAN_TABLE,
                                       font=FONT, graph_config=GRAPH_CONFIG, why=why, rule_text=rule_text,
                                       cautions=cautions, flags=lambda est: row_flags(spec, est, cluster))
