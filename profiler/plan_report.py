@@ -285,6 +285,8 @@ def rule_line(result: PlanResult) -> list[str]:
         return _wrap(f"rule of thumb: {compact(rule.layout)} -- the cost model finds it does not fit ({rule.why})")
     est, best = result.rule_of_thumb, result.ranked[0] if result.ranked else None
     slower = f", {100 * (est.step_s / best.step_s - 1):.1f} % slower than #1" if best else ""
+    if best is not None and best.layout == est.layout:
+        slower = ": the plan's #1 too"
     return _wrap(f"rule of thumb: {compact(rule.layout)}: {est.step_s:.3g} s, rank {result.rule_of_thumb_rank:,} "
                  f"of {len(result.ranked):,} ranked{slower} ({rule.why})")
 

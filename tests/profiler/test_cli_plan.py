@@ -163,6 +163,9 @@ def test_near_tie_prefers_ddp_over_a_tight_fsdp_and_says_the_error(capsys, tmp_p
     assert any("z3 mb=64x1" in l and "!" in l for l in out.splitlines())  # 77.0 of 78.0 GiB: tight, marked
     flat = " ".join(out.split())
     assert "±10 % error" in flat and "! tight: over 90 % of the usable HBM" in flat
+    # DDP is the rule's layout (one GPU holds 160M) and now #1: said as such, not "0.0 % slower than #1"
+    rule = flat[flat.index("rule of thumb: dp=8 tp=1 pp=1 z0 mb=32x2"):]
+    assert "rank 1 of" in rule and "ranked: the plan's #1 too" in rule and "slower than #1" not in rule.split("(")[0]
     # the fastest (FSDP mb=64x1, tight) is named with its rank in the band's order line
     order = flat[flat.index("order: the "):]
     fastest = min(range(len(json.loads((tmp_path / "p.json").read_text())["ranked"])),
