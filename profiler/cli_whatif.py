@@ -95,6 +95,8 @@ def project_main(argv: list[str] | None = None) -> int:
 
         json_path = _check_json_path(args.json)  # before the work, as plan and analyze
         cluster, how, cal_work = resolve_cluster(args.cluster)
+        if cal_work is None:  # a preset or file; a calibrated cluster's rates are what the run measured
+            warn_cluster("project", args.cluster, cluster)
         if args.save_cluster:
             save_cluster(cluster, args.save_cluster)
         same = cal_work is not None and Path(args.cluster).resolve() == Path(args.run).resolve()
@@ -110,6 +112,15 @@ def project_main(argv: list[str] | None = None) -> int:
     except (TraceError, ValueError) as e:
         _print_line(f"ptprof project: error: {e}", sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def warn_cluster(prog: str, spec: str, cluster) -> None:
+    """The cluster's plausibility warnings (profiler.cluster.cluster_warnings: likely unit
+    mistakes), one stderr line each: `ptprof <prog>: warning: <file>: ...`."""
+    from profiler.cluster import cluster_warnings
+
+    for w in cluster_warnings(cluster):
+        _print_line(f"ptprof {prog}: warning: {spec}: {w}", sys.stderr)
 
 
 def _parse_moe(text: str | None) -> tuple[int, int]:
@@ -166,6 +177,7 @@ def plan_main(argv: list[str] | None = None) -> int:
                              f"To plan on the cluster a run measured: ptprof project RUN --cluster RUN "
                              f"--save-cluster FILE.json, then --cluster FILE.json")
         cluster = load_cluster(args.cluster)
+        warn_cluster("plan", args.cluster, cluster)
         result = plan(spec, args.gpus, cluster)
         if not result.ranked:
             if result.min_memory_bytes is None:
