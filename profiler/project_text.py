@@ -52,7 +52,8 @@ def projection_dict(d: dict, cluster: Cluster, how: str, run_dir: str) -> dict:
     return {"schema": PROJECTION_SCHEMA, "run": run_dir, "cluster": cluster_to_dict(cluster), "cluster_from": how,
             "nodes": d["nodes"], "own_layout": d["own_layout"].as_dict(), "measured_step_s": d["measured_step_s"],
             "measured_on_target": same, "coverage": d["coverage"], "source_cluster": cluster_to_dict(d["source"]),
-            "per_rank": d.get("per_rank"), "estimate": est.as_dict()}
+            # per-rank numbers exist for the run's own layout only (another layout is the cost model's)
+            "per_rank": d.get("per_rank") if est.layout == d["own_layout"] else None, "estimate": est.as_dict()}
 
 
 def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
@@ -77,7 +78,9 @@ def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
         step += f"    (measured on its own hardware: {_ms(d['measured_step_s'])})"
     lines.append(step)
     pr = d.get("per_rank")
-    if pr and len(pr["ranks"]) > 1:  # both sides: the slowest rank's mean over the profiled steps
+    # both sides: the slowest rank's mean over the profiled steps. Only for the run's own layout:
+    # under --layout these would be the own layout's ranks, not the projected layout's
+    if own and pr and len(pr["ranks"]) > 1:
         p_lo, p_hi = min(pr["projected_s"]), max(pr["projected_s"])
         m_lo, m_hi = min(pr["measured_s"]), max(pr["measured_s"])
         lines += textwrap.wrap(f"per rank: projected {p_lo * 1e3:.4g}-{p_hi * 1e3:.4g} ms, measured {m_lo * 1e3:.4g}-"
