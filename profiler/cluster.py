@@ -41,6 +41,14 @@ ALIASES = {
 }
 
 
+# GPUs close in spelling to a preset but different hardware (other HBM, PCIe instead of SXM, another
+# generation): "did you mean a100?" for them would silently swap the numbers. Squashed as ALIASES.
+OTHER_GPUS = frozenset({
+    "a10", "a30", "a40", "a800", "b100", "gb200", "gh200", "h20", "h800", "h100nvl", "l4", "l40", "l40s", "mi210",
+    "mi250", "mi250x", "mi300a", "mi325x", "mi355x", "p100", "t4", "v100", "v10032gb", "rtx4090", "rtx6000",
+})
+
+
 class ClusterError(ValueError):
     """A cluster that cannot be used: the message names the file or preset and the field."""
 
@@ -167,6 +175,13 @@ def load_cluster(spec: str | os.PathLike) -> Cluster:
     if path.suffix.lower() not in SUFFIXES:
         if path.exists():
             raise ClusterError(f"cluster file {spec}: not a .toml or .json file (presets: {presets})")
+        squashed = "".join(c for c in spec.strip().lower() if c not in " -_")
+        # a variant of a preset's GPU (a100-40gb, h100-pcie: a preset's name then a word) or another
+        # GPU (b100): real hardware with other numbers, not a misspelt preset (h1000, a10O)
+        variant = any(squashed.startswith(n) and any(c.isalpha() for c in squashed[len(n):]) for n in preset_names())
+        if squashed in OTHER_GPUS or variant:
+            raise ClusterError(f"cluster {spec}: no such preset, and a different GPU from the presets ({presets}): "
+                               "write its numbers in a .toml file (README, 'Clusters')")
         close = difflib.get_close_matches(spec.strip().lower(), preset_names() + list(ALIASES), n=1, cutoff=0.6)
         hint = f" (did you mean {_preset_key(close[0])}?)" if close else ""
         raise ClusterError(f"cluster {spec}: no such preset{hint}; presets: {presets}, or a .toml/.json file")

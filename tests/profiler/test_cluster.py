@@ -391,3 +391,19 @@ def test_project_and_plan_print_the_warnings_on_stderr(tmp_path, capsys):
     assert plan_main(["--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "32", "--global-batch", "4",
                       "--gpus", "2", "--cluster", str(path)]) == 0
     assert capsys.readouterr().err.startswith(f"ptprof plan: warning: {path}: inter.bw_gbps = 100 GB/s")
+
+
+@pytest.mark.parametrize("spec", ["a100-40gb", "h100-pcie", "H100 NVL", "b100", "a10", "v100"])
+def test_a_different_gpu_is_not_offered_a_preset(spec):
+    # "did you mean a100?" for an A100 40GB would swap in 80 GB of HBM without a word
+    with pytest.raises(ClusterError) as e:
+        load_cluster(spec)
+    msg = str(e.value)
+    assert f"cluster {spec}: no such preset, and a different GPU from the presets (a100, b200, h100, h200, mi300x)" in msg
+    assert "did you mean" not in msg and "write its numbers in a .toml file" in msg
+
+
+@pytest.mark.parametrize("spec, stem", [("h10", "h100"), ("a10O", "a100"), ("h1000", "h100"), ("mi30x", "mi300x")])
+def test_a_typo_of_a_preset_keeps_the_suggestion(spec, stem):
+    with pytest.raises(ClusterError, match=rf"no such preset \(did you mean {stem}\?\)"):
+        load_cluster(spec)
