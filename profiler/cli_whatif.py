@@ -47,9 +47,12 @@ def build_project_parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN", help="a run folder (traces/<run-id>/ with run.json)")
     p.add_argument("--cluster", required=True, metavar="C", help=_cluster_help())
     p.add_argument("--nodes", type=_whole_number(1, MAX_GPUS), metavar="N",
-                   help="nodes of the target (default: as many as the run's ranks need)")
+                   help="a check, not a placement: the nodes the layout must fill (GPUs per node come from the "
+                        "cluster; ranks are packed tp innermost); refused when it differs (default: as many as "
+                        "the layout fills)")
     p.add_argument("--layout", metavar="SPEC",
-                   help="dp=..,tp=..,pp=..[,zero=,mb=,m=,schedule=,v=,recompute=,sp=] (default: the run's own)")
+                   help="dp=..,tp=..,pp=..[,zero=,mb=,m=,schedule=,v=,recompute=,sp=], or a layout as plan prints "
+                        "it ('dp=2 tp=2 pp=2 z1 mb=1x8 i1f1b v=2 rc=sel sp') (default: the run's own)")
     p.add_argument("--json", metavar="FILE", help="write the projection as JSON (schema ptprof.projection/1)")
     p.add_argument("--save-cluster", metavar="FILE.json",
                    help="write the cluster used (e.g. the one calibrated from a run folder) as JSON, loadable by --cluster")
@@ -108,6 +111,12 @@ def project_main(argv: list[str] | None = None) -> int:
             except OSError as e:
                 raise ValueError(f"--json {args.json}: cannot write ({e.strerror})") from None
         print(projection_text(d, cluster, how, args.run))
+        if args.save_cluster or args.json:  # the files written, as plan's `plan: F`
+            print()
+        if args.save_cluster:
+            print(f"cluster: {args.save_cluster}")
+        if args.json:
+            print(f"projection: {json_path}")
         return 0
     except (TraceError, ValueError) as e:
         _print_line(f"ptprof project: error: {e}", sys.stderr)

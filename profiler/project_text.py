@@ -6,7 +6,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from profiler.cluster import Cluster, ClusterError, cluster_to_dict, load_cluster
+from profiler.cluster import Cluster, ClusterError, cluster_to_dict, load_cluster, preset_names
 
 PROJECTION_SCHEMA = "ptprof.projection/1"
 WIDTH = 100
@@ -16,6 +16,9 @@ def resolve_cluster(spec: str) -> tuple[Cluster, str, object]:
     """--cluster: a run folder (its measured cluster, calibrated), a preset or a cluster file.
     (cluster, how it was obtained, the run's RunWork or None). ClusterError / TraceError /
     ValueError with one line."""
+    if not spec.strip():  # Path("") is the current folder: say it is empty, not "no run.json in ."
+        raise ClusterError(f"--cluster {spec!r}: empty; give a preset ({', '.join(preset_names())}), a .toml/.json "
+                           "cluster file or a run folder")
     path = Path(spec)
     if path.is_dir():
         from profiler.project_measure import calibrate, measure_run

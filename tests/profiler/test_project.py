@@ -249,3 +249,21 @@ def test_a_run_without_shapes_is_refused(tmp_path, capsys):
             (e.get("args") or {}).pop("Input Dims", None)
         f.write_bytes(gzip.compress(json.dumps(doc).encode()))
     assert "record_shapes" in _error([str(run), "--cluster", "h100"], capsys)
+
+
+def test_files_written_are_named_and_an_empty_cluster_is_said_empty(works, tmp_path, capsys):
+    run, cal, js = str(SAMPLES / "sample-ddp-2r"), tmp_path / "cal.json", tmp_path / "p.json"
+    assert project_main([run, "--cluster", "h100", "--save-cluster", str(cal), "--json", str(js)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == [f"cluster: {cal}", f"projection: {js}"] and cal.exists() and js.exists()
+    # Path("") is the current folder: it was read as a run folder ("no run.json" in ".")
+    assert _error([run, "--cluster", ""], capsys) == ("ptprof project: error: --cluster '': empty; give a preset "
+                                                      "(a100, b200, h100, h200, mi300x), a .toml/.json cluster file or a run folder")
+
+
+def test_wave_quantization_is_claimed_only_with_an_sm_count(works):
+    work = works["ddp"]
+    cpu = project_details(work.run_dir, calibrate(work), work=work)["estimate"].assumptions[0]
+    assert "without wave quantization (no SM count: a CPU or an unknown GPU)" in cpu
+    h100 = project_details(work.run_dir, load_cluster("h100"), work=work)["estimate"].assumptions[0]
+    assert "with wave quantization over 132 SMs" in h100  # H100 SXM5: 132 SMs (NVIDIA H100 whitepaper)
