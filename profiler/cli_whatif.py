@@ -94,16 +94,18 @@ def project_main(argv: list[str] | None = None) -> int:
         from pathlib import Path
 
         from profiler.project import project_details
-        from profiler.project_text import projection_dict, projection_text, resolve_cluster, save_cluster
+        from profiler.project_text import projection_dict, projection_text, resolve_cluster, save_cluster, with_host_note
 
         json_path = _check_json_path(args.json)  # before the work, as plan and analyze
         cluster, how, cal_work = resolve_cluster(args.cluster)
         if cal_work is None:  # a preset or file; a calibrated cluster's rates are what the run measured
             warn_cluster("project", args.cluster, cluster)
-        if args.save_cluster:
+        if args.save_cluster:  # written before the work (a bad name fails fast), again below with the host note
             save_cluster(cluster, args.save_cluster)
         same = cal_work is not None and Path(args.cluster).resolve() == Path(args.run).resolve()
         d = project_details(args.run, cluster, nodes=args.nodes, layout=args.layout, work=cal_work if same else None)
+        if args.save_cluster and same:
+            save_cluster(with_host_note(cluster, d["estimate"].breakdown_s.get("other", 0.0)), args.save_cluster)
         if args.json:
             try:
                 with open(json_path, "w") as f:

@@ -27,6 +27,15 @@ def resolve_cluster(spec: str) -> tuple[Cluster, str, object]:
     return load_cluster(spec), "preset" if not path.suffix else f"file {spec}", None
 
 
+def with_host_note(cluster: Cluster, other_s: float) -> Cluster:
+    """The calibrated cluster with a note of the run's host time per step (what project carries over
+    as "other"): informational only -- no rate holds it, and `ptprof plan` on the file leaves it out."""
+    from dataclasses import replace
+    note = (f"host time per step of the calibration run: {other_s * 1e3:.3g} ms, carried over as 'other' by "
+            "ptprof project; not in these rates: ptprof plan on this file leaves it out (docs/whatif.md, 'Calibration')")
+    return replace(cluster, notes=(*cluster.notes, note))
+
+
 def save_cluster(cluster: Cluster, path: str) -> None:
     """Write a cluster as JSON that --cluster FILE loads back (cluster_to_dict)."""
     import json

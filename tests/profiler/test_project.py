@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -93,8 +94,14 @@ def test_save_cluster_round_trip(works, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "measured" in text and "predicted step" in text
     assert max(map(len, text.splitlines())) <= 100
-    loaded = load_cluster(str(out))
-    assert loaded == calibrate(works["ddp"])
+    loaded, cal = load_cluster(str(out)), calibrate(works["ddp"])
+    # the calibrated rates, plus a note of the host time project carried over ("other", which plan
+    # on this file leaves out)
+    assert replace(loaded, notes=loaded.notes[:-1]) == cal
+    other_s = project_details(run, cal, work=works["ddp"])["estimate"].breakdown_s["other"]
+    assert 1e-3 < other_s < 10e-3  # the README's 3.86 ms of 18 ms
+    assert loaded.notes[-1].startswith(f"host time per step of the calibration run: {other_s * 1e3:.3g} ms")
+    assert "ptprof plan on this file leaves it out" in loaded.notes[-1]
     js = tmp_path / "p.json"
     assert project_main([run, "--cluster", str(out), "--json", str(js)]) == 0
     doc = json.loads(js.read_text())
