@@ -55,9 +55,12 @@ def build_project_parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN", help="a run folder (traces/<run-id>/ with run.json)")
     p.add_argument("--cluster", required=True, metavar="C", help=_cluster_help())
     p.add_argument("--nodes", type=_whole_number(1, MAX_GPUS), metavar="N",
-                   help="nodes of the target (default: as many as the run's ranks need)")
+                   help="a check, not a placement: the nodes the layout must fill (GPUs per node come from the "
+                        "cluster; ranks are packed tp innermost); refused when it differs (default: as many as "
+                        "the layout fills)")
     p.add_argument("--layout", metavar="SPEC",
-                   help="dp=..,tp=..,pp=..[,zero=,mb=,m=,schedule=,v=,recompute=,sp=] (default: the run's own)")
+                   help="dp=..,tp=..,pp=..[,zero=,mb=,m=,schedule=,v=,recompute=,sp=], or a layout as plan prints "
+                        "it ('dp=2 tp=2 pp=2 z1 mb=1x8 i1f1b v=2 rc=sel sp') (default: the run's own)")
     p.add_argument("--json", metavar="FILE", help="write the projection as JSON (schema ptprof.projection/1)")
     p.add_argument("--save-cluster", metavar="FILE.json",
                    help="write the cluster used (e.g. the one calibrated from a run folder) as JSON, loadable by --cluster")
@@ -99,14 +102,18 @@ def project_main(argv: list[str] | None = None) -> int:
         from pathlib import Path
 
         from profiler.project import project_details
-        from profiler.project_text import projection_dict, projection_text, resolve_cluster, save_cluster
+        from profiler.project_text import projection_dict, projection_text, resolve_cluster, save_cluster, with_host_note
 
         json_path = _check_json_path(args.json)  # before the work, as plan and analyze
         cluster, how, cal_work = resolve_cluster(args.cluster)
-        if args.save_cluster:
+        if cal_work is None:  # a preset or file; a calibrated cluster's rates are what the run measured
+            warn_cluster("project", args.cluster, cluster)
+        if args.save_cluster:  # written before the work (a bad name fails fast), again below with the host note
             save_cluster(cluster, args.save_cluster)
         same = cal_work is not None and Path(args.cluster).resolve() == Path(args.run).resolve()
         d = project_details(args.run, cluster, nodes=args.nodes, layout=args.layout, work=cal_work if same else None)
+        if args.save_cluster and same:
+            save_cluster(with_host_note(cluster, d["estimate"].breakdown_s.get("other", 0.0)), args.save_cluster)
         if args.json:
             try:
                 with open(json_path, "w") as f:
@@ -114,10 +121,25 @@ def project_main(argv: list[str] | None = None) -> int:
             except OSError as e:
                 raise ValueError(f"--json {args.json}: cannot write ({e.strerror})") from None
         print(projection_text(d, cluster, how, args.run))
+        if args.save_cluster or args.json:  # the files written, as plan's `plan: F`
+            print()
+        if args.save_cluster:
+            print(f"cluster: {args.save_cluster}")
+        if args.json:
+            print(f"projection: {json_path}")
         return 0
     except (TraceError, ValueError) as e:
         _print_line(f"ptprof project: error: {e}", sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def warn_cluster(prog: str, spec: str, cluster) -> None:
+    """The cluster's plausibility warnings (profiler.cluster.cluster_warnings: likely unit
+    mistakes), one stderr line each: `ptprof <prog>: warning: <file>: ...`."""
+    from profiler.cluster import cluster_warnings
+
+    for w in cluster_warnings(cluster):
+        _print_line(f"ptprof {prog}: warning: {spec}: {w}", sys.stderr)
 
 
 def _parse_moe(text: str | None) -> tuple[int, int]:
@@ -174,6 +196,7 @@ def plan_main(argv: list[str] | None = None) -> int:
                              f"To plan on the cluster a run measured: ptprof project RUN --cluster RUN "
                              f"--save-cluster FILE.json, then --cluster FILE.json")
         cluster = load_cluster(args.cluster)
+        warn_cluster("plan", args.cluster, cluster)
         result = plan(spec, args.gpus, cluster)
         if not result.ranked:
             if result.min_memory_bytes is None:

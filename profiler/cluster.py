@@ -41,6 +41,14 @@ ALIASES = {
 }
 
 
+# GPUs close in spelling to a preset but different hardware (other HBM, PCIe instead of SXM, another
+# generation): "did you mean a100?" for them would silently swap the numbers. Squashed as ALIASES.
+OTHER_GPUS = frozenset({
+    "a10", "a30", "a40", "a800", "b100", "gb200", "gh200", "h20", "h800", "h100nvl", "l4", "l40", "l40s", "mi210",
+    "mi250", "mi250x", "mi300a", "mi325x", "mi355x", "p100", "t4", "v100", "v10032gb", "rtx4090", "rtx6000",
+})
+
+
 class ClusterError(ValueError):
     """A cluster that cannot be used: the message names the file or preset and the field."""
 
@@ -167,6 +175,13 @@ def load_cluster(spec: str | os.PathLike) -> Cluster:
     if path.suffix.lower() not in SUFFIXES:
         if path.exists():
             raise ClusterError(f"cluster file {spec}: not a .toml or .json file (presets: {presets})")
+        squashed = "".join(c for c in spec.strip().lower() if c not in " -_")
+        # a variant of a preset's GPU (a100-40gb, h100-pcie: a preset's name then a word) or another
+        # GPU (b100): real hardware with other numbers, not a misspelt preset (h1000, a10O)
+        variant = any(squashed.startswith(n) and any(c.isalpha() for c in squashed[len(n):]) for n in preset_names())
+        if squashed in OTHER_GPUS or variant:
+            raise ClusterError(f"cluster {spec}: no such preset, and a different GPU from the presets ({presets}): "
+                               "write its numbers in a .toml file (README, 'Clusters')")
         close = difflib.get_close_matches(spec.strip().lower(), preset_names() + list(ALIASES), n=1, cutoff=0.6)
         hint = f" (did you mean {_preset_key(close[0])}?)" if close else ""
         raise ClusterError(f"cluster {spec}: no such preset{hint}; presets: {presets}, or a .toml/.json file")
@@ -293,6 +308,35 @@ def _kind(v) -> str:
     if isinstance(v, str):
         return f"the string {v[:40]!r}"
     return {dict: "a table", list: "a list", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+# Unit mistakes a cluster file can make that stay inside BOUNDS (so load_cluster accepts them):
+# warned, not refused, as a CPU calibration legitimately yields a few GB/s and ms latencies.
+MIN_LATENCY_US = 0.1  # under 0.1 µs (100 ns) per message: no NIC or NVLink hop is that fast
+MAX_HBM_GIB = 1024  # 1 TiB per GPU: 5x today's largest (MI325X, 256 GB)
+MIN_GPU_HBM_GBPS = 10.0  # a GPU-like peak with under 10 GB/s of memory: TB/s written for GB/s
+GPU_LIKE_TFLOPS = 10.0
+
+
+def cluster_warnings(cluster: Cluster) -> list[str]:
+    """Plausibility warnings of a loaded cluster: numbers that load but are most likely a unit
+    mistake (Gb/s for GB/s, seconds for µs, MiB for GiB, TB/s for GB/s). Empty for the presets."""
+    out = []
+    intra, inter = cluster.intra, cluster.inter
+    if inter.bw_gbps > intra.bw_gbps:
+        out.append(f"inter.bw_gbps = {inter.bw_gbps:g} GB/s is above intra.bw_gbps = {intra.bw_gbps:g} GB/s: "
+                   "between nodes faster than inside one (Gb/s written for GB/s? 100 GbE is 12.5 GB/s)")
+    for key, link in (("intra", intra), ("inter", inter)):
+        if 0 < link.latency_us < MIN_LATENCY_US:
+            out.append(f"{key}.latency_us = {link.latency_us:g} µs is under {MIN_LATENCY_US:g} µs per message "
+                       "(seconds written for µs? 14e-6 s is 14 µs)")
+    if cluster.hbm_gib > MAX_HBM_GIB:
+        out.append(f"hbm_gib = {cluster.hbm_gib:g} GiB per GPU is over {MAX_HBM_GIB} GiB (MiB written for GiB? "
+                   f"48000 MiB is {48000 / 1024:g} GiB)")
+    if cluster.peak_tflops > GPU_LIKE_TFLOPS and cluster.hbm_gbps < MIN_GPU_HBM_GBPS:
+        out.append(f"hbm_gbps = {cluster.hbm_gbps:g} GB/s for a {cluster.peak_tflops:g} TFLOP/s peak is under "
+                   f"{MIN_GPU_HBM_GBPS:g} GB/s (TB/s written for GB/s? 0.864 TB/s is 864 GB/s)")
+    return out
 
 
 def cluster_to_dict(cluster: Cluster) -> dict:

@@ -10,6 +10,7 @@ pipeline's stages sit a node (or more) apart. docs/whatif.md.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields, replace
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
@@ -212,37 +213,72 @@ class Layout:
 _KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "ep": "ep", "cp": "cp", "zero": "zero", "mb": "microbatch",
          "microbatch": "microbatch", "m": "microbatches", "microbatches": "microbatches", "schedule": "schedule",
          "v": "stages_per_rank", "recompute": "recompute", "rc": "recompute", "sp": "sp"}
+# the short forms Layout.short() and plan's table (plan_report.compact) print, read back
+_SCHEDULE_NAMES = {**{s: s for s in SCHEDULES}, "i1f1b": "interleaved-1f1b", "interleaved": "interleaved-1f1b",
+                   "zb": "zero-bubble", "zb-h1": "zero-bubble"}
+_RECOMPUTE_NAMES = {"none": "none", "off": "none", "sel": "selective", "selective": "selective", "full": "full"}
+_FORMS = ("KEY=VALUE with KEY one of {keys}; mb=BxM (microbatch x microbatches); bare z0..z3 (zero), sp, "
+          "or a schedule ({schedules}, i1f1b, zb); rc=none|sel|selective|full")
+
+
+def _layout_items(text: str) -> list[tuple[str, str, str]]:
+    """(item as written, key, value) of `dp=8,tp=2 z1 mb=1x4 i1f1b v=2 rc=sel sp`: items split on
+    commas and/or spaces (`dp = 8` is one item); a bare token becomes its key and value."""
+    out = []
+    for item in re.sub(r"\s*=\s*", "=", text.strip()).replace(",", " ").split():
+        key, sep, value = item.partition("=")
+        key = key.lower()
+        if sep:
+            out.append((item, key, value))
+        elif re.fullmatch(r"z\d+", key):
+            out.append((item, "zero", key[1:]))
+        elif key == "sp":
+            out.append((item, "sp", "1"))
+        elif key in _SCHEDULE_NAMES:
+            out.append((item, "schedule", key))
+        else:
+            out.append((item, "", ""))
+    return out
 
 
 def parse_layout(text: str, base: Layout | None = None) -> tuple[Layout, set[str]]:
     """`dp=8,tp=8,pp=4[,zero=1,mb=1,m=64,schedule=1f1b,v=2,recompute=full,sp=1]` on top of `base`:
-    (the layout, the fields given). LayoutError naming the bad item."""
+    (the layout, the fields given). Also reads back what Layout.short() and plan's table print
+    (`dp=32 tp=2 pp=16 z1 mb=1x48 i1f1b v=6 rc=sel sp`). LayoutError naming the bad item."""
     out, given = base or Layout(), set()
+    forms = _FORMS.format(keys=", ".join(sorted(set(_KEYS))), schedules=", ".join(SCHEDULES))
     if not (text or "").strip(" ,"):  # an empty --layout is a mistake, not "one GPU"
         raise LayoutError(f"--layout {text!r}: empty; give KEY=VALUE items (e.g. dp=8,tp=2)")
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if not sep or key not in _KEYS:
-            raise LayoutError(f"--layout item {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(set(_KEYS)))}")
+    for item, key, value in _layout_items(text):
+        if key not in _KEYS:
+            raise LayoutError(f"--layout item {item!r}: expected {forms}")
         name = _KEYS[key]
-        if name in given:  # dp=2,dp=4 (or mb= and microbatch=): which one was meant?
-            raise LayoutError(f"--layout {key}={value}: {name} is given twice")
-        if name in ("schedule", "recompute"):
-            v = value.lower()
-        elif name == "sp":
-            if value.lower() not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
-                raise LayoutError(f"--layout sp={value!r}: 0 or 1")
-            v = value.lower() in ("1", "true", "yes", "on")
+        if name == "microbatch" and "x" in value.lower():  # mb=1x64: microbatch 1, 64 microbatches
+            b, _, m = value.lower().partition("x")
+            values = {"microbatch": b.strip(), "microbatches": m.strip()}
         else:
-            try:
-                v = int(value)
-            except ValueError:
-                raise LayoutError(f"--layout {key}={value!r}: a whole number is needed") from None
-        out, _ = replace(out, **{name: v}), given.add(name)
+            values = {name: value}
+        for name, value in values.items():
+            if name in given:  # dp=2,dp=4 (or mb= and microbatch=): which one was meant?
+                raise LayoutError(f"--layout {item}: {name} is given twice")
+            if name == "schedule":
+                if value.lower() not in _SCHEDULE_NAMES:
+                    raise LayoutError(f"--layout {item!r}: schedule one of {', '.join(SCHEDULES)} (or i1f1b, zb)")
+                v = _SCHEDULE_NAMES[value.lower()]
+            elif name == "recompute":
+                if value.lower() not in _RECOMPUTE_NAMES:
+                    raise LayoutError(f"--layout {item!r}: recompute one of none, sel (selective), full")
+                v = _RECOMPUTE_NAMES[value.lower()]
+            elif name == "sp":
+                if value.lower() not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+                    raise LayoutError(f"--layout sp={value!r}: 0 or 1")
+                v = value.lower() in ("1", "true", "yes", "on")
+            else:
+                try:
+                    v = int(value)
+                except ValueError:
+                    raise LayoutError(f"--layout {item!r}: a whole number is needed for {name}") from None
+            out, _ = replace(out, **{name: v}), given.add(name)
     if not given:
         raise LayoutError(f"--layout {text!r}: empty; give KEY=VALUE items, e.g. dp=8,tp=8,pp=4")
     if out.schedule == "interleaved-1f1b" and out.stages_per_rank == 1:

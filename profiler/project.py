@@ -33,7 +33,7 @@ import polars as pl
 
 from profiler.cluster import Cluster
 from profiler.commcost import TRAFFIC_FACTOR, collective_s, group_link
-from profiler.costmodel_ops import model_flops_per_sequence
+from profiler.costmodel_ops import model_flops_per_sequence, sm_count
 from profiler.discover import read_manifest
 from profiler.errors import TraceError
 from profiler.layout import Estimate, Layout, LayoutError, ModelSpec, group_stride
@@ -289,7 +289,9 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
     cov["conv_us"] = float(work.ops.filter(pl.col("klass") == "conv")["dur_us"].sum())
     assumptions = [
         f"compute: the run's measured ops re-timed on {cluster.name} by the cost model's roofline "
-        f"(GEMMs at gemm_efficiency {cluster.gemm_efficiency:g} of peak with wave quantization, or HBM-bound; "
+        f"(GEMMs at gemm_efficiency {cluster.gemm_efficiency:g} of peak "
+        + (f"with wave quantization over {sms} SMs" if (sms := sm_count(cluster)) else
+           "without wave quantization (no SM count: a CPU or an unknown GPU)") + ", or HBM-bound; "
         f"memory-bound ops at hbm_efficiency {cluster.hbm_efficiency:g}); "
         f"{cov['known_pct'] or 0:.0f} % of the measured compute time has its work known from shapes, the rest is "
         f"scaled by the same ratio (target/measured = {proj['rho']:.3g})",

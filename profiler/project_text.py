@@ -6,7 +6,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from profiler.cluster import Cluster, ClusterError, cluster_to_dict, load_cluster
+from profiler.cluster import Cluster, ClusterError, cluster_to_dict, load_cluster, preset_names
 
 PROJECTION_SCHEMA = "ptprof.projection/1"
 WIDTH = 100
@@ -16,12 +16,24 @@ def resolve_cluster(spec: str) -> tuple[Cluster, str, object]:
     """--cluster: a run folder (its measured cluster, calibrated), a preset or a cluster file.
     (cluster, how it was obtained, the run's RunWork or None). ClusterError / TraceError /
     ValueError with one line."""
+    if not spec.strip():  # Path("") is the current folder: say it is empty, not "no run.json in ."
+        raise ClusterError(f"--cluster {spec!r}: empty; give a preset ({', '.join(preset_names())}), a .toml/.json "
+                           "cluster file or a run folder")
     path = Path(spec)
     if path.is_dir():
         from profiler.project_measure import calibrate, measure_run
         work = measure_run(path)
         return calibrate(work), f"calibrated from the run {path}", work
     return load_cluster(spec), "preset" if not path.suffix else f"file {spec}", None
+
+
+def with_host_note(cluster: Cluster, other_s: float) -> Cluster:
+    """The calibrated cluster with a note of the run's host time per step (what project carries over
+    as "other"): informational only -- no rate holds it, and `ptprof plan` on the file leaves it out."""
+    from dataclasses import replace
+    note = (f"host time per step of the calibration run: {other_s * 1e3:.3g} ms, carried over as 'other' by "
+            "ptprof project; not in these rates: ptprof plan on this file leaves it out (docs/whatif.md, 'Calibration')")
+    return replace(cluster, notes=(*cluster.notes, note))
 
 
 def save_cluster(cluster: Cluster, path: str) -> None:
@@ -52,7 +64,8 @@ def projection_dict(d: dict, cluster: Cluster, how: str, run_dir: str) -> dict:
     return {"schema": PROJECTION_SCHEMA, "run": run_dir, "cluster": cluster_to_dict(cluster), "cluster_from": how,
             "nodes": d["nodes"], "own_layout": d["own_layout"].as_dict(), "measured_step_s": d["measured_step_s"],
             "measured_on_target": same, "coverage": d["coverage"], "source_cluster": cluster_to_dict(d["source"]),
-            "per_rank": d.get("per_rank"), "estimate": est.as_dict()}
+            # per-rank numbers exist for the run's own layout only (another layout is the cost model's)
+            "per_rank": d.get("per_rank") if est.layout == d["own_layout"] else None, "estimate": est.as_dict()}
 
 
 def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
@@ -77,7 +90,9 @@ def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
         step += f"    (measured on its own hardware: {_ms(d['measured_step_s'])})"
     lines.append(step)
     pr = d.get("per_rank")
-    if pr and len(pr["ranks"]) > 1:  # both sides: the slowest rank's mean over the profiled steps
+    # both sides: the slowest rank's mean over the profiled steps. Only for the run's own layout:
+    # under --layout these would be the own layout's ranks, not the projected layout's
+    if own and pr and len(pr["ranks"]) > 1:
         p_lo, p_hi = min(pr["projected_s"]), max(pr["projected_s"])
         m_lo, m_hi = min(pr["measured_s"]), max(pr["measured_s"])
         lines += textwrap.wrap(f"per rank: projected {p_lo * 1e3:.4g}-{p_hi * 1e3:.4g} ms, measured {m_lo * 1e3:.4g}-"

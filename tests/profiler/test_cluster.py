@@ -18,6 +18,7 @@ from profiler.cluster import (
     PRESET_DIR,
     cluster_from_dict,
     cluster_to_dict,
+    cluster_warnings,
     load_cluster,
     preset_names,
 )
@@ -348,3 +349,61 @@ def test_hbm_reserve_field(tmp_path):
     assert "hbm_reserve_gib = 24 leaves nothing" in msg
     msg = _refusal(tmp_path, FULL_TOML.replace("hbm_gib = 24", "hbm_gib = 24\nhbm_reserve_gib = -1"))
     assert "hbm_reserve_gib" in msg and ">= 0" in msg
+
+
+# The README's lab cluster with the unit mistakes a new user makes: 100 GbE written as 100 (Gb/s,
+# not GB/s), latency in seconds, HBM in MiB, HBM bandwidth in TB/s. All load; each is warned.
+@pytest.mark.parametrize("old, new, words", [
+    ("bw_gbps = 12.5", "bw_gbps = 100", "inter.bw_gbps = 100 GB/s is above intra.bw_gbps = 25 GB/s"),
+    ("latency_us = 20", "latency_us = 14e-6", "inter.latency_us = 1.4e-05 µs is under 0.1 µs"),
+    ("latency_us = 5.0", "latency_us = 0.05", "intra.latency_us = 0.05 µs is under 0.1 µs"),
+    ("hbm_gib = 24", "hbm_gib = 48000", "hbm_gib = 48000 GiB per GPU is over 1024 GiB (MiB written for GiB?"),
+    ("hbm_gbps = 900.0", "hbm_gbps = 0.864", "hbm_gbps = 0.864 GB/s for a 100 TFLOP/s peak is under 10 GB/s"),
+])
+def test_likely_unit_mistakes_load_with_a_warning(tmp_path, old, new, words):
+    path = tmp_path / "lab.toml"
+    path.write_text(_toml_with(old, new))
+    warnings = cluster_warnings(load_cluster(str(path)))
+    assert len(warnings) == 1 and words in warnings[0]
+    path.write_text(FULL_TOML)
+    assert cluster_warnings(load_cluster(str(path))) == []
+
+
+def test_cpu_like_numbers_and_the_presets_raise_no_warning():
+    # a CPU calibration: a few GB/s of memory, ms latencies, inter = intra (one link)
+    link = Link("gloo", 3.0, 2000.0)
+    cpu = Cluster("cpu", peak_tflops=0.2, hbm_gib=64, hbm_gbps=4.0, gpus_per_node=2, intra=link, inter=link)
+    assert cluster_warnings(cpu) == []
+    assert cluster_warnings(Cluster("zero latency", 100, 24, 900, 4, Link("a", 25, 0.0), Link("b", 12.5, 0.0))) == []
+    for name in preset_names():
+        assert cluster_warnings(load_cluster(name)) == [], name
+
+
+def test_project_and_plan_print_the_warnings_on_stderr(tmp_path, capsys):
+    from profiler.cli_whatif import plan_main, project_main
+
+    path = tmp_path / "lab.toml"
+    path.write_text(_toml_with("bw_gbps = 12.5", "bw_gbps = 100"))
+    assert project_main([str(REPO / "traces" / "sample-ddp-2r"), "--cluster", str(path)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"ptprof project: warning: {path}: inter.bw_gbps = 100 GB/s is above intra.bw_gbps = 25 GB/s: "
+                   "between nodes faster than inside one (Gb/s written for GB/s? 100 GbE is 12.5 GB/s)"]
+    assert plan_main(["--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "32", "--global-batch", "4",
+                      "--gpus", "2", "--cluster", str(path)]) == 0
+    assert capsys.readouterr().err.startswith(f"ptprof plan: warning: {path}: inter.bw_gbps = 100 GB/s")
+
+
+@pytest.mark.parametrize("spec", ["a100-40gb", "h100-pcie", "H100 NVL", "b100", "a10", "v100"])
+def test_a_different_gpu_is_not_offered_a_preset(spec):
+    # "did you mean a100?" for an A100 40GB would swap in 80 GB of HBM without a word
+    with pytest.raises(ClusterError) as e:
+        load_cluster(spec)
+    msg = str(e.value)
+    assert f"cluster {spec}: no such preset, and a different GPU from the presets (a100, b200, h100, h200, mi300x)" in msg
+    assert "did you mean" not in msg and "write its numbers in a .toml file" in msg
+
+
+@pytest.mark.parametrize("spec, stem", [("h10", "h100"), ("a10O", "a100"), ("h1000", "h100"), ("mi30x", "mi300x")])
+def test_a_typo_of_a_preset_keeps_the_suggestion(spec, stem):
+    with pytest.raises(ClusterError, match=rf"no such preset \(did you mean {stem}\?\)"):
+        load_cluster(spec)

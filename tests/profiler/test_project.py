@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -93,8 +94,14 @@ def test_save_cluster_round_trip(works, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "measured" in text and "predicted step" in text
     assert max(map(len, text.splitlines())) <= 100
-    loaded = load_cluster(str(out))
-    assert loaded == calibrate(works["ddp"])
+    loaded, cal = load_cluster(str(out)), calibrate(works["ddp"])
+    # the calibrated rates, plus a note of the host time project carried over ("other", which plan
+    # on this file leaves out)
+    assert replace(loaded, notes=loaded.notes[:-1]) == cal
+    other_s = project_details(run, cal, work=works["ddp"])["estimate"].breakdown_s["other"]
+    assert 1e-3 < other_s < 10e-3  # the README's 3.86 ms of 18 ms
+    assert loaded.notes[-1].startswith(f"host time per step of the calibration run: {other_s * 1e3:.3g} ms")
+    assert "ptprof plan on this file leaves it out" in loaded.notes[-1]
     js = tmp_path / "p.json"
     assert project_main([run, "--cluster", str(out), "--json", str(js)]) == 0
     doc = json.loads(js.read_text())
@@ -249,3 +256,21 @@ def test_a_run_without_shapes_is_refused(tmp_path, capsys):
             (e.get("args") or {}).pop("Input Dims", None)
         f.write_bytes(gzip.compress(json.dumps(doc).encode()))
     assert "record_shapes" in _error([str(run), "--cluster", "h100"], capsys)
+
+
+def test_files_written_are_named_and_an_empty_cluster_is_said_empty(works, tmp_path, capsys):
+    run, cal, js = str(SAMPLES / "sample-ddp-2r"), tmp_path / "cal.json", tmp_path / "p.json"
+    assert project_main([run, "--cluster", "h100", "--save-cluster", str(cal), "--json", str(js)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == [f"cluster: {cal}", f"projection: {js}"] and cal.exists() and js.exists()
+    # Path("") is the current folder: it was read as a run folder ("no run.json" in ".")
+    assert _error([run, "--cluster", ""], capsys) == ("ptprof project: error: --cluster '': empty; give a preset "
+                                                      "(a100, b200, h100, h200, mi300x), a .toml/.json cluster file or a run folder")
+
+
+def test_wave_quantization_is_claimed_only_with_an_sm_count(works):
+    work = works["ddp"]
+    cpu = project_details(work.run_dir, calibrate(work), work=work)["estimate"].assumptions[0]
+    assert "without wave quantization (no SM count: a CPU or an unknown GPU)" in cpu
+    h100 = project_details(work.run_dir, load_cluster("h100"), work=work)["estimate"].assumptions[0]
+    assert "with wave quantization over 132 SMs" in h100  # H100 SXM5: 132 SMs (NVIDIA H100 whitepaper)

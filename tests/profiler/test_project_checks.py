@@ -210,3 +210,15 @@ def test_gemm_wrappers_and_convolutions(tmp_path):
 def test_a_mesh_degree_not_a_number_is_refused(tmp_path, capsys):
     run = _copy(tmp_path, edit=lambda m: m["mesh"].update(dp="2"))
     assert "mesh.dp is '2'" in _error([run, "--cluster", "h100"], capsys)
+
+
+def test_per_rank_line_only_for_the_runs_own_layout(tmp_path, capsys):
+    # The per-rank spread is of the run's own layout's ranks: printed beside another layout's
+    # prediction it read as that layout's range (sample-1f1b --layout dp=2: 18.6 ms outside it)
+    run, js = SAMPLES / "sample-ddp-2r", tmp_path / "p.json"
+    assert project_main([str(run), "--cluster", "h100", "--json", str(js)]) == 0
+    assert "per rank: projected" in capsys.readouterr().out
+    assert len(json.loads(js.read_text())["per_rank"]["ranks"]) == 2
+    assert project_main([str(run), "--cluster", "h100", "--layout", "dp=2,zero=1", "--json", str(js)]) == 0
+    assert "per rank: projected" not in capsys.readouterr().out
+    assert json.loads(js.read_text())["per_rank"] is None
