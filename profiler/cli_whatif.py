@@ -191,7 +191,7 @@ def plan_main(argv: list[str] | None = None) -> int:
                          params=args.params, flash_attention=args.flash_attention)
         spec.check()
         params_note = _check_params(spec, args.params)
-        if Path(args.cluster).is_dir():  # a run folder calibrates a cluster in `project` only
+        if args.cluster.strip() and Path(args.cluster).is_dir():  # a run folder calibrates in `project` only
             raise ValueError(f"--cluster {args.cluster}: a folder; plan takes a preset or a .toml/.json cluster file. "
                              f"To plan on the cluster a run measured: ptprof project RUN --cluster RUN "
                              f"--save-cluster FILE.json, then --cluster FILE.json")

@@ -236,3 +236,13 @@ def test_header_grammar_and_attention_pricing(capsys):
     assert "GQA/MQA not modelled" in flat and "1 nodes" not in flat
     code, out, err = _run(capsys, MODEL + ["--gpus", "8", "--cluster", "a100", "--flash-attention"])
     assert "attention: fused (FlashAttention)" in " ".join(out.split())
+
+
+def test_an_empty_cluster_is_named_empty_not_a_folder(capsys):
+    # "" resolves to the current folder; the user gave nothing, so say that, not "a folder".
+    from profiler.cli_whatif import plan_main
+
+    rc = plan_main(["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--global-batch", "8",
+                    "--gpus", "2", "--cluster", ""])
+    err = capsys.readouterr().err
+    assert rc == 2 and "give a preset" in err and "a folder" not in err and len(err.strip().splitlines()) == 1
