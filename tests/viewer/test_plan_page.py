@@ -250,6 +250,19 @@ def test_presets_fill_valid_models(plan_page):
     assert ModelSpec(**gpt3).count_params() == pytest.approx(175e9, rel=0.02)  # GPT-3's 175B
 
 
+def test_the_mixtral_preset_counts_mixtral_s_published_size(plan_page):
+    """Mixtral 8x7B: 46.7 B total parameters (Jiang et al. 2024). Its SwiGLU width 14336 is passed as
+    ffn = 1.5 x 14336 = 21504 (three matrices of hidden x 14336 = two of hidden x 21504); without GQA
+    (8 KV heads of 32 count as 32) K and V add 32 layers x 2 x 4096 x 3072 = 0.81 B: within 2 %."""
+    from profiler.layout import ModelSpec
+
+    label, dims = plan_page.MODEL_PRESETS["mixtral-8x7b"]
+    assert dims["ffn"] == 21504
+    counted = ModelSpec(**dims).count_params()
+    assert counted == pytest.approx(46.7e9, rel=0.02)
+    assert f"{counted / 1e9:.1f}B counted" in label and "GQA" in label
+
+
 def test_a_good_form_gives_the_ranked_table(plan_page):
     """The real planner (profiler.plan) on a small model on 8 GPUs: a table of ranked layouts."""
     form = {**GOOD, "cluster": plan_page._presets()[0]} if "h100" not in plan_page._presets() else GOOD
