@@ -32,9 +32,11 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from profiler import costmodel
 from profiler.cluster import Cluster
 from profiler.costmodel import NoStepError
 from profiler.layout import RECOMPUTE, Estimate, Layout, ModelSpec, divisors
+from profiler.plan_memory import memory_per_gpu
 
 EstimateFn = Callable[[ModelSpec, Layout, Cluster], Estimate]
 MemoryFn = Callable[[ModelSpec, Layout], dict]
@@ -89,15 +91,11 @@ class PlanResult:
 
 
 def _real_estimate(spec: ModelSpec, layout: Layout, cluster: Cluster) -> Estimate:
-    from profiler.costmodel import estimate
-
-    return estimate(spec, layout, cluster, detail=False)  # the top's details: _detailed
+    return costmodel.estimate(spec, layout, cluster, detail=False)  # the top's details: _detailed
 
 
 def _detailed(spec: ModelSpec, est: Estimate, cluster: Cluster) -> Estimate:
-    from profiler.costmodel import estimate
-
-    return estimate(spec, est.layout, cluster)
+    return costmodel.estimate(spec, est.layout, cluster)
 
 
 class PlanTooLong(ValueError):
@@ -115,8 +113,6 @@ def _until(deadline: float, fn):
 
 
 def _real_memory(spec: ModelSpec, layout: Layout) -> dict:
-    from profiler.plan_memory import memory_per_gpu
-
     return memory_per_gpu(spec, layout)
 
 

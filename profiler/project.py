@@ -31,12 +31,14 @@ from pathlib import Path
 
 import polars as pl
 
+from profiler import costmodel
 from profiler.cluster import Cluster
 from profiler.commcost import TRAFFIC_FACTOR, collective_s, group_link
 from profiler.costmodel_ops import model_flops_per_sequence, sm_count
 from profiler.discover import read_manifest
 from profiler.errors import TraceError
 from profiler.layout import Estimate, Layout, LayoutError, ModelSpec, group_stride
+from profiler.plan_memory import memory_per_gpu
 from profiler.pipeline import pp_coordinates, simulate_order
 from profiler.pipeline_order import action_durations, ideal_order
 from profiler.project_run import fill_layout, run_layout, run_spec  # noqa: F401 (re-exported)
@@ -248,13 +250,9 @@ def model_flops_per_step(spec: ModelSpec) -> float:
                                     spec.top_k if spec.moe else 0, spec.moe_layers) * spec.global_batch
 
 
-def memory_of(spec: ModelSpec, layout: Layout) -> tuple[dict[str, int], str | None]:
-    """Memory per GPU from profiler.plan_memory (the costmodel helper's), or (empty, why)."""
-    try:
-        from profiler.plan_memory import memory_per_gpu
-        return {k: int(v) for k, v in memory_per_gpu(spec, layout).items()}, None
-    except NotImplementedError:
-        return {}, "memory per GPU: profiler.plan_memory is not implemented yet"
+def memory_of(spec: ModelSpec, layout: Layout) -> dict[str, int]:
+    """Memory per GPU from profiler.plan_memory (the cost model's), in whole bytes."""
+    return {k: int(v) for k, v in memory_per_gpu(spec, layout).items()}
 
 
 def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None, layout: Layout | str | None = None,
@@ -311,14 +309,12 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
     if proj["pipeline"]:
         assumptions.append("pipeline: the schedule's order replayed (simulate_order) with each action's duration "
                            "re-timed by its own ops; p2p re-timed under α–β, the rest of the measured step carried over")
-    mem, mem_why = memory_of(spec, target)
+    mem = memory_of(spec, target)
     if target == own:
         step_s, breakdown = proj["step_s"], proj["breakdown_s"]
     else:
         step_s, breakdown, extra, other_dominant = _other_layout(spec, own, target, cluster, proj)
         assumptions += extra
-    if mem_why:
-        assumptions.append(mem_why)
     peak = cluster.peak_tflops * 1e12
     mfu = 100.0 * model_flops_per_step(spec) / (step_s * target.gpus * peak) if step_s > 0 else None
     if not (math.isfinite(step_s) and step_s > 0) or any(not math.isfinite(v) or v < 0 for v in breakdown.values()):
@@ -340,11 +336,7 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
 def _other_layout(spec: ModelSpec, own: Layout, target: Layout, cluster: Cluster, proj: dict):
     """(step_s, breakdown, assumptions, dominant) of another layout: costmodel.estimate with compute_scale =
     trace-driven compute on the target / analytical compute of the run's own layout on the target."""
-    from profiler import costmodel
-    try:
-        analytic_own = costmodel.estimate(spec, own, cluster)
-    except NotImplementedError:
-        raise ValueError("--layout: another layout needs profiler.costmodel.estimate, not implemented yet") from None
+    analytic_own = costmodel.estimate(spec, own, cluster)
     a_compute = analytic_own.breakdown_s.get("compute", 0.0)
     t_compute = proj["breakdown_s"].get("compute", 0.0)
     scale = t_compute / a_compute if a_compute > 0 else None

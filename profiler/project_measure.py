@@ -360,6 +360,3 @@ def _fit_peak(flop_ops: pl.DataFrame, base: Cluster) -> tuple[float, str]:
         lo, hi = (mid, hi) if total(mid) > measured_s else (lo, mid)
     return math.sqrt(lo * hi), "the peak at which the roofline times of its matmul/attention ops sum to their measured time"
 
-
-def finite_positive(x: float | None) -> bool:
-    return x is not None and math.isfinite(x) and x > 0

@@ -155,10 +155,9 @@ def gemm_shape(name: str, dims: list) -> tuple[int, int, int, int] | None:
     return None
 
 
-def matmul_flops(name: str, dims: list) -> float | None:
-    """2·batch·m·n·k of one matmul-class op, None if its shapes are unreadable."""
-    g = gemm_shape(name, dims)
-    return None if g is None else 2.0 * math.prod(g)
+def matmul_flops(gemm: tuple[int, int, int, int] | None) -> float | None:
+    """2·batch·m·n·k of a matmul of shape (batch, m, n, k) (gemm_shape), None if unreadable."""
+    return None if gemm is None else 2.0 * math.prod(gemm)
 
 
 def attention_shape(dims: list, *, backward: bool) -> tuple[int, int, int, int] | None:
@@ -172,10 +171,10 @@ def attention_shape(dims: list, *, backward: bool) -> tuple[int, int, int, int] 
         return None
 
 
-def attention_flops(dims: list, *, backward: bool) -> float | None:
-    """4·B·H·Sq·Sk·D (QK^T and PV; twice that for the backward), None if unreadable."""
-    a = attention_shape(dims, backward=backward)
-    return None if a is None else (2 if backward else 1) * 4.0 * math.prod(a)
+def attention_flops(attn: tuple[int, int, int, int] | None, *, backward: bool) -> float | None:
+    """4·B·H·Sq·Sk·D of attention of shape (B·H, Sq, Sk, D) (attention_shape): QK^T and PV; twice
+    that for the backward. None if unreadable."""
+    return None if attn is None else (2 if backward else 1) * 4.0 * math.prod(attn)
 
 
 def memory_bytes(dims: list, types: list) -> float | None:
@@ -202,11 +201,11 @@ def op_work(name: str, dims, types) -> tuple[str, float | None, float | None, tu
     elem = next((TYPE_BYTES[t] for t in types if t in TYPE_BYTES), None)
     if name in MATMUL:
         g = gemm_shape(name, dims)
-        return "matmul", (None if g is None else 2.0 * math.prod(g)), memory_bytes(dims, types), g, elem
+        return "matmul", matmul_flops(g), memory_bytes(dims, types), g, elem
     if name in ATTENTION or name in ATTENTION_BACKWARD:
         bwd = name in ATTENTION_BACKWARD
         a = attention_shape(dims, backward=bwd)
-        return "attention", (None if a is None else (2 if bwd else 1) * 4.0 * math.prod(a)), memory_bytes(dims, types), a, elem
+        return "attention", attention_flops(a, backward=bwd), memory_bytes(dims, types), a, elem
     if name.startswith(CONV_PREFIXES):
         return "conv", None, None, None, elem
     b = memory_bytes(dims, types)
