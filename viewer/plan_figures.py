@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 from dash import dash_table, dcc, html
 
+from profiler.plan_report import compact, exposed_comm_s
 from viewer.figures import CATEGORY_COLORS, _empty
 
 TOP_MAX = 20  # layouts drawn and tabled at most: a plan may rank thousands
@@ -44,7 +45,7 @@ MEMORY_PARTS = [("params", "parameters", "#4C78A8"), ("grads", "gradients", "#F5
                 ("optimizer", "optimizer state", "#54A24B"), ("activations", "activations", "#B279A2")]
 TABLE_COLUMNS = [  # (id, header, numeric)
     ("rank", "rank", True), ("layout", "layout", False), ("step_s", "step (s)", True), ("mfu_pct", "MFU %", True),
-    ("memory_gib", "memory GiB", True), ("hbm_pct", "% of HBM", True), ("exposed_comm_s", "exposed comm (s)", True),
+    ("memory_gib", "memory GiB", True), ("hbm_pct", "% of usable HBM", True), ("exposed_comm_s", "exposed comm (s)", True),
     ("bubble_pct", "bubble %", True), ("note", "note", False),
 ]
 
@@ -107,11 +108,6 @@ def _round3(v) -> float | None:
     return round(v, 2 - math.floor(math.log10(abs(v))))
 
 
-def exposed_comm_s(estimate) -> float:
-    """Exposed communication of a step: the sum of its `comm_exposed:<dim>` parts."""
-    return sum(v for k, v in estimate.breakdown_s.items() if k.startswith("comm_exposed") and _finite(v) is not None)
-
-
 def breakdown_label(key: str) -> str:
     if key in BREAKDOWN_STYLE:
         return BREAKDOWN_STYLE[key][0]
@@ -140,22 +136,23 @@ def breakdown_color(key: str, others: list[str]) -> str:
 
 
 def plan_table_rows(entries: list[PlanEntry], flags=None) -> list[dict]:
-    """One row per entry (TABLE_COLUMNS): rank, layout text, step, MFU, memory per GPU and its
-    share of HBM, exposed communication, bubble as a share of the step (as the CLI); `note` says
+    """One row per entry (TABLE_COLUMNS): rank, layout (plan_report.compact, as the CLI's table),
+    step, MFU, memory per GPU and its share of the usable HBM (what `fits` compares with; none
+    where the estimate does not carry it), exposed communication (plan_report.exposed_comm_s), bubble as a share of the step (as the CLI); `note` says
     rule of thumb / does not fit, and `flags(estimate)`'s words (tight, unvalidated features)."""
     rows = []
     for e in entries:
         est = e.estimate
         total = est.memory_bytes.get("total")
-        hbm = est.hbm_bytes
+        usable = _finite(getattr(est, "usable_hbm_bytes", None))
         notes = ([ROT] if e.rule_of_thumb else []) + ([] if est.fits else ["does not fit HBM"])
         notes += list(flags(est)) if flags is not None else []
         step = _finite(est.step_s)
         rows.append({
-            "id": e.label, "rank": e.rank, "layout": est.layout.short(), "step_s": _round3(est.step_s),
+            "id": e.label, "rank": e.rank, "layout": compact(est.layout), "step_s": _round3(est.step_s),
             "mfu_pct": _round3(est.mfu_pct),
             "memory_gib": _round3(total / GIB) if _finite(total) is not None else None,
-            "hbm_pct": _round3(100 * total / hbm) if _finite(total) is not None and _finite(hbm) else None,
+            "hbm_pct": _round3(100 * total / usable) if _finite(total) is not None and usable else None,
             "exposed_comm_s": _round3(exposed_comm_s(est)), "bubble_pct": _round3(100 * est.breakdown_s.get("bubble", 0.0) / step) if step else None,
             "note": ", ".join(notes), "rule_of_thumb": e.rule_of_thumb,
         })
@@ -199,7 +196,7 @@ def build_plan_breakdown_figure(entries: list[PlanEntry]) -> go.Figure:
     keys = [k for k in breakdown_keys(entries) if any(_finite(e.estimate.breakdown_s.get(k)) for e in entries)]
     others = [k for k in keys if k not in BREAKDOWN_STYLE]
     x = [e.label for e in entries]
-    hover = [e.estimate.layout.short() for e in entries]
+    hover = [compact(e.estimate.layout) for e in entries]
     fig = go.Figure()
     for key in keys:
         y = [_finite(e.estimate.breakdown_s.get(key, 0.0)) or 0.0 for e in entries]
@@ -237,7 +234,7 @@ def build_plan_memory_figure(entries: list[PlanEntry], hbm_bytes: int | None = N
     hbm = _finite(hbm_bytes if hbm_bytes is not None else entries[0].estimate.hbm_bytes)
     parts = [memory_parts_gib(e.estimate) for e in entries]
     x = [e.label for e in entries]
-    hover = [e.estimate.layout.short() for e in entries]
+    hover = [compact(e.estimate.layout) for e in entries]
     fig = go.Figure()
     for key, name, color in MEMORY_PARTS + [("other", "other", "#9CA3AF")]:
         if key == "other" and not any("other" in p for p in parts):
@@ -260,58 +257,8 @@ def build_plan_memory_figure(entries: list[PlanEntry], hbm_bytes: int | None = N
 
 
 # ---------------------------------------------------------------------------------------------
-# Lines: why the best win, where the rule of thumb ranks, what was refused, what is assumed
-
-
-def _biggest_differences(a, b, n: int = 2) -> list[str]:
-    keys = list(dict.fromkeys([*a.breakdown_s, *b.breakdown_s]))
-    diffs = sorted(((_finite(b.breakdown_s.get(k, 0.0)) or 0.0) - (_finite(a.breakdown_s.get(k, 0.0)) or 0.0), k) for k in keys)
-    diffs = [d for d in reversed(diffs) if d[0] > 0][:n]
-    return [f"{breakdown_label(k)} {sig3(a.breakdown_s.get(k, 0.0), ' s')} vs {sig3(b.breakdown_s.get(k, 0.0), ' s')}" for _, k in diffs]
-
-
-def _versus(a, b, what: str) -> str:
-    gap = b.step_s - a.step_s
-    pct = f" ({sig3(100 * gap / b.step_s)} %)" if b.step_s else ""
-    where = _biggest_differences(a, b)
-    return f"#1 beats {what} ({b.layout.short()}) by {sig3(gap, ' s')}{pct}" + (": " + "; ".join(where) if where else "")
-
-
-def why_lines(result) -> list[str]:
-    """The planner's own lines on why the best win where it gives them (`why`), else the
-    breakdown parts that separate #1 from #2 and from the rule of thumb."""
-    given = getattr(result, "why", None)
-    if isinstance(given, (list, tuple)) and given:
-        return [str(x) for x in given]
-    if not result.ranked:
-        return []
-    best = result.ranked[0]
-    lines = [f"#1 {best.layout.short()}: {sig3(best.step_s, ' s')} per step" + (f", MFU {sig3(best.mfu_pct)} %" if _finite(best.mfu_pct) is not None else "")]
-    if len(result.ranked) > 1:
-        lines.append(_versus(best, result.ranked[1], "#2"))
-    rot = result.rule_of_thumb
-    if rot is not None and result.rule_of_thumb_rank not in (None, 1, 2) and _finite(rot.step_s) is not None:
-        lines.append(_versus(best, rot, "the rule of thumb"))
-    return lines
-
-
-def rule_of_thumb_line(result) -> str:
-    """Where the rule-of-thumb layout ranks, or why there is none (profiler.plan's `rule` says
-    why the rule chose it, or that none of its layouts divides and fits)."""
-    rot, rank, rule = result.rule_of_thumb, result.rule_of_thumb_rank, getattr(result, "rule", None)
-    why = f" ({rule.why})" if rule is not None and getattr(rule, "why", "") else ""
-    if rot is None:
-        if rule is not None and rule.layout is not None:
-            return f"Rule of thumb ({rule.layout.short()}): the cost model finds it does not fit{why}."
-        return f"Rule of thumb: {rule.why}." if rule is not None else "The planner gave no rule-of-thumb layout."
-    text = f"Rule of thumb ({rot.layout.short()})"
-    if rank is None:
-        total = rot.memory_bytes.get("total")
-        need = f": needs {sig3(total / GIB)} GiB per GPU of {sig3(rot.hbm_bytes / GIB)} GiB HBM" if _finite(total) is not None else ""
-        return f"{text} does not fit{need}{why}."
-    best = result.ranked[0].step_s if result.ranked else None
-    slower = f", {sig3(rot.step_s / best)}× the best step" if best and rank > 1 else ""
-    return f"{text} ranks #{rank} of {len(result.ranked)} fitting layouts{slower}{why}."
+# Lines: what was refused, what is assumed (why the best win and where the rule of thumb ranks are
+# profiler.plan_report's lines, the CLI's, handed in by the page)
 
 
 def refused_lines(result) -> list[str]:
@@ -358,16 +305,13 @@ def _ul(lines: list[str], cls: str = ""):
     return html.Ul([html.Li(line) for line in lines], className=cls)
 
 
-def plan_children(result, *, top: int, heading, table_id: str, font: str, graph_config: dict | None = None,
-                  why: list[str] | None = None, rule_text: str | None = None, cautions: list[str] | None = None,
-                  flags=None):
+def plan_children(result, *, top: int, heading, table_id: str, font: str, why: list[str], rule_text: str,
+                  graph_config: dict | None = None, cautions: list[str] | None = None, flags=None):
     """The result area for a PlanResult: a summary line, the ranked table, the breakdown and
-    memory figures, why the best win (`why`: the CLI's lines, profiler.plan_report; else
-    why_lines), where the rule of thumb ranks (`rule_text`, else rule_of_thumb_line), what was
-    refused and what is assumed. No fitting layout: says so with the refusals, never a blank area."""
+    memory figures, why the best win (`why`) and where the rule of thumb ranks (`rule_text`): the
+    CLI's lines (profiler.plan_report.why_lines, rule_line), then what was refused and what is
+    assumed. No fitting layout: says so with the refusals, never a blank area."""
     summary = html.P(heading, className="hint")
-    why = why or why_lines(result)
-    rule_text = rule_text or rule_of_thumb_line(result)
     if not result.ranked:
         need = _finite(getattr(result, "min_memory_bytes", None))
         head = (f"No layout fits: the smallest memory need of any layout is {sig3(need / GIB)} GiB per GPU (more GPUs, a "

@@ -16,6 +16,7 @@ from viewer import ids
 from viewer.plan_figures import (
     PURE_PLAN_LINE,
     ROT_OUTLINE,
+    TABLE_COLUMNS,
     TOP_MAX,
     UNATTRIBUTED,
     assumption_lines,
@@ -25,12 +26,11 @@ from viewer.plan_figures import (
     plan_entries,
     plan_table_rows,
     refused_lines,
-    rule_of_thumb_line,
-    why_lines,
 )
 
 GiB = 2**30
 HBM = 80 * GiB
+USABLE = 78 * GiB  # HBM less a 2 GiB reserve: what `fits` and the table's "% of usable HBM" compare with
 
 
 def _est(dp, tp, pp, breakdown, *, params_gib=10.0, grads_gib=5.0, opt_gib=20.0, act_gib=15.0, step=None, mfu=40.0) -> Estimate:
@@ -38,7 +38,8 @@ def _est(dp, tp, pp, breakdown, *, params_gib=10.0, grads_gib=5.0, opt_gib=20.0,
            "activations": int(act_gib * GiB)}
     mem["total"] = sum(mem.values())
     return Estimate(layout=Layout(dp=dp, tp=tp, pp=pp, microbatches=4), step_s=sum(breakdown.values()) if step is None else step,
-                    breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem, hbm_bytes=HBM, fits=mem["total"] <= HBM,
+                    breakdown_s=breakdown, mfu_pct=mfu, memory_bytes=mem, hbm_bytes=HBM, usable_hbm_bytes=USABLE,
+                    fits=mem["total"] <= USABLE,
                     assumptions=["link efficiency 0.8 assumed"], dominant="compute efficiency ±20 % moves the step ±0.2 s")
 
 
@@ -82,9 +83,10 @@ def test_memory_bars_stack_parts_under_the_hbm_line():
     bars = _bars(fig)
     assert [t.name for t in bars] == ["parameters", "gradients", "optimizer state", "activations"]
     assert [sum(t.y[i] for t in bars) for i in range(2)] == pytest.approx([50.0, 50.0])  # 10 + 5 + 20 + 15 GiB
-    (line,) = fig.layout.shapes
-    assert line.y0 == line.y1 == pytest.approx(80.0)  # the cluster's HBM, GiB
-    assert fig.layout.annotations[0].text == "HBM 80.0 GiB"
+    hbm, usable = fig.layout.shapes
+    assert hbm.y0 == hbm.y1 == pytest.approx(80.0) and hbm.line.dash == "dash"  # the cluster's HBM, GiB
+    assert usable.y0 == usable.y1 == pytest.approx(78.0) and usable.line.dash == "dot"  # less the reserve
+    assert [a.text for a in fig.layout.annotations] == ["HBM 80.0 GiB", "usable 78.0 GiB"]
 
 
 def test_rule_of_thumb_in_the_top_is_highlighted_in_place():
@@ -95,7 +97,6 @@ def test_rule_of_thumb_in_the_top_is_highlighted_in_place():
             assert list(t.marker.line.width) == [0, ROT_OUTLINE["width"], 0]
     rows = plan_table_rows(entries)
     assert [r["note"] for r in rows] == ["", "rule of thumb", ""]
-    assert "ranks #2 of 3 fitting layouts, 1.25× the best step" in rule_of_thumb_line(_result([A, B, C], rot=B, rot_rank=2))
 
 
 def test_rule_of_thumb_below_the_top_or_not_fitting_is_appended():
@@ -111,10 +112,9 @@ def test_rule_of_thumb_below_the_top_or_not_fitting_is_appended():
     assert [e.label for e in unfit] == ["#1", "#2", "rule of thumb (does not fit)"]
     row = plan_table_rows(unfit)[-1]
     assert row["rank"] is None and row["note"] == "rule of thumb, does not fit HBM"
-    assert row["memory_gib"] == 95.0 and row["hbm_pct"] == pytest.approx(119.0)  # 95 / 80 GiB, to 3 figures
+    # 95 / 78 GiB usable = 121.79 %, to 3 figures (not 95 / 80 = 119 %: the column is against usable HBM)
+    assert row["memory_gib"] == 95.0 and row["hbm_pct"] == pytest.approx(122.0)
     assert sum(t.y[2] for t in _bars(build_plan_memory_figure(unfit))) == pytest.approx(95.0)  # drawn above the line
-    line = rule_of_thumb_line(_result([A, B], rot=TOO_BIG, rot_rank=None))
-    assert line == "Rule of thumb (dp=1 tp=8 pp=1 zero=0 mb=1x4) does not fit: needs 95.0 GiB per GPU of 80.0 GiB HBM."
 
 
 def test_at_most_top_max_layouts_are_shown():
@@ -124,10 +124,11 @@ def test_at_most_top_max_layouts_are_shown():
 
 def test_table_rows_carry_the_numbers():
     (row,) = plan_table_rows(plan_entries(_result([C]), 10))
-    assert row["layout"] == "dp=2 tp=2 pp=2 zero=0 mb=1x4 1f1b"
+    assert row["layout"] == "dp=2 tp=2 pp=2 z0 mb=1x4 1f1b"  # the CLI's table's form (plan_report.compact)
     assert (row["rank"], row["step_s"], row["mfu_pct"], row["memory_gib"]) == (1, 1.75, 40.0, 50.0)
-    # 50/80 GiB; tp 0.35 s; bubble 0.5 of 1.75 s = 28.6 % (a share of the step, as the CLI's column)
-    assert (row["hbm_pct"], row["exposed_comm_s"], row["bubble_pct"]) == (62.5, 0.35, 28.6)
+    # 50 / 78 GiB usable = 64.10 %; tp 0.35 s; bubble 0.5 of 1.75 s = 28.6 % (a share of the step, as the CLI's column)
+    assert (row["hbm_pct"], row["exposed_comm_s"], row["bubble_pct"]) == (64.1, 0.35, 28.6)
+    assert [c[1] for c in TABLE_COLUMNS if c[0] == "hbm_pct"] == ["% of usable HBM"]
 
 
 def test_non_finite_numbers_are_not_shown_as_numbers():
@@ -135,19 +136,7 @@ def test_non_finite_numbers_are_not_shown_as_numbers():
                    memory_bytes={"total": 10 * GiB}, hbm_bytes=HBM, fits=True)
     (row,) = plan_table_rows(plan_entries(_result([odd]), 10))
     assert row["mfu_pct"] is None
-    assert "MFU" not in why_lines(_result([odd]))[0]
-
-
-def test_why_lines_name_the_parts_that_separate_the_best():
-    lines = why_lines(_result([A, B, C], rot=C, rot_rank=3))
-    assert lines[0] == "#1 dp=8 tp=1 pp=1 zero=0 mb=1x4: 1.00 s per step, MFU 40.0 %"
-    # B - A: tp 0.35 s more, dp 0.1 s less: the gap is 0.25 s of B's 1.25 s = 20 %.
-    assert lines[1] == "#1 beats #2 (dp=4 tp=2 pp=1 zero=0 mb=1x4) by 0.250 s (20.0 %): exposed tp comm 0 s vs 0.350 s"
-    assert lines[2].startswith("#1 beats the rule of thumb (dp=2 tp=2 pp=2 zero=0 mb=1x4 1f1b) by 0.750 s (42.9 %): "
-                               "pipeline bubble 0 s vs 0.500 s; exposed tp comm 0 s vs 0.350 s")
-    given = _result([A, B])
-    given.why = ["tp=1 keeps every collective on NVLink"]
-    assert why_lines(given) == ["tp=1 keeps every collective on NVLink"]
+    assert row["hbm_pct"] is None  # no usable HBM carried: no share of it (never one of the raw HBM under that name)
 
 
 def test_refusals_and_assumptions_are_said():
@@ -165,39 +154,23 @@ def test_refusals_and_assumptions_are_said():
     assert assumption_lines(said)[0].startswith("compute efficiency is assumed") and PURE_PLAN_LINE not in assumption_lines(said)
 
 
-def test_rule_of_thumb_without_an_estimate_says_why():
-    from profiler.plan import RuleOfThumb
-
-    none = _result([A], rule=None)
-    none.rule = RuleOfThumb(None, "none of the rule's layouts both divides and fits 80 GiB")
-    assert rule_of_thumb_line(none) == "Rule of thumb: none of the rule's layouts both divides and fits 80 GiB."
-    costed = _result([A])
-    costed.rule = RuleOfThumb(Layout(dp=8, zero=3), "one node holds the model sharded")
-    assert rule_of_thumb_line(costed) == ("Rule of thumb (dp=8 tp=1 pp=1 zero=3 mb=1x1): the cost model finds it does not "
-                                          "fit (one node holds the model sharded).")
-    ranked = _result([A, B], rot=B, rot_rank=2)
-    ranked.rule = RuleOfThumb(B.layout, "one GPU holds the model: DDP")
-    assert rule_of_thumb_line(ranked).endswith("1.25× the best step (one GPU holds the model: DDP).")
-
-
 def test_the_result_area_has_every_part_and_nothing_fitting_is_an_error():
-    body = plan_children(_result([A, B, C], rot=B, rot_rank=2), top=10, heading="h", table_id="t", font="x")
+    lines = dict(why=["#1: the CLI's words"], rule_text="rule of thumb: its words")  # plan_report's, as the page passes
+    body = plan_children(_result([A, B, C], rot=B, rot_rank=2), top=10, heading="h", table_id="t", font="x", **lines)
     text = _text(body)
     for title in ("Ranked layouts", "Why they win", "Where the step goes", "Memory per GPU", "Refused", "Assumptions"):
         assert title in text
     assert not _find(body, "error")
     nothing = _result([], rot=TOO_BIG, rot_rank=None, refused={"layouts over HBM": 40})
-    (err,) = _find(plan_children(nothing, top=10, heading="h", table_id="t", font="x"), "error")
+    (err,) = _find(plan_children(nothing, top=10, heading="h", table_id="t", font="x", **lines), "error")
     assert _text(err) == "No layout divides this model and batch: 40 layouts over HBM"
     nothing.min_memory_bytes = 95 * GiB
-    none = plan_children(nothing, top=10, heading="h", table_id="t", font="x")
+    none = plan_children(nothing, top=10, heading="h", table_id="t", font="x", **lines)
     (err,) = _find(none, "error")
     assert _text(err) == ("No layout fits: the smallest memory need of any layout is 95.0 GiB per GPU (more GPUs, a smaller "
                           "model or a smaller global batch): 40 layouts over HBM")
-    assert "does not fit: needs 95.0 GiB" in _text(none)
-    given = plan_children(_result([A, B]), top=10, heading="h", table_id="t", font="x", why=["#1: the CLI's words"],
-                          rule_text="rule of thumb: its words")
-    assert "#1: the CLI's words" in _text(given) and "rule of thumb: its words" in _text(given)
+    assert "rule of thumb: its words" in _text(none)
+    assert "#1: the CLI's words" in text and "rule of thumb: its words" in text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,6 +247,11 @@ def test_a_good_form_gives_the_ranked_table(plan_page):
     # fastest first but for the near-tie band (profiler.plan.prefer_in_band: within 2 % of the fastest)
     assert steps[0] <= 1.02 * min(steps) and all(s > 0 for s in steps)
     assert "compute efficiency is assumed" in _text(out)  # a pure plan says so
+    # layouts as the CLI's table writes them (plan_report.compact) in the table as in the why lines; both parse back
+    from profiler.layout import parse_layout
+    from profiler.plan_report import compact
+
+    assert all(compact(parse_layout(r["layout"])[0]) == r["layout"] and " z" in f" {r['layout']}" for r in table.data)
     # Both figures drawn from the real estimates: the step's parts stack to the table's step.
     step_fig, memory_fig = [c.figure for c in _walk(out) if type(c).__name__ == "Graph"]
     bars = [t for t in step_fig.data if t.type == "bar"]
@@ -342,6 +320,8 @@ def test_heading_says_one_gpu_and_the_preset_its_counted_size(plan_page):
     spec = ModelSpec(**plan_page.MODEL_PRESETS["gpt3-1.3b"][1])
     assert " on 1 GPU of " in plan_page._heading(spec, 1, load_cluster("h100"), 0.1)
     assert " on 8 GPUs of " in plan_page._heading(spec, 8, load_cluster("h100"), 0.1)
+    # h100.toml: 79.65 GiB HBM less the 2 GiB default reserve = 77.65 GiB usable, what `fits` compares with
+    assert "79.65 GiB HBM (77.65 usable)" in plan_page._heading(spec, 8, load_cluster("h100"), 0.1)
     # 24 layers x 12 x 2048^2 + (51200 + 2048) x 2048 embeddings ~ 1.42 B: the label says the counted size
     assert f"{spec.count_params() / 1e9:.2f}B" in plan_page.MODEL_PRESETS["gpt3-1.3b"][0] == "GPT-3 XL dims (1.42B counted)"
 

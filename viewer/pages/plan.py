@@ -200,7 +200,7 @@ def _heading(spec, gpus: int, cluster, seconds: float) -> str:
     return (f"{plan_figures.sig3(spec.count_params() / 1e9)} B parameters ({spec.layers} layers, hidden {spec.hidden}, "
             f"{spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}, global batch {spec.global_batch}{moe}) "
             f"on {gpus} GPU{'s' if gpus != 1 else ''} of {cluster.name} ({plan_figures.sig3(cluster.peak_tflops)} TFLOP/s, "
-            f"{plan_figures.sig3(cluster.hbm_gib)} GiB HBM, {cluster.gpus_per_node} per node); planned in {seconds:.2f} s.")
+            f"{cluster.hbm_gib:g} GiB HBM ({cluster.usable_hbm_bytes / 2**30:.4g} usable), {cluster.gpus_per_node} per node); planned in {seconds:.2f} s.")
 
 
 def cli_command(spec, gpus: int, cluster: str) -> str:
@@ -233,8 +233,6 @@ def plan_result(form: dict):
                          "the CLI has no limit: ", html.Code(cli_command(spec, gpus, name))], className="error")
     except ValueError as e:  # LayoutError, ClusterError and the form's own refusals
         return html.Div(f"Refused: {form_words(str(e))}", className="error")
-    except NotImplementedError as e:
-        return html.Div(f"The planner is not available in this build ({e}).", className="error")
     except Exception as e:  # noqa: BLE001 -- the page's rule: a line saying what failed, never a 500
         return html.Div(f"The plan failed: {type(e).__name__}: {e}", className="error")
     heading = [_heading(spec, gpus, cluster, took) + defaulted_note(form), " The same in a shell: ",
