@@ -38,11 +38,13 @@ def _count(text: str) -> int:
     return int(value)
 
 
-def _cluster_help() -> str:
+def _cluster_help(run_folder: bool = False) -> str:
     from profiler.cluster import preset_names
 
-    return (f"target cluster: a preset ({', '.join(preset_names()) or 'none shipped'}) or a .toml/.json file of the "
-            "same fields (docs/whatif.md, 'Clusters')")
+    return (f"target cluster: a preset ({', '.join(preset_names()) or 'none shipped'}), a .toml/.json file of the "
+            "same fields (docs/whatif.md, 'Clusters')"
+            + (", or a run folder: the cluster that run was measured on, calibrated from its traces "
+               "(--save-cluster keeps it as a file)" if run_folder else ""))
 
 
 def build_project_parser() -> argparse.ArgumentParser:
@@ -53,7 +55,7 @@ def build_project_parser() -> argparse.ArgumentParser:
                        "from the paradigm's predicted volumes under the target's α–β per link. Every projection lists "
                        "its assumptions (docs/whatif.md).")
     p.add_argument("run", metavar="RUN", help="a run folder (traces/<run-id>/ with run.json)")
-    p.add_argument("--cluster", required=True, metavar="C", help=_cluster_help())
+    p.add_argument("--cluster", required=True, metavar="C", help=_cluster_help(run_folder=True))
     p.add_argument("--nodes", type=_whole_number(1, MAX_GPUS), metavar="N",
                    help="a check, not a placement: the nodes the layout must fill (GPUs per node come from the "
                         "cluster; ranks are packed tp innermost); refused when it differs (default: as many as "
@@ -77,14 +79,14 @@ def build_plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", type=_count, metavar="N",
                    help="parameter count, as a check of the dims (175e9, 175B, 1.3B or 175000000000): refused when more than "
                         f"{PARAMS_TOLERANCE_PCT:g} %% off the count of the dims")
-    p.add_argument("--layers", type=pos, required=True)
-    p.add_argument("--hidden", type=pos, required=True)
-    p.add_argument("--heads", type=pos, required=True)
+    p.add_argument("--layers", type=pos, required=True, help="transformer blocks")
+    p.add_argument("--hidden", type=pos, required=True, help="model width h")
+    p.add_argument("--heads", type=pos, required=True, help="attention heads (must divide --hidden)")
     p.add_argument("--ffn", type=pos, help="MLP hidden size (default 4 x hidden)")
     p.add_argument("--vocab", type=pos, default=51200, help="vocabulary (default 51200)")
     p.add_argument("--seq", type=pos, required=True, help="sequence length")
     p.add_argument("--global-batch", type=pos, required=True, help="sequences per optimizer step")
-    p.add_argument("--gpus", type=_whole_number(1, MAX_GPUS), required=True)
+    p.add_argument("--gpus", type=_whole_number(1, MAX_GPUS), required=True, help="GPUs of the job (G)")
     p.add_argument("--cluster", required=True, metavar="C", help=_cluster_help())
     p.add_argument("--moe", metavar="E,k", help="mixture of experts: E experts, top-k routing (every block's MLP)")
     p.add_argument("--flash-attention", action="store_true",

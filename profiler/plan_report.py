@@ -237,7 +237,7 @@ def header_lines(spec: ModelSpec, gpus: int, cluster: Cluster, checked_params: s
              f"{spec.hidden}, {spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}{moe}",
              f"batch: {spec.global_batch:,} sequences = {spec.tokens_per_step:,} tokens/step",
              f"cluster: {cluster.name} ({cluster.peak_tflops:g} TFLOP/s, {cluster.hbm_gib:g} GiB HBM "
-             f"({cluster.usable_hbm_bytes / 2**30:.1f} usable), "
+             f"({cluster.usable_hbm_bytes / 2**30:.2f} usable), "
              f"{cluster.gpus_per_node} GPUs/node; inside a node {cluster.intra.bw_gbps:g} GB/s ({cluster.intra.name}), "
              f"between nodes {cluster.inter.bw_gbps:g} GB/s per GPU ({cluster.inter.name})); "
              f"G = {gpus:,} GPU{'s' * (gpus != 1)} = {nodes:,} node{'s' * (nodes != 1)}",
@@ -260,8 +260,11 @@ def table_lines(result: PlanResult, top: int, spec: ModelSpec | None = None,
         bubble = 100 * est.breakdown_s.get("bubble", 0.0) / est.step_s
         star = "*" if spec is not None and unvalidated(spec, est.layout) else " "
         tight = "!" if usable_hbm_bytes is not None and is_tight(est, usable_hbm_bytes) else " "
-        out.append(f"{i + 1:>4}{star} {est.step_s:>8.3g} {mfu:>6} {_gib(est.memory_bytes.get('total', 0)):>7}{tight} "
-                   f"{exposed_comm_s(est):>7.3g} {bubble:>5.1f}%  {compact(est.layout)}")
+        row = (f"{i + 1:>4}{star} {est.step_s:>8.3g} {mfu:>6} {_gib(est.memory_bytes.get('total', 0)):>7}{tight} "
+               f"{exposed_comm_s(est):>7.3g} {bubble:>5.1f}%  ")
+        text = compact(est.layout)
+        # A long layout (MoE at thousands of GPUs) goes on its own line rather than past 100 columns.
+        out += [row + text] if len(row) + len(text) <= 100 else [row.rstrip(), " " * 8 + text]
     return out
 
 
@@ -295,7 +298,7 @@ def format_plan(spec: ModelSpec, gpus: int, cluster: Cluster, result: PlanResult
                 checked_params: str = "") -> str:
     lines = header_lines(spec, gpus, cluster, checked_params) + [""] + refused_lines(result) + [""]
     lines += table_lines(result, top, spec, cluster.usable_hbm_bytes)
-    lines += _wrap(f"  HBM {cluster.hbm_gib:g} GiB per GPU, {cluster.usable_hbm_bytes / 2**30:.1f} usable (less "
+    lines += _wrap(f"  HBM {cluster.hbm_gib:g} GiB per GPU, {cluster.usable_hbm_bytes / 2**30:.2f} usable (less "
                    f"{cluster.hbm_reserve_gib:g} GiB reserve); comm s: exposed communication; bubble: pipeline idle share "
                    "of the step; z: ZeRO stage (3 = FSDP); mb=BxM: microbatch B sequences, M per step; "
                    "i1f1b: interleaved-1f1b, zb: zero-bubble; rc: recompute", "  ")

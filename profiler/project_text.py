@@ -68,17 +68,22 @@ def projection_dict(d: dict, cluster: Cluster, how: str, run_dir: str) -> dict:
             "per_rank": d.get("per_rank") if est.layout == d["own_layout"] else None, "estimate": est.as_dict()}
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
 def projection_text(d: dict, cluster: Cluster, how: str, run_dir: str) -> str:
     """The text report, at most WIDTH columns."""
     est, cov = d["estimate"], d["coverage"]
     spec = d["spec"]
     own = est.layout == d["own_layout"]
-    lines = [*textwrap.wrap(f"ptprof project  {run_dir}  ->  {cluster.name} ({how}), {d['nodes']} node(s) "
-                            f"of {cluster.gpus_per_node}, {est.layout.gpus} GPU(s) used", WIDTH, subsequent_indent="    "),
+    lines = [*textwrap.wrap(f"ptprof project  {run_dir}  ->  {cluster.name} ({how}), {_n(d['nodes'], 'node')} "
+                            f"of {cluster.gpus_per_node}, {_n(est.layout.gpus, 'GPU')} used", WIDTH, subsequent_indent="    "),
              f"model     L={spec.layers} h={spec.hidden} heads={spec.heads} ffn={spec.ffn} V={spec.vocab} "
              f"s={spec.seq} batch={spec.global_batch} params={spec.count_params():,}",
-             f"layout    {est.layout.short()}" + ("  (the run's own)" if own else
-                                                   f"  (run's own: {d['own_layout'].short()})"),
+             *textwrap.wrap(f"layout    {est.layout.short()}" + ("  (the run's own)" if own else
+                                                                 f"  (run's own: {d['own_layout'].short()})"),
+                            WIDTH, subsequent_indent=" " * 10),
              f"coverage  {cov['known_pct'] or 0:.0f} % of the measured compute time has FLOPs/bytes from shapes",
              f"          (matmul+attention {cov['flop_ops_us'] / 1e3:,.1f} ms, memory-bound "
              f"{cov['memory_ops_us'] / 1e3:,.1f} ms of {cov['compute_us'] / 1e3:,.1f} ms, all ranks and steps)", ""]
