@@ -73,7 +73,7 @@ DTYPE_BYTES = {
     "bfloat16": 2, "bf16": 2, "long": 8, "long int": 8, "int64": 8, "int64_t": 8, "uint64_t": 8,
     "int": 4, "int32": 4, "int32_t": 4, "uint32_t": 4, "short": 2, "int16": 2,
     "char": 1, "signed char": 1, "unsigned char": 1, "byte": 1, "int8": 1, "uint8": 1, "int8_t": 1, "uint8_t": 1,
-    "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "short int": 2, "complex<float>": 8, "complex<double>": 16,
 }
 POINT_TO_POINT = ["send", "recv", "send_recv"]
 NCCL_KERNEL_KIND_RE = r"^nccl(?:Dev)?Kernel_([A-Za-z]+)"

@@ -44,6 +44,7 @@ import numpy as np
 import polars as pl
 
 from profiler.errors import TraceError
+from profiler.collectives import DTYPE_BYTES
 
 MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
           "aten::_addmm_activation"}
@@ -77,9 +78,10 @@ COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
 FUNCTIONAL_COMM_PREFIX = "_c10d_functional::"
 PYTHON_SUBCLASS = "PythonSubclass"  # the profiler's span of a tensor subclass's __torch_dispatch__ (DTensor)
 # Input type names of traces -> bytes per element
-TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
-              "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
-              "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
+def type_bytes(name) -> int | None:
+    """Bytes per element of a trace's `Input type` name ("float", "c10::BFloat16"): collectives'
+    table and rule (lowercase, no "c10::"), one for every reader of trace dtypes."""
+    return DTYPE_BYTES.get(name.lower().removeprefix("c10::")) if isinstance(name, str) else None
 OP_COLUMNS = {"pid": pl.Int64, "tid": pl.Int64, "ts_us": pl.Float64, "dur_us": pl.Float64, "name": pl.String,
               "klass": pl.String, "flops": pl.Float64, "bytes": pl.Float64, "batch": pl.Int64, "m": pl.Int64,
               "n": pl.Int64, "k": pl.Int64, "elem_bytes": pl.Int64}
@@ -185,9 +187,9 @@ def memory_bytes(dims: list, types: list) -> float | None:
             sizes.append(sum(math.prod(x) for x in d) * 4)  # a TensorList's dtype is not recorded: 4 B assumed
             continue
         shape = _shape(d)
-        if shape is None or t not in TYPE_BYTES:
+        if shape is None or type_bytes(t) is None:
             continue
-        sizes.append(math.prod(shape) * TYPE_BYTES[t])
+        sizes.append(math.prod(shape) * type_bytes(t))
     return float(sum(sizes) + sizes[0]) if sizes else None
 
 
@@ -198,7 +200,7 @@ def op_work(name: str, dims, types) -> tuple[str, float | None, float | None, tu
     types = types if isinstance(types, list) else []
     if bad_dims(dims):  # no tensor has such a dim: class "bad_shape", work unknown (project refuses the file)
         return "bad_shape", None, None, None, None
-    elem = next((TYPE_BYTES[t] for t in types if t in TYPE_BYTES), None)
+    elem = next((type_bytes(t) for t in types if type_bytes(t) is not None), None)
     if name in MATMUL:
         g = gemm_shape(name, dims)
         return "matmul", matmul_flops(g), memory_bytes(dims, types), g, elem
