@@ -115,10 +115,10 @@ def _run(args: argparse.Namespace) -> int:
         raise TraceError(Path(args.json), "--json: its folder does not exist")
     if args.json and Path(args.json).is_dir():
         raise TraceError(Path(args.json), "--json: this is a folder; name the report file (e.g. report.json)")
-    if args.cluster and args.hta:
+    if args.cluster is not None and args.hta:
         raise TraceError(None, "--hta needs the events on this machine; leave out --cluster to compare with HTA")
     engine = None
-    if args.cluster:
+    if args.cluster is not None:  # --cluster '' is a malformed address, not no cluster
         from profiler.dask_pool import DaskEngine
 
         engine = DaskEngine(args.cluster)

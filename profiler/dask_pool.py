@@ -21,6 +21,9 @@ from profiler.pool import died
 from profiler.rankmap import RankSummary, RankTask, summarize
 
 NEEDS_DASK = "--cluster needs dask's distributed package on this machine and the workers: pip install 'dask[distributed]'"
+# A scheduler answers within a second on any network a cluster runs on; a wrong address should
+# not keep the user waiting (distributed's own default is 30 s).
+CONNECT_TIMEOUT_S = 10.0
 
 
 class DaskEngine:
@@ -29,19 +32,27 @@ class DaskEngine:
     name = "dask"
     remote = True  # workers cache into their own folders; the client holds summaries only
 
-    def __init__(self, address: str | None = None, *, client=None, timeout_s: float = 30):
+    def __init__(self, address: str | None = None, *, client=None, timeout_s: float = CONNECT_TIMEOUT_S):
         try:
             from distributed import Client
         except ImportError:
             raise TraceError(None, NEEDS_DASK) from None
         if client is None:
+            reach = (f"--cluster {address}: cannot reach the Dask scheduler ({{}}); start one with `dask scheduler` and "
+                     "workers with `dask worker ADDRESS`, or leave out --cluster")
+            try:
+                _probe(address, timeout_s)
+            except ValueError as e:
+                raise TraceError(None, f"--cluster {address}: not a scheduler address ({e}); e.g. tcp://host:8786") from None
+            except OSError as e:  # refused, no such host, unreachable, timed out
+                raise TraceError(None, reach.format(e)) from None
             try:
                 client = Client(address, timeout=timeout_s)
             except (OSError, TimeoutError) as e:
-                raise TraceError(None, f"--cluster {address}: cannot reach the Dask scheduler ({e}); start one with "
-                                       "`dask scheduler` and workers with `dask worker ADDRESS`, or leave out --cluster") from None
-            except ValueError as e:  # a malformed address
-                raise TraceError(None, f"--cluster {address}: not a scheduler address ({e}); e.g. tcp://host:8786") from None
+                raise TraceError(None, reach.format(e)) from None
+            except Exception as e:  # noqa: BLE001  (something listens there, but speaks no Dask: garbage frames)
+                raise TraceError(None, f"--cluster {address}: what answers there is not a Dask scheduler "
+                                       f"({type(e).__name__}: {str(e)[:200]})") from None
         self.client = client
         self.workers = max(1, len(client.scheduler_info().get("workers", {})) or 1)
 
@@ -71,3 +82,20 @@ class DaskEngine:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _probe(address: str | None, timeout_s: float) -> None:
+    """Fail at once where nothing listens at a tcp:// or tls:// address: distributed's Client
+    retries a refused connection until its timeout, so a typo would cost the whole wait."""
+    import socket
+
+    from distributed.comm import parse_address, parse_host_port
+
+    scheme, loc = parse_address(address or "")  # ValueError on a malformed one
+    if scheme not in ("tcp", "tls"):
+        return  # inproc://, ucx://, ws://: Client tells
+    host, port = parse_host_port(loc)
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is not a port number")
+    with socket.create_connection((host, port), timeout=timeout_s):
+        pass
