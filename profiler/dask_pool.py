@@ -91,7 +91,10 @@ def _probe(address: str | None, timeout_s: float) -> None:
 
     from distributed.comm import parse_address, parse_host_port
 
+    from distributed.comm.registry import get_backend
+
     scheme, loc = parse_address(address or "")  # ValueError on a malformed one
+    get_backend(scheme)  # ValueError: unknown address scheme 'http'
     if scheme not in ("tcp", "tls"):
         return  # inproc://, ucx://, ws://: Client tells
     host, port = parse_host_port(loc)
