@@ -55,6 +55,7 @@ class DaskEngine:
                                        f"({type(e).__name__}: {str(e)[:200]})") from None
         self.client = client
         self.workers = max(1, len(client.scheduler_info().get("workers", {})) or 1)
+        _same_code(client)
 
     def map(self, tasks: list[RankTask]) -> Iterator[tuple[int, RankSummary | TraceError]]:
         from distributed import as_completed
@@ -82,6 +83,20 @@ class DaskEngine:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _same_code(client) -> None:
+    """Refuse workers running another ptprof: their summaries would be another analysis's numbers
+    (and the summary cache's key, the code's hash, would not say so)."""
+    from profiler.summary_cache import code_version
+
+    ours = code_version()
+    theirs = client.run(code_version)  # {worker address: its hash}; workers joining later are not asked
+    other = {w: v for w, v in theirs.items() if v != ours}
+    if other:
+        w, v = sorted(other.items())[0]
+        raise TraceError(None, f"--cluster: {len(other)} of {len(theirs)} Dask workers run another version of ptprof's "
+                               f"profiler (code {v} on {w}, {ours} here); install the same ptprof on the workers")
 
 
 def _probe(address: str | None, timeout_s: float) -> None:

@@ -177,6 +177,18 @@ def test_a_dask_worker_that_dies_costs_its_file_only(client, tmp_path):
     _frames_equal(traces, local)
 
 
+def test_workers_running_other_code_are_refused(client):
+    client.run(exec, "import profiler.summary_cache as s; s._real_code_version = s.code_version; "
+                     "s.code_version = lambda: 'another'", {})
+    try:
+        with pytest.raises(TraceError, match=r"--cluster: 2 of 2 Dask workers run another version of ptprof's profiler "
+                                             r"\(code another on tcp://"):
+            DaskEngine(client=client)
+    finally:
+        client.run(exec, "import profiler.summary_cache as s; s.code_version = s._real_code_version", {})
+    DaskEngine(client=client)  # the same code again: accepted
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
