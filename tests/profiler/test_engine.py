@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from profiler import TraceError, load_traces
-from profiler.cache import cache_dir, entry_key
+from profiler.cache import entry_key
 from profiler.cli import analyze_main
 from profiler.dask_pool import DaskEngine
 from profiler.load import RankPart
@@ -53,15 +53,23 @@ _cache._write_entry = getattr(_cache, "_undying_write_entry", _cache._write_entr
 
 
 @pytest.fixture(scope="module")
-def client():
+def dask_cache(tmp_path_factory) -> Path:
+    """The Dask workers' own cache: nothing the local engine parsed or summarized is served to them."""
+    return tmp_path_factory.mktemp("dask-cache")
+
+
+@pytest.fixture(scope="module")
+def client(dask_cache):
     """A Client of a 2-process LocalCluster whose scheduler gives a task up after its first worker
     death (KilledWorker at once; the default retries it on 3 more workers)."""
     import dask
     from distributed import Client, LocalCluster
 
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                               env={"PTPROF_CACHE_DIR": str(dask_cache)})
     c = Client(cluster)
+    assert set(c.run(os.environ.get, "PTPROF_CACHE_DIR").values()) == {str(dask_cache)}
     yield c
     c.close()
     cluster.close()
@@ -157,7 +165,7 @@ def test_a_local_worker_that_dies_costs_its_file_only(tmp_path, monkeypatch):
     assert len(list(cache.glob("*.summary"))) == 3  # one per good rank; none for the dead one
 
 
-def test_a_dask_worker_that_dies_costs_its_file_only(client, tmp_path):
+def test_a_dask_worker_that_dies_costs_its_file_only(client, dask_cache, tmp_path):
     # Two files on two idle workers, one each: a worker's death counts against every task it was
     # given (with allowed-failures 0 here, each fails at once), so a third file could share the
     # dying worker and be given up too. With Dask's default (3 retries) such a file runs again.
@@ -171,7 +179,8 @@ def test_a_dask_worker_that_dies_costs_its_file_only(client, tmp_path):
     assert traces.ranks["rank"].to_list() == [0]
     (problem,) = traces.problems
     assert str(problem).startswith(f"{folder / 'rank1.json.gz'}: rank 1: not analysed: its Dask task failed (KilledWorker")
-    _no_half_entries(cache_dir(), [folder / "rank0.json.gz"], folder / "rank1.json.gz")
+    _no_half_entries(dask_cache, [folder / "rank0.json.gz"], folder / "rank1.json.gz")
+    assert len(list(dask_cache.glob(f"{entry_key(folder / 'rank0.json.gz')}.*.summary"))) == 1
     # The good rank's analysis is the local engine's.
     local = load_traces(folder / "rank0.json.gz", progress=False, workers=1)
     _frames_equal(traces, local)
