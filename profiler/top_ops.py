@@ -59,7 +59,9 @@ def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
         .filter(pl.col("kind").is_in(CPU_OP_KINDS))
         .group_by(*KEYS, "name")
         .agg(count=pl.len(), self_us=pl.col("self_us").sum(), total_us=pl.col("dur_us").sum())
-        .sort(*KEYS, "self_us", descending=[False, False, True])
+        # Ties (equal self time) by name: group_by's order differs between loads, and at the n-th
+        # row it would decide which operator is shown.
+        .sort(*KEYS, "self_us", "name", descending=[False, False, True, False])
         .group_by(KEYS, maintain_order=True)
         .head(n)
         .with_columns(pl.col("name").cast(pl.String))
@@ -74,7 +76,7 @@ def top_kernels(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
         .filter((pl.col("device") == "gpu") & (pl.col("kind") != "annotation"))
         .group_by(*KEYS, "name", "kind")
         .agg(count=pl.len(), total_us=pl.col("dur_us").sum(), mean_us=pl.col("dur_us").mean())
-        .sort(*KEYS, "total_us", descending=[False, False, True])
+        .sort(*KEYS, "total_us", "name", "kind", descending=[False, False, True, False, False])  # ties: as above
         .group_by(KEYS, maintain_order=True)
         .head(n)
         .with_columns(pl.col("name").cast(pl.String), pl.col("kind").cast(pl.String))

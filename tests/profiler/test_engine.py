@@ -8,7 +8,6 @@ One `distributed.LocalCluster` of 2 worker processes serves the whole module (it
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import shutil
@@ -69,7 +68,7 @@ def client(dask_cache):
         cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                env={"PTPROF_CACHE_DIR": str(dask_cache)})
     c = Client(cluster)
-    assert set(c.run(os.environ.get, "PTPROF_CACHE_DIR").values()) == {str(dask_cache)}
+    assert set(c.run(os.getenv, "PTPROF_CACHE_DIR").values()) == {str(dask_cache)}
     yield c
     c.close()
     cluster.close()
@@ -84,15 +83,22 @@ def _frames_equal(a, b) -> None:
             assert pa.frames[k].equals(pb.frames[k]), (pa.run, pa.rank, k)
 
 
-def _rank_copies(folder: Path, ranks: int, *, src: Path = SAMPLES / "sample-ddp-2r" / "rank0.json.gz") -> Path:
-    """`ranks` copies of a 2-rank gloo job's rank 0 as one job of `ranks` ranks (distributedInfo rewritten)."""
-    text = gzip.decompress(src.read_bytes())
-    head = b'"rank": 0, "world_size": 2'
-    assert text.count(head) == 1
+def _tiny_rank(rank: int, world: int) -> dict:
+    """A hand-made gloo rank: one step, a few operators, an all_reduce (each rank a little different)."""
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1000, "dur": 900}]
+    events += [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{k % 4}", "pid": 1, "tid": 1, "ts": 1010 + 40 * k,
+                "dur": 30 + rank % 7} for k in range(20)]
+    events.append({"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 1850, "dur": 20,
+                   "args": {"Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024,
+                            "dtype": "Float", "Group size": world, "Process Group Name": "0"}})
+    return {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world}, "traceEvents": events}
+
+
+def _tiny_job(folder: Path, ranks: int) -> Path:
+    """A folder of `ranks` hand-made ranks of one job (rank<R>.json)."""
     folder.mkdir(exist_ok=True)
     for r in range(ranks):
-        (folder / f"rank{r}.json.gz").write_bytes(
-            gzip.compress(text.replace(head, f'"rank": {r}, "world_size": {ranks}'.encode()), compresslevel=1))
+        (folder / f"rank{r}.json").write_text(json.dumps(_tiny_rank(r, ranks)))
     return folder
 
 
@@ -147,7 +153,7 @@ def _no_half_entries(cache: Path, good: list[Path], dead: Path) -> None:
 
 
 def test_a_local_worker_that_dies_costs_its_file_only(tmp_path, monkeypatch):
-    folder = _rank_copies(tmp_path / "job", 4)
+    folder = _tiny_job(tmp_path / "job", 4)
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(DIE_MID_WRITE)  # worker processes only: ptprof itself is untouched
@@ -158,10 +164,10 @@ def test_a_local_worker_that_dies_costs_its_file_only(tmp_path, monkeypatch):
     traces = load_traces(folder, workers=2, progress=False)
     assert traces.ranks["rank"].to_list() == [0, 2, 3]
     (problem,) = traces.problems
-    assert str(problem).startswith(f"{folder / 'rank1.json.gz'}: rank 1: not analysed: its worker process died")
+    assert str(problem).startswith(f"{folder / 'rank1.json'}: rank 1: not analysed: its worker process died")
     assert "SIGKILL" in str(problem) and "\n" not in str(problem)
-    good = [folder / f"rank{r}.json.gz" for r in (0, 2, 3)]
-    _no_half_entries(cache, good, folder / "rank1.json.gz")
+    good = [folder / f"rank{r}.json" for r in (0, 2, 3)]
+    _no_half_entries(cache, good, folder / "rank1.json")
     assert len(list(cache.glob("*.summary"))) == 3  # one per good rank; none for the dead one
 
 
@@ -169,20 +175,21 @@ def test_a_dask_worker_that_dies_costs_its_file_only(client, dask_cache, tmp_pat
     # Two files on two idle workers, one each: a worker's death counts against every task it was
     # given (with allowed-failures 0 here, each fails at once), so a third file could share the
     # dying worker and be given up too. With Dask's default (3 retries) such a file runs again.
-    folder = _rank_copies(tmp_path / "job", 2)
+    folder = _tiny_job(tmp_path / "job", 2)
     client.run(exec, DIE_MID_WRITE, {})
     try:
         traces = load_traces(folder, progress=False, engine=DaskEngine(client=client))
     finally:
         client.run(exec, UNDO_DIE, {})
         client.wait_for_workers(2, timeout=60)  # the nanny restarts the killed one
+    assert set(client.run(os.getenv, "PTPROF_CACHE_DIR").values()) == {str(dask_cache)}  # restarted as it was
     assert traces.ranks["rank"].to_list() == [0]
     (problem,) = traces.problems
-    assert str(problem).startswith(f"{folder / 'rank1.json.gz'}: rank 1: not analysed: its Dask task failed (KilledWorker")
-    _no_half_entries(dask_cache, [folder / "rank0.json.gz"], folder / "rank1.json.gz")
-    assert len(list(dask_cache.glob(f"{entry_key(folder / 'rank0.json.gz')}.*.summary"))) == 1
+    assert str(problem).startswith(f"{folder / 'rank1.json'}: rank 1: not analysed: its Dask task failed (KilledWorker")
+    _no_half_entries(dask_cache, [folder / "rank0.json"], folder / "rank1.json")
+    assert len(list(dask_cache.glob(f"{entry_key(folder / 'rank0.json')}.*.summary"))) == 1
     # The good rank's analysis is the local engine's.
-    local = load_traces(folder / "rank0.json.gz", progress=False, workers=1)
+    local = load_traces(folder / "rank0.json", progress=False, workers=1)
     _frames_equal(traces, local)
 
 
@@ -236,31 +243,20 @@ def test_hta_with_cluster_is_refused(capsys):
 
 
 @pytest.mark.parametrize("engine", ["local", "dask"])
-def test_progress_counts_ranks_to_the_total(client, capsys, engine):
-    kw = {"engine": DaskEngine(client=client)} if engine == "dask" else {"workers": 2, "cache": False}
-    load_traces(SAMPLES / "sample-ring-2r", progress=True, **kw)
+def test_progress_counts_ranks_to_the_total(client, capsys, tmp_path, engine):
+    folder = _tiny_job(tmp_path, 3)
+    kw = {"engine": DaskEngine(client=client)} if engine == "dask" else {"workers": 2}
+    load_traces(folder, progress=True, **kw)
     err = capsys.readouterr().err
-    assert "analysing ranks" in err and "2/2 " in err and "3/2" not in err
+    assert "analysing ranks" in err and "3/3 " in err and "4/3" not in err
 
 
 # ---- bounded memory --------------------------------------------------------------------------
 
 
-def _tiny_rank(rank: int, world: int) -> dict:
-    """A hand-made gloo rank: one step, a few operators, an all_reduce (each rank a little different)."""
-    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1000, "dur": 900}]
-    events += [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{k % 4}", "pid": 1, "tid": 1, "ts": 1010 + 40 * k,
-                "dur": 30 + rank % 7} for k in range(20)]
-    events.append({"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 1850, "dur": 20,
-                   "args": {"Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024,
-                            "dtype": "Float", "Group size": world, "Process Group Name": "0"}})
-    return {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world}, "traceEvents": events}
-
-
 def test_no_more_ranks_held_at_once_than_workers(tmp_path, monkeypatch):
     # 64 hand-made ranks (a shipped rank copied 64 times works the same, at ~10x the time).
-    for r in range(64):
-        (tmp_path / f"rank{r}.json").write_text(json.dumps(_tiny_rank(r, 64)))
+    _tiny_job(tmp_path, 64)
     log = tmp_path / "held.log"
     monkeypatch.setenv(HOLD_LOG_ENV, str(log))
     monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
