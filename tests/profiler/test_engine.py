@@ -65,7 +65,7 @@ def client(dask_cache):
     from distributed import Client, LocalCluster
 
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                env={"PTPROF_CACHE_DIR": str(dask_cache)})
     c = Client(cluster)
     assert set(c.run(os.getenv, "PTPROF_CACHE_DIR").values()) == {str(dask_cache)}
