@@ -36,7 +36,9 @@ def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
 
 @pytest.mark.parametrize("path", SETS, ids=lambda p: p.name)
 def test_each_rank_alone_gives_the_numbers_of_all_ranks_at_once(path):
-    traces = load_traces(path, progress=False)
+    # workers=1: summarized in this process, the same `summarize` without starting workers (the
+    # engines are compared in test_engine.py)
+    traces = load_traces(path, progress=False, workers=1)
     per_rank = rank_summaries(traces, traces.ranks, rank=None, step=None, top_n=15)
     assert all(p.frames is not None for p in traces.parts)  # the workers' summaries, not made again here
     whole = analyze_rank(traces.events, traces.ranks, traces.runs, step=None, top_n=15)
@@ -54,7 +56,7 @@ def test_each_rank_alone_gives_the_numbers_of_all_ranks_at_once(path):
 
 def test_a_warm_load_gives_the_cold_report(tmp_path, monkeypatch):
     monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path))
-    cold = build_report(analyze(load_traces(REPO / "traces" / "sample-1f1b-2r", progress=False)))
+    cold = build_report(analyze(load_traces(REPO / "traces" / "sample-1f1b-2r", progress=False, workers=1)))
     assert len(list(tmp_path.glob("*.summary"))) == 2
 
     class NoWorkers:  # a warm load must not map anything: every summary comes from the cache
@@ -71,13 +73,13 @@ def test_a_warm_load_gives_the_cold_report(tmp_path, monkeypatch):
 @pytest.mark.parametrize("step, top_n", [(2, 3), (None, 1)])
 def test_step_and_top_from_the_map_equal_an_analysis_here(monkeypatch, step, top_n):
     path = REPO / "traces" / "sample-1f1b-2r"
-    again = load_traces(path, progress=False)  # summaries made for the defaults: analyze runs the ranks again
+    again = load_traces(path, progress=False, workers=1)  # summaries made for the defaults: analyze runs the ranks again
     here = build_report(analyze(again, step=step, top_n=top_n))
 
     def not_here(*args, **kwargs):
         raise AssertionError("analysed again in this process")
 
-    mapped = load_traces(path, progress=False, options=MapOptions(step=step, top_n=top_n))
+    mapped = load_traces(path, progress=False, workers=1, options=MapOptions(step=step, top_n=top_n))
     monkeypatch.setattr(report_module, "analyze_rank", not_here)
     assert build_report(analyze(mapped, step=step, top_n=top_n)) == here
     assert mapped.parts[0].frames["top_operators"].height == top_n
