@@ -294,10 +294,11 @@ def _process_groups(ranks: pl.DataFrame | None, here: pl.DataFrame | None = None
     schema = {"run": pl.Categorical, "rank": pl.Int32, "pg_name": pl.String, "pg_size": pl.Int64, "pg_ranks": pl.String}
     if ranks is None or "pg_config" not in ranks.columns:
         return pl.DataFrame(schema=schema)
-    wanted = None if here is None else {(str(r), int(k)) for r, k in here.iter_rows()}
+    if here is not None:  # selected in polars: a per-rank call must not walk every rank's row in Python
+        ranks = _only(ranks, here)
     rows = []
-    for run, rank, cfg in ranks.select("run", "rank", "pg_config").iter_rows():
-        if (wanted is not None and (str(run), rank) not in wanted) or not cfg:
+    for run, rank, cfg in ranks.select("run", "rank", "pg_config").filter(pl.col("pg_config").is_not_null()).iter_rows():
+        if not cfg:
             continue
         pgs = json.loads(cfg)
         for pg in pgs if isinstance(pgs, list) else []:
@@ -307,6 +308,13 @@ def _process_groups(ranks: pl.DataFrame | None, here: pl.DataFrame | None = None
                              size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None,
                              None if pg.get("ranks") is None else str(pg.get("ranks"))))
     return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _only(ranks: pl.DataFrame, here: pl.DataFrame) -> pl.DataFrame:
+    """The rows of `ranks` whose (run, rank) is in `here` (keys compared as text and integer: the
+    two frames' run categories need not agree), in `ranks`' order."""
+    key = [pl.col("run").cast(pl.String).alias("_r"), pl.col("rank").cast(pl.Int64).alias("_k")]
+    return ranks.with_columns(key).join(here.select(key).unique(), on=["_r", "_k"], how="semi", maintain_order="left").drop("_r", "_k")
 
 
 def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
@@ -340,9 +348,7 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
         .select(*KEYS, "pid", "algo", "n_key", "k", "collective", "in_place", "arg0", "arg1", "enq_dtype", enq_us="ts_us")
     )
     if ranks is not None:  # only these spans' ranks: every other rank's pg_config would be parsed for nothing
-        here = spans.select(_r=pl.col("run").cast(pl.String), _k=pl.col("rank").cast(pl.Int64)).unique()
-        ranks = (ranks.with_columns(_r=pl.col("run").cast(pl.String), _k=pl.col("rank").cast(pl.Int64))
-                 .join(here, on=["_r", "_k"], how="semi").drop("_r", "_k"))
+        ranks = _only(ranks, spans.select(KEYS).unique())
     groups = _single_groups(ranks)
     paired = spans.join(enq, on=[*KEYS, "pid", "algo", "n_key", "k"], how="left").join(groups, on=KEYS, how="left")
     own = pl.col("arg_nelems").list.get(0, null_on_oob=True)  # what the gloo span itself processed
@@ -393,7 +399,9 @@ def collective_stats(colls: pl.DataFrame) -> pl.DataFrame:
     keyed = colls.with_columns(_key=pl.struct(*by).hash())  # by holds nulls (dtype, group): one key column
     wall = (union(keyed.select("_key", "start_us", "end_us").filter(pl.col("end_us") >= pl.col("start_us")), ["_key"])
             .group_by("_key").agg(wall_us=(pl.col("end_us") - pl.col("start_us")).sum()))
-    stats = keyed.group_by(by).agg(
+    # In order of first appearance, and a stable sort below: collectives with equal total time
+    # keep their time order (a hashed order listed them differently from run to run).
+    stats = keyed.group_by(by, maintain_order=True).agg(
         count=pl.len(),
         total_us=pl.col("dur_us").sum(),
         mean_us=pl.col("dur_us").mean(),
@@ -409,7 +417,8 @@ def collective_stats(colls: pl.DataFrame) -> pl.DataFrame:
     factor = pl.lit(1.0)
     for kind, f in BUSBW_FACTOR.items():
         factor = pl.when(pl.col("algo") == kind).then(f(n)).otherwise(factor)
-    return stats.with_columns(busbw_gbps=pl.col("algbw_gbps") * factor).sort(*KEYS, "total_us", descending=[False, False, True])
+    return stats.with_columns(busbw_gbps=pl.col("algbw_gbps") * factor).sort(*KEYS, "total_us", descending=[False, False, True],
+                                                                              maintain_order=True)
 
 
 def collective_skew(colls: pl.DataFrame) -> pl.DataFrame:
