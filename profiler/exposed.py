@@ -33,12 +33,13 @@ EXPOSED_COLUMNS = {
 }
 
 
-def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame) -> pl.DataFrame:
+def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per (run, rank, step, collective, phase): calls, comm_us (summed durations) and exposed_us.
 
     colls: profiler.collectives rows of the same ranks; `phase` is null where they carry none.
+    multi: multi_gpu_ranks(events), where the caller has it already.
     """
-    if not (multi := multi_gpu_ranks(events)).is_empty():  # several GPUs' timelines in one rank: refused
+    if not (multi := multi_gpu_ranks(events) if multi is None else multi).is_empty():  # several GPUs' timelines in one rank: refused
         colls = colls.join(multi.select(KEYS).cast({"run": colls.schema["run"], "rank": colls.schema["rank"]}),
                            on=KEYS, how="anti")
     if colls.is_empty():

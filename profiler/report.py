@@ -9,7 +9,7 @@ import math
 
 import polars as pl
 
-from profiler.breakdown import multi_gpu_ranks, temporal_breakdown
+from profiler.breakdown import multi_gpu_ranks, temporal_breakdowns
 from profiler.collectives import collective_skew, collective_stats, collectives, stragglers
 from profiler.discover import manifest_field
 from profiler.load import Traces
@@ -195,14 +195,16 @@ def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dic
     if step is not None:
         events = events.filter(pl.col("step").is_not_null() | (pl.col("kind") == "memory_event"))
     colls = collectives(events, ranks)
+    multi = multi_gpu_ranks(events)  # read by the breakdowns and exposed_comm too: found once
+    breakdown, breakdown_steps = temporal_breakdowns(events, steps=steps, multi=multi)
     return {
         "all_steps": all_steps.select("run", "rank", "step"),
         "steps": steps,
-        "multi_gpu": multi_gpu_ranks(events),
-        "breakdown": temporal_breakdown(events, steps=steps),
-        "breakdown_steps": temporal_breakdown(events, per_step=True, steps=steps),
+        "multi_gpu": multi,
+        "breakdown": breakdown,
+        "breakdown_steps": breakdown_steps,
         "collectives": colls,
-        "exposed": exposed_comm(events, colls),
+        "exposed": exposed_comm(events, colls, multi=multi),
         "actions": pipeline_actions(events, steps=steps, runs=runs),
         "memory_peaks": memory_peaks(timeline := memory_timeline(events)),
         "memory_curve": memory_curve(timeline),
