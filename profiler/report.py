@@ -186,6 +186,10 @@ def dropped_warnings(ranks: pl.DataFrame) -> list[str]:
 def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict | None], *, step: int | None,
                   top_n: int) -> dict[str, pl.DataFrame]:
     """The per-rank analyses of one (run, rank)'s events."""
+    # One chunk per column: a frame read from a parquet of several row groups, beside columns of
+    # one chunk (run, rank, step), is re-aligned in full by every eager operation on it (about
+    # 8 ms each on a 100 MB rank); aligned once here, those cost nothing.
+    events = events.rechunk()
     all_steps = profiler_steps(events)
     steps = all_steps if step is None else all_steps.filter(pl.col("step") == step)
     if steps.is_empty():  # --step S and this rank has no step S: nothing to analyze
