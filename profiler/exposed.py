@@ -24,7 +24,7 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.breakdown import THREAD, gloo_worker_threads, multi_gpu_ranks
-from profiler.intervals import sweep
+from profiler.intervals import last_at_instant, over, sweep, varying
 from profiler.steps import KEYS
 
 EXPOSED_COLUMNS = {
@@ -78,15 +78,17 @@ def _exposed_weight(bounds: pl.DataFrame) -> pl.DataFrame:
     edges = pl.concat([
         bounds.select(*KEYS, t="start_us", d_comp="comp", d_comm="comm"),
         bounds.select(*KEYS, t="end_us", d_comp=-pl.col("comp"), d_comm=-pl.col("comm")),
-    ]).sort(*KEYS, "t")
+    ])
+    keys = varying(edges, KEYS)  # sorted and windowed by these only: one rank's frame has none
     return (
-        edges.with_columns(n_comp=pl.col("d_comp").cum_sum().over(KEYS), n_comm=pl.col("d_comm").cum_sum().over(KEYS))
-        .group_by(*KEYS, "t", maintain_order=True).agg(pl.col("n_comp", "n_comm").last())
-        .with_columns(dur=(pl.col("t").shift(-1) - pl.col("t")).over(KEYS).fill_null(0.0))
+        edges.sort(*keys, "t")
+        .with_columns(n_comp=over(pl.col("d_comp").cum_sum(), keys), n_comm=over(pl.col("d_comm").cum_sum(), keys))
+        .filter(last_at_instant(keys))  # each instant's last running counts (the frame is sorted by it)
+        .with_columns(dur=over(pl.col("t").shift(-1) - pl.col("t"), keys).fill_null(0.0))
         .with_columns(w=pl.when((pl.col("n_comm") > 0) & (pl.col("n_comp") == 0)).then(pl.col("dur") / pl.col("n_comm"))
                       .otherwise(0.0))
         # the weight of [t, next t) is reached at the next t
-        .with_columns(w_cum=(pl.col("w").cum_sum() - pl.col("w")).over(KEYS))
+        .with_columns(w_cum=over(pl.col("w").cum_sum() - pl.col("w"), keys))
         .select(*KEYS, "t", "w_cum")
     )
 
