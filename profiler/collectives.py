@@ -35,7 +35,7 @@ import json
 
 import polars as pl
 
-from profiler.intervals import union
+from profiler.intervals import union, varying
 from profiler.steps import KEYS, assign_steps
 
 # Kernel-name and arg spellings -> our collective kinds.
@@ -185,7 +185,8 @@ def _gpu(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
     k = events.filter((pl.col("device") == "gpu") & (pl.col("kind") == "comm") & pl.col("step").is_not_null())
     if k.is_empty():
         return k
-    k = k.join(_launch_context(events, k), on=[*KEYS, "correlation"], how="left")
+    keys = varying(events, KEYS)  # matched on these and correlation: one rank's events on correlation alone
+    k = k.join(_launch_context(events, k, keys), on=[*keys, "correlation"], how="left")
     name = pl.col("name").cast(pl.String)
     c = pl.col
     kind = pl.coalesce(
@@ -225,22 +226,30 @@ def _gpu(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
     ).with_columns(size_bytes=_size_bytes(pl.col("collective"), pl.col("in_bytes"), pl.col("out_bytes")))
 
 
-def _launch_context(events: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
+def _launch_context(events: pl.DataFrame, kernels: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """(run, rank, correlation) of each kernel's launch -> the collective args of the CPU spans
     around that launch: `rpc_*` (record_param_comms), `nccl_*` (nccl:<op>), `c10d_*` (c10d::<op>_).
 
     A span holds the launch when it is on the launch's thread and the call starts inside it; of
     each kind the latest-starting such span is taken (they nest c10d > record_param_comms > nccl).
+    keys: the columns of KEYS that vary in `events` (profiler.intervals.varying): the result has
+    those, and the others are not matched on.
     """
-    thread = [*KEYS, "pid", "tid"]
+    thread = [*keys, "pid", "tid"]
+    # Lazy: the runtime calls and enqueues are filtered on the few columns used, not copied whole.
     launches = (
-        events.filter((pl.col("device") == "cpu") & (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
-        .join(kernels.select(*KEYS, "correlation").unique(), on=[*KEYS, "correlation"], how="semi")
-        .group_by(*KEYS, "correlation").agg(pl.col("pid", "tid", "ts_us").first())
+        events.lazy().filter((pl.col("device") == "cpu") & (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+        .select(*keys, "correlation", "pid", "tid", "ts_us")
+        .join(kernels.lazy().select(*keys, "correlation").unique(), on=[*keys, "correlation"], how="semi", maintain_order="left")
+        .group_by(*keys, "correlation").agg(pl.col("pid", "tid", "ts_us").first())
         .with_columns(launch_us="ts_us")
         .sort("ts_us")
+        .collect()
     )
-    spans = events.filter(pl.col("kind") == "enqueue").with_columns(_name=pl.col("name").cast(pl.String))
+    spans = (events.lazy().filter(pl.col("kind") == "enqueue")
+             .select(*thread, "ts_us", "end_us", "collective", "in_nelems", "out_nelems", "dtype", "group_name",
+                     "group_ranks", "group_size", "arg_nelems", "arg_types", _name=pl.col("name").cast(pl.String))
+             .collect())
     first_arg = pl.col("arg_nelems").list.get(0, null_on_oob=True)
     real_type = pl.col("arg_types").list.eval(pl.element().filter(~pl.element().is_in(["", "Scalar", "TensorList"]))).list.first()
     kinds = {

@@ -63,9 +63,11 @@ def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
     return (
         self_times(events)
         .filter(pl.col("kind").is_in(CPU_OP_KINDS))
-        .group_by(*KEYS, "name")
+        # In order of first appearance and a stable sort: operators with equal times are listed
+        # (and cut at n) the same way on every load, not in a hashed order.
+        .group_by(*KEYS, "name", maintain_order=True)
         .agg(count=pl.len(), self_us=pl.col("self_us").sum(), total_us=pl.col("dur_us").sum())
-        .sort(*KEYS, "self_us", descending=[False, False, True])
+        .sort(*KEYS, "self_us", descending=[False, False, True], maintain_order=True)
         .group_by(KEYS, maintain_order=True)
         .head(n)
         .with_columns(pl.col("name").cast(pl.String))
@@ -78,9 +80,9 @@ def top_kernels(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
     return (
         events.lazy()
         .filter((pl.col("device") == "gpu") & (pl.col("kind") != "annotation"))
-        .group_by(*KEYS, "name", "kind")
+        .group_by(*KEYS, "name", "kind", maintain_order=True)  # ties: as top_operators
         .agg(count=pl.len(), total_us=pl.col("dur_us").sum(), mean_us=pl.col("dur_us").mean())
-        .sort(*KEYS, "total_us", descending=[False, False, True])
+        .sort(*KEYS, "total_us", descending=[False, False, True], maintain_order=True)
         .group_by(KEYS, maintain_order=True)
         .head(n)
         .with_columns(pl.col("name").cast(pl.String), pl.col("kind").cast(pl.String))
