@@ -41,21 +41,23 @@ def temporal_breakdown(events: pl.DataFrame, *, per_step: bool = False, steps: p
 
     `device` says which accounting a rank got: "gpu" where it has GPU activity, else "cpu".
     """
-    return _breakdown(_intervals(events, steps, multi_gpu_ranks(events)), per_step)
+    return _breakdown(_intervals(events, steps, multi_gpu_ranks(events), None), per_step)
 
 
-def temporal_breakdowns(events: pl.DataFrame, *, steps: pl.DataFrame | None = None,
-                        multi: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+def temporal_breakdowns(events: pl.DataFrame, *, steps: pl.DataFrame | None = None, multi: pl.DataFrame | None = None,
+                        gloo_threads: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """temporal_breakdown per rank and per step, from one pass over the events: both sweep the same
     labelled intervals (the filters of the event frame are most of the cost on a small rank).
 
-    multi: multi_gpu_ranks(events), where the caller has it already.
+    multi, gloo_threads: multi_gpu_ranks(events) and gloo_worker_threads(events), where the caller
+    has them already.
     """
-    intervals = _intervals(events, steps, multi_gpu_ranks(events) if multi is None else multi)
+    intervals = _intervals(events, steps, multi_gpu_ranks(events) if multi is None else multi, gloo_threads)
     return _breakdown(intervals, False), _breakdown(intervals, True)
 
 
-def _intervals(events: pl.DataFrame, steps: pl.DataFrame | None, multi: pl.DataFrame) -> dict | None:
+def _intervals(events: pl.DataFrame, steps: pl.DataFrame | None, multi: pl.DataFrame,
+               gloo_threads: pl.DataFrame | None) -> dict | None:
     """What both breakdowns sweep: each accounting's labelled intervals (with their step) and the
     step windows; None when no rank is left (every one drives several GPUs)."""
     steps = profiler_steps(events) if steps is None else steps
@@ -72,7 +74,7 @@ def _intervals(events: pl.DataFrame, steps: pl.DataFrame | None, multi: pl.DataF
         gpu_ranks = has_gpu.filter("gpu").select(KEYS)
         gpu_events = events.join(gpu_ranks, on=KEYS, how="semi")
         cpu_events = events.join(gpu_ranks, on=KEYS, how="anti")
-    return {"steps": steps, "gpu": _gpu_intervals(gpu_events, steps), "cpu": _cpu_intervals(cpu_events, steps)}
+    return {"steps": steps, "gpu": _gpu_intervals(gpu_events, steps), "cpu": _cpu_intervals(cpu_events, steps, gloo_threads)}
 
 
 def _breakdown(intervals: dict | None, per_step: bool) -> pl.DataFrame:
@@ -152,7 +154,7 @@ def _gpu_breakdown(kernels: pl.DataFrame | None, per_step: bool) -> pl.DataFrame
     ).with_columns(device=pl.lit("gpu"))
 
 
-def _cpu_intervals(events: pl.DataFrame, steps: pl.DataFrame) -> dict | None:
+def _cpu_intervals(events: pl.DataFrame, steps: pl.DataFrame, gloo_threads: pl.DataFrame | None) -> dict | None:
     """The CPU ranks' labelled intervals (op, enqueue, comm) and their step windows."""
     if events.is_empty():
         return None
@@ -162,7 +164,7 @@ def _cpu_intervals(events: pl.DataFrame, steps: pl.DataFrame) -> dict | None:
     # spans on the main thread instead, whose operators stay compute.
     ops = (
         events.lazy().filter(pl.col("ph") == "X").select(*THREAD, "kind", "ts_us", "end_us").collect()
-        .join(gloo_worker_threads(events), on=THREAD, how="anti")
+        .join(gloo_worker_threads(events) if gloo_threads is None else gloo_threads, on=THREAD, how="anti")
     )
     labelled = pl.concat([
         ops.filter(pl.col("kind") == "op").select(*KEYS, label=pl.lit("op"), start_us="ts_us", end_us="end_us"),
@@ -196,8 +198,11 @@ def gloo_worker_threads(events: pl.DataFrame) -> pl.DataFrame:
     The training loop's thread is the one with ProfilerStep spans; in a rank without them, the
     thread with the most operator time.
     """
-    is_step = pl.col("name").is_in(names_matching(events, PROFILER_STEP_RE))
     spans = events.lazy().filter((pl.col("device") == "cpu") & (pl.col("ph") == "X")).select(*THREAD, "name", "kind", "dur_us").collect()
+    gloo = spans.filter(pl.col("kind") == "comm").select(THREAD).unique()
+    if gloo.is_empty():  # no gloo spans (an NCCL rank): no thread to find
+        return gloo
+    is_step = pl.col("name").is_in(names_matching(events, PROFILER_STEP_RE))
     stepped = spans.filter((pl.col("kind") == "annotation") & is_step).select(THREAD).unique()
     busiest = (
         spans.filter(pl.col("kind") == "op")
@@ -208,7 +213,7 @@ def gloo_worker_threads(events: pl.DataFrame) -> pl.DataFrame:
         .select(THREAD)
     )
     main = pl.concat([stepped, busiest])
-    return spans.filter(pl.col("kind") == "comm").select(THREAD).unique().join(main, on=THREAD, how="anti")
+    return gloo.join(main, on=THREAD, how="anti")
 
 
 def _clip_per_step(labelled: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:

@@ -33,11 +33,13 @@ EXPOSED_COLUMNS = {
 }
 
 
-def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFrame | None = None) -> pl.DataFrame:
+def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFrame | None = None,
+                 gloo_threads: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per (run, rank, step, collective, phase): calls, comm_us (summed durations) and exposed_us.
 
     colls: profiler.collectives rows of the same ranks; `phase` is null where they carry none.
-    multi: multi_gpu_ranks(events), where the caller has it already.
+    multi, gloo_threads: multi_gpu_ranks(events) and gloo_worker_threads(events), where the caller
+    has them already.
     """
     if not (multi := multi_gpu_ranks(events) if multi is None else multi).is_empty():  # several GPUs' timelines in one rank: refused
         colls = colls.join(multi.select(KEYS).cast({"run": colls.schema["run"], "rank": colls.schema["rank"]}),
@@ -47,7 +49,7 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFra
     calls = colls.with_row_index("_call").with_columns(
         phase=pl.col("phase").cast(pl.String) if "phase" in colls.columns else pl.lit(None, pl.String)
     )
-    compute = pl.concat([_gpu_compute(events, calls), _cpu_compute(events, calls)], how="vertical_relaxed")
+    compute = pl.concat([_gpu_compute(events, calls), _cpu_compute(events, calls, gloo_threads)], how="vertical_relaxed")
     key_types = {"run": pl.String, "rank": pl.Int64}
     calls_k = calls.with_columns(pl.col("run").cast(pl.String), pl.col("rank").cast(pl.Int64))
     bounds = pl.concat([
@@ -106,7 +108,7 @@ def _gpu_compute(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _cpu_compute(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+def _cpu_compute(events: pl.DataFrame, calls: pl.DataFrame, gloo_threads: pl.DataFrame | None) -> pl.DataFrame:
     """Operator time outside the collective enqueues, on the ranks' own threads (breakdown's CPU compute)."""
     cpu = calls.filter(pl.col("source") == "gloo").select(KEYS).unique()
     if cpu.is_empty():
@@ -116,7 +118,8 @@ def _cpu_compute(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     ops = (
         ev.lazy().filter((pl.col("ph") == "X") & pl.col("kind").is_in(["op", "enqueue"]))
         .select(*THREAD, "kind", "ts_us", "end_us").collect()
-        .join(gloo_worker_threads(ev), on=THREAD, how="anti")
+        # (a rank's gloo threads are found from its own events: those of every rank serve as well)
+        .join(gloo_worker_threads(ev) if gloo_threads is None else gloo_threads, on=THREAD, how="anti")
     )
     # op minus enqueue, as the breakdown counts it: the segments an op covers and no enqueue does.
     segs = sweep(ops.select(*KEYS, label=pl.col("kind").cast(pl.String), start_us="ts_us", end_us="end_us"), KEYS, ["op", "enqueue"])

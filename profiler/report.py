@@ -9,7 +9,7 @@ import math
 
 import polars as pl
 
-from profiler.breakdown import multi_gpu_ranks, temporal_breakdowns
+from profiler.breakdown import gloo_worker_threads, multi_gpu_ranks, temporal_breakdowns
 from profiler.collectives import collective_skew, collective_stats, collectives, stragglers
 from profiler.discover import manifest_field
 from profiler.load import Traces
@@ -199,8 +199,9 @@ def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dic
     if step is not None:
         events = events.filter(pl.col("step").is_not_null() | (pl.col("kind") == "memory_event"))
     colls = collectives(events, ranks)
-    multi = multi_gpu_ranks(events)  # read by the breakdowns and exposed_comm too: found once
-    breakdown, breakdown_steps = temporal_breakdowns(events, steps=steps, multi=multi)
+    # Read by the breakdowns and exposed_comm alike: found once.
+    multi, gloo = multi_gpu_ranks(events), gloo_worker_threads(events)
+    breakdown, breakdown_steps = temporal_breakdowns(events, steps=steps, multi=multi, gloo_threads=gloo)
     return {
         "all_steps": all_steps.select("run", "rank", "step"),
         "steps": steps,
@@ -208,7 +209,7 @@ def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dic
         "breakdown": breakdown,
         "breakdown_steps": breakdown_steps,
         "collectives": colls,
-        "exposed": exposed_comm(events, colls, multi=multi),
+        "exposed": exposed_comm(events, colls, multi=multi, gloo_threads=gloo),
         "actions": pipeline_actions(events, steps=steps, runs=runs),
         "memory_peaks": memory_peaks(timeline := memory_timeline(events)),
         "memory_curve": memory_curve(timeline),
