@@ -408,9 +408,7 @@ def collective_stats(colls: pl.DataFrame) -> pl.DataFrame:
     keyed = colls.with_columns(_key=pl.struct(*by).hash())  # by holds nulls (dtype, group): one key column
     wall = (union(keyed.select("_key", "start_us", "end_us").filter(pl.col("end_us") >= pl.col("start_us")), ["_key"])
             .group_by("_key").agg(wall_us=(pl.col("end_us") - pl.col("start_us")).sum()))
-    # In order of first appearance, and a stable sort below: collectives with equal total time
-    # keep their time order (a hashed order listed them differently from run to run).
-    stats = keyed.group_by(by, maintain_order=True).agg(
+    stats = keyed.group_by(by).agg(
         count=pl.len(),
         total_us=pl.col("dur_us").sum(),
         mean_us=pl.col("dur_us").mean(),
@@ -426,8 +424,10 @@ def collective_stats(colls: pl.DataFrame) -> pl.DataFrame:
     factor = pl.lit(1.0)
     for kind, f in BUSBW_FACTOR.items():
         factor = pl.when(pl.col("algo") == kind).then(f(n)).otherwise(factor)
-    return stats.with_columns(busbw_gbps=pl.col("algbw_gbps") * factor).sort(*KEYS, "total_us", descending=[False, False, True],
-                                                                              maintain_order=True)
+    # Ties in total_us (equal calls of two dtypes) are ordered by the other keys: the same order every load.
+    tie = ["collective", "algo", "group", "group_size", "dtype", "size_bytes"]
+    return stats.with_columns(busbw_gbps=pl.col("algbw_gbps") * factor).sort(
+        *KEYS, "total_us", *tie, descending=[False, False, True] + [False] * len(tie), nulls_last=True)
 
 
 def collective_skew(colls: pl.DataFrame) -> pl.DataFrame:
