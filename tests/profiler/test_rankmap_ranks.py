@@ -1,4 +1,4 @@
-"""report._analyze_rank: the per-rank analyses give each rank the same rows whether its events come
+"""rankmap.analyze_rank: the per-rank analyses give each rank the same rows whether its events come
 alone or with other ranks' (they group by run and rank; the speed paths for one rank's frame,
 profiler.intervals.varying, must not change a number)."""
 
@@ -9,7 +9,8 @@ import pytest
 
 from profiler.intervals import last_at_instant, sweep, varying
 from profiler.load import load_traces
-from profiler.report import _analyze_rank, _concat
+from profiler.rankmap import analyze_rank
+from profiler.report import _concat
 from tests.conftest import REPO
 from tests.profiler.conftest import GPU_NCCL
 
@@ -17,8 +18,8 @@ from tests.profiler.conftest import GPU_NCCL
 @pytest.mark.parametrize("path", [REPO / "traces" / "sample-ring-2r", GPU_NCCL], ids=["gloo", "nccl"])
 def test_two_ranks_together_give_each_rank_its_own_rows(path):
     traces = load_traces(path)
-    alone = [_analyze_rank(ev, traces.ranks, traces.runs, step=None, top_n=15) for ev in traces.rank_events()]
-    together = _analyze_rank(pl.concat(list(traces.rank_events())), traces.ranks, traces.runs, step=None, top_n=15)
+    alone = [analyze_rank(ev, traces.ranks, traces.runs, step=None, top_n=15) for ev in traces.rank_events()]
+    together = analyze_rank(pl.concat(list(traces.rank_events())), traces.ranks, traces.runs, step=None, top_n=15)
     assert set(together) == set(alone[0])
     for name, frame in together.items():
         expected = _concat([a[name] for a in alone])
