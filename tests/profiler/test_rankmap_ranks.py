@@ -17,7 +17,7 @@ from tests.profiler.conftest import GPU_NCCL
 
 @pytest.mark.parametrize("path", [REPO / "traces" / "sample-ring-2r", GPU_NCCL], ids=["gloo", "nccl"])
 def test_two_ranks_together_give_each_rank_its_own_rows(path):
-    traces = load_traces(path)
+    traces = load_traces(path, workers=1)  # in this process: no worker start-up
     alone = [analyze_rank(ev, traces.ranks, traces.runs, step=None, top_n=15) for ev in traces.rank_events()]
     together = analyze_rank(pl.concat(list(traces.rank_events())), traces.ranks, traces.runs, step=None, top_n=15)
     assert set(together) == set(alone[0])
