@@ -323,7 +323,8 @@ def _only(ranks: pl.DataFrame, here: pl.DataFrame) -> pl.DataFrame:
     """The rows of `ranks` whose (run, rank) is in `here` (keys compared as text and integer: the
     two frames' run categories need not agree), in `ranks`' order."""
     key = [pl.col("run").cast(pl.String).alias("_r"), pl.col("rank").cast(pl.Int64).alias("_k")]
-    return ranks.with_columns(key).join(here.select(key).unique(), on=["_r", "_k"], how="semi", maintain_order="left").drop("_r", "_k")
+    wanted = here.select(key).unique()
+    return ranks.with_columns(key).join(wanted, on=["_r", "_k"], how="semi", maintain_order="left").drop("_r", "_k")
 
 
 def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:

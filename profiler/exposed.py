@@ -41,7 +41,8 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFra
     multi, gloo_threads: multi_gpu_ranks(events) and gloo_worker_threads(events), where the caller
     has them already.
     """
-    if not (multi := multi_gpu_ranks(events) if multi is None else multi).is_empty():  # several GPUs' timelines in one rank: refused
+    multi = multi_gpu_ranks(events) if multi is None else multi
+    if not multi.is_empty():  # several GPUs' timelines in one rank: refused
         colls = colls.join(multi.select(KEYS).cast({"run": colls.schema["run"], "rank": colls.schema["rank"]}),
                            on=KEYS, how="anti")
     if colls.is_empty():
