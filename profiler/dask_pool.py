@@ -54,8 +54,14 @@ class DaskEngine:
                 raise TraceError(None, f"--cluster {address}: what answers there is not a Dask scheduler "
                                        f"({type(e).__name__}: {str(e)[:200]})") from None
         self.client = client
-        self.workers = max(1, len(client.scheduler_info().get("workers", {})) or 1)
-        _same_code(client)
+        try:
+            _has_workers(client, address, timeout_s)
+            _same_code(client)
+        except BaseException:
+            if address is not None:  # ours to close (a client handed in is the caller's)
+                client.close()
+            raise
+        self.workers = max(1, len(client.scheduler_info().get("workers", {})))
 
     def map(self, tasks: list[RankTask]) -> Iterator[tuple[int, RankSummary | TraceError]]:
         from distributed import as_completed
@@ -85,13 +91,26 @@ class DaskEngine:
         self.client.close()
 
 
+def _has_workers(client, address: str | None, timeout_s: float) -> None:
+    """A scheduler without workers would take the tasks and never run them: wait a little, then say so."""
+    try:
+        client.wait_for_workers(1, timeout=timeout_s)
+    except TimeoutError:
+        raise TraceError(None, f"--cluster {address or client.scheduler.address}: the scheduler has no workers after "
+                               f"{timeout_s:g} s; start some with `dask worker {address or 'ADDRESS'}`") from None
+
+
 def _same_code(client) -> None:
     """Refuse workers running another ptprof: their summaries would be another analysis's numbers
     (and the summary cache's key, the code's hash, would not say so)."""
     from profiler.summary_cache import code_version
 
     ours = code_version()
-    theirs = client.run(code_version)  # {worker address: its hash}; workers joining later are not asked
+    try:
+        theirs = client.run(code_version)  # {worker address: its hash}; workers joining later are not asked
+    except Exception as e:  # noqa: BLE001  (a worker without ptprof: ModuleNotFoundError there)
+        raise TraceError(None, f"--cluster: could not ask the Dask workers which ptprof they run ({type(e).__name__}: "
+                               f"{str(e)[:200]}); install the same ptprof on the workers") from None
     other = {w: v for w, v in theirs.items() if v != ours}
     if other:
         w, v = sorted(other.items())[0]
@@ -105,7 +124,6 @@ def _probe(address: str | None, timeout_s: float) -> None:
     import socket
 
     from distributed.comm import parse_address, parse_host_port
-
     from distributed.comm.registry import get_backend
 
     scheme, loc = parse_address(address or "")  # ValueError on a malformed one

@@ -207,6 +207,14 @@ def test_a_dask_worker_that_dies_costs_its_file_only(client, dask_cache, tmp_pat
     _frames_equal(traces, local)
 
 
+def test_a_scheduler_without_workers_is_one_error_not_a_wait_forever():
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as empty:
+        with pytest.raises(TraceError, match=rf"--cluster {empty.scheduler_address}: the scheduler has no workers after 0.5 s"):
+            DaskEngine(empty.scheduler_address, timeout_s=0.5)
+
+
 def test_workers_running_other_code_are_refused(client):
     client.run(exec, "import profiler.summary_cache as s; s._real_code_version = s.code_version; "
                      "s.code_version = lambda: 'another'", {})
