@@ -1,12 +1,11 @@
-"""Worker process of `load_traces`: parse the files named on the command line into `out_dir`.
+"""Worker process of the local engine (pool.py): summarize the tasks in TASK_FILE.
 
-    python -m profiler._worker OUT_DIR '["FILE", [KEY, SHA256] or null]'...
+    python -m profiler._worker TASK_FILE      # one JSON line per task: [index, RankTask.to_json()]
 
-Each file comes with its identity as `cache.lookup` found it (or null), so it is not hashed again.
-
-Writes one JSON line per file to stdout as it finishes: {"path", "error"}, or {"path", "meta",
-"parquet", "unstored"}. Where the frame could not be written to OUT_DIR (a full disk), "parquet" is
-null and "frame_bytes": N says that the line is followed by N bytes of the frame as Arrow IPC.
+Writes to stdout, as each file finishes, one JSON line {"index", "path", "error"} or {"index",
+"path", "summary_bytes": N[, "frame_bytes": M]} followed by the N bytes of the encoded summary
+(rankmap.encode) and, where the events could not be cached (a full disk), the M bytes of the
+event frame as Arrow IPC.
 """
 
 from __future__ import annotations
@@ -14,29 +13,31 @@ from __future__ import annotations
 import io
 import json
 import sys
-from pathlib import Path
 
 from profiler.errors import TraceError
-from profiler.cache import load_one_safe
+from profiler.rankmap import RankTask, encode, summarize
 
 
 def main(argv: list[str]) -> None:
-    out_dir, files = Path(argv[0]), argv[1:]
     out = sys.stdout.buffer
-    for arg in files:
-        f, ident = json.loads(arg)
-        res = load_one_safe(Path(f), out_dir, tuple(ident) if ident else None)
-        payload = b""
+    with open(argv[0]) as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        index, text = json.loads(line)
+        task = RankTask.from_json(text)
+        res = summarize(task)
+        payloads = []
         if isinstance(res, TraceError):
-            msg = {"path": f, "error": res.problem}
+            msg = {"index": index, "path": task.path, "error": res.problem}
         else:
-            msg = {"path": f, "meta": res.meta, "parquet": res.parquet, "unstored": res.unstored}
+            payloads.append(encode(res))
+            msg = {"index": index, "path": task.path, "summary_bytes": len(payloads[0])}
             if res.frame is not None:
                 buf = io.BytesIO()
                 res.frame.write_ipc(buf)
-                payload = buf.getvalue()
-                msg["frame_bytes"] = len(payload)
-        out.write(json.dumps(msg).encode() + b"\n" + payload)
+                payloads.append(buf.getvalue())
+                msg["frame_bytes"] = len(payloads[1])
+        out.write(json.dumps(msg).encode() + b"\n" + b"".join(payloads))
         out.flush()
 
 

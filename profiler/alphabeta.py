@@ -66,7 +66,8 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame, *, fastest_pe
     timed = _timed(collectives, ranks)
     calls = timed.filter(pl.col("size_bytes").is_not_null() & (pl.col("size_bytes") >= 0))
     if fastest_per_size:
-        calls = calls.group_by(*GROUP, "size_bytes").agg(pl.col("dur_us").min())
+        # Sorted: the fit's sums run in a fixed order, so its last digits never vary between loads.
+        calls = calls.group_by(*GROUP, "size_bytes").agg(pl.col("dur_us").min()).sort(*GROUP, "size_bytes", nulls_last=True)
     # Kinds the trace timed but never sized (older NCCL traces without args): a row that says so.
     unsized = (timed.group_by(GROUP).agg(n_calls=pl.len()).join(calls.select(GROUP).unique(), on=GROUP, how="anti", nulls_equal=True)
                .with_columns(n_sizes=pl.lit(0, pl.Int64), note=pl.lit("the trace gives no message sizes for these calls: no fit")))

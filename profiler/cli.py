@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every rank as a row (and every step, and each collective's message sizes and dtypes) instead "
                         "of min / median / max over ranks naming the ranks at each end; operator tables keep --top rows per rank")
     p.add_argument("--no-cache", action="store_true", help="parse every trace again, ignoring the parquet cache")
+    p.add_argument("--cluster", metavar="ADDRESS",
+                   help="run the per-rank work (parse + per-rank analyses) on a Dask distributed cluster, e.g. "
+                        "tcp://scheduler:8786; the traces must be on a filesystem the workers share (same paths). Without "
+                        "it, local worker processes do the same work (one per core, --workers)")
+    p.add_argument("--workers", type=_whole_number(1, 4096), metavar="N",
+                   help="local worker processes (default: one per CPU core)")
     p.add_argument("--quiet", action="store_true", help="no tables on stdout (with --json FILE; alone, it only checks the traces and, when they are fine, warns on stderr that nothing was written)")
     return p
 
@@ -101,6 +107,7 @@ def _print_table(text: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from profiler.load import load_traces
+    from profiler.rankmap import MapOptions
     from profiler.report import analyze, build_report
     from profiler.text import format_tables
 
@@ -108,8 +115,23 @@ def _run(args: argparse.Namespace) -> int:
         raise TraceError(Path(args.json), "--json: its folder does not exist")
     if args.json and Path(args.json).is_dir():
         raise TraceError(Path(args.json), "--json: this is a folder; name the report file (e.g. report.json)")
-    traces = load_traces(args.paths, default_rank=args.trace_rank, rank_from_filename_first=args.rank_from_filename,
-                         cache=not args.no_cache)
+    if args.cluster and args.hta:
+        raise TraceError(None, "--hta needs the events on this machine; leave out --cluster to compare with HTA")
+    engine = None
+    if args.cluster:
+        from profiler.dask_pool import DaskEngine
+
+        engine = DaskEngine(args.cluster)
+    elif args.workers:
+        from profiler.pool import LocalEngine
+
+        engine = LocalEngine(args.workers)
+    try:
+        traces = load_traces(args.paths, default_rank=args.trace_rank, rank_from_filename_first=args.rank_from_filename,
+                             cache=not args.no_cache, options=MapOptions(step=args.step, top_n=args.top), engine=engine)
+    finally:
+        if engine is not None and hasattr(engine, "close"):
+            engine.close()
     if args.gpu:  # --gpu is the demand "every trace is a GPU trace"; --hta skips the runs without GPU activity
         no_gpu = traces.ranks.filter(~pl.col("has_gpu"))
         if no_gpu.height:

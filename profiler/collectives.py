@@ -409,7 +409,10 @@ def collective_stats(colls: pl.DataFrame) -> pl.DataFrame:
     factor = pl.lit(1.0)
     for kind, f in BUSBW_FACTOR.items():
         factor = pl.when(pl.col("algo") == kind).then(f(n)).otherwise(factor)
-    return stats.with_columns(busbw_gbps=pl.col("algbw_gbps") * factor).sort(*KEYS, "total_us", descending=[False, False, True])
+    # Ties in total_us (equal calls of two dtypes) are ordered by the other keys: the same order every load.
+    tie = ["collective", "algo", "group", "group_size", "dtype", "size_bytes"]
+    return stats.with_columns(busbw_gbps=pl.col("algbw_gbps") * factor).sort(
+        *KEYS, "total_us", *tie, descending=[False, False, True] + [False] * len(tie), nulls_last=True)
 
 
 def collective_skew(colls: pl.DataFrame) -> pl.DataFrame:

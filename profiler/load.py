@@ -14,18 +14,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
 import polars as pl
 
-from profiler.cache import CacheUnusable, Parsed, cache_dir, unstored_note
+from profiler.cache import CacheUnusable, cache_dir, remove_stale_tmp, unstored_note
 from profiler.damaged import DAMAGED, MAX_RANK
 from profiler.discover import JobFacts, find_sources, not_a_regular_file, read_manifest, split_jobs
 from profiler.errors import TraceError, path_text
 from profiler.parse import SCHEMA, _as_int
-from profiler.pool import load_all
+from profiler.pool import LocalEngine, lookup_all, progress_bar
+from profiler.rankmap import MapOptions, RankSummary, RankTask, relabel
+from profiler.summary_cache import read_summary
 
 # rank3.json.gz (ours), rank3_trace.json.gz (torchtitan), rank-3 / rank_3 (others)
 RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -41,8 +44,14 @@ class RankPart:
     # The parsed events themselves, where they could not be written (a full disk; parquet is None).
     frame: pl.DataFrame | None = dataclasses.field(default=None, repr=False, compare=False)
 
+    # Its per-rank analyses (rankmap.analyze_rank), labelled (run, rank); None where not made.
+    frames: dict[str, pl.DataFrame] | None = dataclasses.field(default=None, repr=False, compare=False)
+
     def events(self) -> pl.DataFrame:
         """This file's rows of the event frame (SCHEMA). The parquet already has SCHEMA's types."""
+        if self.parquet is None and self.frame is None:
+            raise TraceError(None, f"run {self.run} rank {self.rank}: its events are not on this machine (loaded by a "
+                                   "Dask cluster, whose workers keep them); load without --cluster for event-level views")
         frame = self.frame if self.parquet is None else pl.read_parquet(self.parquet)
         return frame.with_columns(run=pl.lit(self.run, pl.Categorical), rank=pl.lit(self.rank, pl.Int32)).select(list(SCHEMA))
 
@@ -70,6 +79,7 @@ class Traces:
     problems: list[TraceError]
     parts: tuple[RankPart, ...]
     notes: list[str] = dataclasses.field(default_factory=list)
+    options: MapOptions = dataclasses.field(default_factory=MapOptions)  # what the parts' summaries were made with
     _memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     # load_traces(cache=False): the private folder holding `parts`' parquet, removed with the Traces
     _scratch: object = dataclasses.field(default=None, repr=False, compare=False)
@@ -130,37 +140,67 @@ def load_traces(
     cache: bool = True,
     workers: int | None = None,
     progress: bool | None = None,
+    options: MapOptions | None = None,
+    engine=None,
 ) -> Traces:
-    """Load trace files / run folders into one event frame, every rank of every run.
+    """Load trace files / run folders, every rank of every run, each file summarized where it is parsed.
 
     rank_from_filename_first: take the rank from the file name even where distributedInfo has one.
     default_rank: the rank of a trace that names none (only sensible for a single file). Without
     it, a run's only file naming no rank is rank 0 (said in `notes`); several such files are errors.
+    options: what the per-rank analyses run with (--step, --top); `analyze` with other options
+        analyzes the ranks again, in this process.
+    engine: runs the per-rank map (pool.LocalEngine(workers) by default; dask_pool.DaskEngine).
     Raises TraceError when nothing usable is left; otherwise bad files are listed in `problems`.
     """
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if not paths:
         raise TraceError(None, "no trace paths given")
+    options = options or MapOptions()
+    engine = engine or LocalEngine(workers)
+    remote = getattr(engine, "remote", False)  # a Dask cluster: workers parse into their own caches
     sources = find_sources(paths)
     notes: list[str] = []
     cache_path = None
-    if cache:
+    if cache and not remote:
         try:
             cache_path = cache_dir()
         except CacheUnusable as e:
             notes.append(str(e))
     # Without the cache, files are parsed into a private folder that lives as long as the Traces,
     # so every load is analyzed one rank at a time from parquet either way.
-    scratch = None if cache_path else tempfile.TemporaryDirectory(prefix="ptprof-nocache-")
-    cache_path = cache_path or Path(scratch.name)
+    scratch = None if cache_path or remote else tempfile.TemporaryDirectory(prefix="ptprof-nocache-")
+    cache_path = cache_path or (Path(scratch.name) if scratch else None)
+    manifests = _Manifests()
     # Files in a folder that are no regular file (FIFO, device, dangling link) are never opened:
     # each is a problem of its own, so the rank is named as missing.
-    odd = {i: TraceError(s.path, why) for i, s in enumerate(sources) if (why := not_a_regular_file(s.path))}
-    loaded = iter(load_all([s.path for i, s in enumerate(sources) if i not in odd], cache_path, workers=workers,
-                           progress=progress))
-    results = [odd[i] if i in odd else next(loaded) for i in range(len(sources))]
-    unstored = [r.unstored for r in results if not isinstance(r, TraceError) and r.unstored]
-    if unstored:
+    results: list[RankSummary | TraceError | None] = [
+        TraceError(s.path, why) if (why := not_a_regular_file(s.path)) else None for s in sources]
+    tasks = {i: RankTask(str(s.path), s.run, None, options, str(cache_path) if cache_path else None,
+                         rank=_name_rank(s.path, rank_from_filename_first))
+             for i, s in enumerate(sources) if results[i] is None}
+    for i in list(tasks):
+        m = manifests.get(sources[i].run_dir)
+        if isinstance(m, TraceError):
+            results[i] = m
+            del tasks[i]
+        else:
+            tasks[i] = dataclasses.replace(tasks[i], manifest=m)
+    made_with = {i: (t.run, _manifest_key(t.manifest)) for i, t in tasks.items()}  # what each summary is labelled with
+    if not remote:  # a warm load reads each file's summary here, without starting a worker
+        idx = list(tasks)
+        for i, (entry, ident) in zip(idx, lookup_all([Path(tasks[i].path) for i in idx], cache_path, engine.workers)):
+            tasks[i] = dataclasses.replace(tasks[i], ident=ident)
+            # Only beside a verified parquet entry: the events stay readable (drill-downs, --hta).
+            hit = read_summary(cache_path, tasks[i], entry.parquet) if entry is not None else None
+            if hit is not None:
+                results[i] = hit
+                del tasks[i]
+        if tasks:
+            remove_stale_tmp(cache_path)
+    _map(engine, tasks, results, progress=progress, total=len(sources))
+    unstored = [r.unstored for r in results if isinstance(r, RankSummary) and r.unstored]
+    if unstored and cache_path:
         notes.append(unstored_note(cache_path, unstored, len(results)))
     # A folder (or command) holding files of several jobs: one run per job, never one merged run.
     sources, split_notes = split_jobs(sources, [None if isinstance(r, TraceError) else _job_facts(r) for r in results])
@@ -168,18 +208,20 @@ def load_traces(
 
     problems: list[TraceError] = []
     files_per_run = Counter(src.run for src in sources)
-    parts: list[RankPart] = []
+    kept: list[tuple[int, int]] = []  # (index into sources, rank)
     rows: list[dict] = []
     seen: dict[tuple[str, int], Path] = {}
     runs: dict[str, dict | None] = {}
-    for src, res in zip(sources, results):
+    for i, (src, res) in enumerate(zip(sources, results)):
         if isinstance(res, TraceError):
             problems.append(res)
             continue
         meta = res.meta
         try:
-            if src.run not in runs:
-                runs[src.run] = read_manifest(src.run_dir)
+            m = manifests.get(src.run_dir)
+            if isinstance(m, TraceError):
+                raise m
+            runs.setdefault(src.run, m)
             rank, note = _resolve_rank(src.path, meta, prefer_filename=rank_from_filename_first, default_rank=default_rank,
                                        alone=files_per_run[src.run] == 1)
             if not 0 <= rank <= MAX_RANK:  # from a file name or default_rank (distributedInfo's is checked in parse)
@@ -202,11 +244,20 @@ def load_traces(
             "n_events": meta["n_events"], "dropped": {k: meta["dropped"].get(k, 0) for k in DAMAGED},
             "unknown_categories": ", ".join(f"{c} ({n})" for c, n in meta["unknown_categories"].items()) or None,
         })
-        parts.append(RankPart(src.run, rank, res.parquet, res.frame))
-    if not parts:
+        kept.append((i, rank))
+    if not kept:
         if len(problems) == 1:
             raise problems[0]
         raise TraceError(None, "no usable traces: " + "; ".join(str(p) for p in problems))  # one line (cli prints it so)
+    for i in _redo_mismatched(engine, sources, results, kept, runs, options, cache_path, made_with):
+        made_with[i] = (sources[i].run, _manifest_key(runs.get(sources[i].run)))
+    parts = []
+    for i, rank in kept:
+        res, run = results[i], sources[i].run
+        if isinstance(res, TraceError):  # its second analysis (under its final run.json or rank) failed
+            raise res
+        frames = res.frames if (res.rank == rank and made_with[i][0] == run) else relabel(res, run, rank)
+        parts.append(RankPart(run, rank, res.parquet, res.frame, frames=frames))
     # Runs in the order given on the command line (the first is the baseline every comparison is
     # against: docs/report.md), ranks in order within each run.
     given = {}
@@ -217,10 +268,61 @@ def load_traces(
         pl.col("run").cast(pl.Categorical))
     runs = {r: m for r, m in runs.items() if r in set(ranks["run"].cast(pl.String))}
     return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order), notes=notes,
-                  _scratch=scratch)
+                  options=options, _scratch=scratch)
 
 
-def _job_facts(parsed: Parsed) -> JobFacts:
+class _Manifests(dict):
+    """run.json per run folder, read once: the dict, None (no run.json) or the TraceError saying why not."""
+
+    def get(self, run_dir):
+        if run_dir not in self:
+            try:
+                self[run_dir] = read_manifest(run_dir)
+            except TraceError as e:
+                self[run_dir] = e
+        return self[run_dir]
+
+
+def _name_rank(path: Path, prefer_filename: bool) -> int | None:
+    """The rank known before parsing: the file name's, when it takes precedence (--rank-from-filename)."""
+    r = rank_from_filename(path) if prefer_filename else None
+    return r if r is not None and 0 <= r <= MAX_RANK else None  # one out of range is refused after parsing
+
+
+def _map(engine, tasks: dict[int, RankTask], results: list, *, progress: bool | None, total: int) -> None:
+    """Run `tasks` on `engine`, filling results[i]; the bar counts ranks done of `total`."""
+    show = progress if progress is not None else (total > 1 and sys.stderr.isatty())
+    bar = progress_bar(total, show)
+    bar.update(total - len(tasks))
+    idx = list(tasks)
+    for k, res in engine.map([tasks[i] for i in idx]):
+        results[idx[k]] = res
+        bar.update(1)
+    bar.close()
+
+
+def _redo_mismatched(engine, sources, results, kept, runs, options, cache_path, made_with) -> list[int]:
+    """Analyze again the files whose worker guessed a rank or run.json other than the final ones.
+
+    Workers label a file before the whole set is known; job splitting (another run.json) or a rank
+    resolved from --trace-rank can only be decided after. Rare; everything else is relabelled only.
+    """
+    redo = {}
+    for i, rank in kept:
+        res, src = results[i], sources[i]
+        manifest = runs.get(src.run)
+        if res.rank != rank or made_with[i][1] != _manifest_key(manifest):
+            redo[i] = RankTask(str(src.path), src.run, manifest, options, str(cache_path) if cache_path else None, rank=rank)
+    if redo:
+        _map(engine, redo, results, progress=False, total=len(redo))
+    return list(redo)
+
+
+def _manifest_key(manifest: dict | None) -> str:
+    return json.dumps(manifest, sort_keys=True, default=str)
+
+
+def _job_facts(parsed: RankSummary) -> JobFacts:
     """The facts `split_jobs` needs of one parsed file: distributedInfo's and its clock's span."""
     meta = parsed.meta
     info = meta.get("distributed_info") or {}

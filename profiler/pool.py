@@ -1,124 +1,142 @@
-"""Parsing many files at once: worker processes, each holding one file at a time, and progress."""
+"""Running the per-rank map (rankmap.summarize) over many files: local worker processes, and progress.
+
+    for i, result in LocalEngine(workers=2).map(tasks): ...
+
+An engine maps `summarize` over RankTasks and yields (index, RankSummary | TraceError) as files
+finish, in any order. `LocalEngine` runs plain `python -m profiler._worker` processes (not
+multiprocessing, so callers need no `if __name__ == "__main__"` guard); `dask_pool.DaskEngine`
+runs the same function on a Dask cluster. Every task gets exactly one result, whatever happens to
+its worker (it cannot start, dies, or prints something unexpected), so a load never waits forever.
+"""
 
 from __future__ import annotations
 
-import io
 import json
 import os
+import queue
+import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Iterator
 
 import polars as pl
 
-from profiler.cache import Identity, Parsed, load_one_safe, lookup, remove_stale_tmp
+from profiler.cache import Identity, lookup
 from profiler.errors import TraceError
+from profiler.rankmap import RankSummary, RankTask, decode, summarize
+
+# polars' allocator (jemalloc) keeps freed pages for a while; a worker going through several
+# files would then hold the last file's garbage while parsing the next one.
+_WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"}
 
 
-def load_all(paths: list[Path], cache: Path, *, workers: int | None, progress: bool | None) -> list[Parsed | TraceError]:
-    """Parse every file not in the cache, several at once in worker processes; results in input order.
+class LocalEngine:
+    """`summarize` in up to `workers` local processes (default: one per core); in this process for one task."""
 
-    Workers are plain `python -m profiler._worker` processes (not multiprocessing), so callers
-    need no `if __name__ == "__main__"` guard; they hand frames back through parquet files (or
-    through their stdout, where a file could not be written).
-    """
-    n_workers = max(1, min(len(paths), workers or os.cpu_count() or 1))
-    show = progress if progress is not None else (len(paths) > 1 and sys.stderr.isatty())
-    bar = _progress_bar(len(paths), show)
-    found = dict(zip(paths, _lookup_all(paths, cache, n_workers)))
-    results: dict[Path, object] = {p: hit for p, (hit, _) in found.items()}
-    pending = [p for p in paths if results[p] is None]
-    bar.update(len(paths) - len(pending))
-    if pending:
-        remove_stale_tmp(cache)
-    if len(pending) <= 1 or n_workers == 1:
-        for p in pending:
-            results[p] = load_one_safe(p, cache, found[p][1])
-            bar.update(1)
-    else:
-        for p, res in _run_workers([(p, found[p][1]) for p in pending], cache, min(n_workers, len(pending))):
-            results[p] = res
-            bar.update(1)
-    bar.close()
-    return [results[p] for p in paths]
+    name = "local"
+
+    def __init__(self, workers: int | None = None):
+        self.workers = max(1, workers or os.cpu_count() or 1)
+
+    def map(self, tasks: list[RankTask]) -> Iterator[tuple[int, RankSummary | TraceError]]:
+        n = min(self.workers, len(tasks))
+        if n <= 1:
+            for i, t in enumerate(tasks):
+                yield i, summarize(t)
+            return
+        yield from _run_workers(tasks, n)
 
 
-def _lookup_all(paths: list[Path], cache: Path, n: int) -> list[tuple[Parsed | None, Identity | None]]:
-    """Each file's verified cache entry (or None) and identity. Hashing releases the GIL, so threads share the work."""
-    if len(paths) <= 1 or n == 1:
+def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[object, Identity | None]]:
+    """Each file's verified parquet entry (or None) and identity. Hashing releases the GIL, so threads share the work."""
+    if len(paths) <= 1 or workers == 1:
         return [lookup(p, cache) for p in paths]
-    with ThreadPoolExecutor(n) as pool:
+    with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda p: lookup(p, cache), paths))
 
 
-def _run_workers(files: list[tuple[Path, Identity | None]], out_dir: Path, n: int):
-    """Yield (path, result) as `n` worker processes finish files (results as from load_one_safe).
-
-    files: (path, identity from `lookup`) pairs. Every file gets exactly one result, whatever
-    happens to its worker (it cannot start, dies, or prints something unexpected), so a load
-    never waits forever.
-    """
-    import queue
-    import subprocess
-    import threading
-
+def _run_workers(tasks: list[RankTask], n: int) -> Iterator[tuple[int, RankSummary | TraceError]]:
+    """Yield (index, result) as `n` worker processes finish tasks; each worker takes every n-th task."""
     done: queue.Queue = queue.Queue()
-    chunks = [files[i::n] for i in range(n)]
+    chunks = [list(range(k, len(tasks), n)) for k in range(n)]
+    env = {**os.environ, **_WORKER_ENV}
 
-    # polars' allocator (jemalloc) keeps freed pages for a while; a worker going through several
-    # files would then hold the last file's garbage while parsing the next one.
-    env = {**os.environ, "_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"}
-
-    def run(chunk: list[tuple[Path, Identity | None]]) -> None:
-        reported: set[Path] = set()
+    def run(chunk: list[int]) -> None:
+        reported: set[int] = set()
         why = None
-        # stderr goes to a file: a worker writing more than a pipe holds (a panic's backtrace)
-        # while we read its stdout would otherwise block both.
-        with tempfile.TemporaryFile() as err:
-            try:
-                cmd = [sys.executable, "-m", "profiler._worker", str(out_dir), *(json.dumps([str(p), i]) for p, i in chunk)]
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
-                with proc:
-                    _read_worker(proc.stdout, done, reported)
-                err.seek(0)
-                tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
-                why = tail[0] if tail else f"exit status {proc.returncode}"
-            except Exception as e:  # noqa: BLE001  (cannot start: a process limit, no memory; bad output)
-                why = f"{type(e).__name__}: {e}"
-            finally:
-                for p, _ in chunk:
-                    if p not in reported:  # the worker died (killed for memory?) before finishing this file
-                        done.put((p, TraceError(p, f"parser process failed: {why or 'stopped'}")))
+        # Tasks go through a file (a run.json per task would overflow a command line); stderr
+        # goes to a file: a worker writing more than a pipe holds (a panic's backtrace) while we
+        # read its stdout would otherwise block both.
+        with tempfile.NamedTemporaryFile("w", suffix=".tasks", delete=False) as f:
+            for i in chunk:
+                f.write(json.dumps([i, tasks[i].to_json()]) + "\n")
+            task_file = f.name
+        try:
+            with tempfile.TemporaryFile() as err:
+                try:
+                    proc = subprocess.Popen([sys.executable, "-m", "profiler._worker", task_file], stdout=subprocess.PIPE,
+                                            stderr=err, env=env)
+                    with proc:
+                        _read_worker(proc.stdout, done, reported)
+                    err.seek(0)
+                    tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
+                    why = tail[0] if tail else f"exit status {proc.returncode}"
+                except Exception as e:  # noqa: BLE001  (cannot start: a process limit, no memory; bad output)
+                    why = f"{type(e).__name__}: {e}"
+        finally:
+            os.unlink(task_file)
+            for i in chunk:
+                if i not in reported:  # the worker died (killed for memory?) before finishing this file
+                    done.put((i, died(tasks[i], f"its worker process failed: {why or 'stopped'}")))
 
     threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in chunks]
     for t in threads:
         t.start()
-    for _ in files:
+    for _ in tasks:
         yield done.get()
     for t in threads:
         t.join()
 
 
-def _read_worker(stdout, done, reported: set[Path]) -> None:
-    """Put each result a worker writes (see profiler/_worker.py) on `done`; stop where its output breaks off."""
-    for line in stdout:  # one JSON line per file, then the frame's Arrow IPC bytes where it has one
+def died(task: RankTask, why: str) -> TraceError:
+    """The error of a file whose worker never answered, naming the rank where the file name tells it."""
+    from profiler.load import rank_from_filename
+
+    path = Path(task.path)
+    rank = task.rank if task.rank is not None else rank_from_filename(path)
+    return TraceError(path, f"{'rank ' + str(rank) + ': ' if rank is not None else ''}not analysed: {why}")
+
+
+def _read_worker(stdout, done, reported: set[int]) -> None:
+    """Put each result a worker writes (profiler/_worker.py) on `done`; stop where its output breaks off."""
+    import io
+
+    for line in stdout:  # one JSON line per task, then its summary's bytes (and the events', if unstored)
         if not line.endswith(b"\n"):
             return  # the worker died mid-line: its files are reported as failed
         msg = json.loads(line)
-        p = Path(msg["path"])
+        i = msg["index"]
         if "error" in msg:
-            done.put((p, TraceError(p, msg["error"])))
+            res: RankSummary | TraceError = TraceError(Path(msg["path"]), msg["error"])
         else:
-            payload = stdout.read(msg["frame_bytes"]) if msg.get("frame_bytes") is not None else None
-            if payload is not None and len(payload) < msg["frame_bytes"]:
-                return  # died mid-frame, as above
-            frame = pl.read_ipc(io.BytesIO(payload)) if payload is not None else None
-            done.put((p, Parsed(msg["meta"], msg["parquet"], frame, msg["unstored"])))
-        reported.add(p)
+            blob = stdout.read(msg["summary_bytes"])
+            if len(blob) < msg["summary_bytes"]:
+                return  # died mid-summary, as above
+            res = decode(blob)
+            if msg.get("frame_bytes") is not None:
+                payload = stdout.read(msg["frame_bytes"])
+                if len(payload) < msg["frame_bytes"]:
+                    return
+                res = RankSummary(res.meta, res.rank, res.parquet, res.frames, res.unstored, pl.read_ipc(io.BytesIO(payload)))
+        done.put((i, res))
+        reported.add(i)
 
 
-def _progress_bar(total: int, show: bool):
+def progress_bar(total: int, show: bool, desc: str = "analysing ranks"):
+    """ranks done / total on stderr (shown on a terminal, for more than one file)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="loading traces", unit="file", disable=not show, file=sys.stderr)
+    return tqdm(total=total, desc=desc, unit="rank", disable=not show, file=sys.stderr)

@@ -9,18 +9,16 @@ import math
 
 import polars as pl
 
-from profiler.breakdown import multi_gpu_ranks, temporal_breakdown
-from profiler.collectives import collective_skew, collective_stats, collectives, stragglers
+from profiler.collectives import collective_skew, collective_stats, stragglers
 from profiler.discover import manifest_field
 from profiler.load import Traces
-from profiler.memory import CURVE_COLUMNS, memory_curve, memory_peaks, memory_timeline, persistent_memory
+from profiler.memory import CURVE_COLUMNS, persistent_memory
 from profiler.damaged import DAMAGED
-from profiler.exposed import exposed_comm
 from profiler.intervals import union
-from profiler.pipeline import pipeline_actions, pipeline_grid, pipeline_summary
-from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
-from profiler.recompute import RECOMPUTE_COLUMNS, recompute_time, with_compute, with_prediction
-from profiler.top_ops import top_kernels, top_operators
+from profiler.pipeline import pipeline_grid, pipeline_summary
+from profiler.rankmap import MapOptions, analyze_rank
+from profiler.steps import NO_STEP, step_time_stats
+from profiler.recompute import RECOMPUTE_COLUMNS, with_compute, with_prediction
 from profiler.alphabeta import alpha_beta_predict, fit_alpha_beta
 from profiler.findings import FINDING_COLUMNS, findings
 from profiler.theory import predict_comm
@@ -81,7 +79,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         ranks = ranks.filter(pl.col("rank") == rank)
         if ranks.is_empty():
             raise ValueError(f"rank {rank} is not in the traces (have: {sorted(set(traces.ranks['rank']))})")
-    per_rank = [_analyze_rank(events, ranks, traces.runs, step=step, top_n=top_n) for events in traces.rank_events(rank)]
+    per_rank = rank_summaries(traces, ranks, rank=rank, step=step, top_n=top_n)
     # --step S: a rank without step S is left out (and named); no rank with it is an error.
     have_step = [r for r in per_rank if "breakdown" in r]
     if not have_step:
@@ -183,33 +181,21 @@ def dropped_warnings(ranks: pl.DataFrame) -> list[str]:
     return out
 
 
-def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict | None], *, step: int | None,
-                  top_n: int) -> dict[str, pl.DataFrame]:
-    """The per-rank analyses of one (run, rank)'s events."""
-    all_steps = profiler_steps(events)
-    steps = all_steps if step is None else all_steps.filter(pl.col("step") == step)
-    if steps.is_empty():  # --step S and this rank has no step S: nothing to analyze
-        return {"all_steps": all_steps.select("run", "rank", "step")}
-    # Which step each event is in, once for every analysis below (they reuse the column).
-    events = assign_steps(events, steps)
-    if step is not None:
-        events = events.filter(pl.col("step").is_not_null() | (pl.col("kind") == "memory_event"))
-    colls = collectives(events, ranks)
-    return {
-        "all_steps": all_steps.select("run", "rank", "step"),
-        "steps": steps,
-        "multi_gpu": multi_gpu_ranks(events),
-        "breakdown": temporal_breakdown(events, steps=steps),
-        "breakdown_steps": temporal_breakdown(events, per_step=True, steps=steps),
-        "collectives": colls,
-        "exposed": exposed_comm(events, colls),
-        "actions": pipeline_actions(events, steps=steps, runs=runs),
-        "memory_peaks": memory_peaks(timeline := memory_timeline(events)),
-        "memory_curve": memory_curve(timeline),
-        "top_operators": top_operators(events, n=top_n),
-        "top_kernels": top_kernels(events, n=top_n),
-        "recompute": recompute_time(events),
-    }
+def rank_summaries(traces: Traces, ranks: pl.DataFrame, *, rank: int | None, step: int | None,
+                   top_n: int) -> list[dict[str, pl.DataFrame]]:
+    """Each loaded (run, rank)'s per-rank analyses: the summaries made where it was parsed
+    (rankmap.py) when they were made with these options, else made again here from its events,
+    one rank in memory at a time."""
+    want = MapOptions(step=step, top_n=top_n)
+    out = []
+    for part in traces.parts:
+        if rank is not None and part.rank != rank:
+            continue
+        if part.frames is not None and traces.options == want:
+            out.append(part.frames)
+        else:
+            out.append(analyze_rank(part.events(), ranks, traces.runs, step=step, top_n=top_n))
+    return out
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:

@@ -1,0 +1,270 @@
+"""The per-rank map: one trace file in, one small summary out (issue 16: scale).
+
+    summary = summarize(RankTask(path="traces/x/rank3.json.gz", run="x", manifest=..., options=MapOptions()))
+
+Everything that needs a rank's events happens here, in a worker (a local process of pool.py or
+a Dask worker: dask_pool.py): the file is parsed (or its parquet entry read), its per-rank
+analyses run, and only their results travel back (`RankSummary.frames`: a few hundred rows per
+rank, not millions of events). The cross-rank work (skew, stragglers, pipeline groups, theory,
+findings, comparisons) is report.analyze's reduce over these summaries, so memory holds at most
+one rank's events per worker, whatever the rank count.
+
+The same function serves both engines, so a Dask load and a local one give identical numbers.
+Each summary is cached beside the parquet entry (summary_cache.py), keyed by the trace's bytes,
+the code that made it and everything the analyses read (run.json, --step, --top), so a warm load
+is a read of small files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import struct
+from pathlib import Path
+
+import polars as pl
+
+from profiler.breakdown import multi_gpu_ranks, temporal_breakdown
+from profiler.collectives import collectives
+from profiler.errors import TraceError, path_text
+from profiler.exposed import exposed_comm
+from profiler.memory import memory_curve, memory_peaks, memory_timeline
+from profiler.pipeline import pipeline_actions
+from profiler.recompute import recompute_time
+from profiler.steps import assign_steps, profiler_steps
+from profiler.top_ops import top_kernels, top_operators
+
+
+@dataclasses.dataclass(frozen=True)
+class MapOptions:
+    """What the per-rank analyses depend on besides the events and run.json (part of the cache key)."""
+
+    step: int | None = None  # --step S: only ProfilerStep#S
+    top_n: int = 15  # rows of the operator / kernel tables
+
+    def key(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankTask:
+    """One file to summarize, with everything the worker needs (plain values: it is pickled for
+    Dask and written as JSON for local workers).
+
+    run: the run label the frames carry (load.py relabels them where job splitting renames the run).
+    rank: the rank load.py resolved for the file where it could before parsing (from the file
+        name, --trace-rank), else None: the worker takes distributedInfo's (else the name's, else 0).
+    manifest: the run's run.json (None without one).
+    cache: the parquet cache folder; None: the worker's own (`cache.cache_dir()`, Dask workers).
+    ident: the file's identity from `cache.lookup` (so a miss is not hashed twice), or None.
+    """
+
+    path: str
+    run: str
+    manifest: dict | None
+    options: MapOptions
+    cache: str | None = None
+    rank: int | None = None
+    ident: tuple[str, str | None] | None = None
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        return json.dumps(d)
+
+    @staticmethod
+    def from_json(text: str) -> "RankTask":
+        d = json.loads(text)
+        d["options"] = MapOptions(**d["options"])
+        d["ident"] = tuple(d["ident"]) if d["ident"] else None
+        return RankTask(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSummary:
+    """What one trace file leaves after the map.
+
+    meta: parse_trace_file's header (distributedInfo, device, counts of dropped events, ...).
+    rank: the rank the frames are labelled with (see RankTask.rank).
+    parquet: the parquet entry of the file's events (None: not written, or not on this machine).
+    frames: the per-rank analyses (`analyze_rank`), labelled (task.run, rank).
+    unstored: why the events could not be cached (a full disk), else None.
+    """
+
+    meta: dict
+    rank: int
+    parquet: str | None
+    frames: dict[str, pl.DataFrame]
+    unstored: str | None = None
+    # The events themselves where they could not be cached (unstored); never in a cached summary.
+    frame: pl.DataFrame | None = dataclasses.field(default=None, repr=False, compare=False)
+
+
+def rank_row(meta: dict, run: str, rank: int, file: str) -> pl.DataFrame:
+    """The one-row `Traces.ranks` frame the per-rank analyses read (world size, process groups)."""
+    from profiler.parse import _as_int
+
+    info = meta.get("distributed_info") or {}
+    return pl.DataFrame([{
+        "run": run, "rank": rank, "file": file, "backend": info.get("backend"),
+        "world_size": _as_int(info.get("world_size")), "has_gpu": meta["has_gpu"],
+        "pg_config": json.dumps(info.get("pg_config")) if info.get("pg_config") else None,
+    }], schema_overrides={"pg_config": pl.String, "backend": pl.String, "world_size": pl.Int64}).with_columns(
+        pl.col("run").cast(pl.Categorical), pl.col("rank").cast(pl.Int32))
+
+
+def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict | None], *, step: int | None,
+                 top_n: int) -> dict[str, pl.DataFrame]:
+    """The per-rank analyses of one (run, rank)'s events (or of several ranks' at once: every
+    analysis here groups by run and rank, which tests/profiler/test_rankmap.py checks)."""
+    all_steps = profiler_steps(events)
+    steps = all_steps if step is None else all_steps.filter(pl.col("step") == step)
+    if steps.is_empty():  # --step S and this rank has no step S: nothing to analyze
+        return {"all_steps": all_steps.select("run", "rank", "step")}
+    # Which step each event is in, once for every analysis below (they reuse the column).
+    events = assign_steps(events, steps)
+    if step is not None:
+        events = events.filter(pl.col("step").is_not_null() | (pl.col("kind") == "memory_event"))
+    colls = collectives(events, ranks)
+    return {
+        "all_steps": all_steps.select("run", "rank", "step"),
+        "steps": steps,
+        "multi_gpu": multi_gpu_ranks(events),
+        "breakdown": temporal_breakdown(events, steps=steps),
+        "breakdown_steps": temporal_breakdown(events, per_step=True, steps=steps),
+        "collectives": colls,
+        "exposed": exposed_comm(events, colls),
+        "actions": pipeline_actions(events, steps=steps, runs=runs),
+        "memory_peaks": memory_peaks(timeline := memory_timeline(events)),
+        "memory_curve": memory_curve(timeline),
+        "top_operators": top_operators(events, n=top_n),
+        "top_kernels": top_kernels(events, n=top_n),
+        "recompute": recompute_time(events),
+    }
+
+
+def worker_rank(task: RankTask, meta: dict) -> int:
+    """The rank a worker labels the file with: load.py's where it resolved one, else
+    distributedInfo's, else the one in the file name, else 0 (load.py re-runs the file's analyses
+    where its final answer differs, e.g. two rank-less files that turn out to be separate jobs)."""
+    from profiler.damaged import MAX_RANK
+    from profiler.load import rank_from_filename
+    from profiler.parse import _as_int
+
+    if task.rank is not None:
+        return task.rank
+    r = _as_int((meta.get("distributed_info") or {}).get("rank"))
+    if r is None:
+        r = rank_from_filename(Path(task.path))
+    # Out of range (a file name's rank past int32): load.py refuses the file; label it 0 meanwhile.
+    return r if r is not None and 0 <= r <= MAX_RANK else 0
+
+
+def summarize(task: RankTask) -> RankSummary | TraceError:
+    """Parse (or read from the cache) one trace file and run its per-rank analyses.
+
+    Never raises: a file that cannot be used comes back as the TraceError naming it, so one bad
+    file never stops a load (and a Dask worker never retries it).
+    """
+    from profiler.cache import cache_dir, load_one_safe, lookup
+    from profiler.summary_cache import read_summary, store_summary
+
+    path = Path(task.path)
+    try:
+        cache = Path(task.cache) if task.cache else cache_dir()
+    except Exception as e:  # noqa: BLE001  (CacheUnusable on a worker: parse into memory)
+        cache = None
+        why = str(e)
+    if cache is not None and task.ident is None:  # a Dask worker: it hashes the file itself, and may have its summary
+        entry, ident = lookup(path, cache)
+        if ident is not None:
+            task = dataclasses.replace(task, ident=ident)
+            hit = read_summary(cache, task, entry.parquet) if entry is not None else None
+            if hit is not None:
+                return hit
+    parsed = load_one_safe(path, cache, task.ident) if cache is not None else _parse_uncached(path, why)
+    if isinstance(parsed, TraceError):
+        return parsed
+    try:
+        rank = worker_rank(task, parsed.meta)
+        events = _events(parsed, task.run, rank)
+        frames = analyze_rank(events, rank_row(parsed.meta, task.run, rank, path_text(path)), {task.run: task.manifest},
+                              step=task.options.step, top_n=task.options.top_n)
+        del events
+    except TraceError as e:
+        return e if e.path else TraceError(path, e.problem)
+    except MemoryError:
+        return TraceError(path, "out of memory while analysing")
+    except Exception as e:  # noqa: BLE001  (an analysis tripping on odd events names the file, never a traceback)
+        return TraceError(path, f"could not analyse ({type(e).__name__}: {str(e)[:200]})")
+    summary = RankSummary(parsed.meta, rank, parsed.parquet, frames, parsed.unstored, parsed.frame)
+    if cache is not None and parsed.parquet is not None and task.ident is not None:
+        store_summary(cache, task, summary)  # best effort: a failed write leaves no entry, never half of one
+    return summary
+
+
+def _parse_uncached(path: Path, why: str):
+    from profiler.cache import Parsed
+    from profiler.parse import parse_trace_file
+
+    try:
+        frame, meta = parse_trace_file(path)
+    except TraceError as e:
+        return e
+    return Parsed(meta, None, frame, why)
+
+
+def _events(parsed, run: str, rank: int) -> pl.DataFrame:
+    from profiler.parse import SCHEMA
+
+    frame = parsed.frame if parsed.parquet is None else pl.read_parquet(parsed.parquet)
+    return frame.with_columns(run=pl.lit(run, pl.Categorical), rank=pl.lit(rank, pl.Int32)).select(list(SCHEMA))
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries as bytes (worker -> parent, Dask worker -> client, the summary cache)
+
+_MAGIC = b"PTPS1\n"
+
+
+def encode(summary: RankSummary) -> bytes:
+    """One blob: magic, a length-prefixed JSON header, then each frame as Arrow IPC."""
+    blobs = []
+    for frame in summary.frames.values():
+        buf = io.BytesIO()
+        frame.write_ipc(buf, compression="uncompressed")
+        blobs.append(buf.getvalue())
+    head = json.dumps({"meta": summary.meta, "rank": summary.rank, "parquet": summary.parquet,
+                       "unstored": summary.unstored, "frames": list(summary.frames), "sizes": [len(b) for b in blobs]}).encode()
+    return b"".join([_MAGIC, struct.pack("<Q", len(head)), head, *blobs])
+
+
+def decode(blob: bytes) -> RankSummary:
+    """`encode`'s inverse; ValueError on a blob that is not whole."""
+    if not blob.startswith(_MAGIC) or len(blob) < len(_MAGIC) + 8:
+        raise ValueError("not a ptprof rank summary")
+    at = len(_MAGIC)
+    (n,) = struct.unpack_from("<Q", blob, at)
+    at += 8
+    head = json.loads(blob[at:at + n])
+    at += n
+    if at + sum(head["sizes"]) != len(blob):
+        raise ValueError("truncated rank summary")
+    frames = {}
+    for name, size in zip(head["frames"], head["sizes"]):
+        frames[name] = pl.read_ipc(io.BytesIO(blob[at:at + size]))
+        at += size
+    return RankSummary(head["meta"], head["rank"], head["parquet"], frames, head["unstored"])
+
+
+def relabel(summary: RankSummary, run: str, rank: int) -> dict[str, pl.DataFrame]:
+    """The summary's frames labelled (run, rank), each keeping its own dtypes for the two columns."""
+    out = {}
+    for name, f in summary.frames.items():
+        cols = []
+        if "run" in f.columns and f.schema["run"] != pl.Null:
+            cols.append(pl.lit(run).cast(f.schema["run"]).alias("run"))
+        if "rank" in f.columns and f.schema["rank"] != pl.Null:
+            cols.append(pl.lit(rank).cast(f.schema["rank"]).alias("rank"))
+        out[name] = f.with_columns(cols) if cols else f
+    return out
