@@ -336,12 +336,7 @@ static int skip_value(Cur *c, int depth) {
 /* ---------------------------------------------------------------------------------------- */
 /* Growable column buffers and the string table                                              */
 
-/* A column buffer whose storage is a bytes object from the start, handed to Python as it is
- * (shrunk to its length) instead of copied: the columns of a 100 MB trace are ~60 MB, and a copy
- * also faults those pages in a second time. The bytes object is private until then (refcount 1),
- * so writing into it and resizing it is allowed. */
 typedef struct {
-    PyObject *obj; /* bytes, or NULL before the first reserve */
     char *data;
     size_t item, len, cap;
 } Buf;
@@ -350,16 +345,9 @@ static int buf_reserve(Buf *b, size_t n) {
     if (n <= b->cap) return 0;
     size_t cap = b->cap ? b->cap : 1024;
     while (cap < n) cap *= 2;
-    if (cap > (size_t)PY_SSIZE_T_MAX / b->item) return FAIL;
-    if (!b->obj) b->obj = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(cap * b->item));
-    else if (_PyBytes_Resize(&b->obj, (Py_ssize_t)(cap * b->item))) b->obj = NULL; /* freed by the resize */
-    if (!b->obj) {
-        PyErr_Clear(); /* parse() reports it as a Fallback ("out of memory") */
-        b->data = NULL;
-        b->cap = b->len = 0;
-        return FAIL;
-    }
-    b->data = PyBytes_AS_STRING(b->obj);
+    char *d = realloc(b->data, cap * b->item);
+    if (!d) return FAIL;
+    b->data = d;
     b->cap = cap;
     return 0;
 }
@@ -904,23 +892,16 @@ static int parse_doc(Cur *c, Ctx *cx, const unsigned char *base, Span *info, Spa
 
 static void ctx_free(Ctx *cx) {
     Buf *bufs[] = {&cx->ph, &cx->thr_pid, &cx->thr_tid, &cx->thr_pid_ok, &cx->thr_tid_ok, &cx->thr_name, &cx->intern.strs};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) Py_CLEAR(bufs[i]->obj);
-    for (int k = 0; k < N_INT; k++) { Py_CLEAR(cx->ints[k].obj); Py_CLEAR(cx->ints_ok[k].obj); }
-    for (int k = 0; k < N_FLT; k++) { Py_CLEAR(cx->flts[k].obj); Py_CLEAR(cx->flts_ok[k].obj); }
-    for (int k = 0; k < N_STR; k++) Py_CLEAR(cx->strs[k].obj);
-    for (int k = 0; k < N_RAW; k++) { Py_CLEAR(cx->raw_row[k].obj); Py_CLEAR(cx->raw_s[k].obj); Py_CLEAR(cx->raw_e[k].obj); }
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]->data);
+    for (int k = 0; k < N_INT; k++) { free(cx->ints[k].data); free(cx->ints_ok[k].data); }
+    for (int k = 0; k < N_FLT; k++) { free(cx->flts[k].data); free(cx->flts_ok[k].data); }
+    for (int k = 0; k < N_STR; k++) free(cx->strs[k].data);
+    for (int k = 0; k < N_RAW; k++) { free(cx->raw_row[k].data); free(cx->raw_s[k].data); free(cx->raw_e[k].data); }
     free(cx->intern.slots);
 }
 
-/* The buffer's bytes, shrunk to its length; the buffer gives them up (a new reference, or NULL). */
-static PyObject *buf_bytes(Buf *b) {
-    if (!b->obj) return PyBytes_FromStringAndSize("", 0);
-    PyObject *out = b->obj;
-    b->obj = NULL;
-    b->data = NULL;
-    b->cap = 0;
-    if (_PyBytes_Resize(&out, (Py_ssize_t)(b->len * b->item))) return NULL;
-    return out;
+static PyObject *buf_bytes(const Buf *b) {
+    return PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)(b->len * b->item));
 }
 
 /* Sets d[key] = value and drops the reference; returns 0, or -1 with an exception set. */
