@@ -256,7 +256,7 @@ def _parse_uncached(path: Path, why: str):
 def _events(parsed, run: str, rank: int) -> pl.DataFrame:
     from profiler.parse import SCHEMA
 
-    frame = parsed.frame if parsed.parquet is None else pl.read_parquet(parsed.parquet)
+    frame = parsed.frame if parsed.parquet is None else parsed.fresh if parsed.fresh is not None else pl.read_parquet(parsed.parquet)
     return frame.with_columns(run=pl.lit(run, pl.Categorical), rank=pl.lit(rank, pl.Int32)).select(list(SCHEMA))
 
 
