@@ -32,6 +32,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -78,13 +79,18 @@ def _parse_one(path: str) -> int:
     return len(raw)
 
 
-def parse_floor(folder: Path, workers: int = 2) -> tuple[float, int]:
-    """(wall s, JSON bytes) of gunzip + orjson.loads of every file on a `workers`-process pool."""
+def parse_floor(folder: Path, workers: int = 2) -> tuple[float, float, int]:
+    """(wall s, CPU s, JSON bytes) of gunzip + JSON decode of every file on a `workers`-process pool."""
     files = sorted(str(p) for p in folder.glob("rank*.json.gz"))
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         total = sum(pool.imap_unordered(_parse_one, files, chunksize=1))
-    return time.perf_counter() - start, total
+        pool.close()
+        pool.join()  # reaped, so their CPU is in RUSAGE_CHILDREN
+    wall = time.perf_counter() - start
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime), total
 
 
 def _checked(out_json: Path, ranks: int) -> None:
@@ -128,9 +134,9 @@ def _tree_rss_mb(proc: psutil.Process) -> float:
 
 
 def bench_set(folder: Path, ranks: int, mb: float, dask: bool) -> dict:
-    floor, json_bytes = parse_floor(folder)
-    row = {"ranks": ranks, "mb": mb, "json_mb": json_bytes / 1e6, "floor": floor}
-    print(f"  floor {floor:.1f} s ({json_bytes / 1e6:,.0f} MB of JSON)", flush=True)
+    floor, floor_cpu, json_bytes = parse_floor(folder)
+    row = {"ranks": ranks, "mb": mb, "json_mb": json_bytes / 1e6, "floor": floor, "floor_cpu": floor_cpu}
+    print(f"  floor {floor:.1f} s, CPU {floor_cpu:.1f} s ({json_bytes / 1e6:,.0f} MB of JSON)", flush=True)
     with tempfile.TemporaryDirectory(prefix="ptprof-scale-cache-") as cache:
         row["cold"] = run_analyze(folder, ranks, cache)
         print(f"  cold  {row['cold'][0]:.1f} s, CPU {row['cold'][1]:.1f} s, {row['cold'][2]:,.0f} MB", flush=True)
@@ -153,22 +159,22 @@ def bench_set(folder: Path, ranks: int, mb: float, dask: bool) -> dict:
 
 
 def fixed_cost(rows: list[dict]) -> list[str]:
-    """Per-rank fixed cost: cold wall = a·ranks + b·bytes (+ c), least squares over the sets."""
+    """Per-rank fixed cost: seconds = a·ranks + b·bytes + c, least squares over the sets (wall and CPU)."""
     import numpy as np
 
     lines = []
-    if len({(r["ranks"], r["mb"]) for r in rows}) >= 3 and len({r["mb"] for r in rows}) >= 2:
+    if len({(r["ranks"], r["mb"]) for r in rows}) >= 3 and len({r["mb"] for r in rows}) >= 2 and len({r["ranks"] for r in rows}) >= 2:
         x = np.array([[r["ranks"], r["json_mb"], 1.0] for r in rows])
-        for key in ("cold", "warm"):
-            (a, b, c), *_ = np.linalg.lstsq(x, np.array([r[key][0] for r in rows]), rcond=None)
-            lines.append(f"fit {key} wall = {a * 1e3:.1f} ms/rank + {b * 1e3:.2f} s/GB ({1 / b if b > 0 else float('inf'):,.0f} MB/s)"
-                         f" + {c:.1f} s")
-        (a, b, c), *_ = np.linalg.lstsq(x, np.array([r["floor"] for r in rows]), rcond=None)
-        lines.append(f"fit floor wall = {a * 1e3:.1f} ms/rank + {b * 1e3:.2f} s/GB + {c:.1f} s")
+        series = {"cold wall": [r["cold"][0] for r in rows], "cold CPU": [r["cold"][1] for r in rows],
+                  "warm wall": [r["warm"][0] for r in rows], "warm CPU": [r["warm"][1] for r in rows],
+                  "floor wall": [r["floor"] for r in rows], "floor CPU": [r["floor_cpu"] for r in rows]}
+        for label, y in series.items():
+            (a, b, c), *_ = np.linalg.lstsq(x, np.array(y), rcond=None)
+            lines.append(f"fit {label} = {a * 1e3:.1f} ms/rank + {b * 1e3:.2f} s/GB + {c:.1f} s")
     return lines
 
 
-HEAD = ["ranks", "MB/rank", "JSON MB", "cold wall (CPU)", "warm wall (CPU)", "floor wall", "cold/floor",
+HEAD = ["ranks", "MB/rank", "JSON MB", "cold wall (CPU)", "warm wall (CPU)", "floor wall (CPU)", "cold/floor wall (CPU)",
         "cold MB/s", "(cold-floor)/rank", "peak RSS cold / warm", "<= 3x floor", "RSS <= 2 GB"]
 
 
@@ -179,7 +185,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
         ratio = cw / r["floor"]
         rss_ok = "yes" if max(cr, wr) <= GOAL_RSS_MB else "NO"
         out.append([f"{r['ranks']:,}", f"{r['mb']:g}", f"{r['json_mb']:,.0f}", f"{cw:.1f} s ({cc:.1f})", f"{ww:.1f} s ({wc:.1f})",
-                    f"{r['floor']:.1f} s", f"{ratio:.1f}x", f"{r['json_mb'] / cw:,.0f}",
+                    f"{r['floor']:.1f} s ({r['floor_cpu']:.1f})", f"{ratio:.1f}x ({cc / r['floor_cpu']:.1f}x)", f"{r['json_mb'] / cw:,.0f}",
                     f"{(cw - r['floor']) / r['ranks'] * 1e3:.0f} ms", f"{cr:,.0f} / {wr:,.0f} MB",
                     "yes" if ratio <= GOAL_FLOOR_RATIO else "NO",
                     rss_ok + ("" if r["ranks"] >= GOAL_RSS_RANKS else " (goal at 1,024)")])
