@@ -112,12 +112,16 @@ def run_analyze(folder: Path, ranks: int, cache: str, extra: list[str] = (), als
 def start_cluster(cache: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PTPROF_CACHE_DIR": cache, "PYTHONPATH": str(REPO),
            "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED": "error"}
+    # Its stderr goes to a file: the shutdown's closed-connection tracebacks are noise, a failed
+    # start's message is shown.
+    err = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, "-c", CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, cwd=REPO, env=env)
+                            stderr=err, text=True, cwd=REPO, env=env)
     address = proc.stdout.readline().strip()
     if not address.startswith("tcp://"):
         proc.kill()
-        raise SystemExit(f"the LocalCluster did not start (it printed {address!r})")
+        err.seek(0)
+        raise SystemExit(f"the LocalCluster did not start (it printed {address!r}):\n{err.read()[-3000:]}")
     return proc, address
 
 
