@@ -14,6 +14,7 @@ with its rank; every other rank still loads. Summaries are cached only once whol
 
 from __future__ import annotations
 
+import uuid
 from typing import Iterator
 
 from profiler.errors import TraceError
@@ -29,7 +30,6 @@ CONNECT_TIMEOUT_S = 10.0
 class DaskEngine:
     """`summarize` as one Dask task per file; `address` of a running scheduler, or an existing `client`."""
 
-    name = "dask"
     remote = True  # workers cache into their own folders; the client holds summaries only
 
     def __init__(self, address: str | None = None, *, client=None, timeout_s: float = CONNECT_TIMEOUT_S):
@@ -69,7 +69,10 @@ class DaskEngine:
         if not tasks:
             return
         # pure=False: two loads of one file are two tasks (the file may have changed in between).
-        futures = self.client.map(summarize, tasks, pure=False, key=[f"ptprof-rank-{i}-{id(t)}" for i, t in enumerate(tasks)])
+        # Keys unique to this load (a uuid each): on a shared scheduler another client's task of the
+        # same name would otherwise be handed to us, its summary taken for ours.
+        load = uuid.uuid4().hex
+        futures = self.client.map(summarize, tasks, pure=False, key=[f"ptprof-rank-{i}-{load}" for i in range(len(tasks))])
         index = {f.key: i for i, f in enumerate(futures)}
         try:
             for fut in as_completed(futures):
