@@ -32,7 +32,7 @@ from profiler.discover import MAX_MANIFEST_BYTES, RUN_MANIFEST, TRACE_SUFFIXES, 
 from profiler.pipeline import positive_int, schedule_theory_pct
 from profiler.report import Analysis, comparison_warnings
 
-from viewer import aggregate
+from viewer import aggregate, scale
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,55 @@ class RunData:
 
     def memory(self) -> pl.DataFrame:
         return self._once("memory", lambda: memory_timeline(self.events))
+
+    # -- at scale (viewer/scale.py): summaries only, events one rank at a time ------------------
+
+    @property
+    def n_ranks(self) -> int:
+        ranks = getattr(self.analysis, "ranks", None)  # a hand-made analysis in tests may have none: not at scale
+        return ranks.height if ranks is not None else 0
+
+    @property
+    def at_scale(self) -> bool:
+        return scale.at_scale(self.n_ranks)
+
+    def groups(self) -> pl.DataFrame:
+        """rank, group, group_key (viewer.scale.rank_groups from run.json)."""
+        return self._once("groups", lambda: scale.rank_groups(self.analysis.ranks["rank"].to_list(), self.manifest))
+
+    def rank_metrics(self) -> pl.DataFrame:
+        return self._once("rank_metrics", lambda: self.relabel(scale.rank_metrics(self.analysis.steps, self.analysis.breakdown)))
+
+    def outliers(self) -> pl.DataFrame:
+        return self._once("outliers", lambda: scale.outliers(self.rank_metrics(), self.groups()))
+
+    def activity(self) -> pl.DataFrame:
+        return self._once("activity", lambda: self.relabel(self.analysis.activity))
+
+    def activity_extent(self) -> tuple[float, float]:
+        return self._once("activity_extent", lambda: scale.activity_extent(self.analysis.activity, self.origin_us()))
+
+    def activity_bands(self, x_range: tuple[float, float], groups: list[str] | None = None) -> pl.DataFrame:
+        """The timeline's bands over x_range (ms), of every group or only `groups`; the whole
+        range's are kept (what every first visit of Compare draws), zooms are not."""
+        g = self.groups() if groups is None else self.groups().filter(pl.col("group").is_in(groups))
+        make = lambda: scale.activity_bands(self.activity().join(g.select("rank"), on="rank"), g, self.origin_us(), x_range)  # noqa: E731
+        return self._once(f"bands {x_range} {groups}", make) if x_range == self.activity_extent() else make()
+
+    def rank_timeline(self, ranks: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """(intervals, merged) of these ranks only, from their own events (one file each): the
+        drill-down never builds the whole run's event frame. The last few asked are kept."""
+        key = tuple(sorted(set(ranks)))
+        with self._lock:
+            memo = self._derived.setdefault("rank_timelines", {})
+            if key not in memo:
+                parts = [p for p in self.traces.parts if p.rank in set(key)]
+                events = pl.concat([p.events() for p in parts]) if parts else self.traces.parts[0].events().clear()
+                memo[key] = aggregate.timeline_intervals(events.with_columns(run=pl.lit(self.run_id, pl.Categorical)),
+                                                         origin_us=self.origin_us())
+                while len(memo) > 4:
+                    memo.pop(next(iter(memo)))
+            return memo[key]
 
     def pipeline_actions(self) -> pl.DataFrame:
         # Found by `analyze` already (with run.json's span_format); only the run label is ours.
@@ -401,6 +450,105 @@ def timeline_segments(runs: list[RunData], x_range: tuple[float, float] | None =
     return _concat([aggregate.visible_timeline(iv, merged, x_range) for iv, merged in parts if iv.height])
 
 
+# -- Compare at scale (viewer/scale.py): any run over scale.SCALE_RANKS ranks draws every run as groups
+
+
+def any_at_scale(runs: list[RunData]) -> bool:
+    return any(d.at_scale for d in _ok(runs))
+
+
+def parse_view(view: str | None) -> tuple[str, str | int] | None:
+    """The drill-down asked for: ("rank", 17) from "rank:17", ("group", "stage1") from
+    "group:stage1"; None for the groups view and for anything else (the browser may send anything)."""
+    if not isinstance(view, str) or ":" not in view:
+        return None
+    kind, _, value = view.partition(":")
+    if kind == "rank" and value.strip().isdigit():
+        return "rank", int(value)
+    if kind == "group" and value.strip():
+        return "group", value.strip()
+    return None
+
+
+def view_options(runs: list[RunData]) -> list[dict]:
+    """The drill-down dropdown's options: every group, then every rank, of the runs that loaded."""
+    groups, ranks = {}, set()
+    for d in _ok(runs):
+        for g, n in d.groups().group_by("group", "group_key").agg(pl.len()).sort("group_key").select("group", "len").iter_rows():
+            groups[g] = groups.get(g, 0) + n
+        ranks |= set(d.analysis.ranks["rank"].to_list())
+    opts = [{"label": "all ranks, by group (median, min–max)", "value": ""}]
+    opts += [{"label": f"group {g} ({n} ranks)", "value": f"group:{g}"} for g, n in groups.items()]
+    return opts + [{"label": f"rank {r}", "value": f"rank:{r}"} for r in sorted(ranks)]
+
+
+def drill_ranks(d: RunData, view: tuple[str, str | int]) -> list[int]:
+    """The ranks of run `d` a drill-down shows."""
+    kind, value = view
+    if kind == "rank":
+        return [value] if value in set(d.analysis.ranks["rank"].to_list()) else []
+    return d.groups().filter(pl.col("group") == value)["rank"].to_list()
+
+
+def scale_timeline(runs: list[RunData], x_range: tuple[float, float] | None, view: tuple | None):
+    """What the timeline draws when some run is at scale: ("segments", frame) of per-rank lanes
+    (a rank, or a group of at most SCALE_RANKS ranks: their own events only), or ("bands",
+    (bands, outliers, n_ranks)) of the groups (all, or the one asked for when it is larger)."""
+    ok = _ok(runs)
+    if view is not None:
+        picked = {d.run_id: drill_ranks(d, view) for d in ok}
+        if all(len(r) <= scale.SCALE_RANKS for r in picked.values()):
+            parts = [d.rank_timeline(picked[d.run_id]) for d in ok if picked[d.run_id]]
+            parts = [p for p in parts if p[0].height]
+            if not parts:
+                return "segments", pl.DataFrame(schema={"run": pl.String})
+            if x_range is None:
+                spans = [aggregate.extent(iv) for iv, _ in parts]
+                x_range = (min(s[0] for s in spans), max(s[1] for s in spans))
+            return "segments", _concat([aggregate.visible_timeline(iv, m, x_range) for iv, m in parts])
+    groups = [view[1]] if view is not None and view[0] == "group" else None
+    if x_range is None:
+        spans = [d.activity_extent() for d in ok if d.analysis.activity.height]
+        x_range = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else (0.0, 1.0)
+    # Runs share one axis: a run's whole-range bands are cached only when its extent is the range.
+    bands = _concat([d.activity_bands(x_range if len(ok) > 1 else d.activity_extent(), groups) for d in ok])
+    return "bands", (bands, _concat([d.outliers() for d in ok]), {d.run_id: d.n_ranks for d in ok})
+
+
+def breakdown_bands(runs: list[RunData]) -> pl.DataFrame:
+    from viewer.figures import BREAKDOWN_PARTS
+    from viewer.scale_figures import breakdown_pct
+
+    cols = [col.replace("_us", "_pct") for col, _, _ in BREAKDOWN_PARTS]
+    return _concat([scale.band_over_ranks(breakdown_pct(d.relabel(d.analysis.breakdown)), d.groups(), cols)
+                    for d in _ok(runs) if d.analysis.breakdown.height])
+
+
+def group_metrics(runs: list[RunData]) -> tuple[pl.DataFrame, dict[str, pl.DataFrame], pl.DataFrame]:
+    """(per-rank metrics, groups per run, outliers) for the step-time card at scale."""
+    ok = _ok(runs)
+    return _concat([d.rank_metrics() for d in ok]), {d.run_id: d.groups() for d in ok}, _concat([d.outliers() for d in ok])
+
+
+def memory_bands(runs: list[RunData]) -> pl.DataFrame:
+    """Memory over time per group from the per-rank memory curves (≤ 64 buckets per rank), never events."""
+    return _concat([scale.memory_bands(d.relabel(d.analysis.memory_curve), d.groups(), d.origin_us())
+                    for d in _ok(runs) if d.analysis.memory_curve.height])
+
+
+def persistent_bands(runs: list[RunData]) -> pl.DataFrame:
+    from viewer.figures import PERSISTENT_PARTS
+
+    out = []
+    for d in _ok(runs):
+        p = d.relabel(d.analysis.persistent_memory)
+        if p is None or p.is_empty():
+            continue
+        cols = [c for c, _, _ in PERSISTENT_PARTS if c in p.columns]
+        out.append(scale.band_over_ranks(p.with_columns(pl.col(cols).cast(pl.Float64)), d.groups(), cols))
+    return _concat(out)
+
+
 def breakdown_frame(runs: list[RunData]) -> pl.DataFrame:
     return _concat([d.relabel(d.analysis.breakdown) for d in _ok(runs)])
 
@@ -434,6 +582,14 @@ def memory_frames(runs: list[RunData], max_points: int = 800) -> tuple[pl.DataFr
     return _concat(curves), _concat(peaks)
 
 
+def pipeline_ranks(d: RunData) -> list[int] | None:
+    """The ranks the pipeline card draws of a run: all (None) up to SCALE_RANKS ranks, else one
+    pipeline: the lowest rank of each stage (group)."""
+    if not d.at_scale:
+        return None
+    return d.groups().group_by("group").agg(pl.col("rank").min())["rank"].sort().to_list()
+
+
 def pipeline_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(actions, ideal, summary) for the pipeline grid.
 
@@ -445,8 +601,15 @@ def pipeline_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, pl
     """
     acts, summary = [], []
     ideal = _concat([ideal_orders({d.run_id: d.manifest for d in _ok(runs)})])  # pp coordinates -> global ranks (hybrid runs)
+    shown = {d.run_id: pipeline_ranks(d) for d in _ok(runs)}
+    cut = [r for r, keep in shown.items() if keep is not None]
+    if ideal.height and cut:
+        kept = pl.DataFrame([(r, k) for r in cut for k in shown[r]], schema={"run": pl.String, "rank": ideal.schema["rank"]}, orient="row")
+        ideal = pl.concat([ideal.filter(~pl.col("run").is_in(cut)), ideal.join(kept, on=["run", "rank"], how="semi")])
     for d in _ok(runs):  # run.json's shape was checked when it was read (MANIFEST_TYPES)
         a = d.pipeline_actions()
+        if shown[d.run_id] is not None:
+            a = a.filter(pl.col("rank").is_in(shown[d.run_id]))
         if a.height and d.analysis.steps.height:
             last = d.analysis.steps["step"].max()
             t0 = float(d.analysis.steps.filter(pl.col("step") == last)["start_us"].min())
