@@ -157,12 +157,20 @@ class RunData:
     def activity_extent(self) -> tuple[float, float]:
         return self._once("activity_extent", lambda: scale.activity_extent(self.analysis.activity, self.origin_us()))
 
-    def activity_bands(self, x_range: tuple[float, float], groups: list[str] | None = None) -> pl.DataFrame:
-        """The timeline's bands over x_range (ms), of every group or only `groups`; the whole
-        range's are kept (what every first visit of Compare draws), zooms are not."""
+    def activity_bands(self, x_range: tuple[float, float], groups: list[str] | None = None, *, keep: bool = False) -> pl.DataFrame:
+        """The timeline's bands over x_range (ms), of every group or only `groups`; `keep`: remember
+        them (the whole range: what every first visit of Compare draws; zooms are not kept)."""
         g = self.groups() if groups is None else self.groups().filter(pl.col("group").is_in(groups))
         make = lambda: scale.activity_bands(self.activity().join(g.select("rank"), on="rank"), g, self.origin_us(), x_range)  # noqa: E731
-        return self._once(f"bands {x_range} {groups}", make) if x_range == self.activity_extent() else make()
+        if not keep:
+            return make()
+        with self._lock:
+            kept = self._derived.setdefault("whole_bands", {})
+            if (x_range, str(groups)) not in kept:
+                kept[(x_range, str(groups))] = make()
+                while len(kept) > 4:
+                    kept.pop(next(iter(kept)))
+            return kept[(x_range, str(groups))]
 
     def rank_timeline(self, ranks: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
         """(intervals, merged) of these ranks only, from their own events (one file each): the
@@ -416,10 +424,20 @@ def run_row(data: RunData) -> dict:
         overlap_pct=_round(bd["overlap_pct"].mean(), 1) if bd.height else None,
         bubble_pct=_round(a.pipeline["bubble_pct"].mean(), 1) if a.pipeline is not None else None,
         peak_mib=_round(peaks["peak_allocated_bytes"].max(), 2**-20) if peaks.height else None,
-        peak_mib_per_rank=" | ".join(f"{v / 2**20:.1f}" for v in peaks["peak_allocated_bytes"]) or None,
+        peak_mib_per_rank=_per_rank_peaks(peaks["peak_allocated_bytes"]),
         status="ok" if not a.problems else f"{len(a.problems)} file(s) skipped: " + "; ".join(a.problems),
     )
     return row
+
+
+def _per_rank_peaks(peaks: pl.Series) -> str | None:
+    """Each rank's peak MiB, "12.0 | 12.5"; above SCALE_RANKS ranks the range and median instead
+    (a cell of 1,024 numbers says nothing)."""
+    if peaks.is_empty():
+        return None
+    if not scale.at_scale(peaks.len()):
+        return " | ".join(f"{v / 2**20:.1f}" for v in peaks)
+    return f"{peaks.min() / 2**20:.1f} – {peaks.max() / 2**20:.1f} (median {peaks.median() / 2**20:.1f}, {peaks.len()} ranks)"
 
 
 def _round(v, scale: float) -> float | None:
@@ -507,11 +525,11 @@ def scale_timeline(runs: list[RunData], x_range: tuple[float, float] | None, vie
                 x_range = (min(s[0] for s in spans), max(s[1] for s in spans))
             return "segments", _concat([aggregate.visible_timeline(iv, m, x_range) for iv, m in parts])
     groups = [view[1]] if view is not None and view[0] == "group" else None
-    if x_range is None:
+    whole = x_range is None
+    if whole:
         spans = [d.activity_extent() for d in ok if d.analysis.activity.height]
         x_range = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else (0.0, 1.0)
-    # Runs share one axis: a run's whole-range bands are cached only when its extent is the range.
-    bands = _concat([d.activity_bands(x_range if len(ok) > 1 else d.activity_extent(), groups) for d in ok])
+    bands = _concat([d.activity_bands(x_range, groups, keep=whole) for d in ok])
     return "bands", (bands, _concat([d.outliers() for d in ok]), {d.run_id: d.n_ranks for d in ok})
 
 
@@ -641,6 +659,8 @@ def merged_analysis(runs: list[RunData]) -> Analysis:
         parts = [getattr(d.analysis, f.name) for d in runs]
         if f.name == "runs":  # one run.json (or None) per folder, under the run id
             fields[f.name] = {d.run_id: next(iter(d.analysis.runs.values()), None) for d in runs}
+        elif f.name == "activity":  # the timeline's bins: no rule reads them, and at 1,024 ranks they are the largest frame
+            continue
         elif all(isinstance(p, list) for p in parts):  # warnings, problems
             fields[f.name] = [x for p in parts for x in p]
         elif all(p is None or isinstance(p, pl.DataFrame) for p in parts):  # pipeline frames are None without pipeline spans

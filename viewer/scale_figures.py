@@ -65,7 +65,8 @@ def build_band_timeline(bands: pl.DataFrame, outliers: pl.DataFrame, runs: list[
                 for col in ("lo", "hi", "median"):
                     a = np.zeros(n)
                     a[seg["bin"].to_numpy()] = seg[col].to_numpy()
-                    arrays[col] = np.round(base + ROW_HEIGHT * a, 3).tolist()
+                    # numpy arrays: plotly validates them whole and sends them as typed arrays (4 bytes a value)
+                    arrays[col] = (base + ROW_HEIGHT * a).astype(np.float32)
                 common = dict(x0=x0, dx=dx, mode="lines", legendgroup=cat, hoverinfo="skip")
                 fig.add_trace(go.Scatter(y=arrays["lo"], line=dict(width=0), showlegend=False, **common), row=i, col=1)
                 fig.add_trace(go.Scatter(y=arrays["hi"], line=dict(width=0), fill="tonexty", fillcolor=_rgba(CATEGORY_COLORS[cat], 0.25),
@@ -74,7 +75,7 @@ def build_band_timeline(bands: pl.DataFrame, outliers: pl.DataFrame, runs: list[
                     y=arrays["median"], x0=x0, dx=dx, mode="lines", line=dict(color=CATEGORY_COLORS[cat], width=1.2, shape="hv"),
                     name=CATEGORY_NAMES[cat], legendgroup=cat, showlegend=cat not in shown,
                     hovertemplate=f"{group} {lane} · {cat}: median busy %{{customdata:.0%}}<extra>{run}</extra>",
-                    customdata=np.round(seg_median(seg, n), 3).tolist(),
+                    customdata=seg_median(seg, n).astype(np.float32),
                 ), row=i, col=1)
                 shown.add(cat)
         fig.update_yaxes(tickvals=[t for t, _ in labels], ticktext=[lab for _, lab in labels], showgrid=False,
@@ -163,13 +164,14 @@ def build_memory_bands(bands: pl.DataFrame, runs: list[str] | None = None) -> go
     for i, run in enumerate(runs):
         part = bands.filter(pl.col("run") == run)
         for j, ((group, dev), b) in enumerate(part.group_by("group", "mem_device", maintain_order=True)):
-            x = b["t_ms"].round(3).to_list()
+            x = b["t_ms"].to_numpy().astype(np.float32)
             name = f"{run} {group} {dev}"
-            fig.add_trace(go.Scatter(x=x, y=(b["lo"] / MIB).round(3).to_list(), mode="lines", line=dict(width=0, shape="hv"),
+            mib = {k: (b[k] / MIB).to_numpy().astype(np.float32) for k in ("lo", "hi", "median")}
+            fig.add_trace(go.Scatter(x=x, y=mib["lo"], mode="lines", line=dict(width=0, shape="hv"),
                                      legendgroup=name, showlegend=False, hoverinfo="skip"))
-            fig.add_trace(go.Scatter(x=x, y=(b["hi"] / MIB).round(3).to_list(), mode="lines", line=dict(width=0, shape="hv"),
+            fig.add_trace(go.Scatter(x=x, y=mib["hi"], mode="lines", line=dict(width=0, shape="hv"),
                                      fill="tonexty", fillcolor=_rgba(run_color(i), 0.15), legendgroup=name, showlegend=False, hoverinfo="skip"))
-            fig.add_trace(go.Scatter(x=x, y=(b["median"] / MIB).round(3).to_list(), mode="lines", name=name, legendgroup=name,
+            fig.add_trace(go.Scatter(x=x, y=mib["median"], mode="lines", name=name, legendgroup=name,
                                      line=dict(color=run_color(i), dash=dashes[j % len(dashes)], width=1.5, shape="hv"),
                                      hovertemplate="median %{y:.2f} MiB at %{x:.2f} ms<extra>" + name + "</extra>"))
     fig.update_layout(template="plotly_white", height=380, xaxis_title="ms from the first profiled step",
