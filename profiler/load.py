@@ -196,7 +196,8 @@ def load_traces(
             if hit is not None:
                 results[i] = hit
                 del tasks[i]
-        remove_stale_tmp(cache_path)
+        if tasks:
+            remove_stale_tmp(cache_path)
     _map(engine, tasks, results, progress=progress, total=len(sources))
     unstored = [r.unstored for r in results if isinstance(r, RankSummary) and r.unstored]
     if unstored and cache_path:

@@ -168,8 +168,8 @@ def summarize(task: RankTask) -> RankSummary | TraceError:
     Never raises: a file that cannot be used comes back as the TraceError naming it, so one bad
     file never stops a load (and a Dask worker never retries it).
     """
-    from profiler.cache import cache_dir, load_one_safe
-    from profiler.summary_cache import store_summary
+    from profiler.cache import cache_dir, load_one_safe, lookup
+    from profiler.summary_cache import read_summary, store_summary
 
     path = Path(task.path)
     try:
@@ -177,6 +177,13 @@ def summarize(task: RankTask) -> RankSummary | TraceError:
     except Exception as e:  # noqa: BLE001  (CacheUnusable on a worker: parse into memory)
         cache = None
         why = str(e)
+    if cache is not None and task.ident is None:  # a Dask worker: it hashes the file itself, and may have its summary
+        entry, ident = lookup(path, cache)
+        if ident is not None:
+            task = dataclasses.replace(task, ident=ident)
+            hit = read_summary(cache, task, entry.parquet) if entry is not None else None
+            if hit is not None:
+                return hit
     parsed = load_one_safe(path, cache, task.ident) if cache is not None else _parse_uncached(path, why)
     if isinstance(parsed, TraceError):
         return parsed

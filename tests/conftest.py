@@ -43,6 +43,19 @@ def _private_cache(tmp_path_factory):
         os.environ["PTPROF_CACHE_DIR"] = old
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the mark must be there when it looks
+def pytest_collection_modifyitems(items):
+    """Every test using `runs` is a multirank test, marked or not. README's command runs the other
+    tests on 2 xdist workers and these in one serial session: each worker would launch its own
+    copy of every run it needs, and runs shared by several tests are made once only in one session."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "runs" in callspec.params:
+            continue  # a parametrize argument that happens to be called `runs`, not the fixture
+        if "runs" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("multirank"):
+            item.add_marker(pytest.mark.multirank)
+
+
 STEPS = 3  # enough for loss parity to mean something; warmup 1 + active 2
 
 

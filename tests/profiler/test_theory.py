@@ -302,9 +302,12 @@ def test_fsdp_moves_one_and_a_half_times_ddp(runs, ranks):
     assert volume["fsdp"] / volume["ddp"] == 1.5
 
 
+# At 4 ranks only with --sp: its run shards the same column/row-parallel blocks over 4 ranks and
+# adds the sharded collectives (all-gathers, reduce-scatters) whose measured size depends on N; plain
+# tp's all-reduces are b·s·h at any N, in the runs and in the theory (profiler.theory._tp), so a
+# plain tp run at 4 ranks (about 12 s of a CI run) would check nothing tp-sp-4 and tp-2 do not.
 @pytest.mark.multirank
-@pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp-sp"])
+@pytest.mark.parametrize("ranks, sp", [(2, False), (2, True), (4, True)], ids=["tp-2", "tp-sp-2", "tp-sp-4"])
 def test_tensor_parallel_bytes_match_theory(runs, ranks, sp):
     if sp:  # see test_tp_megatron_activations for the counts
         want = {"all_gather": (4 * L + 2) * ACT + LOGITS, "reduce_scatter": (4 * L + 1) * ACT,

@@ -7,6 +7,8 @@ sharding. Every paradigm's global losses must match these.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from runners.harness import synthetic_batch
@@ -19,10 +21,18 @@ def single_process_losses(
     aux_loss_weight: float = 0.0,
 ) -> list[float]:
     """LM losses per step. `moe` (n_experts, top_k, capacity_factor) builds the MoE variant, whose
-    objective adds `aux_loss_weight` x the load-balancing loss (the returned loss is the LM part)."""
+    objective adds `aux_loss_weight` x the load-balancing loss (the returned loss is the LM part).
+
+    Computed once per arguments and session: a deterministic function of them, and tiny8's three
+    steps cost 2-3 s of CPU, asked for by a dozen tests."""
+    return list(_losses(model, steps, seed, lr, tuple(sorted((moe or {}).items())), aux_loss_weight))
+
+
+@functools.cache
+def _losses(model: str, steps: int, seed: int, lr: float, moe: tuple, aux_loss_weight: float) -> tuple[float, ...]:
     vocab, d_model, n_layers, n_heads, seq_len, batch = MODEL_PRESETS[model]
     torch.manual_seed(seed)
-    net = GPT(GPTConfig(vocab, d_model, n_layers, n_heads, seq_len, **(moe or {})))
+    net = GPT(GPTConfig(vocab, d_model, n_layers, n_heads, seq_len, **dict(moe)))
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     for step in range(steps):
@@ -32,7 +42,7 @@ def single_process_losses(
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses
+    return tuple(losses)
 
 
 def param_bytes(model: str = "tiny") -> int:
