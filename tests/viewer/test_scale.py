@@ -43,7 +43,15 @@ def _payload(store, pages, run_ids) -> dict[str, int]:
     return sizes
 
 
-def test_payload_does_not_grow_with_ranks_and_no_events_are_held(big, pages):
+def test_compare_at_64_ranks(big, pages):
+    # One test over the one built run (under xdist each worker running a test of it would build it again).
+    _payload_does_not_grow_with_ranks_and_no_events_are_held(big, pages)
+    _band_matches_the_per_rank_frames(big)
+    _the_slow_rank_is_named(big, pages)
+    _drill_down_shows_exactly_that_rank(big, pages)
+
+
+def _payload_does_not_grow_with_ranks_and_no_events_are_held(big, pages):
     d = big.get("big")
     assert d.ok, d.error
     assert d.at_scale and d.n_ranks == 64 and big.get("small").n_ranks == 20
@@ -70,7 +78,7 @@ def test_padded_stats_count_missing_ranks_as_idle():
     assert scale.padded_stats(f.with_columns(n=pl.lit(2)), ["k"], "v", "n").row(0) == ("a", 0.75, 0.5, 1.0)
 
 
-def test_band_matches_the_per_rank_frames(big):
+def _band_matches_the_per_rank_frames(big):
     d = big.get("big")
     x_range = d.activity_extent()
     bands = d.activity_bands(x_range)
@@ -101,7 +109,7 @@ def test_band_matches_the_per_rank_frames(big):
     assert (bd["idle_pct_median"], bd["idle_pct_lo"], bd["idle_pct_hi"]) == pytest.approx((np.median(vals), vals.min(), vals.max()))
 
 
-def test_the_slow_rank_is_named(big, pages):
+def _the_slow_rank_is_named(big, pages):
     d = big.get("big")
     o = d.outliers()
     assert o.filter(pl.col("metric") == "step time")["rank"].to_list() == [SLOW_RANK]
@@ -111,7 +119,7 @@ def test_the_slow_rank_is_named(big, pages):
     assert "no outlier ranks" in pages.compare.timeline_figure(big, ["small"]).layout.annotations[0].text
 
 
-def test_drill_down_shows_exactly_that_rank(big, pages):
+def _drill_down_shows_exactly_that_rank(big, pages):
     d = big.get("big")
     fig = pages.compare.timeline_figure(big, ["big"], view=f"rank:{SLOW_RANK}")
     labels = {y for t in fig.data for y in t.y}

@@ -14,6 +14,7 @@ import re
 import dash
 from dash import Input, Output, callback, ctx, dash_table, dcc, html
 
+from profiler import TraceError
 from viewer import data, figures, ids, scale, scale_figures, theory_cards
 from viewer.data import RunStore
 from viewer.figures import COLLECTIVE_COLUMNS
@@ -81,15 +82,19 @@ def layout(runs: str | None = None, rank: str | None = None, group: str | None =
               _graph(ids.COMPARE_TIMELINE)),
         html.Div(className="row", children=[
             _card("Where the time went", "Per rank, % of its profiled window: compute, communication hidden under compute, "
-                  "exposed communication, other busy time and idle (the profiler's temporal breakdown).",
+                  "exposed communication, other busy time and idle (the profiler's temporal breakdown). "
+                  f"Above {scale.SCALE_RANKS} ranks: per group, the median over its ranks with the min–max as an error bar.",
                   _graph(ids.COMPARE_BREAKDOWN)),
-            _card("Step times", "Every profiled step of every rank.", _graph(ids.COMPARE_STEPS)),
+            _card("Step times", f"Every profiled step of every rank; above {scale.SCALE_RANKS} ranks, per group, each rank's mean "
+                  "step time (a box over the ranks), outlier ranks named.", _graph(ids.COMPARE_STEPS)),
         ]),
         _card("Pipeline", "Measured forward / backward blocks of one step per rank, labelled by microbatch, next to the "
-              "schedule's ideal order (run.json), with the measured bubble against theory.", _graph(ids.COMPARE_PIPELINE)),
+              "schedule's ideal order (run.json), with the measured bubble against theory. Above "
+              f"{scale.SCALE_RANKS} ranks: one pipeline, the lowest rank of each stage.", _graph(ids.COMPARE_PIPELINE)),
         html.Div(className="row", children=[
             _card("Memory over time", "Allocated bytes from [memory] events (runs recorded with --profile-memory); "
-                  "triangles mark each rank's peak.", _graph(ids.COMPARE_MEMORY)),
+                  "triangles mark each rank's peak. Above " f"{scale.SCALE_RANKS} ranks: per group, the median over its ranks "
+                  "with the min–max band, from each rank's 64-bucket memory curve.", _graph(ids.COMPARE_MEMORY)),
             _card("Persistent memory per rank", "Parameters, gradients and optimizer state each rank holds (run.json): "
                   "the ZeRO table made visible.", _graph(ids.COMPARE_PERSISTENT)),
         ]),
@@ -146,7 +151,10 @@ def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None =
     x_range = visible_range(relayout)
     runs = store.get_many(run_ids)
     if data.any_at_scale(runs) or data.parse_view(view) is not None:  # a drill-down works at any rank count
-        kind, out = data.scale_timeline(runs, x_range, data.parse_view(view))
+        try:
+            kind, out = data.scale_timeline(runs, x_range, data.parse_view(view))
+        except TraceError as e:  # a rank's events not on this machine (a run loaded by a Dask cluster)
+            return figures._empty(str(e))
         if kind == "segments":
             return figures.build_timeline_figure(out, run_ids, x_range=x_range)
         bands, outliers, n_ranks = out
