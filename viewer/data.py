@@ -161,7 +161,10 @@ class RunData:
         """The timeline's bands over x_range (ms), of every group or only `groups`; `keep`: remember
         them (the whole range: what every first visit of Compare draws; zooms are not kept)."""
         g = self.groups() if groups is None else self.groups().filter(pl.col("group").is_in(groups))
-        make = lambda: scale.activity_bands(self.activity().join(g.select("rank"), on="rank"), g, self.origin_us(), x_range)  # noqa: E731
+        keys, cum = self._once("activity_cumulative", lambda: scale.cumulative(self.activity()))
+        picked = keys.with_row_index("_i").join(g.select("rank"), on="rank", how="semi")
+        idx = picked["_i"].to_numpy()
+        make = lambda: scale.activity_bands((picked.drop("_i"), cum[idx]), g, self.origin_us(), x_range)  # noqa: E731
         if not keep:
             return make()
         with self._lock:
@@ -538,7 +541,7 @@ def breakdown_bands(runs: list[RunData]) -> pl.DataFrame:
     from viewer.scale_figures import breakdown_pct
 
     cols = [col.replace("_us", "_pct") for col, _, _ in BREAKDOWN_PARTS]
-    return _concat([scale.band_over_ranks(breakdown_pct(d.relabel(d.analysis.breakdown)), d.groups(), cols)
+    return _concat([d._once("breakdown_bands", lambda d=d: scale.band_over_ranks(breakdown_pct(d.relabel(d.analysis.breakdown)), d.groups(), cols))
                     for d in _ok(runs) if d.analysis.breakdown.height])
 
 
@@ -550,7 +553,7 @@ def group_metrics(runs: list[RunData]) -> tuple[pl.DataFrame, dict[str, pl.DataF
 
 def memory_bands(runs: list[RunData]) -> pl.DataFrame:
     """Memory over time per group from the per-rank memory curves (≤ 64 buckets per rank), never events."""
-    return _concat([scale.memory_bands(d.relabel(d.analysis.memory_curve), d.groups(), d.origin_us())
+    return _concat([d._once("memory_bands", lambda d=d: scale.memory_bands(d.relabel(d.analysis.memory_curve), d.groups(), d.origin_us()))
                     for d in _ok(runs) if d.analysis.memory_curve.height])
 
 
@@ -563,7 +566,7 @@ def persistent_bands(runs: list[RunData]) -> pl.DataFrame:
         if p is None or p.is_empty():
             continue
         cols = [c for c, _, _ in PERSISTENT_PARTS if c in p.columns]
-        out.append(scale.band_over_ranks(p.with_columns(pl.col(cols).cast(pl.Float64)), d.groups(), cols))
+        out.append(d._once("persistent_bands", lambda: scale.band_over_ranks(p.with_columns(pl.col(cols).cast(pl.Float64)), d.groups(), cols)))
     return _concat(out)
 
 

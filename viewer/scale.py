@@ -16,6 +16,7 @@ does (each is one MAD from the median).
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from profiler.pipeline import positive_int
@@ -56,60 +57,69 @@ def rank_groups(ranks: list[int], manifest: dict | None) -> pl.DataFrame:
                         schema={"rank": pl.Int32, "group": pl.String, "group_key": pl.Int64})
 
 
-def padded_stats(frame: pl.DataFrame, by: list[str], value: str, n: str) -> pl.DataFrame:
-    """Median, min and max of `value` per `by`, over `n` members of which those without a row
-    count as 0 (values are >= 0: the zeros sort first). by..., median, lo, hi."""
+def cumulative(activity: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+    """(keys, cum): one row per (run, rank, lane, category) with its t0_us and bin_us, and per key
+    the running sum of its busy shares over its bins (cum[k, j] = busy bins 0..j-1, in bin units):
+    from it any common bin's busy time is two lookups, whatever the range (built once per run)."""
     c = pl.col
-    g = frame.group_by(*by, n).agg(_v=c(value).sort())
-    k, total = c("_v").list.len(), c(n)
-    z = total - k
-
-    def at(i: pl.Expr) -> pl.Expr:
-        return pl.when(i < z).then(0.0).otherwise(c("_v").list.get((i - z).clip(0), null_on_oob=True).cast(pl.Float64))
-
-    return g.select(
-        *by,
-        median=(at((total - 1) // 2) + at(total // 2)) / 2,
-        lo=pl.when(k < total).then(0.0).otherwise(c("_v").list.first().cast(pl.Float64)),
-        hi=c("_v").list.last().cast(pl.Float64),
-    )
+    act = activity.with_columns(c("run").cast(pl.String)).sort("run", "rank", "lane_key", "category", "bin")
+    act = act.with_columns(_key=pl.struct("run", "rank", "lane_key", "category").rle_id())
+    keys = act.group_by("_key", maintain_order=True).agg(c("run", "rank", "lane", "lane_key", "category", "t0_us", "bin_us").first())
+    m = int(act["bin"].max()) + 1 if act.height else 1
+    dense = np.zeros((keys.height, m))
+    dense[act["_key"].to_numpy(), act["bin"].to_numpy()] = act["busy"].to_numpy()
+    cum = np.zeros((keys.height, m + 1))
+    np.cumsum(dense, axis=1, out=cum[:, 1:])
+    return keys.drop("_key"), cum
 
 
-def rebin(activity: pl.DataFrame, origin_us: float, x_range: tuple[float, float], n: int = BAND_BINS) -> pl.DataFrame:
-    """Each rank's activity bins spread onto n common bins of x_range (ms from origin_us):
-    run, rank, lane, lane_key, category, bin, busy (share of the common bin, 0..1)."""
+def shares(prep: tuple[pl.DataFrame, np.ndarray], origin_us: float, x_range: tuple[float, float], n: int = BAND_BINS) -> np.ndarray:
+    """Each key's busy share of n common bins of x_range (ms from origin_us): a (keys, n) array.
+
+    The busy time of a common bin [a, b) is C(b) - C(a), C the key's cumulative busy time (exact:
+    a rank's busy share is constant within each of its own bins)."""
+    keys, cum = prep
     x0, x1 = x_range
-    w = (x1 - x0) / n
-    c = pl.col
-    s = (c("t0_us") + c("bin").cast(pl.Float64) * c("bin_us") - origin_us) / 1e3  # source bin start, ms
-    e = s + c("bin_us") / 1e3
-    return (
-        activity.with_columns(_s=s, _e=e)
-        .filter((c("_e") > x0) & (c("_s") < x1))
-        .with_columns(_b0=((c("_s") - x0) / w).floor().cast(pl.Int64).clip(0, n - 1),
-                      _b1=(((c("_e") - x0) / w).ceil().cast(pl.Int64) - 1).clip(0, n - 1))
-        .with_columns(_t=pl.int_ranges(c("_b0"), pl.max_horizontal("_b0", "_b1") + 1))
-        .explode("_t")
-        .with_columns(_cover=pl.min_horizontal(c("_e"), x0 + (c("_t") + 1) * w) - pl.max_horizontal(c("_s"), x0 + c("_t") * w))
-        .filter(c("_cover") > 0)
-        .group_by(c("run").cast(pl.String), "rank", "lane", "lane_key", "category", c("_t").alias("bin"))
-        .agg(busy=(c("busy").cast(pl.Float64) * c("_cover")).sum() / w)
-        .with_columns(c("busy").clip(0.0, 1.0))
-    )
+    w_us = (x1 - x0) / n * 1e3
+    m = cum.shape[1] - 1
+    t0, bw = keys["t0_us"].to_numpy(), keys["bin_us"].to_numpy()
+    edges = origin_us + x0 * 1e3 + np.arange(n + 1) * w_us  # absolute µs
+    u = np.clip((edges[None, :] - t0[:, None]) / bw[:, None], 0, m)  # in each key's bin units
+    i = np.minimum(np.floor(u).astype(np.int64), m - 1)
+    rows = np.arange(keys.height)[:, None]
+    at = cum[rows, i] + (u - i) * (cum[rows, i + 1] - cum[rows, i])
+    return np.clip(np.diff(at, axis=1) * bw[:, None] / w_us, 0.0, 1.0)
 
 
-def activity_bands(activity: pl.DataFrame, groups: pl.DataFrame, origin_us: float, x_range: tuple[float, float],
-                   n: int = BAND_BINS) -> pl.DataFrame:
+BAND_SCHEMA = {"run": pl.String, "group": pl.String, "group_key": pl.Int64, "lane": pl.String, "lane_key": pl.Int64,
+               "category": pl.String, "bin": pl.Int64, "median": pl.Float64, "lo": pl.Float64, "hi": pl.Float64}
+
+
+def activity_bands(activity: pl.DataFrame | tuple[pl.DataFrame, np.ndarray], groups: pl.DataFrame, origin_us: float,
+                   x_range: tuple[float, float], n: int = BAND_BINS) -> pl.DataFrame:
     """Per (run, group, lane, category, bin of x_range): median, lo (min), hi (max) busy share
-    over the group's ranks, with t_ms (bin start) and bin_ms. A (lane, category) drawn only where
-    some rank of the group was busy in it."""
-    if activity.is_empty():
-        return pl.DataFrame(schema={"run": pl.String, "group": pl.String})
-    sizes = groups.group_by("group", "group_key").agg(n_ranks=pl.len())
-    binned = rebin(activity, origin_us, x_range, n).join(groups, on="rank").join(sizes, on=["group", "group_key"])
-    stats = padded_stats(binned, ["run", "group", "group_key", "lane", "lane_key", "category", "bin"], "busy", "n_ranks")
+    over the group's ranks (a rank with nothing in that lane and category counts as 0), with t_ms
+    (bin start) and bin_ms; only bins where some rank was busy. `activity`: the frame or its
+    `cumulative` (made once per run, reused by every zoom)."""
+    prep = cumulative(activity) if isinstance(activity, pl.DataFrame) else activity
+    keys = prep[0]
     w = (x_range[1] - x_range[0]) / n
-    return stats.with_columns(t_ms=x_range[0] + pl.col("bin") * w, bin_ms=pl.lit(w)).sort("run", "group_key", "lane_key", "category", "bin")
+    if keys.is_empty():
+        return pl.DataFrame(schema={**BAND_SCHEMA, "t_ms": pl.Float64, "bin_ms": pl.Float64})
+    share = shares(prep, origin_us, x_range, n)
+    size = dict(groups.group_by("group").agg(pl.len()).iter_rows())
+    kk = keys.with_row_index("_i").join(groups, on="rank")
+    out = []
+    for (run, group, gk, lane, lk, cat), part in kk.group_by("run", "group", "group_key", "lane", "lane_key", "category"):
+        stack = np.zeros((size[group], n))  # the group's ranks without this lane and category: 0
+        stack[:part.height] = share[part["_i"].to_numpy()]
+        hi = stack.max(axis=0)
+        b = np.nonzero(hi > 1e-9)[0]
+        out.append(pl.DataFrame({"run": run, "group": group, "group_key": gk, "lane": lane, "lane_key": lk, "category": cat,
+                                 "bin": b, "median": np.median(stack[:, b], axis=0), "lo": stack[:, b].min(axis=0), "hi": hi[b]},
+                                schema=BAND_SCHEMA))
+    bands = pl.concat(out) if out else pl.DataFrame(schema=BAND_SCHEMA)
+    return bands.with_columns(t_ms=x_range[0] + pl.col("bin") * w, bin_ms=pl.lit(w)).sort("run", "group_key", "lane_key", "category", "bin")
 
 
 def activity_extent(activity: pl.DataFrame, origin_us: float) -> tuple[float, float]:

@@ -71,11 +71,22 @@ def test_groups_are_pipeline_stages():
     assert set(scale.rank_groups([0, 1, 2], {"mesh": {"dp": 3}})["group"]) == {"all ranks"}
 
 
-def test_padded_stats_count_missing_ranks_as_idle():
-    f = pl.DataFrame({"k": ["a", "a"], "v": [0.5, 1.0], "n": [4, 4]})
-    # the group's 4 ranks: 0, 0, 0.5, 1.0
-    assert scale.padded_stats(f, ["k"], "v", "n").row(0) == ("a", 0.25, 0.0, 1.0)
-    assert scale.padded_stats(f.with_columns(n=pl.lit(2)), ["k"], "v", "n").row(0) == ("a", 0.75, 0.5, 1.0)
+def test_band_counts_ranks_without_activity_as_idle():
+    # 4 ranks of one group, 1 ms bins from t=0; rank 0 half busy in bin 0, rank 1 fully; ranks 2 and 3 idle.
+    act = pl.DataFrame({"run": ["r", "r", "r"], "rank": [0, 1, 1], "lane": ["main"] * 3, "lane_key": [0] * 3,
+                        "category": ["compute"] * 3, "t0_us": [0.0] * 3, "bin_us": [1000.0] * 3, "bin": [0, 0, 1],
+                        "busy": [0.5, 1.0, 0.25]})
+    groups = scale.rank_groups([0, 1, 2, 3], None)
+    one = scale.activity_bands(act, groups, 0.0, (0.0, 1.0), n=1)
+    assert one.select("median", "lo", "hi").row(0) == (0.25, 0.0, 1.0)  # of 0.5, 1, 0, 0
+    # two common bins of 1 ms: bin 1 only rank 1 (0.25); one common bin of 2 ms: rank 0 0.25, rank 1 0.625
+    two = scale.activity_bands(act, groups, 0.0, (0.0, 2.0), n=2).filter(pl.col("bin") == 1)
+    assert two.select("median", "lo", "hi").row(0) == (0.0, 0.0, 0.25)
+    wide = scale.activity_bands(act, groups, 0.0, (0.0, 2.0), n=1)
+    assert wide.select("median", "lo", "hi").row(0) == pytest.approx((0.125, 0.0, 0.625))
+    # a common bin straddling two of the rank's bins: [0.5, 1.5) ms of rank 1 = 0.5 x 1.0 + 0.5 x 0.25
+    mid = scale.activity_bands(act.filter(pl.col("rank") == 1), scale.rank_groups([1], None), 0.0, (0.5, 1.5), n=1)
+    assert mid["hi"][0] == pytest.approx(0.625)
 
 
 def _band_matches_the_per_rank_frames(big):
