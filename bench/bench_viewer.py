@@ -76,7 +76,7 @@ def render_compare(store, pages, run_ids: list[str]) -> dict[str, int]:
         "memory": memory,
         "persistent": persistent,
         "collectives": c.collectives_rows(store, run_ids),
-        "drill-down options": c.data.view_options(store.get_many(run_ids)),
+        "drill-down options": c.scale_data.view_options(store.get_many(run_ids)),
     }
     # Dash sends figures, components and table rows as JSON (plotly's encoder: what Dash uses)
     return {k: len(pio.to_json(v)) if isinstance(v, go.Figure) else len(json.dumps(v, cls=PlotlyJSONEncoder)) for k, v in out.items()}

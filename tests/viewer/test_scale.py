@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from tests.viewer.scale_runs import make_run
-from viewer import data, scale
+from viewer import scale, scale_data
 from viewer.data import RunStore
 
 SLOW_RANK = 40  # stage2 (ranks 32-47 of 64 with pp=4); not among the small run's 20
@@ -114,7 +114,7 @@ def _band_matches_the_per_rank_frames(big):
             assert got["median"] == pytest.approx(np.median(shares), abs=1e-4)
             assert got["lo"] == pytest.approx(min(shares), abs=1e-4) and got["hi"] == pytest.approx(max(shares), abs=1e-4)
     # the breakdown card's band: median, min, max of each rank's idle share in the group
-    bd = data.breakdown_bands([d]).filter(pl.col("group") == "stage1").row(0, named=True)
+    bd = scale_data.breakdown_bands([d]).filter(pl.col("group") == "stage1").row(0, named=True)
     idle = (d.analysis.breakdown.filter(pl.col("rank").is_in(stage1)).select(100 * pl.col("idle_us") / pl.col("window_us")))
     vals = idle.to_series().to_numpy()
     assert (bd["idle_pct_median"], bd["idle_pct_lo"], bd["idle_pct_hi"]) == pytest.approx((np.median(vals), vals.min(), vals.max()))

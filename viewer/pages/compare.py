@@ -15,7 +15,7 @@ import dash
 from dash import Input, Output, callback, ctx, dash_table, dcc, html
 
 from profiler import TraceError
-from viewer import data, figures, ids, scale, scale_figures, theory_cards
+from viewer import data, figures, ids, scale, scale_data, scale_figures, theory_cards
 from viewer.data import RunStore
 from viewer.figures import COLLECTIVE_COLUMNS
 from viewer.pages import FONT, MAX_COMPARE, current_store, run_id_list
@@ -150,9 +150,9 @@ def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None =
     the groups' bands or the drill-down's ranks (`view`: "rank:17", "group:stage1")."""
     x_range = visible_range(relayout)
     runs = store.get_many(run_ids)
-    if data.any_at_scale(runs) or data.parse_view(view) is not None:  # a drill-down works at any rank count
+    if scale_data.any_at_scale(runs) or scale_data.parse_view(view) is not None:  # a drill-down works at any rank count
         try:
-            kind, out = data.scale_timeline(runs, x_range, data.parse_view(view))
+            kind, out = scale_data.scale_timeline(runs, x_range, scale_data.parse_view(view))
         except TraceError as e:  # a rank's events not on this machine (a run loaded by a Dask cluster)
             return figures._empty(str(e))
         if kind == "segments":
@@ -165,15 +165,15 @@ def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None =
 
 def breakdown_figure(store: RunStore, run_ids: list[str]):
     runs = store.get_many(run_ids)
-    if data.any_at_scale(runs):
-        return scale_figures.build_group_breakdown(data.breakdown_bands(runs), data.group_metrics(runs)[2], run_ids)
+    if scale_data.any_at_scale(runs):
+        return scale_figures.build_group_breakdown(scale_data.breakdown_bands(runs), scale_data.group_metrics(runs)[2], run_ids)
     return figures.build_breakdown_figure(data.breakdown_frame(runs), run_ids)
 
 
 def steps_figure(store: RunStore, run_ids: list[str]):
     runs = store.get_many(run_ids)
-    if data.any_at_scale(runs):
-        return scale_figures.build_group_steps(*data.group_metrics(runs), run_ids)
+    if scale_data.any_at_scale(runs):
+        return scale_figures.build_group_steps(*scale_data.group_metrics(runs), run_ids)
     return figures.build_step_time_figure(data.steps_frame(runs), run_ids)
 
 
@@ -184,9 +184,9 @@ def pipeline_figure(store: RunStore, run_ids: list[str]):
 def memory_figures(store: RunStore, run_ids: list[str]):
     """(memory over time, persistent memory): per group from the per-rank memory curves at scale."""
     runs = store.get_many(run_ids)
-    if data.any_at_scale(runs):
-        return (scale_figures.build_memory_bands(data.memory_bands(runs), run_ids),
-                scale_figures.build_group_persistent(data.persistent_bands(runs), run_ids))
+    if scale_data.any_at_scale(runs):
+        return (scale_figures.build_memory_bands(scale_data.memory_bands(runs), run_ids),
+                scale_figures.build_group_persistent(scale_data.persistent_bands(runs), run_ids))
     curves, peaks = data.memory_frames(runs)
     return figures.build_memory_figure(curves, peaks, run_ids), figures.build_persistent_figure(data.persistent_frame(runs), run_ids)
 
@@ -260,7 +260,7 @@ def show_theory(run_ids):
 @callback(Output(ids.COMPARE_VIEW, "options"), Input(ids.COMPARE_RUNS, "data"))
 def show_view_options(run_ids):
     run_ids, why = _checked(run_ids)
-    return [{"label": "all ranks, by group (median, min–max)", "value": ""}] if why else data.view_options(current_store().get_many(run_ids))
+    return [{"label": "all ranks, by group (median, min–max)", "value": ""}] if why else scale_data.view_options(current_store().get_many(run_ids))
 
 
 @callback(Output(ids.COMPARE_TIMELINE, "figure"), Input(ids.COMPARE_RUNS, "data"), Input(ids.COMPARE_TIMELINE, "relayoutData"),
