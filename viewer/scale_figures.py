@@ -138,13 +138,13 @@ def build_group_steps(metrics: pl.DataFrame, groups: dict[str, pl.DataFrame], ou
     fig = go.Figure()
     for i, run in enumerate(runs):
         m = metrics.filter(pl.col("run") == run).join(groups[run], on="rank").sort("group_key", "rank")
-        fig.add_trace(go.Box(x=[run] * m.height, y=m["step_ms"].round(3).to_list(), name=run, marker_color=run_color(i),
-                             boxpoints=False, hoverinfo="y", offsetgroup=run) if m["group"].n_unique() <= 1 else
-                      go.Box(x=[f"{run} {g}" for g in m["group"]], y=m["step_ms"].round(3).to_list(), name=run,
-                             marker_color=run_color(i), boxpoints=False, hoverinfo="y"))
+        single = m["group"].n_unique() <= 1
+        for (group,), part in m.group_by("group", maintain_order=True):  # one box per group: one value per rank
+            fig.add_trace(go.Box(y=part["step_ms"].to_numpy().astype(np.float32), name=run if single else f"{run} {group}",
+                                 marker_color=run_color(i), boxpoints=False, hoverinfo="y"))
         o = outliers.filter((pl.col("run") == run) & (pl.col("metric") == "step time")) if outliers.height else outliers
         if o.height:
-            xs = [run if m["group"].n_unique() <= 1 else f"{run} {g}" for g in o["group"]]
+            xs = [run if single else f"{run} {g}" for g in o["group"]]
             fig.add_trace(go.Scatter(x=xs, y=o["value"].round(3).to_list(), mode="markers+text", text=[f"r{r}" for r in o["rank"]],
                                      textposition="middle right", marker=dict(color="black", symbol="x", size=8),
                                      name=f"{run} outliers", hovertext=o["why"].to_list(), hoverinfo="text"))
