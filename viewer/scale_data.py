@@ -11,7 +11,6 @@ from viewer import aggregate, scale
 from viewer.data import RunData, _concat, _ok
 
 
-
 def any_at_scale(runs: list[RunData]) -> bool:
     return any(d.at_scale for d in _ok(runs))
 
