@@ -53,6 +53,7 @@ typedef struct {
 #define MAX_DEPTH 512
 
 static inline void ws(Cur *c) {
+    if (c->p < c->end && *c->p > ' ') return; /* the usual case: no blank at all */
     while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t')) c->p++;
 }
 
@@ -98,11 +99,34 @@ static int utf8_len(const unsigned char *p, const unsigned char *end) {
     return n;
 }
 
+/* Nonzero where one of the 8 bytes in x needs a look of its own in a string: a quote, a
+ * backslash, a control byte (< 0x20) or a non-ASCII byte. Plain ASCII is passed 8 bytes at a
+ * time (SWAR; a false alarm only sends those bytes through the byte loop). */
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "scan_string's SWAR loop assumes a little-endian CPU"
+#endif
+static inline uint64_t str_special(uint64_t x) {
+    uint64_t q = x ^ (ONES * '"'), b = x ^ (ONES * '\\');
+    return (((q - ONES) & ~q) | ((b - ONES) & ~b) | (x - ONES * 0x20) | x) & HIGHS;
+}
+
 /* c->p at the opening quote; leaves c->p after the closing one. */
 static int scan_string(Cur *c, int *esc) {
     const unsigned char *p = c->p + 1, *end = c->end;
     int e = 0;
     for (;;) {
+        while (end - p >= 8) {
+            uint64_t x;
+            memcpy(&x, p, 8);
+            uint64_t m = str_special(x);
+            if (m) { /* the lowest flagged byte is always a true one (borrows only run upward) */
+                p += __builtin_ctzll(m) >> 3;
+                break;
+            }
+            p += 8;
+        }
         if (p >= end) return FAIL;
         unsigned char ch = *p;
         if (ch == '"') break;
@@ -259,6 +283,7 @@ static int match_lit(Cur *c, const char *lit, size_t n) {
 
 /* Any JSON value; scalars are decoded into v, containers only skipped (V_OTHER, text kept). */
 static int parse_value(Cur *c, Val *v, int depth) {
+    v->esc = 0;
     if (c->p >= c->end) return FAIL;
     const unsigned char *s = c->p;
     switch (*c->p) {
@@ -460,11 +485,34 @@ static const int RAW_SRC[N_RAW] = {A_GROUP_RANKS, A_INPUT_DIMS, A_INPUT_TYPE};
 /* Mirrors parse.py's _COMM_NAME_PREFIXES. */
 static const char *COMM_PREFIXES[] = {"c10d::", "gloo:", "nccl:", "record_param_comms"};
 
-static size_t EVENT_LENS[N_EVENT], ARG_LENS[N_ARGS]; /* filled at import */
 
-static inline int key_index(const char *const *keys, const size_t *lens, int n, const unsigned char *k, size_t len) {
-    for (int i = 0; i < n; i++)
-        if (lens[i] == len && keys[i][0] == (char)k[0] && !memcmp(keys[i], k, len)) return i;
+/* Keys by length (filled at import): a key is compared only with the few of its length. */
+#define MAX_KEY 32
+#define MAX_SAME_LEN 8
+typedef struct {
+    int n;
+    int idx[MAX_SAME_LEN];
+} KeyBucket;
+static KeyBucket EVENT_BY_LEN[MAX_KEY], ARG_BY_LEN[MAX_KEY];
+
+static int bucket_keys(KeyBucket *by_len, const char *const *keys, int n) {
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(keys[i]);
+        if (len >= MAX_KEY || by_len[len].n == MAX_SAME_LEN) return FAIL;
+        by_len[len].idx[by_len[len].n++] = i;
+    }
+    return 0;
+}
+
+static inline int key_index(const KeyBucket *by_len, const char *const *keys, const unsigned char *k, size_t len) {
+    if (len >= MAX_KEY) return -1;
+    const KeyBucket *b = &by_len[len];
+    for (int j = 0; j < b->n; j++) {
+        const char *key = keys[b->idx[j]];
+        size_t i = 0;
+        while (i < len && key[i] == (char)k[i]) i++;
+        if (i == len) return b->idx[j];
+    }
     return -1;
 }
 
@@ -476,6 +524,7 @@ typedef struct {
     int64_t n_flow, n_meta, n_other;
     Val ev[N_EVENT], args[N_ARGS];
     int has_args; /* the event's args is an object */
+    uint32_t ev_set, args_set; /* which of ev[] / args[] hold a value: only those are reset per event */
 } Ctx;
 
 static int has_digit(const Val *v) {
@@ -723,8 +772,9 @@ static int parse_args(Cur *c, Ctx *cx) {
         const unsigned char *k;
         size_t n;
         if (read_key(c, &k, &n)) return FAIL;
-        int i = key_index(ARG_KEYS, ARG_LENS, N_ARGS, k, n);
+        int i = key_index(ARG_BY_LEN, ARG_KEYS, k, n);
         if (i >= 0) {
+            cx->args_set |= 1u << i;
             if (parse_value(c, &cx->args[i], 2)) return FAIL;
         } else if (skip_value(c, 2)) return FAIL;
         ws(c);
@@ -735,10 +785,19 @@ static int parse_args(Cur *c, Ctx *cx) {
     }
 }
 
+_Static_assert(N_EVENT <= 32 && N_ARGS <= 32, "ev_set / args_set are 32-bit masks");
+
+/* Marks the values named in *set missing (every reader looks at kind first) and empties the set:
+ * cheaper than clearing all N_ARGS values twice per event. */
+static inline void clear_vals(Val *vals, uint32_t *set) {
+    for (uint32_t m = *set; m; m &= m - 1) vals[__builtin_ctz(m)].kind = V_MISSING;
+    *set = 0;
+}
+
 static int parse_event(Cur *c, Ctx *cx, const unsigned char *base) {
     if (c->p >= c->end || *c->p != '{') return FAIL; /* not an event object: Python names it */
-    memset(cx->ev, 0, sizeof cx->ev);
-    memset(cx->args, 0, sizeof cx->args);
+    clear_vals(cx->ev, &cx->ev_set);
+    clear_vals(cx->args, &cx->args_set);
     cx->has_args = 0;
     c->p++;
     ws(c);
@@ -752,15 +811,16 @@ static int parse_event(Cur *c, Ctx *cx, const unsigned char *base) {
         if (read_key(c, &k, &n)) return FAIL;
         if (n == 4 && !memcmp(k, "args", 4)) {
             /* a repeated "args" replaces the earlier one, as in the Python decoder */
-            memset(cx->args, 0, sizeof cx->args);
+            clear_vals(cx->args, &cx->args_set);
             cx->has_args = 0;
             if (c->p < c->end && *c->p == '{') {
                 if (parse_args(c, cx)) return FAIL;
                 cx->has_args = 1;
             } else if (match_lit(c, "null", 4)) return FAIL; /* args of another type: Python's error */
         } else {
-            int i = key_index(EVENT_KEYS, EVENT_LENS, N_EVENT, k, n);
+            int i = key_index(EVENT_BY_LEN, EVENT_KEYS, k, n);
             if (i >= 0) {
+                cx->ev_set |= 1u << i;
                 if (parse_value(c, &cx->ev[i], 1)) return FAIL;
             } else if (skip_value(c, 1)) return FAIL;
         }
@@ -960,8 +1020,10 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "profiler._kineto", "Columnar Kineto trace parser.", -1, methods};
 
 PyMODINIT_FUNC PyInit__kineto(void) {
-    for (int i = 0; i < N_EVENT; i++) EVENT_LENS[i] = strlen(EVENT_KEYS[i]);
-    for (int i = 0; i < N_ARGS; i++) ARG_LENS[i] = strlen(ARG_KEYS[i]);
+    if (bucket_keys(EVENT_BY_LEN, EVENT_KEYS, N_EVENT) || bucket_keys(ARG_BY_LEN, ARG_KEYS, N_ARGS)) {
+        PyErr_SetString(PyExc_ImportError, "profiler._kineto: a key table does not fit its buckets");
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Fallback = PyErr_NewException("profiler._kineto.Fallback", PyExc_ValueError, NULL);

@@ -41,11 +41,30 @@ def temporal_breakdown(events: pl.DataFrame, *, per_step: bool = False, steps: p
 
     `device` says which accounting a rank got: "gpu" where it has GPU activity, else "cpu".
     """
+    return _breakdown(_intervals(events, steps, multi_gpu_ranks(events), None), per_step)
+
+
+def temporal_breakdowns(events: pl.DataFrame, *, steps: pl.DataFrame | None = None, multi: pl.DataFrame | None = None,
+                        gloo_threads: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """temporal_breakdown per rank and per step, from one pass over the events: both sweep the same
+    labelled intervals (the filters of the event frame are most of the cost on a small rank).
+
+    multi, gloo_threads: multi_gpu_ranks(events) and gloo_worker_threads(events), where the caller
+    has them already.
+    """
+    intervals = _intervals(events, steps, multi_gpu_ranks(events) if multi is None else multi, gloo_threads)
+    return _breakdown(intervals, False), _breakdown(intervals, True)
+
+
+def _intervals(events: pl.DataFrame, steps: pl.DataFrame | None, multi: pl.DataFrame,
+               gloo_threads: pl.DataFrame | None) -> dict | None:
+    """What both breakdowns sweep: each accounting's labelled intervals (with their step) and the
+    step windows; None when no rank is left (every one drives several GPUs)."""
     steps = profiler_steps(events) if steps is None else steps
-    if not (multi := multi_gpu_ranks(events)).is_empty():  # refused: one timeline per GPU, not per rank
+    if not multi.is_empty():  # refused: one timeline per GPU, not per rank
         events = events.join(multi.select(KEYS), on=KEYS, how="anti")
         if events.is_empty():
-            return pl.DataFrame(schema=_schema(per_step))
+            return None
     has_gpu = events.lazy().group_by(KEYS).agg(gpu=(pl.col("device") == "gpu").any()).collect()
     if has_gpu["gpu"].all():  # the usual cases: one accounting for every rank, no copy of the frame
         gpu_events, cpu_events = events, events.clear()
@@ -55,8 +74,15 @@ def temporal_breakdown(events: pl.DataFrame, *, per_step: bool = False, steps: p
         gpu_ranks = has_gpu.filter("gpu").select(KEYS)
         gpu_events = events.join(gpu_ranks, on=KEYS, how="semi")
         cpu_events = events.join(gpu_ranks, on=KEYS, how="anti")
-    gpu = _gpu_breakdown(gpu_events, steps, per_step)
-    cpu = _cpu_breakdown(cpu_events, steps, per_step)
+    return {"steps": steps, "gpu": _gpu_intervals(gpu_events, steps), "cpu": _cpu_intervals(cpu_events, steps, gloo_threads)}
+
+
+def _breakdown(intervals: dict | None, per_step: bool) -> pl.DataFrame:
+    if intervals is None:
+        return pl.DataFrame(schema=_schema(per_step))
+    steps = intervals["steps"]
+    gpu = _gpu_breakdown(intervals["gpu"], per_step)
+    cpu = _cpu_breakdown(intervals["cpu"], per_step)
     by = [*KEYS, "step"] if per_step else KEYS
     flags = steps.group_by(by).agg(pl.col("has_profiler_steps").all())
     return (
@@ -104,16 +130,22 @@ def _totals(segments: pl.DataFrame, by: list[str], *, compute: pl.Expr, comm: pl
     )
 
 
-def _gpu_breakdown(events: pl.DataFrame, steps: pl.DataFrame, per_step: bool) -> pl.DataFrame:
+def _gpu_intervals(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame | None:
+    """The GPU ranks' labelled activity in a profiled step (run, rank, step, label, start_us, end_us)."""
     if events.is_empty():
-        return pl.DataFrame()
-    by = [*KEYS, "step"] if per_step else KEYS
-    kernels = (
+        return None
+    return (
         assign_steps(events, steps).lazy()  # lazy: only the few columns used are filtered
         .filter((pl.col("device") == "gpu") & pl.col("kind").is_in(GPU_LABELS) & pl.col("step").is_not_null())
-        .select(*by, label=pl.col("kind").cast(pl.String), start_us="ts_us", end_us="end_us")
+        .select(*KEYS, "step", label=pl.col("kind").cast(pl.String), start_us="ts_us", end_us="end_us")
         .collect()
     )
+
+
+def _gpu_breakdown(kernels: pl.DataFrame | None, per_step: bool) -> pl.DataFrame:
+    if kernels is None:
+        return pl.DataFrame()
+    by = [*KEYS, "step"] if per_step else KEYS
     segments = sweep(kernels, by, GPU_LABELS)
     c = pl.col
     return _totals(
@@ -122,26 +154,34 @@ def _gpu_breakdown(events: pl.DataFrame, steps: pl.DataFrame, per_step: bool) ->
     ).with_columns(device=pl.lit("gpu"))
 
 
-def _cpu_breakdown(events: pl.DataFrame, steps: pl.DataFrame, per_step: bool) -> pl.DataFrame:
+def _cpu_intervals(events: pl.DataFrame, steps: pl.DataFrame, gloo_threads: pl.DataFrame | None) -> dict | None:
+    """The CPU ranks' labelled intervals (op, enqueue, comm) and their step windows."""
     if events.is_empty():
-        return pl.DataFrame()
-    by = [*KEYS, "step"] if per_step else KEYS
+        return None
     windows = steps.join(events.select(KEYS).unique(), on=KEYS, how="semi")
-    if not per_step:
-        windows = windows.group_by(KEYS).agg(start_us=pl.col("start_us").min(), end_us=pl.col("end_us").max())
-    windows = windows.rename({"start_us": "window_start_us", "end_us": "window_end_us"})
     # gloo's worker threads run collectives only; any operator they record is part of the
     # collective, not the model's compute. Point-to-point ops (pipeline send/recv) put their gloo
     # spans on the main thread instead, whose operators stay compute.
     ops = (
         events.lazy().filter(pl.col("ph") == "X").select(*THREAD, "kind", "ts_us", "end_us").collect()
-        .join(gloo_worker_threads(events), on=THREAD, how="anti")
+        .join(gloo_worker_threads(events) if gloo_threads is None else gloo_threads, on=THREAD, how="anti")
     )
     labelled = pl.concat([
         ops.filter(pl.col("kind") == "op").select(*KEYS, label=pl.lit("op"), start_us="ts_us", end_us="end_us"),
         ops.filter(pl.col("kind") == "enqueue").select(*KEYS, label=pl.lit("enqueue"), start_us="ts_us", end_us="end_us"),
         events.filter(pl.col("kind") == "comm").select(*KEYS, label=pl.lit("comm"), start_us="ts_us", end_us="end_us"),
     ])
+    return {"windows": windows, "labelled": labelled}
+
+
+def _cpu_breakdown(intervals: dict | None, per_step: bool) -> pl.DataFrame:
+    if intervals is None:
+        return pl.DataFrame()
+    by = [*KEYS, "step"] if per_step else KEYS
+    windows, labelled = intervals["windows"], intervals["labelled"]
+    if not per_step:
+        windows = windows.group_by(KEYS).agg(start_us=pl.col("start_us").min(), end_us=pl.col("end_us").max())
+    windows = windows.rename({"start_us": "window_start_us", "end_us": "window_end_us"})
     clipped = clip(labelled, windows, KEYS) if not per_step else _clip_per_step(labelled, windows)
     whole = windows.select(*by, label=pl.lit("window"), start_us="window_start_us", end_us="window_end_us")
     segments = sweep(pl.concat([clipped.select(whole.columns), whole]), by, CPU_LABELS)
@@ -158,8 +198,11 @@ def gloo_worker_threads(events: pl.DataFrame) -> pl.DataFrame:
     The training loop's thread is the one with ProfilerStep spans; in a rank without them, the
     thread with the most operator time.
     """
-    is_step = pl.col("name").is_in(names_matching(events, PROFILER_STEP_RE))
     spans = events.lazy().filter((pl.col("device") == "cpu") & (pl.col("ph") == "X")).select(*THREAD, "name", "kind", "dur_us").collect()
+    gloo = spans.filter(pl.col("kind") == "comm").select(THREAD).unique()
+    if gloo.is_empty():  # no gloo spans (an NCCL rank): no thread to find
+        return gloo
+    is_step = pl.col("name").is_in(names_matching(events, PROFILER_STEP_RE))
     stepped = spans.filter((pl.col("kind") == "annotation") & is_step).select(THREAD).unique()
     busiest = (
         spans.filter(pl.col("kind") == "op")
@@ -170,7 +213,7 @@ def gloo_worker_threads(events: pl.DataFrame) -> pl.DataFrame:
         .select(THREAD)
     )
     main = pl.concat([stepped, busiest])
-    return spans.filter(pl.col("kind") == "comm").select(THREAD).unique().join(main, on=THREAD, how="anti")
+    return gloo.join(main, on=THREAD, how="anti")
 
 
 def _clip_per_step(labelled: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:

@@ -42,6 +42,9 @@ class Parsed:
     # The frame itself where it could not be written, and why not (e.g. "No space left on device").
     frame: pl.DataFrame | None = dataclasses.field(default=None, repr=False, compare=False)
     unstored: str | None = None
+    # The frame just parsed and written, for a caller in the same process (rankmap.summarize
+    # analyses it without reading the parquet back); never sent between processes.
+    fresh: pl.DataFrame | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def _my_uid() -> int:
@@ -194,7 +197,7 @@ def _load_one(path: Path, cache: Path, ident: Identity | None) -> Parsed:
     if digest is None:
         return Parsed(meta, None, frame)  # not a regular file (a FIFO, a device): no entry could be trusted
     try:
-        return Parsed(meta, _write_entry(cache, key, digest, frame, meta))
+        return Parsed(meta, _write_entry(cache, key, digest, frame, meta), fresh=frame)
     except (OSError, pl.exceptions.PolarsError) as e:  # polars words a full disk as a ComputeError
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         return Parsed(meta, None, frame, reason)

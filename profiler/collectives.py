@@ -35,7 +35,7 @@ import json
 
 import polars as pl
 
-from profiler.intervals import union
+from profiler.intervals import union, varying
 from profiler.steps import KEYS, assign_steps
 
 # Kernel-name and arg spellings -> our collective kinds.
@@ -185,7 +185,8 @@ def _gpu(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
     k = events.filter((pl.col("device") == "gpu") & (pl.col("kind") == "comm") & pl.col("step").is_not_null())
     if k.is_empty():
         return k
-    k = k.join(_launch_context(events, k), on=[*KEYS, "correlation"], how="left")
+    keys = varying(events, KEYS)  # matched on these and correlation: one rank's events on correlation alone
+    k = k.join(_launch_context(events, k, keys), on=[*keys, "correlation"], how="left")
     name = pl.col("name").cast(pl.String)
     c = pl.col
     kind = pl.coalesce(
@@ -225,22 +226,30 @@ def _gpu(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
     ).with_columns(size_bytes=_size_bytes(pl.col("collective"), pl.col("in_bytes"), pl.col("out_bytes")))
 
 
-def _launch_context(events: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
+def _launch_context(events: pl.DataFrame, kernels: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """(run, rank, correlation) of each kernel's launch -> the collective args of the CPU spans
     around that launch: `rpc_*` (record_param_comms), `nccl_*` (nccl:<op>), `c10d_*` (c10d::<op>_).
 
     A span holds the launch when it is on the launch's thread and the call starts inside it; of
     each kind the latest-starting such span is taken (they nest c10d > record_param_comms > nccl).
+    keys: the columns of KEYS that vary in `events` (profiler.intervals.varying): the result has
+    those, and the others are not matched on.
     """
-    thread = [*KEYS, "pid", "tid"]
+    thread = [*keys, "pid", "tid"]
+    # Lazy: the runtime calls and enqueues are filtered on the few columns used, not copied whole.
     launches = (
-        events.filter((pl.col("device") == "cpu") & (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
-        .join(kernels.select(*KEYS, "correlation").unique(), on=[*KEYS, "correlation"], how="semi")
-        .group_by(*KEYS, "correlation").agg(pl.col("pid", "tid", "ts_us").first())
+        events.lazy().filter((pl.col("device") == "cpu") & (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+        .select(*keys, "correlation", "pid", "tid", "ts_us")
+        .join(kernels.lazy().select(*keys, "correlation").unique(), on=[*keys, "correlation"], how="semi", maintain_order="left")
+        .group_by(*keys, "correlation").agg(pl.col("pid", "tid", "ts_us").first())
         .with_columns(launch_us="ts_us")
         .sort("ts_us")
+        .collect()
     )
-    spans = events.filter(pl.col("kind") == "enqueue").with_columns(_name=pl.col("name").cast(pl.String))
+    spans = (events.lazy().filter(pl.col("kind") == "enqueue")
+             .select(*thread, "ts_us", "end_us", "collective", "in_nelems", "out_nelems", "dtype", "group_name",
+                     "group_ranks", "group_size", "arg_nelems", "arg_types", _name=pl.col("name").cast(pl.String))
+             .collect())
     first_arg = pl.col("arg_nelems").list.get(0, null_on_oob=True)
     real_type = pl.col("arg_types").list.eval(pl.element().filter(~pl.element().is_in(["", "Scalar", "TensorList"]))).list.first()
     kinds = {
@@ -294,10 +303,11 @@ def _process_groups(ranks: pl.DataFrame | None, here: pl.DataFrame | None = None
     schema = {"run": pl.Categorical, "rank": pl.Int32, "pg_name": pl.String, "pg_size": pl.Int64, "pg_ranks": pl.String}
     if ranks is None or "pg_config" not in ranks.columns:
         return pl.DataFrame(schema=schema)
-    wanted = None if here is None else {(str(r), int(k)) for r, k in here.iter_rows()}
+    if here is not None:  # selected in polars: a per-rank call must not walk every rank's row in Python
+        ranks = _only(ranks, here)
     rows = []
-    for run, rank, cfg in ranks.select("run", "rank", "pg_config").iter_rows():
-        if (wanted is not None and (str(run), rank) not in wanted) or not cfg:
+    for run, rank, cfg in ranks.select("run", "rank", "pg_config").filter(pl.col("pg_config").is_not_null()).iter_rows():
+        if not cfg:
             continue
         pgs = json.loads(cfg)
         for pg in pgs if isinstance(pgs, list) else []:
@@ -307,6 +317,14 @@ def _process_groups(ranks: pl.DataFrame | None, here: pl.DataFrame | None = None
                              size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None,
                              None if pg.get("ranks") is None else str(pg.get("ranks"))))
     return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _only(ranks: pl.DataFrame, here: pl.DataFrame) -> pl.DataFrame:
+    """The rows of `ranks` whose (run, rank) is in `here` (keys compared as text and integer: the
+    two frames' run categories need not agree), in `ranks`' order."""
+    key = [pl.col("run").cast(pl.String).alias("_r"), pl.col("rank").cast(pl.Int64).alias("_k")]
+    wanted = here.select(key).unique()
+    return ranks.with_columns(key).join(wanted, on=["_r", "_k"], how="semi", maintain_order="left").drop("_r", "_k")
 
 
 def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
@@ -340,9 +358,7 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
         .select(*KEYS, "pid", "algo", "n_key", "k", "collective", "in_place", "arg0", "arg1", "enq_dtype", enq_us="ts_us")
     )
     if ranks is not None:  # only these spans' ranks: every other rank's pg_config would be parsed for nothing
-        here = spans.select(_r=pl.col("run").cast(pl.String), _k=pl.col("rank").cast(pl.Int64)).unique()
-        ranks = (ranks.with_columns(_r=pl.col("run").cast(pl.String), _k=pl.col("rank").cast(pl.Int64))
-                 .join(here, on=["_r", "_k"], how="semi").drop("_r", "_k"))
+        ranks = _only(ranks, spans.select(KEYS).unique())
     groups = _single_groups(ranks)
     paired = spans.join(enq, on=[*KEYS, "pid", "algo", "n_key", "k"], how="left").join(groups, on=KEYS, how="left")
     own = pl.col("arg_nelems").list.get(0, null_on_oob=True)  # what the gloo span itself processed

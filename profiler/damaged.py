@@ -15,6 +15,11 @@ import stat
 import zlib
 from pathlib import Path
 
+try:  # python-isal: ISA-L's inflate, ~1.7x zlib's; zlib where it is not installed
+    from isal import isal_zlib as _isal_zlib
+except ImportError:
+    _isal_zlib = None
+
 import msgspec
 import polars as pl
 
@@ -65,6 +70,32 @@ def gunzip(raw: bytes, path: Path) -> bytes:
     """The gzip's content (every member), refused past MAX_INFLATE_RATIO x its size: a 1 MB bomb
     holding 1 GiB is stopped after inflating the limit, not after filling memory."""
     limit = max(INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO * len(raw))
+    fast = _gunzip_isal(raw, limit) if _isal_zlib is not None else None
+    return fast if fast is not None else _gunzip_zlib(raw, path, limit)
+
+
+def _gunzip_isal(raw: bytes, limit: int) -> bytes | None:
+    """The content of a whole, well-formed gzip under the limit, inflated by ISA-L (about 1.7x
+    zlib's speed; both check every member's CRC and length); None for anything else (a bomb, a cut
+    or corrupt gzip, junk after it), which zlib then reads again to word the refusal exactly as before."""
+    parts, size, data = [], 0, raw
+    try:
+        while data:
+            if data[:2] != b"\x1f\x8b":
+                return None
+            d = _isal_zlib.decompressobj(wbits=31)
+            part = d.decompress(data, limit - size + 1)
+            size += len(part)
+            if size > limit or not d.eof:  # ISA-L stops without an error on some bad headers: not eof
+                return None
+            parts.append(part)
+            data = d.unused_data.lstrip(b"\0")
+    except Exception:  # noqa: BLE001 (isal's own error type; zlib words it)
+        return None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _gunzip_zlib(raw: bytes, path: Path, limit: int) -> bytes:
     parts, size, data = [], 0, raw
     try:
         while data:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.breakdown import THREAD, gloo_worker_threads, multi_gpu_ranks
-from profiler.intervals import sweep
+from profiler.intervals import last_at_instant, over, sweep, varying
 from profiler.steps import KEYS
 
 EXPOSED_COLUMNS = {
@@ -33,12 +33,16 @@ EXPOSED_COLUMNS = {
 }
 
 
-def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame) -> pl.DataFrame:
+def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFrame | None = None,
+                 gloo_threads: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per (run, rank, step, collective, phase): calls, comm_us (summed durations) and exposed_us.
 
     colls: profiler.collectives rows of the same ranks; `phase` is null where they carry none.
+    multi, gloo_threads: multi_gpu_ranks(events) and gloo_worker_threads(events), where the caller
+    has them already.
     """
-    if not (multi := multi_gpu_ranks(events)).is_empty():  # several GPUs' timelines in one rank: refused
+    multi = multi_gpu_ranks(events) if multi is None else multi
+    if not multi.is_empty():  # several GPUs' timelines in one rank: refused
         colls = colls.join(multi.select(KEYS).cast({"run": colls.schema["run"], "rank": colls.schema["rank"]}),
                            on=KEYS, how="anti")
     if colls.is_empty():
@@ -46,7 +50,7 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame) -> pl.DataFrame:
     calls = colls.with_row_index("_call").with_columns(
         phase=pl.col("phase").cast(pl.String) if "phase" in colls.columns else pl.lit(None, pl.String)
     )
-    compute = pl.concat([_gpu_compute(events, calls), _cpu_compute(events, calls)], how="vertical_relaxed")
+    compute = pl.concat([_gpu_compute(events, calls), _cpu_compute(events, calls, gloo_threads)], how="vertical_relaxed")
     key_types = {"run": pl.String, "rank": pl.Int64}
     calls_k = calls.with_columns(pl.col("run").cast(pl.String), pl.col("rank").cast(pl.Int64))
     bounds = pl.concat([
@@ -77,15 +81,17 @@ def _exposed_weight(bounds: pl.DataFrame) -> pl.DataFrame:
     edges = pl.concat([
         bounds.select(*KEYS, t="start_us", d_comp="comp", d_comm="comm"),
         bounds.select(*KEYS, t="end_us", d_comp=-pl.col("comp"), d_comm=-pl.col("comm")),
-    ]).sort(*KEYS, "t")
+    ])
+    keys = varying(edges, KEYS)  # sorted and windowed by these only: one rank's frame has none
     return (
-        edges.with_columns(n_comp=pl.col("d_comp").cum_sum().over(KEYS), n_comm=pl.col("d_comm").cum_sum().over(KEYS))
-        .group_by(*KEYS, "t", maintain_order=True).agg(pl.col("n_comp", "n_comm").last())
-        .with_columns(dur=(pl.col("t").shift(-1) - pl.col("t")).over(KEYS).fill_null(0.0))
+        edges.sort(*keys, "t")
+        .with_columns(n_comp=over(pl.col("d_comp").cum_sum(), keys), n_comm=over(pl.col("d_comm").cum_sum(), keys))
+        .filter(last_at_instant(keys))  # each instant's last running counts (the frame is sorted by it)
+        .with_columns(dur=over(pl.col("t").shift(-1) - pl.col("t"), keys).fill_null(0.0))
         .with_columns(w=pl.when((pl.col("n_comm") > 0) & (pl.col("n_comp") == 0)).then(pl.col("dur") / pl.col("n_comm"))
                       .otherwise(0.0))
         # the weight of [t, next t) is reached at the next t
-        .with_columns(w_cum=(pl.col("w").cum_sum() - pl.col("w")).over(KEYS))
+        .with_columns(w_cum=over(pl.col("w").cum_sum() - pl.col("w"), keys))
         .select(*KEYS, "t", "w_cum")
     )
 
@@ -103,7 +109,7 @@ def _gpu_compute(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _cpu_compute(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+def _cpu_compute(events: pl.DataFrame, calls: pl.DataFrame, gloo_threads: pl.DataFrame | None) -> pl.DataFrame:
     """Operator time outside the collective enqueues, on the ranks' own threads (breakdown's CPU compute)."""
     cpu = calls.filter(pl.col("source") == "gloo").select(KEYS).unique()
     if cpu.is_empty():
@@ -113,7 +119,8 @@ def _cpu_compute(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     ops = (
         ev.lazy().filter((pl.col("ph") == "X") & pl.col("kind").is_in(["op", "enqueue"]))
         .select(*THREAD, "kind", "ts_us", "end_us").collect()
-        .join(gloo_worker_threads(ev), on=THREAD, how="anti")
+        # (a rank's gloo threads are found from its own events: those of every rank serve as well)
+        .join(gloo_worker_threads(ev) if gloo_threads is None else gloo_threads, on=THREAD, how="anti")
     )
     # op minus enqueue, as the breakdown counts it: the segments an op covers and no enqueue does.
     segs = sweep(ops.select(*KEYS, label=pl.col("kind").cast(pl.String), start_us="ts_us", end_us="end_us"), KEYS, ["op", "enqueue"])

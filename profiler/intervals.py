@@ -27,6 +27,29 @@ def union(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     )
 
 
+def varying(frame: pl.DataFrame, by: list[str]) -> list[str]:
+    """The columns of `by` that take more than one value in `frame`.
+
+    Sorting or windowing by a column that holds one value changes nothing, and a sort on several
+    columns costs several times one on a single column: a per-rank frame has one run and one rank.
+    """
+    if frame.height < 2 or not by:
+        return []
+    counts = frame.select(pl.col(by).n_unique()).row(0)
+    return [c for c, n in zip(by, counts) if n > 1]
+
+
+def over(expr: pl.Expr, by: list[str]) -> pl.Expr:
+    """`expr` per group of `by`; over the whole frame when `by` is empty (one group)."""
+    return expr.over(by) if by else expr
+
+
+def last_at_instant(by: list[str], t: str = "t") -> pl.Expr:
+    """On a frame sorted by (by, t): True on the last row of each (group, instant)."""
+    same = pl.all_horizontal([pl.col(c).shift(-1) == pl.col(c) for c in [*by, t]])
+    return ~same.fill_null(False)
+
+
 def sweep(intervals: pl.DataFrame, by: list[str], labels: list[str]) -> pl.DataFrame:
     """Constant-state segments of labelled intervals.
 
@@ -34,20 +57,23 @@ def sweep(intervals: pl.DataFrame, by: list[str], labels: list[str]) -> pl.DataF
     Returns by..., start_us, end_us, dur_us and one boolean column per label: whether any interval
     of that label covers the segment. Segments cover [first start, last end] of each group.
     """
+    # One +1 / -1 column per label, decided once per interval (not per bound, and no string
+    # compare in the running sums).
+    label = pl.col("label").cast(pl.String)
+    opens = {f"_n_{lab}": (label == lab).fill_null(False).cast(pl.Int32) for lab in labels}
     bounds = pl.concat([
-        intervals.select(*by, "label", t=pl.col("start_us"), delta=pl.lit(1, pl.Int32)),
-        intervals.select(*by, "label", t=pl.col("end_us"), delta=pl.lit(-1, pl.Int32)),
-    ]).with_columns(pl.col("label").cast(pl.String))
+        intervals.select(*by, t=pl.col("start_us"), **opens),
+        intervals.select(*by, t=pl.col("end_us"), **{c: -e for c, e in opens.items()}),
+    ])
+    counts = [f"_n_{lab}" for lab in labels]
+    groups = varying(bounds, by)  # sorted by these only: the rest hold one value
     # Every group's opens and closes balance, so after sorting by (group, t) a running sum over the
     # whole frame restarts at zero in each group: no per-group window needed.
-    bounds = bounds.sort([*by, "t"]).with_columns(
-        [pl.when(pl.col("label") == lab).then(pl.col("delta")).otherwise(0).cum_sum().alias(f"_n_{lab}") for lab in labels]
-    )
+    bounds = bounds.sort([*groups, "t"]).with_columns(pl.col(counts).cum_sum())
     # Several bounds at one instant: the last one's running counts hold until the next instant.
-    same_group = pl.all_horizontal([pl.col(c).shift(-1) == pl.col(c) for c in by]) if by else pl.lit(True)
+    same_group = pl.all_horizontal([pl.col(c).shift(-1) == pl.col(c) for c in groups]) if groups else pl.lit(True)
     return (
-        bounds.group_by([*by, "t"], maintain_order=True)
-        .agg(pl.col(f"_n_{lab}").last() for lab in labels)
+        bounds.filter(last_at_instant(groups))  # a filter, not a group_by: the frame is sorted by (group, t)
         .with_columns(end_us=pl.when(same_group).then(pl.col("t").shift(-1)))
         .filter(pl.col("end_us").is_not_null())
         .select(

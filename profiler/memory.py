@@ -12,6 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.discover import manifest_field
+from profiler.intervals import over, varying
 from profiler.steps import KEYS, assign_steps
 
 PERSISTENT_FIELDS = ["params_bytes", "params_at_rest_bytes", "grads_bytes", "optimizer_bytes", "max_memory_allocated_bytes",
@@ -40,7 +41,7 @@ def memory_timeline(events: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema={"run": pl.Categorical, "rank": pl.Int32, "mem_device": pl.String, "ts_us": pl.Float64,
                                     "delta_bytes": pl.Int64, "allocated_bytes": pl.Int64, "reserved_bytes": pl.Int64, "step": pl.Int64})
     with_step = assign_steps(events).lazy().filter(pl.col("kind") == "memory_event")
-    return with_step.select(
+    timeline = with_step.select(
         *KEYS,
         mem_device=device,
         ts_us="ts_us",
@@ -48,7 +49,10 @@ def memory_timeline(events: pl.DataFrame) -> pl.DataFrame:
         allocated_bytes="mem_total_allocated_bytes",
         reserved_bytes="mem_total_reserved_bytes",
         step="step",
-    ).sort(*KEYS, "mem_device", "ts_us").collect()
+    ).collect()
+    # Sorted by the keys that vary only (one rank's frame: by device and time), as a stable sort:
+    # the rows the keys do not order keep the trace's order either way.
+    return timeline.sort(*varying(timeline, [*KEYS, "mem_device"]), "ts_us", maintain_order=True)
 
 
 def memory_peaks(timeline: pl.DataFrame) -> pl.DataFrame:
@@ -99,14 +103,16 @@ def memory_curve(timeline: pl.DataFrame, buckets: int = CURVE_BUCKETS) -> pl.Dat
     if timeline.is_empty():
         return pl.DataFrame(schema=CURVE_COLUMNS)
     keys = [*KEYS, "mem_device"]
-    t0, t1 = pl.col("ts_us").min().over(keys), pl.col("ts_us").max().over(keys)
-    n = pl.min_horizontal(pl.lit(buckets), pl.len().over(keys)).cast(pl.Int64)  # no more buckets than events
+    # Windows and sorts over the keys that vary only (one rank, often one device: none).
+    groups = varying(timeline, keys)
+    t0, t1 = over(pl.col("ts_us").min(), groups), over(pl.col("ts_us").max(), groups)
+    n = pl.min_horizontal(pl.lit(buckets), over(pl.len(), groups)).cast(pl.Int64)  # no more buckets than events
     # One instant (or one event): one bucket; never a division by a zero span.
     n = pl.when(t1 > t0).then(n).otherwise(1)
     span = pl.when(t1 > t0).then(t1 - t0).otherwise(1.0)
     bucket = ((pl.col("ts_us") - t0) / span * n).floor().cast(pl.Int64).clip(0, n - 1)
     per = (
-        timeline.sort(*keys, "ts_us")
+        timeline.sort(*groups, "ts_us", maintain_order=True)
         .with_columns(bucket=bucket, n=n, t0=t0, width=(t1 - t0) / n)
         .group_by(*keys, "bucket")
         .agg(pl.col("allocated_bytes").max().alias("hi"), pl.col("allocated_bytes").min().alias("lo"),
@@ -115,10 +121,10 @@ def memory_curve(timeline: pl.DataFrame, buckets: int = CURVE_BUCKETS) -> pl.Dat
     grid = (per.group_by(keys).agg(pl.col("n", "t0", "width").first())
             .with_columns(bucket=pl.int_ranges(0, pl.col("n"))).explode("bucket"))
     # The level entering each bucket is the last level of the bucket before it (carried over empty ones).
-    prev = pl.col("last").shift(1).forward_fill().over(keys, order_by="bucket")
+    prev = over(pl.col("last").shift(1).forward_fill(), groups)  # the frame is sorted by bucket in each group
     return (
         grid.join(per.drop("n", "t0", "width"), on=[*keys, "bucket"], how="left")
-        .sort(*keys, "bucket")
+        .sort(*groups, "bucket")
         .with_columns(prev=prev)
         .select(
             *keys, "bucket",

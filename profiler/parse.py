@@ -388,7 +388,7 @@ def _group_ranks_text(r) -> str | None:
 
 def _arg_shapes(n: int, comm: list[tuple[int, bytes, bytes]]) -> tuple[pl.Series, pl.Series]:
     """arg_nelems and arg_types for n rows from (row, raw Input Dims, raw Input type) of collectives."""
-    nelems, types = [None] * n, [None] * n
+    rows, nelems, types = [], [], []
     for i, raw_dims, raw_types in comm:
         try:
             dims = msgspec.json.decode(raw_dims) if raw_dims else None
@@ -396,9 +396,23 @@ def _arg_shapes(n: int, comm: list[tuple[int, bytes, bytes]]) -> tuple[pl.Series
         except (UnicodeDecodeError, msgspec.DecodeError):  # kept raw, so never checked: shapes unknown
             dims = typs = None
         if isinstance(dims, list) and isinstance(typs, list):
-            nelems[i] = [_nelems(d, t) for d, t in zip(dims, typs)]
-            types[i] = [t if isinstance(t, str) else None for t in typs]
-    return pl.Series(nelems, dtype=pl.List(pl.Int64)), pl.Series(types, dtype=pl.List(pl.String))
+            rows.append(i)
+            nelems.append([_nelems(d, t) for d, t in zip(dims, typs)])
+            types.append([t if isinstance(t, str) else None for t in typs])
+    return _sparse(n, rows, nelems, pl.List(pl.Int64)), _sparse(n, rows, types, pl.List(pl.String))
+
+
+def _sparse(n: int, rows: list[int], values: list, dtype: pl.DataType) -> pl.Series:
+    """n rows of null but values[k] at rows[k] (the last one where a row repeats).
+
+    Built by a gather from the few values, not from a list of n Python objects: most columns
+    built so (shapes, process-group ranks) hold a value on a few hundred rows of 300,000.
+    """
+    if not rows:
+        return pl.repeat(None, n, dtype=dtype, eager=True)
+    where = np.zeros(n, np.int64)
+    where[rows] = np.arange(1, len(rows) + 1)
+    return pl.Series([None, *values], dtype=dtype).gather(where)
 
 
 def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
@@ -446,6 +460,10 @@ def _fast_columns(parsed: dict, slices: dict) -> tuple[pl.DataFrame, dict[tuple[
     n = parsed["n"]
     strings = parsed["strings"]  # interned text: code k -> strings[k], 0 -> null
     table = pl.Series(strings, dtype=pl.String)
+    # Text columns are built categorical straight from the codes (a gather of the few distinct
+    # values), never as 300,000 strings hashed again by a cast; _finish's size check on String
+    # columns is done here on the distinct values, column by column in the same order.
+    lengths, categories = table.str.len_bytes(), table.cast(pl.Categorical)
 
     def masked(name: str, values: np.ndarray, ok: bytes, dtype: pl.DataType) -> pl.Series:
         s = pl.Series(name, values)
@@ -461,19 +479,21 @@ def _fast_columns(parsed: dict, slices: dict) -> tuple[pl.DataFrame, dict[tuple[
         cols[name] = masked(name, np.frombuffer(vals, np.float64), ok, pl.Float64)
     cols["ph"] = pl.Series("ph", np.frombuffer(parsed["ph"], np.uint8)).replace_strict({0: "X", 1: "i"}, return_dtype=pl.String)
     texts = {name: pl.Series(name, np.frombuffer(codes, np.int32)) for name, codes in parsed["strs"].items()}
+    for name in (c for c in _COLUMN_ORDER if c in texts):  # the order check_text_sizes reports in
+        longest = lengths.gather(texts[name]).max()
+        if longest is not None and longest > MAX_TEXT_BYTES:
+            raise TraceError(None, f"an event's {name} is {longest:,} bytes long, over the {MAX_TEXT_BYTES:,}-byte limit "
+                                   "on one text value (a damaged file?)")
     for name, codes in texts.items():
-        cols[name] = table.gather(codes).alias(name)
+        cols[name] = categories.gather(codes).alias(name)
 
     rows, values = slices["group_ranks"]
-    ranks = [None] * n
-    for i, v in zip(rows, values):
-        ranks[i] = _group_ranks_text(msgspec.json.decode(v))
-    cols["group_ranks"] = pl.Series(ranks, dtype=pl.String)
+    cols["group_ranks"] = _sparse(n, rows, [_group_ranks_text(msgspec.json.decode(v)) for v in values], pl.String)
     # Shapes were kept for events whose name looks like communication; the exact test is here.
-    names = cols["name"]
+    name_codes = np.frombuffer(parsed["strs"]["name"], np.int32)
     dims, typs = (dict(zip(*slices[k])) for k in ("input_dims", "input_type"))
     comm = [(i, dims.get(i), typs.get(i)) for i in sorted(set(dims) | set(typs))
-            if (nm := names[i]) is not None and nm.startswith(_COMM_NAME_PREFIXES)]
+            if (nm := strings[name_codes[i]]) is not None and nm.startswith(_COMM_NAME_PREFIXES)]
     cols["arg_nelems"], cols["arg_types"] = _arg_shapes(n, comm)
     frame, dropped = _finish({c: cols[c] for c in _COLUMN_ORDER})
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import polars as pl
 
 from profiler.activity import activity
-from profiler.breakdown import multi_gpu_ranks, temporal_breakdown
+from profiler.breakdown import gloo_worker_threads, multi_gpu_ranks, temporal_breakdowns
 from profiler.collectives import collectives
 from profiler.errors import TraceError, path_text
 from profiler.exposed import exposed_comm
@@ -118,6 +118,10 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
                  top_n: int) -> dict[str, pl.DataFrame]:
     """The per-rank analyses of one (run, rank)'s events (or of several ranks' at once: every
     analysis here groups by run and rank, which tests/profiler/test_rankmap.py checks)."""
+    # One chunk per column: a frame read from a parquet of several row groups, beside columns of
+    # one chunk (run, rank, step), is re-aligned in full by every eager operation on it (about
+    # 8 ms each on a 100 MB rank); aligned once here, those cost nothing.
+    events = events.rechunk()
     all_steps = profiler_steps(events)
     steps = all_steps if step is None else all_steps.filter(pl.col("step") == step)
     if steps.is_empty():  # --step S and this rank has no step S: nothing to analyze
@@ -127,14 +131,17 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
     if step is not None:
         events = events.filter(pl.col("step").is_not_null() | (pl.col("kind") == "memory_event"))
     colls = collectives(events, ranks)
+    # Read by the breakdowns and exposed_comm alike: found once.
+    multi, gloo = multi_gpu_ranks(events), gloo_worker_threads(events)
+    breakdown, breakdown_steps = temporal_breakdowns(events, steps=steps, multi=multi, gloo_threads=gloo)
     return {
         "all_steps": all_steps.select("run", "rank", "step"),
         "steps": steps,
-        "multi_gpu": multi_gpu_ranks(events),
-        "breakdown": temporal_breakdown(events, steps=steps),
-        "breakdown_steps": temporal_breakdown(events, per_step=True, steps=steps),
+        "multi_gpu": multi,
+        "breakdown": breakdown,
+        "breakdown_steps": breakdown_steps,
         "collectives": colls,
-        "exposed": exposed_comm(events, colls),
+        "exposed": exposed_comm(events, colls, multi=multi, gloo_threads=gloo),
         "actions": pipeline_actions(events, steps=steps, runs=runs),
         "memory_peaks": memory_peaks(timeline := memory_timeline(events)),
         "memory_curve": memory_curve(timeline),
@@ -219,7 +226,7 @@ def _parse_uncached(path: Path, why: str):
 def _events(parsed, run: str, rank: int) -> pl.DataFrame:
     from profiler.parse import SCHEMA
 
-    frame = parsed.frame if parsed.parquet is None else pl.read_parquet(parsed.parquet)
+    frame = parsed.frame if parsed.parquet is None else parsed.fresh if parsed.fresh is not None else pl.read_parquet(parsed.parquet)
     return frame.with_columns(run=pl.lit(run, pl.Categorical), rank=pl.lit(rank, pl.Int32)).select(list(SCHEMA))
 
 

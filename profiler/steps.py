@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from profiler.intervals import varying
+
 NO_STEP = -1  # the step number of a trace's single window when it has no ProfilerStep spans
 PROFILER_STEP_RE = r"^ProfilerStep\s*#\s*(\d+)$"
 KEYS = ["run", "rank"]
@@ -78,14 +80,23 @@ def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.
     narrow = events.select(*KEYS, "ts_us", "device", "kind", "correlation").with_row_index("_row")
     by_time = _step_at(narrow.select(*KEYS, "ts_us", "_row"), steps).sort("_row")
     narrow = narrow.with_columns(step=by_time["step"])
+    # Joined on the keys that vary only: one rank's events are matched on correlation alone (a
+    # join on one integer column, not three).
+    keys = varying(narrow, KEYS)
     launches = (
         narrow.filter((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
-        .group_by(*KEYS, "correlation")
+        .group_by(*keys, "correlation")
         .agg(launch_step=pl.col("step").first(), _launched=pl.lit(True))
     )
+    single = _single_window(events, steps)
+    narrow = narrow.join(launches, on=[*keys, "correlation"], how="left", maintain_order="left")
+    if keys:
+        narrow = narrow.join(single, on=KEYS, how="left", maintain_order="left")
+    else:  # one rank: its one row (or none) is a constant
+        row = single.row(0, named=True) if single.height else {"_only_step": None, "_single": None}
+        narrow = narrow.with_columns(_only_step=pl.lit(row["_only_step"], pl.Int64), _single=pl.lit(row["_single"], pl.Boolean))
     step = (
-        narrow.join(launches, on=[*KEYS, "correlation"], how="left", maintain_order="left")
-        .join(_single_window(events, steps), on=KEYS, how="left", maintain_order="left")
+        narrow
         .select(
             pl.when((pl.col("device") == "gpu") & pl.col("_single"))
             .then(pl.col("_only_step"))
@@ -126,10 +137,14 @@ def _single_window(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
 
 def _step_at(points: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """_row -> step whose [start_us, end_us) holds the point's ts_us (steps do not overlap)."""
-    table = steps.select(*KEYS, "step", "start_us", "end_us").sort("start_us")
+    table = steps.select(*KEYS, "step", "start_us", "end_us")
+    keys = varying(points, KEYS)
+    if not keys and points.height:  # one rank: its own steps, then nothing to match per row
+        table = table.join(points.select(KEYS).head(1), on=KEYS, how="semi").drop(KEYS)
+    table = table.sort("start_us")
     return (
         points.sort("ts_us")
-        .join_asof(table, left_on="ts_us", right_on="start_us", by=KEYS, strategy="backward", check_sortedness=False)
+        .join_asof(table, left_on="ts_us", right_on="start_us", by=keys or None, strategy="backward", check_sortedness=False)
         .select("_row", step=pl.when(pl.col("ts_us") < pl.col("end_us")).then(pl.col("step")))
     )
 

@@ -44,12 +44,18 @@ def self_times(events: pl.DataFrame) -> pl.DataFrame:
     # The time from a boundary to the next one on the thread belongs to the event open at that
     # depth, which is the latest open among the boundaries that left the thread at that depth
     # (had it closed, the depth would have dropped below and a newer open would come later).
+    # (thread, depth) as one integer (depth < 2^32: it never exceeds the spans on a thread): a
+    # window over one key costs half of one over two.
+    at_depth = pl.col("_thr").cast(pl.Int64) * 2**32 + pl.col("depth")
     owned = bounds.with_columns(
-        owner=pl.when(pl.col("delta") == 1).then(pl.col("_op")).forward_fill().over(["_thr", "depth"]),
+        owner=pl.when(pl.col("delta") == 1).then(pl.col("_op")).forward_fill().over(at_depth),
         seg_us=pl.when(pl.col("_thr").shift(-1) == pl.col("_thr")).then(pl.col("t").shift(-1) - pl.col("t")),
     ).filter((pl.col("depth") > 0) & (pl.col("seg_us") > 0))
-    self_us = owned.group_by("owner").agg(self_us=pl.col("seg_us").sum()).rename({"owner": "_op"})
-    return spans.join(self_us, on="_op", how="left").with_columns(pl.col("self_us").fill_null(0.0)).drop("_op", "end_us")
+    self_us = owned.filter(pl.col("owner").is_not_null()).group_by("owner").agg(self_us=pl.col("seg_us").sum())
+    # Owners are row numbers of `spans`: each sum goes straight to its row (no join); a span that
+    # owns no time keeps 0.
+    column = pl.zeros(spans.height, pl.Float64, eager=True).scatter(self_us["owner"], self_us["self_us"])
+    return spans.with_columns(self_us=column).drop("_op", "end_us")
 
 
 def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
@@ -57,9 +63,11 @@ def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
     return (
         self_times(events)
         .filter(pl.col("kind").is_in(CPU_OP_KINDS))
-        .group_by(*KEYS, "name")
+        # In order of first appearance and a stable sort: operators with equal times are listed
+        # (and cut at n) the same way on every load, not in a hashed order.
+        .group_by(*KEYS, "name", maintain_order=True)
         .agg(count=pl.len(), self_us=pl.col("self_us").sum(), total_us=pl.col("dur_us").sum())
-        .sort(*KEYS, "self_us", descending=[False, False, True])
+        .sort(*KEYS, "self_us", descending=[False, False, True], maintain_order=True)
         .group_by(KEYS, maintain_order=True)
         .head(n)
         .with_columns(pl.col("name").cast(pl.String))
@@ -72,9 +80,9 @@ def top_kernels(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
     return (
         events.lazy()
         .filter((pl.col("device") == "gpu") & (pl.col("kind") != "annotation"))
-        .group_by(*KEYS, "name", "kind")
+        .group_by(*KEYS, "name", "kind", maintain_order=True)  # ties: as top_operators
         .agg(count=pl.len(), total_us=pl.col("dur_us").sum(), mean_us=pl.col("dur_us").mean())
-        .sort(*KEYS, "total_us", descending=[False, False, True])
+        .sort(*KEYS, "total_us", descending=[False, False, True], maintain_order=True)
         .group_by(KEYS, maintain_order=True)
         .head(n)
         .with_columns(pl.col("name").cast(pl.String), pl.col("kind").cast(pl.String))

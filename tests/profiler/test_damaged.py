@@ -475,3 +475,21 @@ def test_a_malformed_event_is_named_by_where_it_is(analyze, tmp_path, doc, fragm
     f = write(tmp_path / "rank0.json", doc)
     line = refused(analyze(f), str(f), fragment)
     assert ("traceEvents" in line) == isinstance(doc, dict)
+
+
+@pytest.mark.parametrize("isal", [True, False], ids=["isal", "zlib-only"])
+def test_gunzip_reads_every_member_with_or_without_isal(tmp_path, monkeypatch, isal):
+    # ISA-L inflates where python-isal is installed, zlib where it is not (or where ISA-L stops
+    # early): the same bytes either way, every member, zero padding read past, damage refused.
+    from profiler import damaged
+    from profiler.errors import TraceError
+
+    if not isal:
+        monkeypatch.setattr(damaged, "_isal_zlib", None)
+    elif damaged._isal_zlib is None:
+        pytest.skip("python-isal is not installed")
+    parts = [b'{"traceEvents": [', b'{"ph": "X"}' * 1000, b"]}"]
+    data = b"".join(gzip.compress(p) for p in parts) + b"\0" * 64
+    assert damaged.gunzip(data, tmp_path / "t.json.gz") == b"".join(parts)
+    with pytest.raises(TraceError, match="incorrect data check"):  # zlib's wording, with ISA-L too
+        damaged.gunzip(data[:-72] + bytes([data[-72] ^ 1]) + data[-71:], tmp_path / "t.json.gz")

@@ -247,3 +247,29 @@ def test_random_corruptions_give_the_same_frame_or_the_same_error(tmp_path):
         _assert_same(f)
         accepted += _c_parses(f)
     assert accepted > 30  # many damaged bytes land in skipped values: the C parser ran on those
+
+
+@needs_c
+def test_special_bytes_at_every_offset_of_a_string(tmp_path):
+    # The C scanner passes plain text 8 bytes at a time: an escape or a non-ASCII character at any
+    # offset of that word, in strings of 0 to 17 bytes, must still be read as msgspec reads it.
+    specials = ['\\"', "\\\\", "\\u00e9", "\\n", "\u00e9", "\u20ac", "\U0001F600"]
+    raws = ["a" * at + sp + "b" * (n - at) for n in range(18) for sp in specials for at in range(n + 1)]
+    events = ",".join(f'{{"ph": "X", "cat": "c{i % 9}", "name": "{r}", "pid": 1, "tid": 1, "ts": {i}, "dur": 1}}'
+                      for i, r in enumerate(raws))
+    f = _write(tmp_path, f'{{"traceEvents": [{events}]}}'.encode())
+    assert _c_parses(f)
+    _assert_same(f)
+    frame, _ = parse_trace_file(f, fast=True)
+    assert frame.sort("ts_us")["name"].cast(str).to_list() == [msgspec.json.decode(f'"{r}"'.encode()) for r in raws]
+
+
+@pytest.mark.parametrize("bad", [b"\x01", b"\x1f", b"\xff", b"\xc3"], ids=["ctrl-01", "ctrl-1f", "byte-ff", "cut-utf8"])
+def test_a_bad_byte_at_any_offset_is_the_same_refusal(tmp_path, bad):
+    # A control byte or invalid UTF-8 inside a string: the C parser declines wherever it sits in
+    # the 8-byte word, and the refusal is msgspec's, word for word.
+    for at in range(10):
+        name = b"a" * at + bad + b"b" * (9 - at)
+        f = _write(tmp_path, b'{"traceEvents": [{"ph": "X", "name": "' + name + b'", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]}')
+        assert not _c_parses(f)
+        assert _outcome(f, fast=True) == _outcome(f, fast=False) and "not" in _outcome(f, fast=True)

@@ -59,3 +59,14 @@ def test_top_kernels_by_total_time_without_annotations():
     top = top_kernels(EVENTS)
     assert top.select("name", "kind", "count", "total_us", "mean_us").rows() == [
         ("gemm", "compute", 2, 40.0, 20.0), ("ncclKernel_AllReduce", "comm", 1, 25.0, 25.0)]
+
+
+def test_ties_are_listed_in_trace_order_and_cut_the_same_way():
+    # Four operators and four kernels of one equal time: the first n in the trace are kept, in
+    # trace order (a hashed order listed them differently from one load to the next).
+    names = ["d", "b", "c", "a"]
+    ev = make_events([op(n, 20 * i, 10) for i, n in enumerate(names)]
+                     + [kernel(n, "compute", 20 * i, 10, i) for i, n in enumerate(names)])
+    for _ in range(3):
+        assert top_operators(ev, n=3)["name"].to_list() == ["d", "b", "c"]
+        assert top_kernels(ev, n=3)["name"].to_list() == ["d", "b", "c"]
