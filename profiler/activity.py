@@ -82,8 +82,11 @@ def bin_busy(merged: pl.DataFrame, keys: list[str], n_bins: int) -> pl.DataFrame
     of each (run, rank)'s extent: keys..., t0_us, bin_us, bin, busy (sparse)."""
     c = pl.col
     window = merged.group_by("run", "rank").agg(t0_us=c("start_us").min(), t1_us=c("end_us").max())
-    # A window of one instant cannot happen (spans have dur > 0); the max() only guards rounding.
-    window = window.with_columns(bin_us=pl.max_horizontal((c("t1_us") - c("t0_us")) / n_bins, pl.lit(1e-9)))
+    # In Python, one row per rank: polars may divide a column by a scalar through its reciprocal,
+    # which rounds differently with the frame's length, and a rank's bins must not depend on which
+    # other ranks share the frame. A window of one instant cannot happen (spans have dur > 0).
+    window = window.with_columns(bin_us=pl.Series([max((t1 - t0) / n_bins, 1e-9) for t0, t1 in window.select("t0_us", "t1_us").iter_rows()],
+                                                  dtype=pl.Float64))
     x = (c("start_us") - c("t0_us")) / c("bin_us")
     y = (c("end_us") - c("t0_us")) / c("bin_us")
     cut = (
