@@ -39,7 +39,12 @@ def _card(title: str, hint: str, *children):
 
 
 def _graph(id_: str):
-    return dcc.Loading(dcc.Graph(id=id_, config=GRAPH_CONFIG, figure=figures._empty("loading…")))
+    # Not autosized: an autosized first draw reports {"autosize": true} as relayoutData, which
+    # re-triggers the timeline's callback while its first (slow on a big run) call is in flight,
+    # and Dash drops the first answer: the card would stay at "loading…".
+    placeholder = figures._empty("loading…")
+    placeholder.update_layout(autosize=False)
+    return dcc.Loading(dcc.Graph(id=id_, config=GRAPH_CONFIG, figure=placeholder))
 
 
 def initial_view(rank=None, group=None) -> str:
