@@ -12,12 +12,12 @@ and others do not, the report covers the good ones and names the bad ones. Names
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import polars as pl
 
+from profiler import jsonfile
 from profiler.errors import TraceError, printable
 
 EXIT_BAD_INPUT = 2
@@ -115,10 +115,10 @@ def _run(args: argparse.Namespace) -> int:
         raise TraceError(Path(args.json), "--json: its folder does not exist")
     if args.json and Path(args.json).is_dir():
         raise TraceError(Path(args.json), "--json: this is a folder; name the report file (e.g. report.json)")
-    if args.cluster and args.hta:
+    if args.cluster is not None and args.hta:
         raise TraceError(None, "--hta needs the events on this machine; leave out --cluster to compare with HTA")
     engine = None
-    if args.cluster:
+    if args.cluster is not None:  # --cluster '' is a malformed address, not no cluster
         from profiler.dask_pool import DaskEngine
 
         engine = DaskEngine(args.cluster)
@@ -154,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
         _print_line(f"ptprof analyze: skipped {problem}", sys.stderr)
     if args.json:
         try:
-            Path(args.json).write_text(json.dumps(report, indent=1))
+            Path(args.json).write_bytes(jsonfile.dumps(report))
         except OSError as e:
             raise TraceError(Path(args.json), f"--json: cannot write the report ({e.strerror})") from None
         if not args.quiet:

@@ -21,6 +21,9 @@ from profiler.pool import died
 from profiler.rankmap import RankSummary, RankTask, summarize
 
 NEEDS_DASK = "--cluster needs dask's distributed package on this machine and the workers: pip install 'dask[distributed]'"
+# A scheduler answers within a second on any network a cluster runs on; a wrong address should
+# not keep the user waiting (distributed's own default is 30 s).
+CONNECT_TIMEOUT_S = 10.0
 
 
 class DaskEngine:
@@ -29,21 +32,36 @@ class DaskEngine:
     name = "dask"
     remote = True  # workers cache into their own folders; the client holds summaries only
 
-    def __init__(self, address: str | None = None, *, client=None, timeout_s: float = 30):
+    def __init__(self, address: str | None = None, *, client=None, timeout_s: float = CONNECT_TIMEOUT_S):
         try:
             from distributed import Client
         except ImportError:
             raise TraceError(None, NEEDS_DASK) from None
         if client is None:
+            reach = (f"--cluster {address}: cannot reach the Dask scheduler ({{}}); start one with `dask scheduler` and "
+                     "workers with `dask worker ADDRESS`, or leave out --cluster")
+            try:
+                _probe(address, timeout_s)
+            except ValueError as e:
+                raise TraceError(None, f"--cluster {address}: not a scheduler address ({e}); e.g. tcp://host:8786") from None
+            except OSError as e:  # refused, no such host, unreachable, timed out
+                raise TraceError(None, reach.format(e)) from None
             try:
                 client = Client(address, timeout=timeout_s)
             except (OSError, TimeoutError) as e:
-                raise TraceError(None, f"--cluster {address}: cannot reach the Dask scheduler ({e}); start one with "
-                                       "`dask scheduler` and workers with `dask worker ADDRESS`, or leave out --cluster") from None
-            except ValueError as e:  # a malformed address
-                raise TraceError(None, f"--cluster {address}: not a scheduler address ({e}); e.g. tcp://host:8786") from None
+                raise TraceError(None, reach.format(e)) from None
+            except Exception as e:  # noqa: BLE001  (something listens there, but speaks no Dask: garbage frames)
+                raise TraceError(None, f"--cluster {address}: what answers there is not a Dask scheduler "
+                                       f"({type(e).__name__}: {str(e)[:200]})") from None
         self.client = client
-        self.workers = max(1, len(client.scheduler_info().get("workers", {})) or 1)
+        try:
+            _has_workers(client, address, timeout_s)
+            _same_code(client)
+        except BaseException:
+            if address is not None:  # ours to close (a client handed in is the caller's)
+                client.close()
+            raise
+        self.workers = max(1, len(client.scheduler_info().get("workers", {})))
 
     def map(self, tasks: list[RankTask]) -> Iterator[tuple[int, RankSummary | TraceError]]:
         from distributed import as_completed
@@ -71,3 +89,49 @@ class DaskEngine:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _has_workers(client, address: str | None, timeout_s: float) -> None:
+    """A scheduler without workers would take the tasks and never run them: wait a little, then say so."""
+    try:
+        client.wait_for_workers(1, timeout=timeout_s)
+    except TimeoutError:
+        raise TraceError(None, f"--cluster {address or client.scheduler.address}: the scheduler has no workers after "
+                               f"{timeout_s:g} s; start some with `dask worker {address or 'ADDRESS'}`") from None
+
+
+def _same_code(client) -> None:
+    """Refuse workers running another ptprof: their summaries would be another analysis's numbers
+    (and the summary cache's key, the code's hash, would not say so)."""
+    from profiler.summary_cache import code_version
+
+    ours = code_version()
+    try:
+        theirs = client.run(code_version)  # {worker address: its hash}; workers joining later are not asked
+    except Exception as e:  # noqa: BLE001  (a worker without ptprof: ModuleNotFoundError there)
+        raise TraceError(None, f"--cluster: could not ask the Dask workers which ptprof they run ({type(e).__name__}: "
+                               f"{str(e)[:200]}); install the same ptprof on the workers") from None
+    other = {w: v for w, v in theirs.items() if v != ours}
+    if other:
+        w, v = sorted(other.items())[0]
+        raise TraceError(None, f"--cluster: {len(other)} of {len(theirs)} Dask workers run another version of ptprof's "
+                               f"profiler (code {v} on {w}, {ours} here); install the same ptprof on the workers")
+
+
+def _probe(address: str | None, timeout_s: float) -> None:
+    """Fail at once where nothing listens at a tcp:// or tls:// address: distributed's Client
+    retries a refused connection until its timeout, so a typo would cost the whole wait."""
+    import socket
+
+    from distributed.comm import parse_address, parse_host_port
+    from distributed.comm.registry import get_backend
+
+    scheme, loc = parse_address(address or "")  # ValueError on a malformed one
+    get_backend(scheme)  # ValueError: unknown address scheme 'http'
+    if scheme not in ("tcp", "tls"):
+        return  # inproc://, ucx://, ws://: Client tells
+    host, port = parse_host_port(loc)
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is not a port number")
+    with socket.create_connection((host, port), timeout=timeout_s):
+        pass

@@ -47,3 +47,15 @@ class TraceError(Exception):
         self.path = None if path is None else _shortened(printable(str(path)))
         self.problem = problem
         super().__init__(f"{self.path}: {problem}" if self.path else problem)
+
+    def __reduce__(self):
+        # Pickled as it is (a Dask worker's result travels so): the default would call
+        # TraceError(message), and the path is already escaped and shortened.
+        return _rebuilt, (self.path, self.problem)
+
+
+def _rebuilt(path: str | None, problem: str) -> TraceError:
+    err = TraceError(None, problem)
+    err.path = path
+    err.args = (f"{path}: {problem}" if path else problem,)
+    return err

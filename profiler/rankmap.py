@@ -17,9 +17,11 @@ is a read of small files.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -191,25 +193,55 @@ def summarize(task: RankTask) -> RankSummary | TraceError:
             hit = read_summary(cache, task, entry.parquet) if entry is not None else None
             if hit is not None:
                 return hit
-    parsed = load_one_safe(path, cache, task.ident) if cache is not None else _parse_uncached(path, why)
-    if isinstance(parsed, TraceError):
-        return parsed
-    try:
-        rank = worker_rank(task, parsed.meta)
-        events = _events(parsed, task.run, rank)
-        frames = analyze_rank(events, rank_row(parsed.meta, task.run, rank, path_text(path)), {task.run: task.manifest},
-                              step=task.options.step, top_n=task.options.top_n)
-        del events
-    except TraceError as e:
-        return e if e.path else TraceError(path, e.problem)
-    except MemoryError:
-        return TraceError(path, "out of memory while analysing")
-    except Exception as e:  # noqa: BLE001  (an analysis tripping on odd events names the file, never a traceback)
-        return TraceError(path, f"could not analyse ({type(e).__name__}: {str(e)[:200]})")
+    with holding_events(path):  # from the parse until the analyses' frames are all that is left
+        parsed = load_one_safe(path, cache, task.ident) if cache is not None else _parse_uncached(path, why)
+        if isinstance(parsed, TraceError):
+            return parsed
+        try:
+            rank = worker_rank(task, parsed.meta)
+            events = _events(parsed, task.run, rank)
+            frames = analyze_rank(events, rank_row(parsed.meta, task.run, rank, path_text(path)), {task.run: task.manifest},
+                                  step=task.options.step, top_n=task.options.top_n)
+            del events
+        except TraceError as e:
+            return e if e.path else TraceError(path, e.problem)
+        except MemoryError:
+            return TraceError(path, "out of memory while analysing")
+        except Exception as e:  # noqa: BLE001  (an analysis tripping on odd events names the file, never a traceback)
+            return TraceError(path, f"could not analyse ({type(e).__name__}: {str(e)[:200]})")
     summary = RankSummary(parsed.meta, rank, parsed.parquet, frames, parsed.unstored, parsed.frame)
     if cache is not None and parsed.parquet is not None and task.ident is not None:
         store_summary(cache, task, summary)  # best effort: a failed write leaves no entry, never half of one
     return summary
+
+
+# Set to a file name, every summarize appends "+ PID PATH" to it when it starts holding a rank's
+# events (parsing) and "- PID PATH" once they are released, with O_APPEND so the lines of all
+# processes (local workers, Dask workers on this machine) interleave in the order they happened:
+# the running count is how many ranks' events are in memory at once across the whole load
+# (tests/profiler/test_engine.py bounds it by the worker count). One getenv per file when unset.
+HOLD_LOG_ENV = "PTPROF_HOLD_LOG"
+
+
+@contextlib.contextmanager
+def holding_events(path: Path):
+    """Mark the span in which this process holds `path`'s events in $PTPROF_HOLD_LOG (when set)."""
+    log = os.environ.get(HOLD_LOG_ENV)
+    if log:
+        _hold_mark(log, "+", path)
+    try:
+        yield
+    finally:
+        if log:
+            _hold_mark(log, "-", path)
+
+
+def _hold_mark(log: str, sign: str, path: Path) -> None:
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{sign} {os.getpid()} {path_text(path)}\n".encode())  # one write: never interleaved
+    finally:
+        os.close(fd)
 
 
 def _parse_uncached(path: Path, why: str):

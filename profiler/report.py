@@ -5,7 +5,6 @@ schema in docs/report.md); the text report is profiler.text. No I/O here: the CL
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import polars as pl
 
@@ -216,14 +215,11 @@ def _records(frame: pl.DataFrame | None, drop: tuple[str, ...] = ()) -> list[dic
     if frame is None:
         return []
     frame = frame.drop([c for c in drop if c in frame.columns])
-    frame = frame.with_columns(pl.col(pl.Categorical).cast(pl.String))
-    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dicts()]
-
-
-def _clean(v):
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return None
-    return v
+    # NaN and inf are not JSON: null (a number is right or it is absent), in polars, not per value.
+    floats = [c for c, t in frame.schema.items() if t.is_float()]
+    frame = frame.with_columns(pl.col(pl.Categorical).cast(pl.String),
+                               *[pl.when(pl.col(c).is_finite()).then(pl.col(c)).alias(c) for c in floats])
+    return frame.to_dicts()
 
 
 def build_report(a: Analysis) -> dict:
