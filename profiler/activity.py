@@ -34,9 +34,9 @@ ACTIVITY_COLUMNS = {"run": pl.Categorical, "rank": pl.Int32, "lane": pl.String, 
                     "t0_us": pl.Float64, "bin_us": pl.Float64, "bin": pl.Int32, "busy": pl.Float32}
 
 
-def lane_spans(events: pl.DataFrame) -> pl.DataFrame:
-    """The spans lanes are drawn from: run, rank, lane, lane_key, category, name, ts_us, end_us,
-    one per complete event with a duration and a known kind."""
+def lane_spans(events: pl.DataFrame, *, names: bool = True) -> pl.DataFrame:
+    """The spans lanes are drawn from: run, rank, lane, lane_key, category, name (unless `names`
+    is False), ts_us, end_us, one per complete event with a duration and a known kind."""
     c = pl.col
     spans = events.filter((c("ph") == "X") & (c("dur_us") > 0))
     main = (
@@ -62,14 +62,14 @@ def lane_spans(events: pl.DataFrame) -> pl.DataFrame:
     lane_key = pl.when(gpu).then(10 + c("stream").fill_null(c("tid")).cast(pl.Int64)).otherwise(
         lane.replace_strict(LANE_ORDER, default=9, return_dtype=pl.Int64)
     )
-    return drawn.select("run", "rank", lane=lane, lane_key=lane_key, category="category", name=c("name").cast(pl.String),
-                        ts_us="ts_us", end_us="end_us")
+    named = {"name": c("name").cast(pl.String)} if names else {}
+    return drawn.select("run", "rank", lane=lane, lane_key=lane_key, category="category", **named, ts_us="ts_us", end_us="end_us")
 
 
 def activity(events: pl.DataFrame, n_bins: int = N_BINS) -> pl.DataFrame:
     """Busy share per (run, rank, lane, category) in `n_bins` bins of each rank's window (see the
     module docstring); ACTIVITY_COLUMNS, sorted."""
-    spans = lane_spans(events)
+    spans = lane_spans(events, names=False)
     if spans.is_empty():
         return pl.DataFrame(schema=ACTIVITY_COLUMNS)
     keys = ["run", "rank", "lane", "lane_key", "category"]
