@@ -8,6 +8,7 @@ import dataclasses
 
 import polars as pl
 
+from profiler.activity import ACTIVITY_COLUMNS
 from profiler.collectives import collective_skew, collective_stats, stragglers
 from profiler.discover import manifest_field
 from profiler.load import Traces
@@ -65,6 +66,8 @@ class Analysis:
     memory_curve: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=CURVE_COLUMNS))
     # per rank and step of runs with ptprof/recompute spans: forward, recompute, backward time (profiler/recompute.py)
     recompute: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=RECOMPUTE_COLUMNS))
+    # busy share per (rank, lane, category) in time bins of each rank's window (profiler/activity.py): the viewer's lanes at scale
+    activity: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=ACTIVITY_COLUMNS))
 
 
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
@@ -130,6 +133,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         stragglers=stragglers(skew),
         memory_peaks=out["memory_peaks"],
         memory_curve=out["memory_curve"],
+        activity=out["activity"],
         recompute=with_compute(with_prediction(out["recompute"], traces.runs), out["exposed"]),
         persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
         pipeline=pipeline,
