@@ -14,6 +14,7 @@ with its rank; every other rank still loads. Summaries are cached only once whol
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Iterator
 
@@ -74,19 +75,33 @@ class DaskEngine:
         load = uuid.uuid4().hex
         futures = self.client.map(summarize, tasks, pure=False, key=[f"ptprof-rank-{i}-{load}" for i in range(len(tasks))])
         index = {f.key: i for i, f in enumerate(futures)}
+        # distributed logs a lost connection as tracebacks on stderr; we say it in one line instead.
+        quiet = [logging.getLogger(n) for n in ("distributed", "distributed.client", "distributed.core")]
+        levels = [q.level for q in quiet]
+        for q in quiet:
+            q.setLevel(logging.CRITICAL)
+        done = 0
         try:
             for fut in as_completed(futures):
                 i = index[fut.key]
                 try:
                     res = fut.result()
                 except Exception as e:  # noqa: BLE001  (KilledWorker, a task that raised, a lost connection)
-                    res = died(tasks[i], f"its Dask task failed ({type(e).__name__}: {str(e)[:200]})")
+                    if self.client.status not in ("running", "connecting") or "connection-lost" in str(e):
+                        # The scheduler is gone: every rank not done is lost, not each its own problem.
+                        raise TraceError(None, f"--cluster: lost the Dask scheduler after {done} of {len(tasks)} ranks "
+                                               f"({type(e).__name__}); nothing was reported: run again when it is back, "
+                                               "or without --cluster") from None
+                    res = died(tasks[i], f"its Dask task failed ({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+                done += 1
                 if isinstance(res, RankSummary):
                     # Events parsed on a worker stay there (its own cache): never a path the client
                     # would read, nor a frame worth shipping.
                     res = RankSummary(res.meta, res.rank, None, res.frames, res.unstored, None)
                 yield i, res
         finally:
+            for q, level in zip(quiet, levels):
+                q.setLevel(level)
             for f in futures:
                 f.release()
 
