@@ -179,7 +179,8 @@ def lookup(path: Path, cache: Path) -> tuple[Parsed | None, Identity | None]:
 def _load_one(path: Path, cache: Path, ident: Identity | None) -> Parsed:
     """`path` from its entry in `cache`, or parsed and written there (kept in memory where it cannot be).
 
-    ident: the file's identity as `lookup` found it (its entry was missing or stale), else None.
+    ident: the file's identity as `lookup` found it, else None. Its entry is looked up again either
+    way: the caller may have wanted more than the entry (rankmap: a summary that was missing).
     """
     if ident is None:
         try:
@@ -188,10 +189,10 @@ def _load_one(path: Path, cache: Path, ident: Identity | None) -> Parsed:
             ident = _identify(path)
         except OSError:
             ident = None, None  # parse_trace_file says what is wrong with the file
-        if ident[1] is not None:
-            hit = _read_entry(cache, *ident)
-            if hit is not None:
-                return hit
+    if ident[1] is not None:
+        hit = _read_entry(cache, *ident)
+        if hit is not None:
+            return hit
     key, digest = ident
     frame, meta = parse_trace_file(path)
     if digest is None:

@@ -46,6 +46,9 @@ class MapOptions:
 
     step: int | None = None  # --step S: only ProfilerStep#S
     top_n: int = 15  # rows of the operator / kernel tables
+    # The lanes' busy share in time bins (profiler/activity.py): only the viewer draws them, and
+    # they add up to ~40 % to a rank's analyses, so the CLI does without.
+    activity: bool = False
 
     def key(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -119,7 +122,7 @@ def rank_row(meta: dict, run: str, rank: int, file: str) -> pl.DataFrame:
 
 
 def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict | None], *, step: int | None,
-                 top_n: int) -> dict[str, pl.DataFrame]:
+                 top_n: int, with_activity: bool = True) -> dict[str, pl.DataFrame]:
     """The per-rank analyses of one (run, rank)'s events (or of several ranks' at once: every
     analysis here groups by run and rank, which tests/profiler/test_rankmap.py checks)."""
     # One chunk per column: a frame read from a parquet of several row groups, beside columns of
@@ -152,7 +155,7 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
         "top_operators": top_operators(events, n=top_n),
         "top_kernels": top_kernels(events, n=top_n),
         "recompute": recompute_time(events),
-        "activity": activity(events),  # busy share per lane and category in time bins: the viewer's lanes at scale
+        **({"activity": activity(events)} if with_activity else {}),  # the viewer's lanes at scale
     }
 
 
@@ -206,7 +209,7 @@ def summarize(task: RankTask) -> RankSummary | TraceError:
             rank = worker_rank(task, parsed.meta)
             events = _events(parsed, task.run, rank)
             frames = analyze_rank(events, rank_row(parsed.meta, task.run, rank, path_text(path)), {task.run: task.manifest},
-                                  step=task.options.step, top_n=task.options.top_n)
+                                  step=task.options.step, top_n=task.options.top_n, with_activity=task.options.activity)
             del events
         except TraceError as e:
             return e if e.path else TraceError(path, e.problem)

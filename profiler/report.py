@@ -16,7 +16,7 @@ from profiler.memory import CURVE_COLUMNS, persistent_memory
 from profiler.damaged import DAMAGED
 from profiler.intervals import union
 from profiler.pipeline import pipeline_grid, pipeline_summary
-from profiler.rankmap import MapOptions, analyze_rank
+from profiler.rankmap import analyze_rank
 from profiler.steps import NO_STEP, step_time_stats
 from profiler.recompute import RECOMPUTE_COLUMNS, with_compute, with_prediction
 from profiler.alphabeta import alpha_beta_predict, fit_alpha_beta
@@ -134,7 +134,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         stragglers=stragglers(skew),
         memory_peaks=out["memory_peaks"],
         memory_curve=out["memory_curve"],
-        activity=out["activity"],
+        **({"activity": out["activity"]} if "activity" in out else {}),  # loaded with MapOptions(activity=True)
         recompute=with_compute(with_prediction(out["recompute"], traces.runs), out["exposed"]),
         persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
         pipeline=pipeline,
@@ -217,15 +217,16 @@ def rank_summaries(traces: Traces, ranks: pl.DataFrame, *, rank: int | None, ste
     """Each loaded (run, rank)'s per-rank analyses: the summaries made where it was parsed
     (rankmap.py) when they were made with these options, else made again here from its events,
     one rank in memory at a time."""
-    want = MapOptions(step=step, top_n=top_n)
+    same = (traces.options.step, traces.options.top_n) == (step, top_n)
     out = []
     for part in traces.parts:
         if rank is not None and part.rank != rank:
             continue
-        if part.frames is not None and traces.options == want:
+        if part.frames is not None and same:
             out.append(part.frames)
         else:
-            out.append(analyze_rank(part.events(), ranks, traces.runs, step=step, top_n=top_n))
+            out.append(analyze_rank(part.events(), ranks, traces.runs, step=step, top_n=top_n,
+                                    with_activity=traces.options.activity))
     return out
 
 

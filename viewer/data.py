@@ -31,6 +31,7 @@ from profiler import TraceError, Traces, analyze, ideal_orders, load_traces, mem
 from profiler import findings as profiler_findings
 from profiler.discover import MAX_MANIFEST_BYTES, RUN_MANIFEST, TRACE_SUFFIXES, find_sources, is_trace_file, manifest_problem
 from profiler.pipeline import positive_int, schedule_theory_pct
+from profiler.rankmap import MapOptions
 from profiler.report import Analysis, comparison_warnings
 
 from viewer import aggregate, scale
@@ -335,7 +336,8 @@ def _load_run(run_id: str, folder: Path, root: Path) -> RunData:
         if problem:
             data.error = problem
             return data
-        data.traces = load_traces(folder, progress=False)
+        # With the lanes' activity bins: Compare draws them above 16 ranks (viewer.scale).
+        data.traces = load_traces(folder, progress=False, options=MapOptions(activity=True))
         if len(data.traces.runs) > 1:  # the profiler split the folder into its jobs: one row cannot show them
             raise TraceError(folder, f"holds the files of {len(data.traces.runs)} different jobs ({', '.join(data.traces.runs)}); "
                                      "the viewer shows one job per folder: put each job's files in a folder of its own")

@@ -38,7 +38,7 @@ def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
 def test_each_rank_alone_gives_the_numbers_of_all_ranks_at_once(path):
     # workers=1: summarized in this process, the same `summarize` without starting workers (the
     # engines are compared in test_engine.py)
-    traces = load_traces(path, progress=False, workers=1)
+    traces = load_traces(path, progress=False, workers=1, options=MapOptions(activity=True))  # the viewer's bins too
     per_rank = rank_summaries(traces, traces.ranks, rank=None, step=None, top_n=15)
     assert all(p.frames is not None for p in traces.parts)  # the workers' summaries, not made again here
     whole = analyze_rank(traces.events, traces.ranks, traces.runs, step=None, top_n=15)
