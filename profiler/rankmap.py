@@ -120,16 +120,6 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
     """The per-rank analyses of one (run, rank)'s events (or of several ranks' at once: every
     analysis here groups by run and rank, and a rank's rows are bit-identical either way, which
     tests/profiler/test_batchmap.py checks)."""
-    # polars' default engine streams a query in morsels of a fixed row count and merges partial
-    # aggregates: a sum's additions then depend on where the morsels cut the frame, i.e. on the
-    # other ranks in it (and on the thread count). The in-memory engine adds each group's rows in
-    # row order, so a rank's numbers are the same alone or in a batch (profiler/batchmap.py).
-    with pl.Config(engine_affinity="in-memory"):
-        return _analyze_rank(events, ranks, runs, step=step, top_n=top_n)
-
-
-def _analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict | None], *, step: int | None,
-                  top_n: int) -> dict[str, pl.DataFrame]:
     # One chunk per column: a frame read from a parquet of several row groups, beside columns of
     # one chunk (run, rank, step), is re-aligned in full by every eager operation on it (about
     # 8 ms each on a 100 MB rank); aligned once here, those cost nothing.
