@@ -28,7 +28,8 @@ from profiler.rankmap import (RankSummary, RankTask, _events, _parse_uncached, a
                               worker_rank)
 
 MAX_BATCH_FILES = 32  # beyond ~32 ranks the fixed cost per rank is already a few ms
-MAX_BATCH_BYTES = 32 << 20  # trace bytes (compressed, as on disk) held by one batch
+# Bytes of JSON (a parsed frame is about 0.6 times as large): a batch's events stay small.
+MAX_BATCH_BYTES = 32 << 20
 ALONE_BYTES = 8 << 20  # a file this large is analysed alone: its own rows dwarf the fixed cost
 
 
@@ -37,7 +38,7 @@ def plan_batches(tasks: list[RankTask], workers: int) -> list[list[int]]:
     files' sizes) and the worker count, so every engine given the same tasks makes the same batches.
 
     Batches are small enough that each of `workers` gets about two (so none idles on a small
-    load), at most MAX_BATCH_FILES files and MAX_BATCH_BYTES bytes; only tasks of one run, run.json
+    load), at most MAX_BATCH_FILES files and MAX_BATCH_BYTES bytes of JSON; only tasks of one run, run.json
     and options share a batch (the analyses take one `runs` entry per run).
     """
     per_batch = max(1, min(MAX_BATCH_FILES, -(-len(tasks) // (2 * max(1, workers)))))
@@ -63,8 +64,15 @@ def plan_batches(tasks: list[RankTask], workers: int) -> list[list[int]]:
 
 
 def _size(path: str) -> int:
+    """The trace's bytes of JSON: a gzip file's own record of them (its last 4 bytes, modulo 4 GiB;
+    never less than the compressed size, so a file of 4 GiB or more is still large), else its size."""
     try:
-        return os.stat(path).st_size
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if path.endswith(".gz") and size >= 18:
+                f.seek(-4, os.SEEK_END)
+                return max(size, int.from_bytes(f.read(4), "little"))
+            return size
     except OSError:
         return 0  # it fails on its own in the worker, named
 
