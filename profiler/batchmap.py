@@ -175,17 +175,23 @@ def _analyse_together(batch: list[_Ready]) -> dict[tuple[str, int], dict[str, pl
     opts = batch[0].task.options
     frames = analyze_rank(events, ranks, {r.task.run: r.task.manifest for r in batch}, step=opts.step, top_n=opts.top_n)
     del events
+    # One partition_by per frame (rows keep their order), not one filter per frame and rank.
+    split = {name: _by_rank(f) for name, f in frames.items()}
     out = {}
     for r in batch:
-        mine = {name: _rows_of(f, r.task.run, r.rank) for name, f in frames.items()}
+        key = (r.task.run, r.rank)
+        mine = {name: parts.get(key, frames[name].clear()) for name, parts in split.items()}
         if "steps" in mine and mine["steps"].is_empty():  # --step S that this rank lacks (as analyze_rank alone)
             mine = {"all_steps": mine["all_steps"]}
-        out[(r.task.run, r.rank)] = mine
+        out[key] = mine
     return out
 
 
-def _rows_of(frame: pl.DataFrame, run: str, rank: int) -> pl.DataFrame:
-    return frame.filter((pl.col("run").cast(pl.String) == run) & (pl.col("rank") == rank))
+def _by_rank(frame: pl.DataFrame) -> dict[tuple[str, int], pl.DataFrame]:
+    if frame.is_empty():
+        return {}
+    parts = frame.partition_by("run", "rank", maintain_order=True, as_dict=True)
+    return {(str(run), int(rank)): part for (run, rank), part in parts.items()}
 
 
 def _finish(r: _Ready, frames: dict[str, pl.DataFrame]) -> RankSummary:
