@@ -1020,6 +1020,10 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "profiler._kineto", "Columnar Kineto trace parser.", -1, methods};
 
 PyMODINIT_FUNC PyInit__kineto(void) {
+    /* Emptied first: the tables are filled by appending, and the module may be initialised again
+       (loaded under another name) in one process. */
+    memset(EVENT_BY_LEN, 0, sizeof EVENT_BY_LEN);
+    memset(ARG_BY_LEN, 0, sizeof ARG_BY_LEN);
     if (bucket_keys(EVENT_BY_LEN, EVENT_KEYS, N_EVENT) || bucket_keys(ARG_BY_LEN, ARG_KEYS, N_ARGS)) {
         PyErr_SetString(PyExc_ImportError, "profiler._kineto: a key table does not fit its buckets");
         return NULL;

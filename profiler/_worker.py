@@ -1,17 +1,14 @@
-"""Worker process of the local engine (pool.py): summarize the tasks in TASK_FILE.
+"""Worker process of the local engine (pool.py): summarize the tasks on stdin.
 
-    python -m profiler._worker TASK_FILE      # one JSON line per task: [index, batch, RankTask.to_json()]
+    python -m profiler._worker < TASKS        # one JSON line per task: [index, batch, RankTask.to_json()]
 
 The consecutive tasks of one batch number are summarized together (batchmap.summarize_batch).
 Writes to stdout, as each batch finishes, for each of its files one JSON line {"index", "path", "error"} or {"index",
-"path", "summary_bytes": N[, "frame_bytes": M]} followed by the N bytes of the encoded summary
-(rankmap.encode) and, where the events could not be cached (a full disk), the M bytes of the
-event frame as Arrow IPC.
+"path", "summary_bytes": N} followed by the N bytes of the encoded summary (rankmap.encode).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 
@@ -22,8 +19,8 @@ from profiler.rankmap import RankTask, encode
 
 def main(argv: list[str]) -> None:
     out = sys.stdout.buffer
-    with open(argv[0]) as f:
-        lines = f.read().splitlines()
+    # All of stdin first: the parent writes every task, then reads our answers.
+    lines = (open(argv[0]).read() if argv else sys.stdin.read()).splitlines()
     batches: list[list[tuple[int, RankTask]]] = []
     last = None
     for line in lines:
@@ -43,12 +40,9 @@ def _write(out, index: int, task: RankTask, res) -> None:
         msg = {"index": index, "path": task.path, "error": res.problem}
     else:
         payloads.append(encode(res))
+        # Never the events (a full disk left them uncached): the parent would hold every
+        # rank's; it parses the file again if a view needs them (load.RankPart.events).
         msg = {"index": index, "path": task.path, "summary_bytes": len(payloads[0])}
-        if res.frame is not None:
-            buf = io.BytesIO()
-            res.frame.write_ipc(buf)
-            payloads.append(buf.getvalue())
-            msg["frame_bytes"] = len(payloads[1])
     out.write(json.dumps(msg).encode() + b"\n" + b"".join(payloads))
     out.flush()
 

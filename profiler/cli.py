@@ -12,12 +12,12 @@ and others do not, the report covers the good ones and names the bad ones. Names
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import polars as pl
 
+from profiler import jsonfile
 from profiler.errors import TraceError, printable
 
 EXIT_BAD_INPUT = 2
@@ -154,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
         _print_line(f"ptprof analyze: skipped {problem}", sys.stderr)
     if args.json:
         try:
-            Path(args.json).write_text(json.dumps(report, indent=1))
+            Path(args.json).write_bytes(jsonfile.dumps(report))
         except OSError as e:
             raise TraceError(Path(args.json), f"--json: cannot write the report ({e.strerror})") from None
         if not args.quiet:

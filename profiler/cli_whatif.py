@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from profiler.cli import EXIT_BAD_INPUT, _Parser, _print_line, _whole_number
+from profiler import jsonfile
 from profiler.errors import TraceError
 
 MAX_GPUS = 1 << 20
@@ -211,7 +212,7 @@ def plan_main(argv: list[str] | None = None) -> int:
         if json_path is not None:
             report = plan_json(spec, args.gpus, cluster_to_dict(cluster), result, args.top, cluster)
             try:
-                json_path.write_text(json.dumps(report, indent=1))
+                json_path.write_bytes(jsonfile.dumps(report))
             except OSError as e:
                 raise ValueError(f"--json {args.json}: cannot write the plan ({e.strerror})") from None
             print("\nplan: " + str(json_path))

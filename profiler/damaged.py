@@ -81,7 +81,8 @@ def _gunzip_isal(raw: bytes, limit: int) -> bytes | None:
     parts, size, data = [], 0, raw
     try:
         while data:
-            if data[:2] != b"\x1f\x8b":
+            # Reserved header flag bits (0xE0): zlib refuses such a member, ISA-L ignores the bits.
+            if data[:2] != b"\x1f\x8b" or len(data) < 4 or data[3] & 0xE0:
                 return None
             d = _isal_zlib.decompressobj(wbits=31)
             part = d.decompress(data, limit - size + 1)

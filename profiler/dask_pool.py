@@ -15,6 +15,7 @@ again as a task of its own, and one failing alone is that file's problem, named 
 
 from __future__ import annotations
 
+import uuid
 from typing import Iterator
 
 from profiler.errors import TraceError
@@ -31,7 +32,6 @@ CONNECT_TIMEOUT_S = 10.0
 class DaskEngine:
     """`summarize_batch` as one Dask task per batch of files; `address` of a running scheduler, or an existing `client`."""
 
-    name = "dask"
     remote = True  # workers cache into their own folders; the client holds summaries only
 
     def __init__(self, address: str | None = None, *, client=None, timeout_s: float = CONNECT_TIMEOUT_S):
@@ -70,18 +70,20 @@ class DaskEngine:
 
         if not tasks:
             return
-        batches = plan_batches(tasks, self.workers)
+        # Keys unique to this load (a uuid each): on a shared scheduler another client's task of the
+        # same name would otherwise be handed to us, its summary taken for ours.
+        load = uuid.uuid4().hex
         futures, index = [], {}
 
         def submit(batch: list[int]):
             # pure=False: two loads of one file are two tasks (the file may have changed in between).
             fut = self.client.submit(summarize_batch, [tasks[i] for i in batch], pure=False,
-                                     key=f"ptprof-batch-{batch[0]}-{len(batch)}-{id(tasks[batch[0]])}")
+                                     key=f"ptprof-batch-{batch[0]}-{len(batch)}-{load}")
             futures.append(fut)
             index[fut.key] = batch
             return fut
 
-        pending = as_completed([submit(b) for b in batches])
+        pending = as_completed([submit(b) for b in plan_batches(tasks, self.workers)])
         try:
             for fut in pending:
                 batch = index[fut.key]

@@ -46,13 +46,23 @@ class RankPart:
 
     # Its per-rank analyses (rankmap.analyze_rank), labelled (run, rank); None where not made.
     frames: dict[str, pl.DataFrame] | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The trace file, parsed again on demand where its events were not cached (a full disk: the
+    # workers do not send them, or this process would hold every rank's); None for a Dask load.
+    source: str | None = None
 
     def events(self) -> pl.DataFrame:
         """This file's rows of the event frame (SCHEMA). The parquet already has SCHEMA's types."""
-        if self.parquet is None and self.frame is None:
+        if self.parquet is not None:
+            frame = pl.read_parquet(self.parquet)
+        elif self.frame is not None:
+            frame = self.frame
+        elif self.source is not None:
+            from profiler.parse import parse_trace_file
+
+            frame = parse_trace_file(self.source)[0]
+        else:
             raise TraceError(None, f"run {self.run} rank {self.rank}: its events are not on this machine (loaded by a "
                                    "Dask cluster, whose workers keep them); load without --cluster for event-level views")
-        frame = self.frame if self.parquet is None else pl.read_parquet(self.parquet)
         return frame.with_columns(run=pl.lit(self.run, pl.Categorical), rank=pl.lit(self.rank, pl.Int32)).select(list(SCHEMA))
 
 
@@ -257,7 +267,7 @@ def load_traces(
         if isinstance(res, TraceError):  # its second analysis (under its final run.json or rank) failed
             raise res
         frames = res.frames if (res.rank == rank and made_with[i][0] == run) else relabel(res, run, rank)
-        parts.append(RankPart(run, rank, res.parquet, res.frame, frames=frames))
+        parts.append(RankPart(run, rank, res.parquet, res.frame, frames=frames, source=None if remote else str(sources[i].path)))
     # Runs in the order given on the command line (the first is the baseline every comparison is
     # against: docs/report.md), ranks in order within each run.
     given = {}

@@ -24,8 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
-import polars as pl
-
 from profiler.cache import Identity, lookup
 from profiler.errors import TraceError
 from profiler.batchmap import plan_batches, summarize_batch
@@ -37,10 +35,7 @@ _WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"}
 
 
 class LocalEngine:
-    """`summarize` in up to `workers` local processes (default: one per core), a batch of files
-    at a time; in this process where there is one batch or one worker."""
-
-    name = "local"
+    """`summarize` in up to `workers` local processes (default: one per core); in this process for one task."""
 
     def __init__(self, workers: int | None = None):
         self.workers = max(1, workers or os.cpu_count() or 1)
@@ -72,67 +67,81 @@ def _run_workers(tasks: list[RankTask], batches: list[list[int]], n: int) -> Ite
     # (measured ~15 % slower per rank with one worker per core). A user's setting wins.
     env.setdefault("POLARS_MAX_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
 
+    procs: list[subprocess.Popen] = []  # every worker started, so an interrupted load can stop them
+    stop = threading.Event()
+
     def run(chunk: list[list[int]]) -> None:
         left = chunk
-        while left:
-            reported: set[int] = set()
-            started, why = _run_worker(tasks, left, env, done, reported)
-            left = [b for b in ([i for i in batch if i not in reported] for batch in left) if b]
-            if not left:
-                return
-            if not started:  # no process at all (a process limit, no memory): none of these will run
-                for i in (i for batch in left for i in batch):
-                    done.put((i, died(tasks[i], f"its worker process failed: {why}")))
-                return
-            # A worker takes its batches in order, so it died in the first one it did not finish
-            # (killed for memory? a crash in the parser?). Of a batch of several files, a fresh
-            # worker takes each alone; a file alone is named. So one deadly file costs one rank,
-            # not its batch nor every n-th batch of the load.
-            if len(left[0]) > 1:
-                left = [[i] for i in left[0]] + left[1:]
-                continue
-            i = left[0][0]
-            done.put((i, died(tasks[i], f"its worker process died ({why or 'stopped'})")))
-            left = left[1:]
+        try:
+            while left and not stop.is_set():
+                reported: set[int] = set()
+                started, why = _run_worker(tasks, left, env, done, reported, procs)
+                left = [b for b in ([i for i in batch if i not in reported] for batch in left) if b]
+                if not left or stop.is_set():
+                    return
+                if not started:  # no process at all (a process limit, no memory): none of these will run
+                    break
+                # A worker takes its batches in order, so it died in the first one it did not finish
+                # (killed for memory? a crash in the parser?). Of a batch of several files, a fresh
+                # worker takes each alone; a file alone is named. So one deadly file costs one rank,
+                # not its batch nor every n-th batch of the load.
+                if len(left[0]) > 1:
+                    left = [[i] for i in left[0]] + left[1:]
+                    continue
+                i = left[0][0]
+                done.put((i, died(tasks[i], f"its worker process died ({why or 'stopped'})")))
+                left = left[1:]
+        except BaseException as e:  # noqa: BLE001  (whatever happens here, every file gets its answer)
+            why = f"{type(e).__name__}: {e}"
+        for i in (i for batch in left for i in batch):
+            done.put((i, died(tasks[i], f"its worker process failed: {why}")))
 
     threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in chunks]
     for t in threads:
         t.start()
-    for _ in tasks:
-        yield done.get()
+    try:
+        for _ in tasks:
+            yield done.get()
+    finally:
+        # Interrupted (Ctrl-C, a signal turned exception) or abandoned: no worker outlives the load.
+        stop.set()
+        for proc in list(procs):
+            if proc.poll() is None:
+                proc.kill()
     for t in threads:
         t.join()
 
 
-def _run_worker(tasks: list[RankTask], chunk: list[list[int]], env: dict, done: queue.Queue, reported: set[int]) -> tuple[bool, str | None]:
+def _run_worker(tasks: list[RankTask], chunk: list[list[int]], env: dict, done: queue.Queue, reported: set[int],
+                procs: list) -> tuple[bool, str | None]:
     """One worker process over `chunk`, its results put on `done` (their indexes in `reported`):
     (whether it started, why it stopped where it stopped before the end)."""
-    # Tasks go through a file (a run.json per task would overflow a command line); stderr goes to
-    # a file: a worker writing more than a pipe holds (a panic's backtrace) while we read its
-    # stdout would otherwise block both.
-    with tempfile.NamedTemporaryFile("w", suffix=".tasks", delete=False) as f:
-        for b, batch in enumerate(chunk):
-            for i in batch:
-                f.write(json.dumps([i, b, tasks[i].to_json()]) + "\n")
-        task_file = f.name
+    # Tasks go on the worker's stdin, which it reads whole before answering (a run.json per task
+    # would overflow a command line; no file to leave behind). stderr goes to a file: a worker
+    # writing more than a pipe holds (a panic's backtrace) while we read its stdout would
+    # otherwise block both.
+    payload = "".join(json.dumps([i, b, tasks[i].to_json()]) + "\n" for b, batch in enumerate(chunk) for i in batch).encode()
     started = False
-    try:
-        with tempfile.TemporaryFile() as err:
-            try:
-                proc = subprocess.Popen([sys.executable, "-m", "profiler._worker", task_file], stdout=subprocess.PIPE,
-                                        stderr=err, env=env)
-                started = True
-                with proc:
-                    _read_worker(proc.stdout, done, reported)
-                err.seek(0)
-                tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
-                code = proc.returncode
-                status = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
-                return True, f"{status}: {tail[0]}" if tail else status
-            except Exception as e:  # noqa: BLE001  (cannot start: a process limit, no memory; bad output)
-                return started, f"{type(e).__name__}: {e}"
-    finally:
-        os.unlink(task_file)
+    with tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "profiler._worker"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=err, env=env)
+            started = True
+            procs.append(proc)
+            with proc:
+                try:
+                    proc.stdin.write(payload)
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass  # it died at once: said below, from its exit status and stderr
+                _read_worker(proc.stdout, done, reported)
+            err.seek(0)
+            tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
+            code = proc.returncode
+            status = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
+            return True, f"{status}: {tail[0]}" if tail else status
+        except Exception as e:  # noqa: BLE001  (cannot start: a process limit, no memory; bad output)
+            return started, f"{type(e).__name__}: {e}"
 
 
 def _signal_name(number: int) -> str:
@@ -155,9 +164,7 @@ def died(task: RankTask, why: str) -> TraceError:
 
 def _read_worker(stdout, done, reported: set[int]) -> None:
     """Put each result a worker writes (profiler/_worker.py) on `done`; stop where its output breaks off."""
-    import io
-
-    for line in stdout:  # one JSON line per task, then its summary's bytes (and the events', if unstored)
+    for line in stdout:  # one JSON line per task, then its summary's bytes
         if not line.endswith(b"\n"):
             return  # the worker died mid-line: its files are reported as failed
         msg = json.loads(line)
@@ -169,11 +176,6 @@ def _read_worker(stdout, done, reported: set[int]) -> None:
             if len(blob) < msg["summary_bytes"]:
                 return  # died mid-summary, as above
             res = decode(blob)
-            if msg.get("frame_bytes") is not None:
-                payload = stdout.read(msg["frame_bytes"])
-                if len(payload) < msg["frame_bytes"]:
-                    return
-                res = RankSummary(res.meta, res.rank, res.parquet, res.frames, res.unstored, pl.read_ipc(io.BytesIO(payload)))
         done.put((i, res))
         reported.add(i)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import polars as pl
 
+from profiler.activity import activity
 from profiler.breakdown import gloo_worker_threads, multi_gpu_ranks, temporal_breakdowns
 from profiler.collectives import collectives
 from profiler.errors import TraceError, path_text
@@ -150,6 +151,7 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
         "top_operators": top_operators(events, n=top_n),
         "top_kernels": top_kernels(events, n=top_n),
         "recompute": recompute_time(events),
+        "activity": activity(events),  # busy share per lane and category in time bins: the viewer's lanes at scale
     }
 
 

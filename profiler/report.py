@@ -5,10 +5,10 @@ schema in docs/report.md); the text report is profiler.text. No I/O here: the CL
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import polars as pl
 
+from profiler.activity import ACTIVITY_COLUMNS
 from profiler.collectives import collective_skew, collective_stats, stragglers
 from profiler.discover import manifest_field
 from profiler.load import Traces
@@ -66,6 +66,8 @@ class Analysis:
     memory_curve: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=CURVE_COLUMNS))
     # per rank and step of runs with ptprof/recompute spans: forward, recompute, backward time (profiler/recompute.py)
     recompute: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=RECOMPUTE_COLUMNS))
+    # busy share per (rank, lane, category) in time bins of each rank's window (profiler/activity.py): the viewer's lanes at scale
+    activity: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=ACTIVITY_COLUMNS))
 
 
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
@@ -131,6 +133,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         stragglers=stragglers(skew),
         memory_peaks=out["memory_peaks"],
         memory_curve=out["memory_curve"],
+        activity=out["activity"],
         recompute=with_compute(with_prediction(out["recompute"], traces.runs), out["exposed"]),
         persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
         pipeline=pipeline,
@@ -212,14 +215,11 @@ def _records(frame: pl.DataFrame | None, drop: tuple[str, ...] = ()) -> list[dic
     if frame is None:
         return []
     frame = frame.drop([c for c in drop if c in frame.columns])
-    frame = frame.with_columns(pl.col(pl.Categorical).cast(pl.String))
-    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dicts()]
-
-
-def _clean(v):
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return None
-    return v
+    # NaN and inf are not JSON: null (a number is right or it is absent), in polars, not per value.
+    floats = [c for c, t in frame.schema.items() if t.is_float()]
+    frame = frame.with_columns(pl.col(pl.Categorical).cast(pl.String),
+                               *[pl.when(pl.col(c).is_finite()).then(pl.col(c)).alias(c) for c in floats])
+    return frame.to_dicts()
 
 
 def build_report(a: Analysis) -> dict:

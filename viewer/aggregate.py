@@ -6,7 +6,7 @@ hover shows operator names) or, per lane, at most `max_bins` bins of the visible
 labelled with the category that covered most of it and how busy it was, with runs of equal bins
 merged. Either way the payload is bounded by lanes x bins, not by the trace.
 
-Lanes are per rank: `main` (the thread with the ProfilerStep spans), `comm` (gloo's worker
+Lanes are per rank (the rules are profiler/activity.py's): `main` (the thread with the ProfilerStep spans), `comm` (gloo's worker
 threads, the other threads with gloo spans), `threads` (any other CPU thread) and `gpu s<stream>` per GPU stream. Categories are
 the profiler's `kind` grouped for the eye: compute, comm, memory, other, and idle (no activity).
 Times are ms from the run's first profiled step (`origin_us`), so runs line up.
@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import polars as pl
 
+# The lane and category rules live with the per-rank activity summary the map computes, once.
+from profiler.activity import KIND_CATEGORY, LANE_ORDER, lane_spans  # noqa: F401  (re-exported)
 from profiler.intervals import union
-from profiler.steps import PROFILER_STEP_RE
 
-KIND_CATEGORY = {"compute": "compute", "op": "compute", "comm": "comm", "enqueue": "comm", "memory": "memory",
-                 "runtime": "other", "other": "other"}
-LANE_ORDER = {"main": 0, "threads": 1, "comm": 2}  # GPU streams come after, by stream id
 MAX_BINS = 400  # per lane, over the visible range
 RAW_LIMIT = 4000  # at most this many events in view: send them as they are, names and all
 
@@ -36,37 +34,14 @@ def timeline_intervals(events: pl.DataFrame, *, origin_us: float = 0.0) -> tuple
     merged: the union of intervals per (run, rank, lane, category), the input of binning.
     """
     c = pl.col
-    spans = events.filter((c("ph") == "X") & (c("dur_us") > 0))
-    main = (
-        spans.filter(c("name").cast(pl.String).str.contains(PROFILER_STEP_RE))
-        .group_by("run", "rank").agg(main_tid=c("tid").first())
-    )
-    comm_tids = spans.filter((c("device") == "cpu") & (c("kind") == "comm")).select("run", "rank", "tid").unique().with_columns(is_comm=pl.lit(True))
-    kinds = pl.DataFrame({"kind": list(KIND_CATEGORY), "category": list(KIND_CATEGORY.values())}).with_columns(c("kind").cast(pl.Categorical))
-    drawn = (
-        spans.select("run", "rank", "tid", "stream", "device", "kind", "name", "ts_us", "end_us")
-        .join(kinds, on="kind", how="inner")
-        .join(main, on=["run", "rank"], how="left")
-        .join(comm_tids, on=["run", "rank", "tid"], how="left")
-    )
-    gpu = c("device") == "gpu"
-    lane = (
-        pl.when(gpu).then(pl.lit("gpu s") + c("stream").fill_null(c("tid")).cast(pl.String))
-        # The main thread first: gloo runs point-to-point ops (pipeline send/recv) on it.
-        .when((c("tid") == c("main_tid")) | c("main_tid").is_null()).then(pl.lit("main"))
-        .when(c("is_comm").fill_null(False)).then(pl.lit("comm"))
-        .otherwise(pl.lit("threads"))
-    )
-    lane_key = pl.when(gpu).then(10 + c("stream").fill_null(c("tid")).cast(pl.Int64)).otherwise(
-        lane.replace_strict(LANE_ORDER, default=9, return_dtype=pl.Int64)
-    )
+    drawn = lane_spans(events)
     intervals = drawn.select(
         c("run").cast(pl.String),
         "rank",
-        lane=lane,
-        lane_key=lane_key,
-        category="category",
-        name=c("name").cast(pl.String),
+        "lane",
+        "lane_key",
+        "category",
+        "name",
         start_ms=(c("ts_us") - origin_us) / 1e3,
         end_ms=(c("end_us") - origin_us) / 1e3,
     ).sort("run", "rank", "lane_key", "start_ms")

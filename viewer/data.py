@@ -21,6 +21,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from profiler.discover import MAX_MANIFEST_BYTES, RUN_MANIFEST, TRACE_SUFFIXES, 
 from profiler.pipeline import positive_int, schedule_theory_pct
 from profiler.report import Analysis, comparison_warnings
 
-from viewer import aggregate
+from viewer import aggregate, scale
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,66 @@ class RunData:
 
     def memory(self) -> pl.DataFrame:
         return self._once("memory", lambda: memory_timeline(self.events))
+
+    # -- at scale (viewer/scale.py): summaries only, events one rank at a time ------------------
+
+    @property
+    def n_ranks(self) -> int:
+        ranks = getattr(self.analysis, "ranks", None)  # a hand-made analysis in tests may have none: not at scale
+        return ranks.height if ranks is not None else 0
+
+    @property
+    def at_scale(self) -> bool:
+        return scale.at_scale(self.n_ranks)
+
+    def groups(self) -> pl.DataFrame:
+        """rank, group, group_key (viewer.scale.rank_groups from run.json)."""
+        return self._once("groups", lambda: scale.rank_groups(self.analysis.ranks["rank"].to_list(), self.manifest))
+
+    def rank_metrics(self) -> pl.DataFrame:
+        return self._once("rank_metrics", lambda: self.relabel(scale.rank_metrics(self.analysis.steps, self.analysis.breakdown)))
+
+    def outliers(self) -> pl.DataFrame:
+        return self._once("outliers", lambda: scale.outliers(self.rank_metrics(), self.groups()))
+
+    def activity(self) -> pl.DataFrame:
+        return self._once("activity", lambda: self.relabel(self.analysis.activity))
+
+    def activity_extent(self) -> tuple[float, float]:
+        return self._once("activity_extent", lambda: scale.activity_extent(self.analysis.activity, self.origin_us()))
+
+    def activity_bands(self, x_range: tuple[float, float], groups: list[str] | None = None, *, keep: bool = False) -> pl.DataFrame:
+        """The timeline's bands over x_range (ms), of every group or only `groups`; `keep`: remember
+        them (the whole range: what every first visit of Compare draws; zooms are not kept)."""
+        g = self.groups() if groups is None else self.groups().filter(pl.col("group").is_in(groups))
+        keys, cum = self._once("activity_cumulative", lambda: scale.cumulative(self.activity()))
+        picked = keys.with_row_index("_i").join(g.select("rank"), on="rank", how="semi")
+        idx = picked["_i"].to_numpy()
+        make = lambda: scale.activity_bands((picked.drop("_i"), cum[idx]), g, self.origin_us(), x_range)  # noqa: E731
+        if not keep:
+            return make()
+        with self._lock:
+            kept = self._derived.setdefault("whole_bands", {})
+            if (x_range, str(groups)) not in kept:
+                kept[(x_range, str(groups))] = make()
+                while len(kept) > 4:
+                    kept.pop(next(iter(kept)))
+            return kept[(x_range, str(groups))]
+
+    def rank_timeline(self, ranks: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """(intervals, merged) of these ranks only, from their own events (one file each): the
+        drill-down never builds the whole run's event frame. The last few asked are kept."""
+        key = tuple(sorted(set(ranks)))
+        with self._lock:
+            memo = self._derived.setdefault("rank_timelines", {})
+            if key not in memo:
+                parts = [p for p in self.traces.parts if p.rank in set(key)]
+                events = pl.concat([p.events() for p in parts]) if parts else self.traces.parts[0].events().clear()
+                memo[key] = aggregate.timeline_intervals(events.with_columns(run=pl.lit(self.run_id, pl.Categorical)),
+                                                         origin_us=self.origin_us())
+                while len(memo) > 4:
+                    memo.pop(next(iter(memo)))
+            return memo[key]
 
     def pipeline_actions(self) -> pl.DataFrame:
         # Found by `analyze` already (with run.json's span_format); only the run label is ours.
@@ -255,8 +316,11 @@ class RunStore:
 
 
 def _folder_key(folder: Path) -> tuple:
+    # One stat per file (scandir's entries know their type): every callback checks its runs, and a
+    # 1,024-rank run is 1,024 files.
     try:
-        return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()))
+        with os.scandir(folder) as it:
+            return tuple(sorted((e.name, (st := e.stat()).st_size, st.st_mtime_ns) for e in it if e.is_file()))
     except OSError:
         return ()
 
@@ -367,10 +431,20 @@ def run_row(data: RunData) -> dict:
         overlap_pct=_round(bd["overlap_pct"].mean(), 1) if bd.height else None,
         bubble_pct=_round(a.pipeline["bubble_pct"].mean(), 1) if a.pipeline is not None else None,
         peak_mib=_round(peaks["peak_allocated_bytes"].max(), 2**-20) if peaks.height else None,
-        peak_mib_per_rank=" | ".join(f"{v / 2**20:.1f}" for v in peaks["peak_allocated_bytes"]) or None,
+        peak_mib_per_rank=_per_rank_peaks(peaks["peak_allocated_bytes"]),
         status="ok" if not a.problems else f"{len(a.problems)} file(s) skipped: " + "; ".join(a.problems),
     )
     return row
+
+
+def _per_rank_peaks(peaks: pl.Series) -> str | None:
+    """Each rank's peak MiB, "12.0 | 12.5"; above SCALE_RANKS ranks the range and median instead
+    (a cell of 1,024 numbers says nothing)."""
+    if peaks.is_empty():
+        return None
+    if not scale.at_scale(peaks.len()):
+        return " | ".join(f"{v / 2**20:.1f}" for v in peaks)
+    return f"{peaks.min() / 2**20:.1f} – {peaks.max() / 2**20:.1f} (median {peaks.median() / 2**20:.1f}, {peaks.len()} ranks)"
 
 
 def _round(v, scale: float) -> float | None:
@@ -434,6 +508,14 @@ def memory_frames(runs: list[RunData], max_points: int = 800) -> tuple[pl.DataFr
     return _concat(curves), _concat(peaks)
 
 
+def pipeline_ranks(d: RunData) -> list[int] | None:
+    """The ranks the pipeline card draws of a run: all (None) up to SCALE_RANKS ranks, else one
+    pipeline: the lowest rank of each stage (group)."""
+    if not d.at_scale:
+        return None
+    return d.groups().group_by("group").agg(pl.col("rank").min())["rank"].sort().to_list()
+
+
 def pipeline_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(actions, ideal, summary) for the pipeline grid.
 
@@ -445,8 +527,15 @@ def pipeline_frames(runs: list[RunData]) -> tuple[pl.DataFrame, pl.DataFrame, pl
     """
     acts, summary = [], []
     ideal = _concat([ideal_orders({d.run_id: d.manifest for d in _ok(runs)})])  # pp coordinates -> global ranks (hybrid runs)
+    shown = {d.run_id: pipeline_ranks(d) for d in _ok(runs)}
+    cut = [r for r, keep in shown.items() if keep is not None]
+    if ideal.height and cut:
+        kept = pl.DataFrame([(r, k) for r in cut for k in shown[r]], schema={"run": pl.String, "rank": ideal.schema["rank"]}, orient="row")
+        ideal = pl.concat([ideal.filter(~pl.col("run").is_in(cut)), ideal.join(kept, on=["run", "rank"], how="semi")])
     for d in _ok(runs):  # run.json's shape was checked when it was read (MANIFEST_TYPES)
         a = d.pipeline_actions()
+        if shown[d.run_id] is not None:
+            a = a.filter(pl.col("rank").is_in(shown[d.run_id]))
         if a.height and d.analysis.steps.height:
             last = d.analysis.steps["step"].max()
             t0 = float(d.analysis.steps.filter(pl.col("step") == last)["start_us"].min())
@@ -478,6 +567,8 @@ def merged_analysis(runs: list[RunData]) -> Analysis:
         parts = [getattr(d.analysis, f.name) for d in runs]
         if f.name == "runs":  # one run.json (or None) per folder, under the run id
             fields[f.name] = {d.run_id: next(iter(d.analysis.runs.values()), None) for d in runs}
+        elif f.name == "activity":  # the timeline's bins: no rule reads them, and at 1,024 ranks they are the largest frame
+            continue
         elif all(isinstance(p, list) for p in parts):  # warnings, problems
             fields[f.name] = [x for p in parts for x in p]
         elif all(p is None or isinstance(p, pl.DataFrame) for p in parts):  # pipeline frames are None without pipeline spans
@@ -503,6 +594,19 @@ def findings_frame(runs: list[RunData]) -> tuple[pl.DataFrame, str | None]:
     own = _concat([d.relabel(d.analysis.findings) for d in ok])
     if len(ok) < 2:
         return own, None
+    # The rules over merged analyses take ~1 s at 1,024 ranks: kept with the first run, for exactly
+    # these RunData objects and rules (a reloaded run is a new object: nothing stale is served).
+    key = (tuple(d.run_id for d in ok), profiler_findings.findings)
+    with ok[0]._lock:
+        memo = ok[0]._derived.setdefault("comparisons", {})
+        hit = memo.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], ok)):
+            return hit[1]
+        memo[key] = (tuple(ok), result := _compared_findings(ok, own))
+        return result
+
+
+def _compared_findings(ok: list[RunData], own: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
     try:
         found = profiler_findings.findings(merged_analysis(ok))
     except (Exception, pl.exceptions.PanicException) as e:  # noqa: BLE001 -- shown on the card, never a 500

@@ -16,6 +16,7 @@ COMPARE_FINDINGS = "compare-findings"  # the first card's body: ranked findings 
 COMPARE_THEORY = "compare-theory"  # theory vs measured: a line per run without theory, table, bytes figure
 COMPARE_THEORY_TABLE = "compare-theory-table"
 COMPARE_TIMELINE = "compare-timeline"
+COMPARE_VIEW = "compare-view"  # dcc.Dropdown: groups (""), "group:stage1" or "rank:17": the drill-down at scale
 COMPARE_BREAKDOWN = "compare-breakdown"
 COMPARE_PIPELINE = "compare-pipeline"
 COMPARE_MEMORY = "compare-memory"

@@ -254,7 +254,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("address, fragment", [
-    (f"tcp://127.0.0.1:{_free_port()}", "cannot reach the Dask scheduler (["),  # refused: at once, not after the timeout
+    # FREE: a port nobody listens on, found when the test runs (not in the test id: xdist's
+    # workers must collect the same ids). Refused: at once, not after the timeout.
+    ("tcp://127.0.0.1:FREE", "cannot reach the Dask scheduler (["),
     ("tcp://no-such-host.invalid:8786", "cannot reach the Dask scheduler"),
     ("scheduler", "not a scheduler address (missing port number"),
     ("tcp://127.0.0.1:99999", "not a scheduler address (port 99999 is not a port number)"),
@@ -262,6 +264,7 @@ def _free_port() -> int:
     ("", "not a scheduler address"),
 ])
 def test_a_wrong_cluster_address_is_one_line(capsys, address, fragment):
+    address = address.replace("FREE", str(_free_port()))
     assert analyze_main([str(GPU_NCCL), "--cluster", address, "--quiet"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"ptprof analyze: error: --cluster {address}: ") and fragment in line

@@ -143,7 +143,7 @@ BAD_RUN_IDS = [None, 5, "sample-ddp-2r", {"a": 1}, [1, 2], [None], ["sample-ddp-
 @pytest.mark.parametrize("run_ids", BAD_RUN_IDS, ids=repr)
 def test_compare_callbacks_refuse_malformed_run_ids(app, run_ids):
     for output in [*COMPARE_OUTPUTS, f"{ids.COMPARE_TIMELINE}.figure"]:
-        values = [run_ids, None] if "timeline" in output else [run_ids]
+        values = [run_ids, None, ""] if "timeline" in output else [run_ids]  # the timeline's inputs: runs, zoom, drill-down
         res = dash_post(app, output, *values)
         assert res.status_code == 200, (output, res.get_data(as_text=True)[-300:])
         if output.startswith(ids.COMPARE_STATUS) and run_ids is not None:
@@ -166,8 +166,14 @@ def test_compare_callbacks_take_at_most_four_runs(app, store):
     {"5": 1}, {"xaxis.range[0]": 1e308, "xaxis.range[1]": -1e308}, {"xaxis.range[0]": [1], "xaxis.range[1]": {"a": 2}},
 ], ids=repr)
 def test_timeline_takes_any_relayout(app, relayout):
-    res = dash_post(app, f"{ids.COMPARE_TIMELINE}.figure", ["sample-ddp-2r"], relayout, changed=1)
+    res = dash_post(app, f"{ids.COMPARE_TIMELINE}.figure", ["sample-ddp-2r"], relayout, "", changed=1)
     assert res.status_code in (200, 204), res.get_data(as_text=True)[-300:]
+
+
+@pytest.mark.parametrize("view", [None, 5, "rank:", "rank:-1", "rank:99999999999999999999", "group:", "group:nope", "x:y", ["rank:1"]], ids=repr)
+def test_timeline_takes_any_drill_down(app, view):
+    res = dash_post(app, f"{ids.COMPARE_TIMELINE}.figure", ["sample-ddp-2r"], None, view, changed=2)
+    assert res.status_code == 200, res.get_data(as_text=True)[-300:]
 
 
 def test_timeline_refuses_non_finite_ranges(pages):

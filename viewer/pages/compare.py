@@ -1,6 +1,10 @@
 """Compare: 1-4 runs side by side: findings first, theory vs measured, then on one time axis the
 timeline, breakdown, pipeline, memory, collectives and step times. `/compare?runs=a,b` (run ids
-are folders under the traces root)."""
+are folders under the traces root).
+
+A run of more than viewer.scale.SCALE_RANKS ranks is drawn as groups of ranks (pipeline stages, or
+all ranks): medians with min–max bands, outlier ranks named (docs/viewer.md); the timeline's
+dropdown, or `&rank=17` / `&group=stage1` in the URL, drills into one rank or group."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ import re
 import dash
 from dash import Input, Output, callback, ctx, dash_table, dcc, html
 
-from viewer import data, figures, ids, theory_cards
+from profiler import TraceError
+from viewer import data, figures, ids, scale, scale_data, scale_figures, theory_cards
 from viewer.data import RunStore
 from viewer.figures import COLLECTIVE_COLUMNS
 from viewer.pages import FONT, MAX_COMPARE, current_store, run_id_list
@@ -34,11 +39,26 @@ def _card(title: str, hint: str, *children):
 
 
 def _graph(id_: str):
-    return dcc.Loading(dcc.Graph(id=id_, config=GRAPH_CONFIG, figure=figures._empty("loading…")))
+    # Not autosized: an autosized first draw reports {"autosize": true} as relayoutData, which
+    # re-triggers the timeline's callback while its first (slow on a big run) call is in flight,
+    # and Dash drops the first answer: the card would stay at "loading…".
+    placeholder = figures._empty("loading…")
+    placeholder.update_layout(autosize=False)
+    return dcc.Loading(dcc.Graph(id=id_, config=GRAPH_CONFIG, figure=placeholder))
 
 
-def layout(runs: str | None = None, **_query):
+def initial_view(rank=None, group=None) -> str:
+    """The drill-down the URL asks for (`&rank=17`, `&group=stage1`) as the dropdown's value."""
+    if isinstance(rank, str) and rank.strip().isdigit():
+        return f"rank:{int(rank)}"
+    if isinstance(group, str) and group.strip():
+        return f"group:{group.strip()[:100]}"
+    return ""
+
+
+def layout(runs: str | None = None, rank: str | None = None, group: str | None = None, **_query):
     picked, asked = parse_runs(runs), _query_runs(runs)
+    view = initial_view(rank, group)
     if not picked:
         return html.Div(className="page", children=[
             html.H2("Compare"),
@@ -57,19 +77,29 @@ def layout(runs: str | None = None, **_query):
               "per quantity when every rank agrees, else the range across ranks and the rank that stands out.",
               dcc.Loading(html.Div(id=ids.COMPARE_THEORY, children=html.P("loading…", className="hint")))),
         _card("Timeline", "One lane per rank and thread / GPU stream, runs aligned at their first profiled step. Drag to zoom "
-              "(double-click to reset): the server re-bins the visible range, so zooming in reveals single operators.",
+              "(double-click to reset): the server re-bins the visible range, so zooming in reveals single operators. "
+              f"Runs of more than {scale.SCALE_RANKS} ranks: one row per group (pipeline stage, else all ranks) and lane, "
+              "the median busy share over the group's ranks (line) inside the min–max band, per category; "
+              f"{scale.OUTLIER_RULE}. Pick a group or rank below (or add &rank=N / &group=NAME to the URL) to see its own lanes.",
+              dcc.Dropdown(id=ids.COMPARE_VIEW, options=[{"label": "all ranks, by group (median, min–max)", "value": ""}]
+                           + ([{"label": view.replace(":", " "), "value": view}] if view else []),
+                           value=view, clearable=False, style={"maxWidth": "28rem", "marginBottom": "0.5rem"}),
               _graph(ids.COMPARE_TIMELINE)),
         html.Div(className="row", children=[
             _card("Where the time went", "Per rank, % of its profiled window: compute, communication hidden under compute, "
-                  "exposed communication, other busy time and idle (the profiler's temporal breakdown).",
+                  "exposed communication, other busy time and idle (the profiler's temporal breakdown). "
+                  f"Above {scale.SCALE_RANKS} ranks: per group, the median over its ranks with the min–max as an error bar.",
                   _graph(ids.COMPARE_BREAKDOWN)),
-            _card("Step times", "Every profiled step of every rank.", _graph(ids.COMPARE_STEPS)),
+            _card("Step times", f"Every profiled step of every rank; above {scale.SCALE_RANKS} ranks, per group, each rank's mean "
+                  "step time (a box over the ranks), outlier ranks named.", _graph(ids.COMPARE_STEPS)),
         ]),
         _card("Pipeline", "Measured forward / backward blocks of one step per rank, labelled by microbatch, next to the "
-              "schedule's ideal order (run.json), with the measured bubble against theory.", _graph(ids.COMPARE_PIPELINE)),
+              "schedule's ideal order (run.json), with the measured bubble against theory. Above "
+              f"{scale.SCALE_RANKS} ranks: one pipeline, the lowest rank of each stage.", _graph(ids.COMPARE_PIPELINE)),
         html.Div(className="row", children=[
             _card("Memory over time", "Allocated bytes from [memory] events (runs recorded with --profile-memory); "
-                  "triangles mark each rank's peak.", _graph(ids.COMPARE_MEMORY)),
+                  "triangles mark each rank's peak. Above " f"{scale.SCALE_RANKS} ranks: per group, the median over its ranks "
+                  "with the min–max band, from each rank's 64-bucket memory curve.", _graph(ids.COMPARE_MEMORY)),
             _card("Persistent memory per rank", "Parameters, gradients and optimizer state each rank holds (run.json): "
                   "the ZeRO table made visible.", _graph(ids.COMPARE_PERSISTENT)),
         ]),
@@ -120,10 +150,54 @@ def theory_card(store: RunStore, run_ids: list[str]):
                                         graph_config=GRAPH_CONFIG, font=FONT)
 
 
-def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None = None):
+def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None = None, view: str | None = None):
+    """The timeline: one lane per rank (today's), or, where a run has more than SCALE_RANKS ranks,
+    the groups' bands or the drill-down's ranks (`view`: "rank:17", "group:stage1")."""
     x_range = visible_range(relayout)
-    segments = data.timeline_segments(store.get_many(run_ids), x_range)
+    runs = store.get_many(run_ids)
+    if scale_data.any_at_scale(runs) or scale_data.parse_view(view) is not None:  # a drill-down works at any rank count
+        try:
+            kind, out = scale_data.scale_timeline(runs, x_range, scale_data.parse_view(view))
+        except TraceError as e:  # a rank's events not on this machine (a run loaded by a Dask cluster)
+            return figures._empty(str(e))
+        if kind == "segments":
+            return figures.build_timeline_figure(out, run_ids, x_range=x_range)
+        bands, outliers, n_ranks = out
+        return scale_figures.build_band_timeline(bands, outliers, run_ids, x_range=x_range, n_ranks=n_ranks)
+    segments = data.timeline_segments(runs, x_range)
     return figures.build_timeline_figure(segments, run_ids, x_range=x_range)
+
+
+def breakdown_figure(store: RunStore, run_ids: list[str]):
+    runs = store.get_many(run_ids)
+    if scale_data.any_at_scale(runs):
+        return scale_figures.build_group_breakdown(scale_data.breakdown_bands(runs), scale_data.group_metrics(runs)[2], run_ids)
+    return figures.build_breakdown_figure(data.breakdown_frame(runs), run_ids)
+
+
+def steps_figure(store: RunStore, run_ids: list[str]):
+    runs = store.get_many(run_ids)
+    if scale_data.any_at_scale(runs):
+        return scale_figures.build_group_steps(*scale_data.group_metrics(runs), run_ids)
+    return figures.build_step_time_figure(data.steps_frame(runs), run_ids)
+
+
+def pipeline_figure(store: RunStore, run_ids: list[str]):
+    return figures.build_pipeline_figure(*data.pipeline_frames(store.get_many(run_ids)), run_ids)
+
+
+def memory_figures(store: RunStore, run_ids: list[str]):
+    """(memory over time, persistent memory): per group from the per-rank memory curves at scale."""
+    runs = store.get_many(run_ids)
+    if scale_data.any_at_scale(runs):
+        return (scale_figures.build_memory_bands(scale_data.memory_bands(runs), run_ids),
+                scale_figures.build_group_persistent(scale_data.persistent_bands(runs), run_ids))
+    curves, peaks = data.memory_frames(runs)
+    return figures.build_memory_figure(curves, peaks, run_ids), figures.build_persistent_figure(data.persistent_frame(runs), run_ids)
+
+
+def collectives_rows(store: RunStore, run_ids: list[str]):
+    return figures.build_collectives_table(*data.collectives_frames(store.get_many(run_ids)))
 
 
 def visible_range(relayout: dict | None) -> tuple[float, float] | None:
@@ -188,14 +262,21 @@ def show_theory(run_ids):
     return _guarded(run_ids, theory_card)
 
 
-@callback(Output(ids.COMPARE_TIMELINE, "figure"), Input(ids.COMPARE_RUNS, "data"), Input(ids.COMPARE_TIMELINE, "relayoutData"))
-def show_timeline(run_ids, relayout):
+@callback(Output(ids.COMPARE_VIEW, "options"), Input(ids.COMPARE_RUNS, "data"))
+def show_view_options(run_ids):
+    run_ids, why = _checked(run_ids)
+    return [{"label": "all ranks, by group (median, min–max)", "value": ""}] if why else scale_data.view_options(current_store().get_many(run_ids))
+
+
+@callback(Output(ids.COMPARE_TIMELINE, "figure"), Input(ids.COMPARE_RUNS, "data"), Input(ids.COMPARE_TIMELINE, "relayoutData"),
+          Input(ids.COMPARE_VIEW, "value"))
+def show_timeline(run_ids, relayout, view):
     run_ids, why = _checked(run_ids)
     if why:
         return figures._empty(why)
     if ctx.triggered_id == ids.COMPARE_TIMELINE and not _is_zoom(relayout):
         raise dash.exceptions.PreventUpdate  # a resize, a legend click, a malformed range: nothing to re-bin
-    return timeline_figure(current_store(), run_ids, relayout if ctx.triggered_id == ids.COMPARE_TIMELINE else None)
+    return timeline_figure(current_store(), run_ids, relayout if ctx.triggered_id == ids.COMPARE_TIMELINE else None, view)
 
 
 def _is_zoom(relayout) -> bool:
@@ -209,7 +290,7 @@ def show_breakdown(run_ids):
     run_ids, why = _checked(run_ids)
     if why:
         return figures._empty(why)
-    return figures.build_breakdown_figure(data.breakdown_frame(current_store().get_many(run_ids)), run_ids)
+    return breakdown_figure(current_store(), run_ids)
 
 
 @callback(Output(ids.COMPARE_STEPS, "figure"), Input(ids.COMPARE_RUNS, "data"))
@@ -217,7 +298,7 @@ def show_steps(run_ids):
     run_ids, why = _checked(run_ids)
     if why:
         return figures._empty(why)
-    return figures.build_step_time_figure(data.steps_frame(current_store().get_many(run_ids)), run_ids)
+    return steps_figure(current_store(), run_ids)
 
 
 @callback(Output(ids.COMPARE_PIPELINE, "figure"), Input(ids.COMPARE_RUNS, "data"))
@@ -225,8 +306,7 @@ def show_pipeline(run_ids):
     run_ids, why = _checked(run_ids)
     if why:
         return figures._empty(why)
-    actions, ideal, summary = data.pipeline_frames(current_store().get_many(run_ids))
-    return figures.build_pipeline_figure(actions, ideal, summary, run_ids)
+    return pipeline_figure(current_store(), run_ids)
 
 
 @callback(Output(ids.COMPARE_MEMORY, "figure"), Output(ids.COMPARE_PERSISTENT, "figure"), Input(ids.COMPARE_RUNS, "data"))
@@ -234,9 +314,7 @@ def show_memory(run_ids):
     run_ids, why = _checked(run_ids)
     if why:
         return figures._empty(why), figures._empty(why)
-    runs = current_store().get_many(run_ids)
-    curves, peaks = data.memory_frames(runs)
-    return figures.build_memory_figure(curves, peaks, run_ids), figures.build_persistent_figure(data.persistent_frame(runs), run_ids)
+    return memory_figures(current_store(), run_ids)
 
 
 @callback(Output(ids.COMPARE_COLLECTIVES, "data"), Input(ids.COMPARE_RUNS, "data"))
@@ -244,4 +322,4 @@ def show_collectives(run_ids):
     run_ids, why = _checked(run_ids)
     if why:
         return []
-    return figures.build_collectives_table(*data.collectives_frames(current_store().get_many(run_ids)))
+    return collectives_rows(current_store(), run_ids)

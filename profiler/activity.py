@@ -1,0 +1,102 @@
+"""Per-rank activity: how busy each lane was, per category, in fixed time bins (issue 16: a viewer
+that draws 1,024 ranks without holding their events).
+
+    act = activity(events)   # run, rank, lane, lane_key, category, t0_us, bin_us, bin, busy
+
+Lanes and categories are the viewer's timeline rules, kept here once (viewer/aggregate.py imports
+them): per rank, `main` (the thread with the ProfilerStep spans; every CPU thread when there is no
+such span), `comm` (other CPU threads running communication spans, gloo's workers), `threads` (any
+other CPU thread) and `gpu s<stream>` per GPU stream; categories are the profiler's `kind` grouped
+for the eye: compute (compute, op), comm (comm, enqueue), memory, other (runtime, other).
+Annotations (ph != "X"), zero-length spans and [memory] instants are not activity.
+
+The rank's window is [its first drawn start, its last drawn end] in absolute µs, cut into
+`n_bins` equal bins (bin_us = window / n_bins; t0_us = the window's start). `busy` is the share of
+the bin covered by the union of that (lane, category)'s spans (0 < busy <= 1): overlapping spans
+of one category count once. Rows are sparse: only bins with activity. A rank without drawn spans
+has no rows. Runs in the map (rankmap.analyze_rank) on one rank's events; a frame of several ranks
+is handled per (run, rank), each with its own window.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from profiler.intervals import union
+from profiler.steps import PROFILER_STEP_RE
+
+KIND_CATEGORY = {"compute": "compute", "op": "compute", "comm": "comm", "enqueue": "comm", "memory": "memory",
+                 "runtime": "other", "other": "other"}
+CATEGORIES = ["compute", "comm", "memory", "other"]
+LANE_ORDER = {"main": 0, "threads": 1, "comm": 2}  # GPU streams come after, by stream id (lane_key 10 + stream)
+N_BINS = 1000  # per rank window: ~1 ms bins on a 1 s window; a few hundred KB per rank at most
+ACTIVITY_COLUMNS = {"run": pl.Categorical, "rank": pl.Int32, "lane": pl.String, "lane_key": pl.Int64, "category": pl.String,
+                    "t0_us": pl.Float64, "bin_us": pl.Float64, "bin": pl.Int32, "busy": pl.Float32}
+
+
+def lane_spans(events: pl.DataFrame, *, names: bool = True) -> pl.DataFrame:
+    """The spans lanes are drawn from: run, rank, lane, lane_key, category, name (unless `names`
+    is False), ts_us, end_us, one per complete event with a duration and a known kind."""
+    c = pl.col
+    spans = events.filter((c("ph") == "X") & (c("dur_us") > 0))
+    main = (
+        spans.filter(c("name").cast(pl.String).str.contains(PROFILER_STEP_RE))
+        .group_by("run", "rank").agg(main_tid=c("tid").first())
+    )
+    comm_tids = spans.filter((c("device") == "cpu") & (c("kind") == "comm")).select("run", "rank", "tid").unique().with_columns(is_comm=pl.lit(True))
+    kinds = pl.DataFrame({"kind": list(KIND_CATEGORY), "category": list(KIND_CATEGORY.values())}).with_columns(c("kind").cast(pl.Categorical))
+    drawn = (
+        spans.select("run", "rank", "tid", "stream", "device", "kind", "name", "ts_us", "end_us")
+        .join(kinds, on="kind", how="inner")
+        .join(main, on=["run", "rank"], how="left")
+        .join(comm_tids, on=["run", "rank", "tid"], how="left")
+    )
+    gpu = c("device") == "gpu"
+    lane = (
+        pl.when(gpu).then(pl.lit("gpu s") + c("stream").fill_null(c("tid")).cast(pl.String))
+        # The main thread first: gloo runs point-to-point ops (pipeline send/recv) on it.
+        .when((c("tid") == c("main_tid")) | c("main_tid").is_null()).then(pl.lit("main"))
+        .when(c("is_comm").fill_null(False)).then(pl.lit("comm"))
+        .otherwise(pl.lit("threads"))
+    )
+    lane_key = pl.when(gpu).then(10 + c("stream").fill_null(c("tid")).cast(pl.Int64)).otherwise(
+        lane.replace_strict(LANE_ORDER, default=9, return_dtype=pl.Int64)
+    )
+    named = {"name": c("name").cast(pl.String)} if names else {}
+    return drawn.select("run", "rank", lane=lane, lane_key=lane_key, category="category", **named, ts_us="ts_us", end_us="end_us")
+
+
+def activity(events: pl.DataFrame, n_bins: int = N_BINS) -> pl.DataFrame:
+    """Busy share per (run, rank, lane, category) in `n_bins` bins of each rank's window (see the
+    module docstring); ACTIVITY_COLUMNS, sorted."""
+    spans = lane_spans(events, names=False)
+    if spans.is_empty():
+        return pl.DataFrame(schema=ACTIVITY_COLUMNS)
+    keys = ["run", "rank", "lane", "lane_key", "category"]
+    merged = union(spans.select(*keys, start_us="ts_us", end_us="end_us"), keys)
+    return bin_busy(merged, keys, n_bins)
+
+
+def bin_busy(merged: pl.DataFrame, keys: list[str], n_bins: int) -> pl.DataFrame:
+    """Disjoint intervals (keys..., start_us, end_us; disjoint within each key) cut into n_bins bins
+    of each (run, rank)'s extent: keys..., t0_us, bin_us, bin, busy (sparse)."""
+    c = pl.col
+    window = merged.group_by("run", "rank").agg(t0_us=c("start_us").min(), t1_us=c("end_us").max())
+    # In Python, one row per rank: polars may divide a column by a scalar through its reciprocal,
+    # which rounds differently with the frame's length, and a rank's bins must not depend on which
+    # other ranks share the frame. A window of one instant cannot happen (spans have dur > 0).
+    window = window.with_columns(bin_us=pl.Series([max((t1 - t0) / n_bins, 1e-9) for t0, t1 in window.select("t0_us", "t1_us").iter_rows()],
+                                                  dtype=pl.Float64))
+    x = (c("start_us") - c("t0_us")) / c("bin_us")
+    y = (c("end_us") - c("t0_us")) / c("bin_us")
+    cut = (
+        merged.join(window.select("run", "rank", "t0_us", "bin_us"), on=["run", "rank"])
+        .with_columns(b0=x.floor().cast(pl.Int64).clip(0, n_bins - 1), b1=(y.ceil().cast(pl.Int64) - 1).clip(0, n_bins - 1))
+        .with_columns(bin=pl.int_ranges(c("b0"), pl.max_horizontal("b0", "b1") + 1))
+        .explode("bin")
+        # Covered share of the bin, in bin units: overlap of [x, y) with [bin, bin + 1).
+        .with_columns(cover=pl.min_horizontal(y, c("bin") + 1) - pl.max_horizontal(x, c("bin")))
+        .filter(c("cover") > 0)
+    )
+    out = cut.group_by(*keys, "t0_us", "bin_us", "bin").agg(busy=c("cover").sum().clip(0.0, 1.0))
+    return out.select(list(ACTIVITY_COLUMNS)).cast(ACTIVITY_COLUMNS).sort("run", "rank", "lane_key", "category", "bin")

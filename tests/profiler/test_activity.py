@@ -1,0 +1,70 @@
+"""profiler/activity.py: busy share per (rank, lane, category) in time bins, against shares worked out by hand."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from profiler.activity import ACTIVITY_COLUMNS, activity
+from tests.profiler.conftest import kernel, launch, make_events, step
+
+# One rank, drawn spans over [0, 100) µs: with 10 bins each bin is 10 µs.
+ROWS = [
+    step(1, 0, 100),  # an annotation: marks tid 1 as the main thread, drawn nowhere
+    dict(name="a", kind="op", ts_us=0, dur_us=15),  # main compute [0, 15)
+    dict(name="b", kind="op", ts_us=10, dur_us=10),  # overlaps a: the union [0, 20) counts once
+    launch(25, 1),  # main other [25, 26)
+    dict(name="gloo:all_reduce", kind="comm", ts_us=30, dur_us=25, tid=2),  # comm lane [30, 55)
+    dict(name="worker", kind="op", ts_us=95, dur_us=5, tid=3),  # threads lane [95, 100)
+    kernel("gemm", "compute", 40, 2, corr=1),  # gpu s7 compute [40, 42)
+    kernel("Memcpy HtoD", "memory", 60, 4, corr=2),  # gpu s7 memory [60, 64)
+    dict(name="[memory]", kind="memory_event", ph="i", ts_us=70, dur_us=0),  # an instant: not activity
+]
+# (lane, category) -> {bin: busy share}, by hand
+EXPECTED = {
+    ("main", "compute"): {0: 1.0, 1: 1.0},
+    ("main", "other"): {2: 0.1},
+    ("comm", "comm"): {3: 1.0, 4: 1.0, 5: 0.5},
+    ("threads", "compute"): {9: 0.5},
+    ("gpu s7", "compute"): {4: 0.2},
+    ("gpu s7", "memory"): {6: 0.4},
+}
+
+
+def _shares(act: pl.DataFrame) -> dict:
+    out = {}
+    for lane, cat, b, busy in act.select("lane", "category", "bin", "busy").iter_rows():
+        out.setdefault((lane, cat), {})[b] = round(busy, 6)
+    return out
+
+
+def test_busy_shares_per_lane_and_category_by_hand():
+    act = activity(make_events(ROWS), n_bins=10)
+    assert dict(act.schema) == ACTIVITY_COLUMNS
+    assert _shares(act) == EXPECTED  # sparse: only bins with activity
+    assert set(act["t0_us"]) == {0.0} and set(act["bin_us"]) == {10.0}
+    # lanes in the viewer's order: main, threads, comm, then GPU streams
+    assert act.select("lane", "lane_key").unique().sort("lane_key")["lane"].to_list() == ["main", "threads", "comm", "gpu s7"]
+
+
+def test_each_rank_has_its_own_window():
+    later = make_events([{**r, "ts_us": r["ts_us"] + 1000} for r in ROWS], rank=1)
+    act = activity(pl.concat([make_events(ROWS), later]), n_bins=10)
+    r1 = act.filter(pl.col("rank") == 1)
+    assert set(r1["t0_us"]) == {1000.0} and set(r1["bin_us"]) == {10.0}
+    assert _shares(r1) == EXPECTED
+
+
+def test_no_drawn_spans_no_rows():
+    act = activity(make_events([step(1, 0, 100), dict(name="[memory]", kind="memory_event", ph="i", ts_us=5, dur_us=0)]))
+    assert act.is_empty() and dict(act.schema) == ACTIVITY_COLUMNS
+
+
+@pytest.mark.parametrize("n_bins", [1, 7])
+def test_shares_add_up_to_the_busy_time(n_bins):
+    # Whatever the bins, share x bin width summed over bins is each (lane, category)'s busy µs.
+    act = activity(make_events(ROWS), n_bins=n_bins)
+    busy_us = act.group_by("lane", "category").agg((pl.col("busy") * pl.col("bin_us")).sum())
+    got = {(lane, cat): round(v, 3) for lane, cat, v in busy_us.iter_rows()}
+    assert got == {("main", "compute"): 20.0, ("main", "other"): 1.0, ("comm", "comm"): 25.0, ("threads", "compute"): 5.0,
+                   ("gpu s7", "compute"): 2.0, ("gpu s7", "memory"): 4.0}

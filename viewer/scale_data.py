@@ -1,0 +1,107 @@
+"""The Compare page's frames when some run has more than viewer.scale.SCALE_RANKS ranks: every
+run drawn as groups (docs/viewer.md, "Many ranks"), from the per-rank summaries only; the
+drill-down reads the picked ranks' own events (RunData.rank_timeline). Split from viewer/data.py
+at this seam: data.py loads and caches runs, this module reduces them for the cards at scale."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from viewer import aggregate, scale
+from viewer.data import RunData, _concat, _ok
+
+
+def any_at_scale(runs: list[RunData]) -> bool:
+    return any(d.at_scale for d in _ok(runs))
+
+
+def parse_view(view: str | None) -> tuple[str, str | int] | None:
+    """The drill-down asked for: ("rank", 17) from "rank:17", ("group", "stage1") from
+    "group:stage1"; None for the groups view and for anything else (the browser may send anything)."""
+    if not isinstance(view, str) or ":" not in view:
+        return None
+    kind, _, value = view.partition(":")
+    if kind == "rank" and value.strip().isdigit():
+        return "rank", int(value)
+    if kind == "group" and value.strip():
+        return "group", value.strip()
+    return None
+
+
+def view_options(runs: list[RunData]) -> list[dict]:
+    """The drill-down dropdown's options: every group, then every rank, of the runs that loaded."""
+    groups, ranks = {}, set()
+    for d in _ok(runs):
+        for g, n in d.groups().group_by("group", "group_key").agg(pl.len()).sort("group_key").select("group", "len").iter_rows():
+            groups[g] = groups.get(g, 0) + n
+        ranks |= set(d.analysis.ranks["rank"].to_list())
+    opts = [{"label": "all ranks, by group (median, min–max)", "value": ""}]
+    opts += [{"label": f"group {g} ({n} ranks)", "value": f"group:{g}"} for g, n in groups.items()]
+    return opts + [{"label": f"rank {r}", "value": f"rank:{r}"} for r in sorted(ranks)]
+
+
+def drill_ranks(d: RunData, view: tuple[str, str | int]) -> list[int]:
+    """The ranks of run `d` a drill-down shows."""
+    kind, value = view
+    if kind == "rank":
+        return [value] if value in set(d.analysis.ranks["rank"].to_list()) else []
+    return d.groups().filter(pl.col("group") == value)["rank"].to_list()
+
+
+def scale_timeline(runs: list[RunData], x_range: tuple[float, float] | None, view: tuple | None):
+    """What the timeline draws when some run is at scale: ("segments", frame) of per-rank lanes
+    (a rank, or a group of at most SCALE_RANKS ranks: their own events only), or ("bands",
+    (bands, outliers, n_ranks)) of the groups (all, or the one asked for when it is larger)."""
+    ok = _ok(runs)
+    if view is not None:
+        picked = {d.run_id: drill_ranks(d, view) for d in ok}
+        if all(len(r) <= scale.SCALE_RANKS for r in picked.values()):
+            parts = [d.rank_timeline(picked[d.run_id]) for d in ok if picked[d.run_id]]
+            parts = [p for p in parts if p[0].height]
+            if not parts:
+                return "segments", pl.DataFrame(schema={"run": pl.String})
+            if x_range is None:
+                spans = [aggregate.extent(iv) for iv, _ in parts]
+                x_range = (min(s[0] for s in spans), max(s[1] for s in spans))
+            return "segments", _concat([aggregate.visible_timeline(iv, m, x_range) for iv, m in parts])
+    groups = [view[1]] if view is not None and view[0] == "group" else None
+    whole = x_range is None
+    if whole:
+        spans = [d.activity_extent() for d in ok if d.analysis.activity.height]
+        x_range = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else (0.0, 1.0)
+    bands = _concat([d.activity_bands(x_range, groups, keep=whole) for d in ok])
+    return "bands", (bands, _concat([d.outliers() for d in ok]), {d.run_id: d.n_ranks for d in ok})
+
+
+def breakdown_bands(runs: list[RunData]) -> pl.DataFrame:
+    from viewer.figures import BREAKDOWN_PARTS
+    from viewer.scale_figures import breakdown_pct
+
+    cols = [col.replace("_us", "_pct") for col, _, _ in BREAKDOWN_PARTS]
+    return _concat([d._once("breakdown_bands", lambda d=d: scale.band_over_ranks(breakdown_pct(d.relabel(d.analysis.breakdown)), d.groups(), cols))
+                    for d in _ok(runs) if d.analysis.breakdown.height])
+
+
+def group_metrics(runs: list[RunData]) -> tuple[pl.DataFrame, dict[str, pl.DataFrame], pl.DataFrame]:
+    """(per-rank metrics, groups per run, outliers) for the step-time card at scale."""
+    ok = _ok(runs)
+    return _concat([d.rank_metrics() for d in ok]), {d.run_id: d.groups() for d in ok}, _concat([d.outliers() for d in ok])
+
+
+def memory_bands(runs: list[RunData]) -> pl.DataFrame:
+    """Memory over time per group from the per-rank memory curves (≤ 64 buckets per rank), never events."""
+    return _concat([d._once("memory_bands", lambda d=d: scale.memory_bands(d.relabel(d.analysis.memory_curve), d.groups(), d.origin_us()))
+                    for d in _ok(runs) if d.analysis.memory_curve.height])
+
+
+def persistent_bands(runs: list[RunData]) -> pl.DataFrame:
+    from viewer.figures import PERSISTENT_PARTS
+
+    out = []
+    for d in _ok(runs):
+        p = d.relabel(d.analysis.persistent_memory)
+        if p is None or p.is_empty():
+            continue
+        cols = [c for c, _, _ in PERSISTENT_PARTS if c in p.columns]
+        out.append(d._once("persistent_bands", lambda: scale.band_over_ranks(p.with_columns(pl.col(cols).cast(pl.Float64)), d.groups(), cols)))
+    return _concat(out)
