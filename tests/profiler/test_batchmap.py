@@ -48,6 +48,23 @@ def test_a_batch_gives_each_rank_its_numbers_alone_bit_for_bit(tmp_path):
         assert alone["top_kernels"].height or alone["top_operators"].height
 
 
+def test_activity_bins_of_a_rank_do_not_move_in_a_batch(tmp_path):
+    # Hand-made ranks with round times: a span ending on a bin edge. Alone, one rank's bin width
+    # is a single value and polars divided by its reciprocal; beside another rank, element by
+    # element: the span's end fell 1 ulp past the edge alone, on it in a batch (one sliver row less).
+    from tests.profiler.test_engine import _tiny_rank
+
+    tasks = []
+    for r in range(2):
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(_tiny_rank(r, 8)))
+        tasks.append(RankTask(str(tmp_path / f"rank{r}.json"), "job", None, MapOptions(), str(tmp_path / "c1"), rank=r))
+    got = summarize_batch(tasks)
+    alone = _summaries_alone(tasks, tmp_path / "c2")
+    for a, b in zip(got, alone):
+        _same(a, b)
+    assert got[0].frames["activity"].height > 700
+
+
 def _tasks(tmp_path: Path, sizes: list[int], run: str = "x") -> list[RankTask]:
     out = []
     for k, size in enumerate(sizes):
