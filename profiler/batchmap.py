@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 import polars as pl
+from polars.exceptions import PanicException
 
 from profiler.errors import TraceError, path_text
 from profiler.rankmap import (RankSummary, RankTask, _events, _parse_uncached, analyze_rank, holding_events, rank_row,
@@ -100,7 +101,10 @@ def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
     try:
         for i, task in enumerate(tasks):
             holds[i].__enter__()
-            got = _prepare(task)
+            try:
+                got = _prepare(task)
+            except Exception as e:  # noqa: BLE001  (never raises: the file is named, the batch goes on)
+                got = TraceError(paths[i], f"could not parse ({type(e).__name__}: {str(e)[:200]})")
             if isinstance(got, _Ready):
                 ready[i] = got
             else:
@@ -156,7 +160,7 @@ def _analyse(ready: dict[int, _Ready]) -> dict[int, RankSummary | TraceError]:
     if len(together) > 1:
         try:
             frames = _analyse_together([ready[i] for i in together])
-        except Exception:  # noqa: BLE001  (one file's odd events: analysed one by one, the failing one named)
+        except (Exception, PanicException):  # noqa: BLE001  (odd events: one by one, the failing file named)
             alone = together + alone
         else:
             for i in together:

@@ -10,7 +10,8 @@ parse into their own parquet cache ($PTPROF_CACHE_DIR on the worker, else ~/.cac
 only the small summaries travel to the client; event-level views (the viewer's drill-down,
 `--hta`) need a local load. A worker that dies (Dask gives its task up after the scheduler's
 `allowed-failures` retries: KilledWorker) or a task that raises: each file of its batch runs
-again as a task of its own, and one failing alone is that file's problem, named with its rank; every other rank still loads. Summaries are cached only once whole (summary_cache.py).
+again as a task of its own, and one failing alone is that file's problem, named with its rank;
+every other rank still loads. Summaries are cached only once whole (summary_cache.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import polars as pl
-import pytest
 
 import profiler.batchmap as batchmap
 from profiler.batchmap import plan_batches, summarize_batch
