@@ -7,57 +7,19 @@
 Never imports torch, dash, plotly, runners or viewer (see pyproject's import-linter contracts).
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING
-
-# Names are imported on first use (PEP 562), not with the package: a parse worker
-# (`python -m profiler._worker`) imports profiler.cache and profiler.parse only, and would
-# otherwise pay for every analysis module (~0.1 s per worker process).
-_HOME = {
-    "temporal_breakdown": "breakdown",
-    "collective_skew": "collectives", "collective_stats": "collectives", "collectives": "collectives",
-    "stragglers": "collectives",
-    "TraceError": "errors",
-    "SCHEMA": "load", "Traces": "load", "load_traces": "load",
-    "memory_peaks": "memory", "memory_timeline": "memory", "persistent_memory": "memory",
-    "comm_compute_overlap": "overlap",
-    "ideal_orders": "pipeline", "pipeline_actions": "pipeline", "pipeline_grid": "pipeline", "pipeline_summary": "pipeline",
-    "simulate_order": "pipeline", "theory_bubble_pct": "pipeline",
-    "REPORT_SCHEMA": "report", "analyze": "report", "build_report": "report", "compare_runs": "report",
-    "NO_STEP": "steps", "assign_steps": "steps", "profiler_steps": "steps", "step_time_stats": "steps",
-    "format_tables": "text",
-    "self_times": "top_ops", "top_kernels": "top_ops", "top_operators": "top_ops",
-}
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'profiler' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"profiler.{_HOME[name]}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
-
-
-if TYPE_CHECKING:
-    from profiler.breakdown import temporal_breakdown
-    from profiler.collectives import collective_skew, collective_stats, collectives, stragglers
-    from profiler.errors import TraceError
-    from profiler.load import SCHEMA, Traces, load_traces
-    from profiler.memory import memory_peaks, memory_timeline, persistent_memory
-    from profiler.overlap import comm_compute_overlap
-    from profiler.pipeline import (
-        ideal_orders, pipeline_actions, pipeline_grid, pipeline_summary, simulate_order, theory_bubble_pct,
-    )
-    from profiler.report import REPORT_SCHEMA, analyze, build_report, compare_runs
-    from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
-    from profiler.text import format_tables
-    from profiler.top_ops import self_times, top_kernels, top_operators
+from profiler.breakdown import temporal_breakdown
+from profiler.collectives import collective_skew, collective_stats, collectives, stragglers
+from profiler.errors import TraceError
+from profiler.load import SCHEMA, Traces, load_traces
+from profiler.memory import memory_peaks, memory_timeline, persistent_memory
+from profiler.overlap import comm_compute_overlap
+from profiler.pipeline import (
+    ideal_orders, pipeline_actions, pipeline_grid, pipeline_summary, simulate_order, theory_bubble_pct,
+)
+from profiler.report import REPORT_SCHEMA, analyze, build_report, compare_runs
+from profiler.steps import NO_STEP, assign_steps, profiler_steps, step_time_stats
+from profiler.text import format_tables
+from profiler.top_ops import self_times, top_kernels, top_operators
 
 __all__ = [
     "REPORT_SCHEMA", "SCHEMA", "NO_STEP", "TraceError", "Traces",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -94,6 +95,9 @@ def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
 
     if len(tasks) == 1:
         return [summarize(tasks[0])]
+    if any(t.no_cache and not t.cache for t in tasks):  # --no-cache on a Dask worker: a scratch folder, as summarize
+        with tempfile.TemporaryDirectory(prefix="ptprof-nocache-") as scratch:
+            return summarize_batch([dataclasses.replace(t, cache=scratch, no_cache=False, ident=None) for t in tasks])
     results: list[RankSummary | TraceError | None] = [None] * len(tasks)
     ready: dict[int, _Ready] = {}
     paths = [Path(t.path) for t in tasks]
@@ -202,7 +206,8 @@ def _finish(r: _Ready, frames: dict[str, pl.DataFrame]) -> RankSummary:
     from profiler.summary_cache import store_summary
 
     p = r.parsed
-    summary = RankSummary(p.meta, r.rank, p.parquet, frames, p.unstored, p.frame)
+    # Never the events themselves (uncached on a full disk): a caller that needs them parses again.
+    summary = RankSummary(p.meta, r.rank, p.parquet, frames, p.unstored)
     if r.cache is not None and p.parquet is not None and r.task.ident is not None:
         store_summary(r.cache, r.task, summary)
     return summary

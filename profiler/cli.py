@@ -92,6 +92,9 @@ def analyze_main(argv: list[str] | None = None) -> int:
     except (TraceError, ValueError) as e:  # ValueError: --rank / --step not in the traces
         _print_line(f"ptprof analyze: error: {e}", sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C: the workers are stopped (pool.py), nothing half-written is kept
+        _print_line("ptprof analyze: interrupted", sys.stderr)
+        return 130
 
 
 def _print_line(text: str, file=None) -> None:

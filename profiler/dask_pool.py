@@ -16,6 +16,7 @@ every other rank still loads. Summaries are cached only once whole (summary_cach
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Iterator
 
@@ -85,24 +86,39 @@ class DaskEngine:
             return fut
 
         pending = as_completed([submit(b) for b in plan_batches(tasks, self.workers)])
+        # distributed logs a lost connection as tracebacks on stderr; we say it in one line instead.
+        quiet = [logging.getLogger(n) for n in ("distributed", "distributed.client", "distributed.core")]
+        levels = [q.level for q in quiet]
+        for q in quiet:
+            q.setLevel(logging.CRITICAL)
+        done = 0
         try:
             for fut in pending:
                 batch = index[fut.key]
                 try:
                     results = fut.result()
                 except Exception as e:  # noqa: BLE001  (KilledWorker, a task that raised, a lost connection)
+                    if self.client.status not in ("running", "connecting") or "connection-lost" in str(e):
+                        # The scheduler is gone: every rank not done is lost, not each its own problem.
+                        raise TraceError(None, f"--cluster: lost the Dask scheduler after {done} of {len(tasks)} ranks "
+                                               f"({type(e).__name__}); nothing was reported: run again when it is back, "
+                                               "or without --cluster") from None
                     if len(batch) > 1:  # each file again on its own: only a failing one is named
                         for i in batch:
                             pending.add(submit([i]))
                         continue
-                    results = [died(tasks[batch[0]], f"its Dask task failed ({type(e).__name__}: {str(e)[:200]})")]
+                    why = f"its Dask task failed ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+                    results = [died(tasks[batch[0]], why)]
                 for i, res in zip(batch, results):
+                    done += 1
                     if isinstance(res, RankSummary):
                         # Events parsed on a worker stay there (its own cache): never a path the client
                         # would read, nor a frame worth shipping.
                         res = RankSummary(res.meta, res.rank, None, res.frames, res.unstored, None)
                     yield i, res
         finally:
+            for q, level in zip(quiet, levels):
+                q.setLevel(level)
             for f in futures:
                 f.release()
 

@@ -187,7 +187,7 @@ def load_traces(
     results: list[RankSummary | TraceError | None] = [
         TraceError(s.path, why) if (why := not_a_regular_file(s.path)) else None for s in sources]
     tasks = {i: RankTask(str(s.path), s.run, None, options, str(cache_path) if cache_path else None,
-                         rank=_name_rank(s.path, rank_from_filename_first))
+                         rank=_name_rank(s.path, rank_from_filename_first), no_cache=remote and not cache)
              for i, s in enumerate(sources) if results[i] is None}
     for i in list(tasks):
         m = manifests.get(sources[i].run_dir)
@@ -224,7 +224,7 @@ def load_traces(
     runs: dict[str, dict | None] = {}
     for i, (src, res) in enumerate(zip(sources, results)):
         if isinstance(res, TraceError):
-            problems.append(res)
+            problems.append(_naming_rank(res, src.path))
             continue
         meta = res.meta
         try:
@@ -259,7 +259,8 @@ def load_traces(
         if len(problems) == 1:
             raise problems[0]
         raise TraceError(None, "no usable traces: " + "; ".join(str(p) for p in problems))  # one line (cli prints it so)
-    for i in _redo_mismatched(engine, sources, results, kept, runs, options, cache_path, made_with):
+    for i in _redo_mismatched(engine, sources, results, kept, runs, options, cache_path, made_with,
+                              no_cache=remote and not cache):
         made_with[i] = (sources[i].run, _manifest_key(runs.get(sources[i].run)))
     parts = []
     for i, rank in kept:
@@ -293,6 +294,14 @@ class _Manifests(dict):
         return self[run_dir]
 
 
+def _naming_rank(e: TraceError, path: Path) -> TraceError:
+    """A file's problem, led by the rank its name gives (`rank 3: ...`), so a missing rank is plain."""
+    r = rank_from_filename(path)
+    if r is None or e.problem.startswith("rank "):
+        return e
+    return TraceError(e.path, f"rank {r}: {e.problem}")
+
+
 def _name_rank(path: Path, prefer_filename: bool) -> int | None:
     """The rank known before parsing: the file name's, when it takes precedence (--rank-from-filename)."""
     r = rank_from_filename(path) if prefer_filename else None
@@ -311,7 +320,7 @@ def _map(engine, tasks: dict[int, RankTask], results: list, *, progress: bool | 
     bar.close()
 
 
-def _redo_mismatched(engine, sources, results, kept, runs, options, cache_path, made_with) -> list[int]:
+def _redo_mismatched(engine, sources, results, kept, runs, options, cache_path, made_with, *, no_cache: bool) -> list[int]:
     """Analyze again the files whose worker guessed a rank or run.json other than the final ones.
 
     Workers label a file before the whole set is known; job splitting (another run.json) or a rank
@@ -322,7 +331,8 @@ def _redo_mismatched(engine, sources, results, kept, runs, options, cache_path, 
         res, src = results[i], sources[i]
         manifest = runs.get(src.run)
         if res.rank != rank or made_with[i][1] != _manifest_key(manifest):
-            redo[i] = RankTask(str(src.path), src.run, manifest, options, str(cache_path) if cache_path else None, rank=rank)
+            redo[i] = RankTask(str(src.path), src.run, manifest, options, str(cache_path) if cache_path else None, rank=rank,
+                               no_cache=no_cache)
     if redo:
         _map(engine, redo, results, progress=False, total=len(redo))
     return list(redo)

@@ -23,6 +23,7 @@ import io
 import json
 import os
 import struct
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -70,6 +71,7 @@ class RankTask:
     cache: str | None = None
     rank: int | None = None
     ident: tuple[str, str | None] | None = None
+    no_cache: bool = False  # --no-cache on a Dask worker: parse into a scratch folder, serve no summary
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -181,6 +183,9 @@ def summarize(task: RankTask) -> RankSummary | TraceError:
     from profiler.cache import cache_dir, load_one_safe, lookup
     from profiler.summary_cache import read_summary, store_summary
 
+    if task.no_cache and not task.cache:
+        with tempfile.TemporaryDirectory(prefix="ptprof-nocache-") as scratch:
+            return summarize(dataclasses.replace(task, cache=scratch, no_cache=False, ident=None))
     path = Path(task.path)
     try:
         cache = Path(task.cache) if task.cache else cache_dir()
@@ -210,7 +215,8 @@ def summarize(task: RankTask) -> RankSummary | TraceError:
             return TraceError(path, "out of memory while analysing")
         except Exception as e:  # noqa: BLE001  (an analysis tripping on odd events names the file, never a traceback)
             return TraceError(path, f"could not analyse ({type(e).__name__}: {str(e)[:200]})")
-    summary = RankSummary(parsed.meta, rank, parsed.parquet, frames, parsed.unstored, parsed.frame)
+    # Never the events themselves (uncached on a full disk): a caller that needs them parses again.
+    summary = RankSummary(parsed.meta, rank, parsed.parquet, frames, parsed.unstored)
     if cache is not None and parsed.parquet is not None and task.ident is not None:
         store_summary(cache, task, summary)  # best effort: a failed write leaves no entry, never half of one
     return summary

@@ -215,11 +215,13 @@ def _records(frame: pl.DataFrame | None, drop: tuple[str, ...] = ()) -> list[dic
     if frame is None:
         return []
     frame = frame.drop([c for c in drop if c in frame.columns])
-    # NaN and inf are not JSON: null (a number is right or it is absent), in polars, not per value.
+    return _finite(frame.with_columns(pl.col(pl.Categorical).cast(pl.String))).to_dicts()
+
+
+def _finite(frame: pl.DataFrame) -> pl.DataFrame:
+    """NaN and inf as null: they are not JSON, and a number is right or it is absent (in polars, not per value)."""
     floats = [c for c, t in frame.schema.items() if t.is_float()]
-    frame = frame.with_columns(pl.col(pl.Categorical).cast(pl.String),
-                               *[pl.when(pl.col(c).is_finite()).then(pl.col(c)).alias(c) for c in floats])
-    return frame.to_dicts()
+    return frame.with_columns(pl.when(pl.col(c).is_finite()).then(pl.col(c)).alias(c) for c in floats) if floats else frame
 
 
 def build_report(a: Analysis) -> dict:

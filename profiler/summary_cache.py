@@ -25,10 +25,13 @@ _DIGEST = 32  # bytes of SHA-256 at the end of each entry
 
 @functools.cache
 def code_version() -> str:
-    """A hash of the profiler's source (and the built C parser): any change invalidates every summary."""
+    """A hash of the profiler's source (Python and the C parser's source): any change invalidates
+    every summary. The source, not the built module: two machines building the same _kineto.c
+    with other compilers run the same code (and the pure parser gives the same frame)."""
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for p in sorted(here.glob("*.py")) + sorted(here.glob("_kineto*.so")) + sorted(here.glob("_kineto*.pyd")):
+    c_parser = sorted(here.glob("_kineto.c")) or sorted(here.glob("_kineto*.so")) + sorted(here.glob("_kineto*.pyd"))
+    for p in sorted(here.glob("*.py")) + c_parser:  # the built module only where its source was not installed
         h.update(p.name.encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:16]

@@ -439,8 +439,8 @@ def test_trace_named_entries_that_are_not_files_are_named_not_skipped_in_silence
     res = cli_subprocess(tmp_path, "--quiet", timeout=60)  # the FIFO is never opened: no hang
     lines = res.stderr.decode().strip().splitlines()
     assert res.returncode == 2 and len(lines) == 2, lines  # exit 2 as for any skipped rank; rank 0 analysed
-    assert lines[0].startswith(f"ptprof analyze: skipped {tmp_path / 'rank1.json'}: not a regular file (a FIFO)")
-    assert lines[1].startswith(f"ptprof analyze: skipped {tmp_path / 'rank2.json'}: not a regular file (a link to nothing)")
+    assert lines[0].startswith(f"ptprof analyze: skipped {tmp_path / 'rank1.json'}: rank 1: not a regular file (a FIFO)")
+    assert lines[1].startswith(f"ptprof analyze: skipped {tmp_path / 'rank2.json'}: rank 2: not a regular file (a link to nothing)")
 
 
 @pytest.mark.parametrize("args", [["--top", "x"], ["--rank", "-1"], ["--bogus"]], ids=["not a number", "negative", "unknown"])

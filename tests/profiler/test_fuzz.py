@@ -221,7 +221,7 @@ def _alarm(signum, frame):
 @pytest.fixture
 def keep_nan(monkeypatch):
     # The report writes NaN and inf as null; here they must show, so the check can see them.
-    monkeypatch.setattr(profiler.report, "_clean", lambda v: v)
+    monkeypatch.setattr(profiler.report, "_finite", lambda frame: frame)
 
 
 def test_fuzz_analyze_in_process(tmp_path, capsys, keep_nan, monkeypatch):

@@ -160,7 +160,7 @@ def test_partial_load_names_the_bad_rank(tmp_path):
     _write(tmp_path / "rank1.json.gz", b"")
     traces = load_traces(tmp_path)
     assert traces.ranks["rank"].to_list() == [0]
-    assert "rank1.json.gz: empty file" in str(traces.problems[0])
+    assert "rank1.json.gz: rank 1: empty file" in str(traces.problems[0])  # the rank its name gives, then why
 
 
 def test_rank_from_filename_and_chrome_array_form(tmp_path):

@@ -363,7 +363,7 @@ def test_a_partly_bad_upload_keeps_nothing(tmp_path, traces_root, pages):
     store = data.RunStore(tmp_path)
     good = data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
     out = str(pages.open.open_upload(store, [good, data_url(b"[1, 2")], ["rank0.json.gz", "rank1.json"]))
-    assert "Upload refused" in out and "rank1.json: not valid JSON" in out and not list(tmp_path.iterdir())
+    assert "Upload refused" in out and "rank1.json: rank 1: not valid JSON" in out and not list(tmp_path.iterdir())
     assert str(tmp_path) not in out  # file names, not the server's paths
 
 
