@@ -51,7 +51,7 @@ class DaskEngine:
             except OSError as e:  # refused, no such host, unreachable, timed out
                 raise TraceError(None, reach.format(e)) from None
             try:
-                client = Client(address, timeout=timeout_s)
+                client = _connect(Client, address, timeout_s)
             except (OSError, TimeoutError) as e:
                 raise TraceError(None, reach.format(e)) from None
             except Exception as e:  # noqa: BLE001  (something listens there, but speaks no Dask: garbage frames)
@@ -111,6 +111,10 @@ class DaskEngine:
                     results = [died(tasks[batch[0]], why)]
                 for i, res in zip(batch, results):
                     done += 1
+                    if isinstance(res, TraceError) and "No such file" in res.problem:
+                        # Read on a worker: the client may well see the file; say where it was looked for.
+                        res = TraceError(res.path, f"{res.problem} on a Dask worker (the workers must see the traces at "
+                                                   "the same absolute path, e.g. a shared filesystem)")
                     if isinstance(res, RankSummary):
                         # Events parsed on a worker stay there (its own cache): never a path the client
                         # would read, nor a frame worth shipping.
@@ -124,6 +128,31 @@ class DaskEngine:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _connect(Client, address: str, timeout_s: float):
+    """Client(address) within a wall-clock limit: distributed's own timeout does not cover the first
+    exchange, so a port that accepts and never answers (the dashboard's 8787, another service)
+    would hang the load for good. The connecting thread is left behind (a daemon) when it is late."""
+    import threading
+
+    got: dict = {}
+
+    def connect() -> None:
+        try:
+            got["client"] = Client(address, timeout=timeout_s)
+        except BaseException as e:  # noqa: BLE001  (handed to the caller's thread)
+            got["error"] = e
+
+    t = threading.Thread(target=connect, daemon=True)
+    t.start()
+    t.join(timeout_s + 5)
+    if "error" in got:
+        raise got["error"]
+    if "client" not in got:
+        raise TimeoutError(f"no Dask answer within {timeout_s + 5:g} s: is it the scheduler's port (8786 by default; "
+                           "8787 is its dashboard)?")
+    return got["client"]
 
 
 def _has_workers(client, address: str | None, timeout_s: float) -> None:

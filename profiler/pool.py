@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -184,4 +185,6 @@ def progress_bar(total: int, show: bool, desc: str = "analysing ranks"):
     """ranks done / total on stderr (shown on a terminal, for more than one file)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="rank", disable=not show, file=sys.stderr)
+    # A terminal that reports 0 columns (some CI and `docker exec -t` ones) would get no bar at all.
+    width = shutil.get_terminal_size((80, 24)).columns or 80
+    return tqdm(total=total, desc=desc, unit="rank", disable=not show, file=sys.stderr, ncols=min(width, 100))

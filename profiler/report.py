@@ -111,6 +111,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         for run, r, n in out["multi_gpu"].iter_rows()
     ]
     warnings += dropped_warnings(ranks)
+    warnings += missing_rank_warnings(ranks) if rank is None else []
     warnings += memory_notes({r: m for r, m in traces.runs.items() if r in set(ranks["run"].cast(pl.String))})
     # Never a silent CPU accounting of a device's activity: categories no rule knows are named.
     unknown = ranks.filter(pl.col("unknown_categories").is_not_null()).select("run", "rank", "unknown_categories")
@@ -169,6 +170,33 @@ def _theory(runs: dict[str, dict | None], ranks: pl.DataFrame, colls: pl.DataFra
         "activation": activation_peak(peaks, memory, runs),
         "findings": pl.DataFrame(schema=FINDING_COLUMNS),
     }
+
+
+def missing_rank_warnings(ranks: pl.DataFrame) -> list[str]:
+    """One warning per run with fewer ranks loaded than its traces' world size (distributedInfo):
+    at scale an incomplete folder is the usual case, and skew, stragglers and groups then cover
+    only the ranks that are there."""
+    out = []
+    for run, have, world in ranks.group_by("run", maintain_order=True).agg(
+            have=pl.col("rank").unique().sort(), world=pl.col("world_size").max()).iter_rows():
+        if world is None or len(have) >= world:
+            continue
+        missing = sorted(set(range(world)) - set(have))
+        out.append(f"run {run}: {len(have):,} of {world:,} ranks loaded (its traces' world size); missing "
+                   f"{_spans(missing)}: cross-rank numbers (skew, stragglers, groups) cover the loaded ranks only")
+    return out
+
+
+def _spans(ranks: list[int], most: int = 6) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (at most `most` spans, then how many more)."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = [f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:most]]
+    return ", ".join(text) + (f" and {len(spans) - most} more spans" if len(spans) > most else "")
 
 
 def dropped_warnings(ranks: pl.DataFrame) -> list[str]:

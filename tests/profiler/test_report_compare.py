@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import polars as pl
 import pytest
 
+from profiler import analyze, load_traces
 from profiler.report import RANK_METRICS, compare_runs, comparison_warnings
+from tests.profiler.conftest import GPU_NCCL
 
 
 def two_runs(steps_b: int = 3) -> SimpleNamespace:
@@ -94,3 +96,19 @@ def test_the_first_run_given_is_the_baseline_not_the_first_by_name(tmp_path):
         100 * (window["sample-ddp-2r"] - window["sample-fsdp-2r"]) / window["sample-fsdp-2r"])
     # the text report's side by side: the change is "vs" the first given
     assert "vs sample-fsdp-2r" in res.stdout and "vs sample-ddp-2r" not in res.stdout
+
+
+def test_a_run_with_ranks_missing_says_which():
+    # gpu_nccl_2_of_128 holds ranks 0 and 1 of a 128-rank job (its distributedInfo): 126 are absent.
+    a = analyze(load_traces(GPU_NCCL, progress=False))
+    (line,) = [w for w in a.warnings if "ranks loaded" in w]
+    assert "2 of 128 ranks loaded" in line and "missing 2-127:" in line
+    assert not [w for w in analyze(load_traces(GPU_NCCL, progress=False), rank=0).warnings if "ranks loaded" in w]
+
+
+def test_missing_rank_spans_are_counted_by_hand():
+    from profiler.report import missing_rank_warnings
+
+    ranks = pl.DataFrame({"run": ["a"] * 4 + ["b"] * 2, "rank": [0, 3, 4, 9, 0, 1], "world_size": [12] * 4 + [2] * 2})
+    (line,) = missing_rank_warnings(ranks)  # run b has both of its 2 ranks: no warning
+    assert line.startswith("run a: 4 of 12 ranks loaded") and "missing 1-2, 5-8, 10-11:" in line
