@@ -87,10 +87,15 @@ def bin_busy(merged: pl.DataFrame, keys: list[str], n_bins: int) -> pl.DataFrame
     # other ranks share the frame. A window of one instant cannot happen (spans have dur > 0).
     window = window.with_columns(bin_us=pl.Series([max((t1 - t0) / n_bins, 1e-9) for t0, t1 in window.select("t0_us", "t1_us").iter_rows()],
                                                   dtype=pl.Float64))
-    x = (c("start_us") - c("t0_us")) / c("bin_us")
-    y = (c("end_us") - c("t0_us")) / c("bin_us")
+    # Times in bin units by the reciprocal, spelled out: a column divided by one value (one
+    # rank's frame: the joined bin_us is a single value) is multiplied by its reciprocal, and
+    # divided element by element beside other ranks; the last bit differed, and with it a bin's
+    # edge (the batched map analyses several ranks in one frame: profiler/batchmap.py).
+    window = window.with_columns(per_bin=pl.Series([1.0 / b for b in window["bin_us"]], dtype=pl.Float64))
+    x = (c("start_us") - c("t0_us")) * c("per_bin")
+    y = (c("end_us") - c("t0_us")) * c("per_bin")
     cut = (
-        merged.join(window.select("run", "rank", "t0_us", "bin_us"), on=["run", "rank"])
+        merged.join(window.select("run", "rank", "t0_us", "bin_us", "per_bin"), on=["run", "rank"])
         .with_columns(b0=x.floor().cast(pl.Int64).clip(0, n_bins - 1), b1=(y.ceil().cast(pl.Int64) - 1).clip(0, n_bins - 1))
         .with_columns(bin=pl.int_ranges(c("b0"), pl.max_horizontal("b0", "b1") + 1))
         .explode("bin")

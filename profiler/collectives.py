@@ -82,6 +82,10 @@ GLOO_NOTE = "gloo runs reduce_scatter as an all_reduce of the whole input; busbw
 
 COLUMNS = ["run", "rank", "step", "seq", "collective", "algo", "group", "group_size", "dtype", "in_bytes", "out_bytes",
            "size_bytes", "start_us", "end_us", "dur_us", "source", "note", "phase"]
+# After start_us (and the kernel's correlation id), what orders a rank's collectives: every column
+# but seq, so rows that tie on all of them are identical and their order cannot show.
+TIE_COLUMNS = ["end_us", "collective", "algo", "group", "dtype", "in_bytes", "out_bytes", "source", "step", "note",
+               "group_size", "dur_us", "size_bytes", "phase"]
 # Step phases (docs/run-layout.md, runners/harness.py PHASES): CPU annotations on the main thread.
 PHASE_SPANS = {"ptprof/forward": "forward", "ptprof/backward": "backward", "ptprof/optimizer": "optimizer"}
 # Pipeline action spans `ptprof/pp/{kind} s{stage} mb{microbatch}`: F (and the loss L) are forward,
@@ -123,10 +127,13 @@ def collectives(events: pl.DataFrame, ranks: pl.DataFrame | None = None) -> pl.D
     frames = [f for f in (_gpu(with_steps, ranks), _gloo(with_steps, ranks)) if f.height]
     if not frames:
         return _empty()
-    out = pl.concat([f.select(COLUMNS[:3] + COLUMNS[4:-1] + ["anchor_us"]) for f in frames], how="vertical_relaxed")
+    out = pl.concat([f.select(COLUMNS[:3] + COLUMNS[4:-1] + ["anchor_us", "_tie"]) for f in frames], how="vertical_relaxed")
     out = _with_phase(out, events)
+    # A total order (kernels starting at the same time on two streams: the earlier launch, by
+    # correlation id, first), so a rank's rows and seq do not depend on what else is in the frame
+    # (the batched map analyses several ranks at once: profiler/batchmap.py).
     return (
-        out.sort(*KEYS, "start_us")
+        out.sort(*KEYS, "start_us", "_tie", *TIE_COLUMNS, maintain_order=True)
         .with_columns(seq=pl.int_range(pl.len()).over(*KEYS, "group", "algo"))
         .select(COLUMNS)
     )
@@ -160,7 +167,7 @@ def _with_phase(colls: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
             pl.when(pl.col("_n") == RECOMPUTE_SPAN).then(pl.lit("recompute"))))
         .filter(pl.col("phase").is_not_null())
         .select(pl.col("run").cast(pl.String).alias("_run"), "rank", _ph_ts="ts_us", _ph_end="end_us", phase="phase")
-        .sort("_ph_ts")
+        .sort("_ph_ts", maintain_order=True)  # spans starting together: in trace order, whatever else is in the frame
     )
     out = colls.with_columns(_run=pl.col("run").cast(pl.String), _anchor=pl.coalesce("anchor_us", "start_us"))
     out = out.sort("_anchor")
@@ -222,7 +229,7 @@ def _gpu(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
         in_bytes=c("_in") * size,
         out_bytes=out_n * size,
         start_us="ts_us", end_us="end_us", dur_us="dur_us",
-        source=pl.lit("nccl"), note=pl.lit(None, pl.String), anchor_us="launch_us",
+        source=pl.lit("nccl"), note=pl.lit(None, pl.String), anchor_us="launch_us", _tie="correlation",
     ).with_columns(size_bytes=_size_bytes(pl.col("collective"), pl.col("in_bytes"), pl.col("out_bytes")))
 
 
@@ -267,7 +274,7 @@ def _launch_context(events: pl.DataFrame, kernels: pl.DataFrame, keys: list[str]
     out = launches
     for prefix, (is_kind, cols) in kinds.items():
         table = spans.filter(is_kind).select(*thread, **{f"{prefix}_ts": "ts_us", f"{prefix}_end": "end_us"}, **cols)
-        out = out.join_asof(table.sort(f"{prefix}_ts"), left_on="ts_us", right_on=f"{prefix}_ts", by=thread,
+        out = out.join_asof(table.sort(f"{prefix}_ts", maintain_order=True), left_on="ts_us", right_on=f"{prefix}_ts", by=thread,
                             strategy="backward", check_sortedness=False)
         inside = pl.col(f"{prefix}_end") >= pl.col("ts_us")
         out = out.with_columns([pl.when(inside).then(pl.col(c)).alias(c) for c in [*cols, f"{prefix}_ts"]])
@@ -337,7 +344,7 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
     spans = (
         spans.drop("collective")
         .with_columns(algo=_kind(name.str.replace("^gloo:", "")), n_key=pl.col("arg_nelems").list.get(0, null_on_oob=True).fill_null(-1))
-        .sort("ts_us")
+        .sort("ts_us", maintain_order=True)
         .with_columns(k=pl.int_range(pl.len()).over(*KEYS, "pid", "algo", "n_key"))
     )
     enq = (
@@ -353,7 +360,7 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
             enq_dtype=pl.col("arg_types").list.eval(pl.element().filter(~pl.element().is_in(["", "Scalar", "TensorList"]))).list.first(),
         )
         .with_columns(n_key=pl.when(pl.col("in_place")).then(pl.col("arg0")).otherwise(pl.col("arg1")).fill_null(-1))
-        .sort("ts_us")
+        .sort("ts_us", maintain_order=True)
         .with_columns(k=pl.int_range(pl.len()).over(*KEYS, "pid", "algo", "n_key"))
         .select(*KEYS, "pid", "algo", "n_key", "k", "collective", "in_place", "arg0", "arg1", "enq_dtype", enq_us="ts_us")
     )
@@ -385,7 +392,7 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
         start_us="ts_us", end_us="end_us", dur_us="dur_us",
         source=pl.lit("gloo"),
         note=pl.when((kind == "reduce_scatter") & (pl.col("algo") == "all_reduce")).then(pl.lit(GLOO_NOTE)),
-        anchor_us="enq_us",
+        anchor_us="enq_us", _tie=pl.lit(None, pl.Int64),
     ).with_columns(size_bytes=_size_bytes(pl.col("collective"), pl.col("in_bytes"), pl.col("out_bytes")))
 
 

@@ -3,13 +3,15 @@
     engine = DaskEngine("tcp://scheduler:8786")     # or DaskEngine(client=Client(LocalCluster(...)))
     traces = load_traces(paths, engine=engine)
 
-Each task is `rankmap.summarize` of one file, as in the local engine, so results are identical.
+Each task is `batchmap.summarize_batch` of one batch of files, the same batches as the local
+engine's (batchmap.plan_batches), so results are identical.
 The traces must be on a filesystem the workers share with this machine (same paths). Workers
 parse into their own parquet cache ($PTPROF_CACHE_DIR on the worker, else ~/.cache/ptprof), so
 only the small summaries travel to the client; event-level views (the viewer's drill-down,
 `--hta`) need a local load. A worker that dies (Dask gives its task up after the scheduler's
-`allowed-failures` retries: KilledWorker) or a task that raises is that file's problem, named
-with its rank; every other rank still loads. Summaries are cached only once whole (summary_cache.py).
+`allowed-failures` retries: KilledWorker) or a task that raises: each file of its batch runs
+again as a task of its own, and one failing alone is that file's problem, named with its rank;
+every other rank still loads. Summaries are cached only once whole (summary_cache.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Iterator
 
 from profiler.errors import TraceError
 from profiler.pool import died
-from profiler.rankmap import RankSummary, RankTask, summarize
+from profiler.batchmap import plan_batches, summarize_batch
+from profiler.rankmap import RankSummary, RankTask
 
 NEEDS_DASK = "--cluster needs dask's distributed package on this machine and the workers: pip install 'dask[distributed]'"
 # A scheduler answers within a second on any network a cluster runs on; a wrong address should
@@ -29,7 +32,7 @@ CONNECT_TIMEOUT_S = 10.0
 
 
 class DaskEngine:
-    """`summarize` as one Dask task per file; `address` of a running scheduler, or an existing `client`."""
+    """`summarize_batch` as one Dask task per batch of files; `address` of a running scheduler, or an existing `client`."""
 
     remote = True  # workers cache into their own folders; the client holds summaries only
 
@@ -69,12 +72,20 @@ class DaskEngine:
 
         if not tasks:
             return
-        # pure=False: two loads of one file are two tasks (the file may have changed in between).
         # Keys unique to this load (a uuid each): on a shared scheduler another client's task of the
         # same name would otherwise be handed to us, its summary taken for ours.
         load = uuid.uuid4().hex
-        futures = self.client.map(summarize, tasks, pure=False, key=[f"ptprof-rank-{i}-{load}" for i in range(len(tasks))])
-        index = {f.key: i for i, f in enumerate(futures)}
+        futures, index = [], {}
+
+        def submit(batch: list[int]):
+            # pure=False: two loads of one file are two tasks (the file may have changed in between).
+            fut = self.client.submit(summarize_batch, [tasks[i] for i in batch], pure=False,
+                                     key=f"ptprof-batch-{batch[0]}-{len(batch)}-{load}")
+            futures.append(fut)
+            index[fut.key] = batch
+            return fut
+
+        pending = as_completed([submit(b) for b in plan_batches(tasks, self.workers)])
         # distributed logs a lost connection as tracebacks on stderr; we say it in one line instead.
         quiet = [logging.getLogger(n) for n in ("distributed", "distributed.client", "distributed.core")]
         levels = [q.level for q in quiet]
@@ -82,27 +93,33 @@ class DaskEngine:
             q.setLevel(logging.CRITICAL)
         done = 0
         try:
-            for fut in as_completed(futures):
-                i = index[fut.key]
+            for fut in pending:
+                batch = index[fut.key]
                 try:
-                    res = fut.result()
+                    results = fut.result()
                 except Exception as e:  # noqa: BLE001  (KilledWorker, a task that raised, a lost connection)
                     if self.client.status not in ("running", "connecting") or "connection-lost" in str(e):
                         # The scheduler is gone: every rank not done is lost, not each its own problem.
                         raise TraceError(None, f"--cluster: lost the Dask scheduler after {done} of {len(tasks)} ranks "
                                                f"({type(e).__name__}); nothing was reported: run again when it is back, "
                                                "or without --cluster") from None
-                    res = died(tasks[i], f"its Dask task failed ({type(e).__name__}: {' '.join(str(e).split())[:200]})")
-                done += 1
-                if isinstance(res, TraceError) and "No such file" in res.problem:
-                    # Read on a worker: the client may well see the file; say where it was looked for.
-                    res = TraceError(res.path, f"{res.problem} on a Dask worker (the workers must see the traces at "
-                                               "the same absolute path, e.g. a shared filesystem)")
-                if isinstance(res, RankSummary):
-                    # Events parsed on a worker stay there (its own cache): never a path the client
-                    # would read, nor a frame worth shipping.
-                    res = RankSummary(res.meta, res.rank, None, res.frames, res.unstored, None)
-                yield i, res
+                    if len(batch) > 1:  # each file again on its own: only a failing one is named
+                        for i in batch:
+                            pending.add(submit([i]))
+                        continue
+                    why = f"its Dask task failed ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+                    results = [died(tasks[batch[0]], why)]
+                for i, res in zip(batch, results):
+                    done += 1
+                    if isinstance(res, TraceError) and "No such file" in res.problem:
+                        # Read on a worker: the client may well see the file; say where it was looked for.
+                        res = TraceError(res.path, f"{res.problem} on a Dask worker (the workers must see the traces at "
+                                                   "the same absolute path, e.g. a shared filesystem)")
+                    if isinstance(res, RankSummary):
+                        # Events parsed on a worker stay there (its own cache): never a path the client
+                        # would read, nor a frame worth shipping.
+                        res = RankSummary(res.meta, res.rank, None, res.frames, res.unstored, None)
+                    yield i, res
         finally:
             for q, level in zip(quiet, levels):
                 q.setLevel(level)

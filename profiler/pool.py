@@ -3,7 +3,9 @@
     for i, result in LocalEngine(workers=2).map(tasks): ...
 
 An engine maps `summarize` over RankTasks and yields (index, RankSummary | TraceError) as files
-finish, in any order. `LocalEngine` runs plain `python -m profiler._worker` processes (not
+finish, in any order. Both engines run the same batches of small files (batchmap.plan_batches:
+one `analyze_rank` for a batch, split back per file, bit-identical to each file alone), so the
+fixed cost of a small rank is paid once per batch. `LocalEngine` runs plain `python -m profiler._worker` processes (not
 multiprocessing, so callers need no `if __name__ == "__main__"` guard); `dask_pool.DaskEngine`
 runs the same function on a Dask cluster. Every task gets exactly one result, whatever happens to
 its worker (it cannot start, dies, or prints something unexpected), so a load never waits forever.
@@ -25,7 +27,8 @@ from typing import Iterator
 
 from profiler.cache import Identity, lookup
 from profiler.errors import TraceError
-from profiler.rankmap import RankSummary, RankTask, decode, summarize
+from profiler.batchmap import plan_batches, summarize_batch
+from profiler.rankmap import RankSummary, RankTask, decode
 
 # polars' allocator (jemalloc) keeps freed pages for a while; a worker going through several
 # files would then hold the last file's garbage while parsing the next one.
@@ -39,12 +42,13 @@ class LocalEngine:
         self.workers = max(1, workers or os.cpu_count() or 1)
 
     def map(self, tasks: list[RankTask]) -> Iterator[tuple[int, RankSummary | TraceError]]:
-        n = min(self.workers, len(tasks))
+        batches = plan_batches(tasks, self.workers)
+        n = min(self.workers, len(batches))
         if n <= 1:
-            for i, t in enumerate(tasks):
-                yield i, summarize(t)
+            for batch in batches:
+                yield from zip(batch, summarize_batch([tasks[i] for i in batch]))
             return
-        yield from _run_workers(tasks, n)
+        yield from _run_workers(tasks, batches, n)
 
 
 def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[object, Identity | None]]:
@@ -55,10 +59,10 @@ def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[objec
         return list(pool.map(lambda p: lookup(p, cache), paths))
 
 
-def _run_workers(tasks: list[RankTask], n: int) -> Iterator[tuple[int, RankSummary | TraceError]]:
-    """Yield (index, result) as `n` worker processes finish tasks; each worker takes every n-th task."""
+def _run_workers(tasks: list[RankTask], batches: list[list[int]], n: int) -> Iterator[tuple[int, RankSummary | TraceError]]:
+    """Yield (index, result) as `n` worker processes finish tasks; each worker takes every n-th batch."""
     done: queue.Queue = queue.Queue()
-    chunks = [list(range(k, len(tasks), n)) for k in range(n)]
+    chunks = [batches[k::n] for k in range(n)]
     env = {**os.environ, **_WORKER_ENV}
     # n workers already fill the cores: polars' own thread pool in each would oversubscribe them
     # (measured ~15 % slower per rank with one worker per core). A user's setting wins.
@@ -67,25 +71,30 @@ def _run_workers(tasks: list[RankTask], n: int) -> Iterator[tuple[int, RankSumma
     procs: list[subprocess.Popen] = []  # every worker started, so an interrupted load can stop them
     stop = threading.Event()
 
-    def run(chunk: list[int]) -> None:
+    def run(chunk: list[list[int]]) -> None:
         left = chunk
         try:
             while left and not stop.is_set():
                 reported: set[int] = set()
                 started, why = _run_worker(tasks, left, env, done, reported, procs)
-                left = [i for i in left if i not in reported]
+                left = [b for b in ([i for i in batch if i not in reported] for batch in left) if b]
                 if not left or stop.is_set():
                     return
                 if not started:  # no process at all (a process limit, no memory): none of these will run
                     break
-                # A worker takes its files in order, so it died on the first one it did not report
-                # (killed for memory? a crash in the parser?): that file is named, and a fresh worker
-                # takes the rest, so one deadly file costs one rank, not every n-th rank of the load.
-                done.put((left[0], died(tasks[left[0]], f"its worker process died ({why or 'stopped'})")))
+                # A worker takes its batches in order, so it died in the first one it did not finish
+                # (killed for memory? a crash in the parser?). Of a batch of several files, a fresh
+                # worker takes each alone; a file alone is named. So one deadly file costs one rank,
+                # not its batch nor every n-th batch of the load.
+                if len(left[0]) > 1:
+                    left = [[i] for i in left[0]] + left[1:]
+                    continue
+                i = left[0][0]
+                done.put((i, died(tasks[i], f"its worker process died ({why or 'stopped'})")))
                 left = left[1:]
         except BaseException as e:  # noqa: BLE001  (whatever happens here, every file gets its answer)
             why = f"{type(e).__name__}: {e}"
-        for i in left:
+        for i in (i for batch in left for i in batch):
             done.put((i, died(tasks[i], f"its worker process failed: {why}")))
 
     threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in chunks]
@@ -104,7 +113,7 @@ def _run_workers(tasks: list[RankTask], n: int) -> Iterator[tuple[int, RankSumma
         t.join()
 
 
-def _run_worker(tasks: list[RankTask], chunk: list[int], env: dict, done: queue.Queue, reported: set[int],
+def _run_worker(tasks: list[RankTask], chunk: list[list[int]], env: dict, done: queue.Queue, reported: set[int],
                 procs: list) -> tuple[bool, str | None]:
     """One worker process over `chunk`, its results put on `done` (their indexes in `reported`):
     (whether it started, why it stopped where it stopped before the end)."""
@@ -112,7 +121,7 @@ def _run_worker(tasks: list[RankTask], chunk: list[int], env: dict, done: queue.
     # would overflow a command line; no file to leave behind). stderr goes to a file: a worker
     # writing more than a pipe holds (a panic's backtrace) while we read its stdout would
     # otherwise block both.
-    payload = "".join(json.dumps([i, tasks[i].to_json()]) + "\n" for i in chunk).encode()
+    payload = "".join(json.dumps([i, b, tasks[i].to_json()]) + "\n" for b, batch in enumerate(chunk) for i in batch).encode()
     started = False
     with tempfile.TemporaryFile() as err:
         try:

@@ -124,7 +124,8 @@ def rank_row(meta: dict, run: str, rank: int, file: str) -> pl.DataFrame:
 def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict | None], *, step: int | None,
                  top_n: int, with_activity: bool = True) -> dict[str, pl.DataFrame]:
     """The per-rank analyses of one (run, rank)'s events (or of several ranks' at once: every
-    analysis here groups by run and rank, which tests/profiler/test_rankmap.py checks)."""
+    analysis here groups by run and rank, and a rank's rows are bit-identical either way, which
+    tests/profiler/test_batchmap.py checks)."""
     # One chunk per column: a frame read from a parquet of several row groups, beside columns of
     # one chunk (run, rank, step), is re-aligned in full by every eager operation on it (about
     # 8 ms each on a 100 MB rank); aligned once here, those cost nothing.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from profiler.intervals import varying
 from profiler.steps import KEYS
 
 THREAD = [*KEYS, "pid", "tid"]
@@ -77,6 +78,16 @@ def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
 def top_kernels(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
     """Per rank, the `n` GPU kernels / copies with the most total time (a kernel's self time is its
     duration: nothing nests inside a kernel)."""
+    # Rank by rank: polars' streaming engine sums a group in morsels whose cuts depend on where
+    # the rank's rows sit in the frame, so a rank analysed beside others (the batched map,
+    # profiler/batchmap.py) would get other last digits than alone. Each rank's rows as a frame
+    # of their own give the sums of the rank alone, bit for bit.
+    rows = events.select(*KEYS, "device", "kind", "name", "dur_us")
+    parts = rows.partition_by(KEYS, maintain_order=True) if varying(rows, KEYS) else [rows]
+    return pl.concat([_top_kernels(p, n) for p in parts or [rows]], how="vertical")
+
+
+def _top_kernels(events: pl.DataFrame, n: int) -> pl.DataFrame:
     return (
         events.lazy()
         .filter((pl.col("device") == "gpu") & (pl.col("kind") != "annotation"))

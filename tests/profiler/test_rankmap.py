@@ -2,9 +2,10 @@
 
 The map analyses each rank alone, in a worker; the full path is `analyze_rank` run once over the
 event frame of every rank at once (`Traces.events`). They agree only if no per-rank analysis
-depends on another rank's events, which is what the first test checks on real traces. Then: a warm
-load (summaries read from the cache) gives the cold load's report, and --step / --top give the same
-numbers whether the workers made the summaries with them or the ranks are analysed again here.
+depends on another rank's events (to the last bit), which is what the first test checks on real
+traces. Then: a warm load (summaries read from the cache) gives the cold load's report, and
+--step / --top give the same numbers whether the workers made the summaries with them or the
+ranks are analysed again here.
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ from tests.conftest import REPO, SHARED_TRACES
 from tests.profiler.conftest import GPU_NCCL
 
 SETS = sorted((REPO / "traces").glob("sample-*")) + [GPU_NCCL, SHARED_TRACES / "single"]
-# Frames holding sums of float durations over a group (an operator's or kernel's total time): over
-# every rank's events at once, polars' group_by adds a group's values in another order than over
-# one rank's, so the last bits may differ (seen: single's top_kernels.total_us, 1 ulp).
-FLOAT_SUMS = {"top_operators", "top_kernels"}
 
 
 def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
@@ -48,10 +45,9 @@ def test_each_rank_alone_gives_the_numbers_of_all_ranks_at_once(path):
         mapped = pl.concat(parts, how="diagonal_relaxed") if parts else per_rank[0][name]
         assert mapped.height == frame.height, name
         mapped, frame = _sorted(mapped), _sorted(frame.select(mapped.columns))
-        if name in FLOAT_SUMS:
-            assert_frame_equal(mapped, frame, check_exact=False, rel_tol=1e-9, abs_tol=0, check_dtypes=True)
-        else:
-            assert_frame_equal(mapped, frame, check_exact=True)
+        # Exact, float sums included: no rank's numbers depend on the other ranks in the frame
+        # (which the batched map relies on: test_batchmap.py).
+        assert_frame_equal(mapped, frame, check_exact=True)
 
 
 def test_a_warm_load_gives_the_cold_report(tmp_path, monkeypatch):

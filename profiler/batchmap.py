@@ -1,0 +1,230 @@
+"""The per-rank map in batches: several small files per worker call, one `analyze_rank` for all.
+
+    for batch in plan_batches(tasks, workers=2): results = summarize_batch([tasks[i] for i in batch])
+
+Most of a small rank's cost is fixed (about 190 small polars queries in `analyze_rank`, ~0.3 ms
+each, whatever the rows), and every analysis groups by (run, rank): run once over the
+concatenated events of k ranks it costs about what one rank costs. A worker therefore takes a
+batch of consecutive files, parses each (cache entries per file, as `summarize`), analyses them
+together and splits every frame back per (run, rank) into one `RankSummary` per file, each
+cached on its own. The analyses are written so that a rank's rows never depend on the other
+ranks in the frame (ties broken by a total key, sums in a fixed per-rank order), so a batched
+summary is bit-identical to the file analysed alone (tests/profiler/test_batchmap.py).
+
+Failures stay per file: a file that does not parse is its own TraceError; if the batched
+analysis raises, the batch's files are analysed one by one, so the error names its file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+import polars as pl
+from polars.exceptions import PanicException
+
+from profiler.errors import TraceError, path_text
+from profiler.rankmap import (RankSummary, RankTask, _events, _parse_uncached, analyze_rank, holding_events, rank_row,
+                              worker_rank)
+
+MAX_BATCH_FILES = 32  # beyond ~32 ranks the fixed cost per rank is already a few ms
+# Bytes of JSON (a parsed frame is about 0.6 times as large): a batch's events stay small.
+MAX_BATCH_BYTES = 32 << 20
+ALONE_BYTES = 8 << 20  # a file this large is analysed alone: its own rows dwarf the fixed cost
+
+
+def plan_batches(tasks: list[RankTask], workers: int) -> list[list[int]]:
+    """Indexes of `tasks` in batches of consecutive tasks, a pure function of the tasks (their
+    files' sizes) and the worker count, so every engine given the same tasks makes the same batches.
+
+    Batches are small enough that each of `workers` gets about two (so none idles on a small
+    load), at most MAX_BATCH_FILES files and MAX_BATCH_BYTES bytes of JSON; only tasks of one run, run.json
+    and options share a batch (the analyses take one `runs` entry per run).
+    """
+    per_batch = max(1, min(MAX_BATCH_FILES, -(-len(tasks) // (2 * max(1, workers)))))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_bytes = 0
+    key = None
+    for i, t in enumerate(tasks):
+        size = _size(t.path)
+        k = (t.run, RankTask.to_json(dataclasses.replace(t, path="", rank=None, ident=None)))
+        if cur and (k != key or len(cur) >= per_batch or cur_bytes + size > MAX_BATCH_BYTES or size >= ALONE_BYTES):
+            batches.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(i)
+        cur_bytes += size
+        key = k
+        if size >= ALONE_BYTES:
+            batches.append(cur)
+            cur, cur_bytes = [], 0
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def _size(path: str) -> int:
+    """The trace's bytes of JSON: a gzip file's own record of them (its last 4 bytes, modulo 4 GiB;
+    never less than the compressed size, so a file of 4 GiB or more is still large), else its size."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if path.endswith(".gz") and size >= 18:
+                f.seek(-4, os.SEEK_END)
+                return max(size, int.from_bytes(f.read(4), "little"))
+            return size
+    except OSError:
+        return 0  # it fails on its own in the worker, named
+
+
+@dataclasses.dataclass
+class _Ready:
+    """A parsed file waiting for the batch's analysis."""
+
+    task: RankTask
+    parsed: object  # cache.Parsed
+    rank: int
+    cache: Path | None
+
+
+def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
+    """`rankmap.summarize` of each task, the analyses of the parsed ones run once for all. Never raises."""
+    from profiler.rankmap import summarize
+
+    if len(tasks) == 1:
+        return [summarize(tasks[0])]
+    if any(t.no_cache and not t.cache for t in tasks):  # --no-cache on a Dask worker: a scratch folder, as summarize
+        with tempfile.TemporaryDirectory(prefix="ptprof-nocache-") as scratch:
+            return summarize_batch([dataclasses.replace(t, cache=scratch, no_cache=False, ident=None) for t in tasks])
+    results: list[RankSummary | TraceError | None] = [None] * len(tasks)
+    ready: dict[int, _Ready] = {}
+    paths = [Path(t.path) for t in tasks]
+    holds = [holding_events(p) for p in paths]
+    try:
+        for i, task in enumerate(tasks):
+            holds[i].__enter__()
+            try:
+                got = _prepare(task)
+            except Exception as e:  # noqa: BLE001  (never raises: the file is named, the batch goes on)
+                got = TraceError(paths[i], f"could not parse ({type(e).__name__}: {str(e)[:200]})")
+            if isinstance(got, _Ready):
+                ready[i] = got
+            else:
+                results[i] = got
+                holds[i].__exit__(None, None, None)
+                holds[i] = None
+        for i, res in _analyse(ready).items():
+            results[i] = res
+    finally:
+        for h in holds:
+            if h is not None:
+                h.__exit__(None, None, None)
+    return results
+
+
+def _prepare(task: RankTask) -> RankSummary | TraceError | _Ready:
+    """A cached summary, the file's TraceError, or the file parsed (as `summarize` does)."""
+    from profiler.cache import cache_dir, load_one_safe, lookup
+    from profiler.summary_cache import read_summary
+
+    path = Path(task.path)
+    try:
+        cache = Path(task.cache) if task.cache else cache_dir()
+    except Exception as e:  # noqa: BLE001  (CacheUnusable on a worker: parse into memory)
+        cache, why = None, str(e)
+    if cache is not None and task.ident is None:  # a Dask worker: it hashes the file itself
+        entry, ident = lookup(path, cache)
+        if ident is not None:
+            task = dataclasses.replace(task, ident=ident)
+            hit = read_summary(cache, task, entry.parquet) if entry is not None else None
+            if hit is not None:
+                return hit
+    parsed = load_one_safe(path, cache, task.ident) if cache is not None else _parse_uncached(path, why)
+    if isinstance(parsed, TraceError):
+        return parsed
+    try:
+        rank = worker_rank(task, parsed.meta)
+    except Exception as e:  # noqa: BLE001
+        return TraceError(path, f"could not analyse ({type(e).__name__}: {str(e)[:200]})")
+    return _Ready(task, parsed, rank, cache)
+
+
+def _analyse(ready: dict[int, _Ready]) -> dict[int, RankSummary | TraceError]:
+    """Each ready file's summary: the files with distinct (run, rank) analysed together, the rest
+    (two files a worker labelled alike, e.g. rank-less files: load.py sorts them out) alone."""
+    seen: set[tuple[str, int]] = set()
+    together, alone = [], []
+    for i, r in ready.items():
+        key = (r.task.run, r.rank)
+        (alone if key in seen else together).append(i)
+        seen.add(key)
+    out: dict[int, RankSummary | TraceError] = {}
+    if len(together) > 1:
+        try:
+            frames = _analyse_together([ready[i] for i in together])
+        except (Exception, PanicException):  # noqa: BLE001  (odd events: one by one, the failing file named)
+            alone = together + alone
+        else:
+            for i in together:
+                out[i] = _finish(ready[i], frames[(ready[i].task.run, ready[i].rank)])
+    else:
+        alone = together + alone
+    for i in alone:
+        out[i] = _finish_alone(ready[i])
+    return out
+
+
+def _analyse_together(batch: list[_Ready]) -> dict[tuple[str, int], dict[str, pl.DataFrame]]:
+    """One `analyze_rank` over the batch's events, its frames split back per (run, rank)."""
+    events = pl.concat([_events(r.parsed, r.task.run, r.rank) for r in batch], how="vertical")
+    ranks = pl.concat([rank_row(r.parsed.meta, r.task.run, r.rank, path_text(Path(r.task.path))) for r in batch])
+    opts = batch[0].task.options
+    frames = analyze_rank(events, ranks, {r.task.run: r.task.manifest for r in batch}, step=opts.step, top_n=opts.top_n)
+    del events
+    # One partition_by per frame (rows keep their order), not one filter per frame and rank.
+    split = {name: _by_rank(f) for name, f in frames.items()}
+    out = {}
+    for r in batch:
+        key = (r.task.run, r.rank)
+        mine = {name: parts.get(key, frames[name].clear()) for name, parts in split.items()}
+        if "steps" in mine and mine["steps"].is_empty():  # --step S that this rank lacks (as analyze_rank alone)
+            mine = {"all_steps": mine["all_steps"]}
+        out[key] = mine
+    return out
+
+
+def _by_rank(frame: pl.DataFrame) -> dict[tuple[str, int], pl.DataFrame]:
+    if frame.is_empty():
+        return {}
+    parts = frame.partition_by("run", "rank", maintain_order=True, as_dict=True)
+    return {(str(run), int(rank)): part for (run, rank), part in parts.items()}
+
+
+def _finish(r: _Ready, frames: dict[str, pl.DataFrame]) -> RankSummary:
+    from profiler.summary_cache import store_summary
+
+    p = r.parsed
+    # Never the events themselves (uncached on a full disk): a caller that needs them parses again.
+    summary = RankSummary(p.meta, r.rank, p.parquet, frames, p.unstored)
+    if r.cache is not None and p.parquet is not None and r.task.ident is not None:
+        store_summary(r.cache, r.task, summary)
+    return summary
+
+
+def _finish_alone(r: _Ready) -> RankSummary | TraceError:
+    path = Path(r.task.path)
+    try:
+        events = _events(r.parsed, r.task.run, r.rank)
+        opts = r.task.options
+        frames = analyze_rank(events, rank_row(r.parsed.meta, r.task.run, r.rank, path_text(path)),
+                              {r.task.run: r.task.manifest}, step=opts.step, top_n=opts.top_n)
+        del events
+    except TraceError as e:
+        return e if e.path else TraceError(path, e.problem)
+    except MemoryError:
+        return TraceError(path, "out of memory while analysing")
+    except Exception as e:  # noqa: BLE001
+        return TraceError(path, f"could not analyse ({type(e).__name__}: {str(e)[:200]})")
+    return _finish(r, frames)
