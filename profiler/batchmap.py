@@ -91,10 +91,8 @@ class _Ready:
 
 def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
     """`rankmap.summarize` of each task, the analyses of the parsed ones run once for all. Never raises."""
-    from profiler.rankmap import summarize
-
     if len(tasks) == 1:
-        return [summarize(tasks[0])]
+        return [summarize_one(tasks[0])]
     if any(t.no_cache and not t.cache for t in tasks):  # --no-cache on a Dask worker: a scratch folder, as summarize
         with tempfile.TemporaryDirectory(prefix="ptprof-nocache-") as scratch:
             return summarize_batch([dataclasses.replace(t, cache=scratch, no_cache=False, ident=None) for t in tasks])
@@ -122,6 +120,20 @@ def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
             if h is not None:
                 h.__exit__(None, None, None)
     return results
+
+
+def summarize_one(task: RankTask) -> RankSummary | TraceError:
+    """`rankmap.summarize`: one file, its cached summary or parsed and analysed alone. Never raises."""
+    if task.no_cache and not task.cache:  # --no-cache on a Dask worker: a scratch folder, nothing kept
+        with tempfile.TemporaryDirectory(prefix="ptprof-nocache-") as scratch:
+            return summarize_one(dataclasses.replace(task, cache=scratch, no_cache=False, ident=None))
+    path = Path(task.path)
+    with holding_events(path):  # from the parse until the analyses' frames are all that is left
+        try:
+            got = _prepare(task)
+        except Exception as e:  # noqa: BLE001
+            got = TraceError(path, f"could not parse ({type(e).__name__}: {str(e)[:200]})")
+        return _finish_alone(got) if isinstance(got, _Ready) else got
 
 
 def _prepare(task: RankTask) -> RankSummary | TraceError | _Ready:
@@ -181,7 +193,8 @@ def _analyse_together(batch: list[_Ready]) -> dict[tuple[str, int], dict[str, pl
     events = pl.concat([_events(r.parsed, r.task.run, r.rank) for r in batch], how="vertical")
     ranks = pl.concat([rank_row(r.parsed.meta, r.task.run, r.rank, path_text(Path(r.task.path))) for r in batch])
     opts = batch[0].task.options
-    frames = analyze_rank(events, ranks, {r.task.run: r.task.manifest for r in batch}, step=opts.step, top_n=opts.top_n)
+    frames = analyze_rank(events, ranks, {r.task.run: r.task.manifest for r in batch}, step=opts.step, top_n=opts.top_n,
+                          with_activity=opts.activity)
     del events
     # One partition_by per frame (rows keep their order), not one filter per frame and rank.
     split = {name: _by_rank(f) for name, f in frames.items()}
@@ -219,7 +232,7 @@ def _finish_alone(r: _Ready) -> RankSummary | TraceError:
         events = _events(r.parsed, r.task.run, r.rank)
         opts = r.task.options
         frames = analyze_rank(events, rank_row(r.parsed.meta, r.task.run, r.rank, path_text(path)),
-                              {r.task.run: r.task.manifest}, step=opts.step, top_n=opts.top_n)
+                              {r.task.run: r.task.manifest}, step=opts.step, top_n=opts.top_n, with_activity=opts.activity)
         del events
     except TraceError as e:
         return e if e.path else TraceError(path, e.problem)

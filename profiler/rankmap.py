@@ -23,7 +23,6 @@ import io
 import json
 import os
 import struct
-import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -181,48 +180,12 @@ def summarize(task: RankTask) -> RankSummary | TraceError:
     """Parse (or read from the cache) one trace file and run its per-rank analyses.
 
     Never raises: a file that cannot be used comes back as the TraceError naming it, so one bad
-    file never stops a load (and a Dask worker never retries it).
+    file never stops a load (and a Dask worker never retries it). The steps live in batchmap.py,
+    which also runs them for several files at once.
     """
-    from profiler.cache import cache_dir, load_one_safe, lookup
-    from profiler.summary_cache import read_summary, store_summary
+    from profiler.batchmap import summarize_one
 
-    if task.no_cache and not task.cache:
-        with tempfile.TemporaryDirectory(prefix="ptprof-nocache-") as scratch:
-            return summarize(dataclasses.replace(task, cache=scratch, no_cache=False, ident=None))
-    path = Path(task.path)
-    try:
-        cache = Path(task.cache) if task.cache else cache_dir()
-    except Exception as e:  # noqa: BLE001  (CacheUnusable on a worker: parse into memory)
-        cache = None
-        why = str(e)
-    if cache is not None and task.ident is None:  # a Dask worker: it hashes the file itself, and may have its summary
-        entry, ident = lookup(path, cache)
-        if ident is not None:
-            task = dataclasses.replace(task, ident=ident)
-            hit = read_summary(cache, task, entry.parquet) if entry is not None else None
-            if hit is not None:
-                return hit
-    with holding_events(path):  # from the parse until the analyses' frames are all that is left
-        parsed = load_one_safe(path, cache, task.ident) if cache is not None else _parse_uncached(path, why)
-        if isinstance(parsed, TraceError):
-            return parsed
-        try:
-            rank = worker_rank(task, parsed.meta)
-            events = _events(parsed, task.run, rank)
-            frames = analyze_rank(events, rank_row(parsed.meta, task.run, rank, path_text(path)), {task.run: task.manifest},
-                                  step=task.options.step, top_n=task.options.top_n, with_activity=task.options.activity)
-            del events
-        except TraceError as e:
-            return e if e.path else TraceError(path, e.problem)
-        except MemoryError:
-            return TraceError(path, "out of memory while analysing")
-        except Exception as e:  # noqa: BLE001  (an analysis tripping on odd events names the file, never a traceback)
-            return TraceError(path, f"could not analyse ({type(e).__name__}: {str(e)[:200]})")
-    # Never the events themselves (uncached on a full disk): a caller that needs them parses again.
-    summary = RankSummary(parsed.meta, rank, parsed.parquet, frames, parsed.unstored)
-    if cache is not None and parsed.parquet is not None and task.ident is not None:
-        store_summary(cache, task, summary)  # best effort: a failed write leaves no entry, never half of one
-    return summary
+    return summarize_one(task)
 
 
 # Set to a file name, every summarize appends "+ PID PATH" to it when it starts holding a rank's

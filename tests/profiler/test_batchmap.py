@@ -33,7 +33,7 @@ def test_a_batch_gives_each_rank_its_numbers_alone_bit_for_bit(tmp_path):
     ready = []
     for r, path in enumerate(BATCH):  # one run, a rank each: the frame a batch of these files makes
         parsed = load_one_safe(path, tmp_path)
-        task = RankTask(str(path), "x", None, MapOptions(), str(tmp_path), rank=r)
+        task = RankTask(str(path), "x", None, MapOptions(activity=True), str(tmp_path), rank=r)
         ready.append(batchmap._Ready(task, parsed, r, tmp_path))
     together = batchmap._analyse_together(ready)
     for r, path in enumerate(BATCH):
@@ -56,7 +56,7 @@ def test_activity_bins_of_a_rank_do_not_move_in_a_batch(tmp_path):
     tasks = []
     for r in range(2):
         (tmp_path / f"rank{r}.json").write_text(json.dumps(_tiny_rank(r, 8)))
-        tasks.append(RankTask(str(tmp_path / f"rank{r}.json"), "job", None, MapOptions(), str(tmp_path / "c1"), rank=r))
+        tasks.append(RankTask(str(tmp_path / f"rank{r}.json"), "job", None, MapOptions(activity=True), str(tmp_path / "c1"), rank=r))
     got = summarize_batch(tasks)
     alone = _summaries_alone(tasks, tmp_path / "c2")
     for a, b in zip(got, alone):
