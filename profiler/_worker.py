@@ -20,7 +20,7 @@ from profiler.rankmap import RankTask, encode
 def main(argv: list[str]) -> None:
     out = sys.stdout.buffer
     # All of stdin first: the parent writes every task, then reads our answers.
-    lines = (open(argv[0]).read() if argv else sys.stdin.read()).splitlines()
+    lines = sys.stdin.read().splitlines()
     batches: list[list[tuple[int, RankTask]]] = []
     last = None
     for line in lines:

@@ -118,6 +118,9 @@ def _run(args: argparse.Namespace) -> int:
         raise TraceError(Path(args.json), "--json: its folder does not exist")
     if args.json and Path(args.json).is_dir():
         raise TraceError(Path(args.json), "--json: this is a folder; name the report file (e.g. report.json)")
+    if args.cluster is not None and args.workers:
+        raise TraceError(None, "--workers counts local worker processes; with --cluster the cluster's workers do the work "
+                               "(size them with `dask worker --nworkers`): give one or the other")
     if args.cluster is not None and args.hta:
         raise TraceError(None, "--hta needs the events on this machine; leave out --cluster to compare with HTA")
     engine = None

@@ -65,7 +65,7 @@ class DaskEngine:
             if address is not None:  # ours to close (a client handed in is the caller's)
                 client.close()
             raise
-        self.workers = max(1, len(client.scheduler_info().get("workers", {})))
+        self.workers = max(1, len(client.nthreads()))  # scheduler_info() lists only a few workers in some releases
 
     def map(self, tasks: list[RankTask]) -> Iterator[tuple[int, RankSummary | TraceError]]:
         from distributed import as_completed
@@ -118,7 +118,7 @@ class DaskEngine:
                     if isinstance(res, RankSummary):
                         # Events parsed on a worker stay there (its own cache): never a path the client
                         # would read, nor a frame worth shipping.
-                        res = RankSummary(res.meta, res.rank, None, res.frames, res.unstored, None)
+                        res = RankSummary(res.meta, res.rank, None, res.frames, res.unstored)
                     yield i, res
         finally:
             for q, level in zip(quiet, levels):
@@ -146,11 +146,12 @@ def _connect(Client, address: str, timeout_s: float):
 
     t = threading.Thread(target=connect, daemon=True)
     t.start()
-    t.join(timeout_s + 5)
+    late = timeout_s + min(5.0, timeout_s)  # distributed's own timeout first, then a grace
+    t.join(late)
     if "error" in got:
         raise got["error"]
     if "client" not in got:
-        raise TimeoutError(f"no Dask answer within {timeout_s + 5:g} s: is it the scheduler's port (8786 by default; "
+        raise TimeoutError(f"no Dask answer within {late:g} s: is it the scheduler's port (8786 by default; "
                            "8787 is its dashboard)?")
     return got["client"]
 

@@ -268,7 +268,7 @@ def load_traces(
         if isinstance(res, TraceError):  # its second analysis (under its final run.json or rank) failed
             raise res
         frames = res.frames if (res.rank == rank and made_with[i][0] == run) else relabel(res, run, rank)
-        parts.append(RankPart(run, rank, res.parquet, res.frame, frames=frames, source=None if remote else str(sources[i].path)))
+        parts.append(RankPart(run, rank, res.parquet, None, frames=frames, source=None if remote else str(sources[i].path)))
     # Runs in the order given on the command line (the first is the baseline every comparison is
     # against: docs/report.md), ranks in order within each run.
     given = {}

@@ -7,7 +7,8 @@ a Dask worker: dask_pool.py): the file is parsed (or its parquet entry read), it
 analyses run, and only their results travel back (`RankSummary.frames`: a few hundred rows per
 rank, not millions of events). The cross-rank work (skew, stragglers, pipeline groups, theory,
 findings, comparisons) is report.analyze's reduce over these summaries, so memory holds at most
-one rank's events per worker, whatever the rank count.
+one batch's events per worker (batchmap.py: up to 32 small files, or one large one), whatever the
+rank count.
 
 The same function serves both engines, so a Dask load and a local one give identical numbers.
 Each summary is cached beside the parquet entry (summary_cache.py), keyed by the trace's bytes,
@@ -103,8 +104,6 @@ class RankSummary:
     parquet: str | None
     frames: dict[str, pl.DataFrame]
     unstored: str | None = None
-    # The events themselves where they could not be cached (unstored); never in a cached summary.
-    frame: pl.DataFrame | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def rank_row(meta: dict, run: str, rank: int, file: str) -> pl.DataFrame:
@@ -192,7 +191,7 @@ def summarize(task: RankTask) -> RankSummary | TraceError:
 # events (parsing) and "- PID PATH" once they are released, with O_APPEND so the lines of all
 # processes (local workers, Dask workers on this machine) interleave in the order they happened:
 # the running count is how many ranks' events are in memory at once across the whole load
-# (tests/profiler/test_engine.py bounds it by the worker count). One getenv per file when unset.
+# (tests/profiler/test_engine.py bounds it by one batch per worker). One getenv per file when unset.
 HOLD_LOG_ENV = "PTPROF_HOLD_LOG"
 
 

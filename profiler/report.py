@@ -73,8 +73,9 @@ class Analysis:
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
     """Run every analysis; `rank` / `step` restrict them to one rank / one ProfilerStep.
 
-    Every analysis but skew, stragglers and the pipeline summary is per rank, so ranks are
-    analyzed one at a time (`Traces.rank_events`): memory holds one rank's events, not all.
+    The per-rank analyses come from the summaries the map made where each file was parsed
+    (`rank_summaries`; made again here, one rank at a time, only for other options); the rest is
+    the reduce over them: this process never holds the events of all ranks.
     """
     ranks = traces.ranks
     if rank is not None:
@@ -179,9 +180,9 @@ def missing_rank_warnings(ranks: pl.DataFrame) -> list[str]:
     out = []
     for run, have, world in ranks.group_by("run", maintain_order=True).agg(
             have=pl.col("rank").unique().sort(), world=pl.col("world_size").max()).iter_rows():
-        if world is None or len(have) >= world:
+        missing = sorted(set(range(world)) - set(have)) if world is not None else []
+        if not missing:  # (a world of 4 with ranks 0, 1, 2, 7 still misses rank 3)
             continue
-        missing = sorted(set(range(world)) - set(have))
         out.append(f"run {run}: {len(have):,} of {world:,} ranks loaded (its traces' world size); missing "
                    f"{_spans(missing)}: cross-rank numbers (skew, stragglers, groups) cover the loaded ranks only")
     return out

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 from profiler.rankmap import RankSummary, RankTask, decode, encode
@@ -34,6 +35,12 @@ def code_version() -> str:
     for p in sorted(here.glob("*.py")) + c_parser:  # the built module only where its source was not installed
         h.update(p.name.encode())
         h.update(p.read_bytes())
+    # polars' and numpy's versions too: float sums and tie orders are theirs (a summary made by
+    # another polars could differ in its last digits from what this one computes).
+    import numpy
+    import polars
+
+    h.update(f"polars {polars.__version__} numpy {numpy.__version__}".encode())
     return h.hexdigest()[:16]
 
 
@@ -71,7 +78,7 @@ def store_summary(cache: Path, task: RankTask, summary: RankSummary) -> None:
     path = summary_path(cache, task)
     if path is None:
         return
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # a Dask worker's threads too
     try:
         body = encode(summary)
         tmp.write_bytes(body + hashlib.sha256(body).digest())

@@ -604,6 +604,8 @@ def findings_frame(runs: list[RunData]) -> tuple[pl.DataFrame, str | None]:
         hit = memo.get(key)
         if hit is not None and all(a is b for a, b in zip(hit[0], ok)):
             return hit[1]
+        if len(memo) >= 4:  # like the other memos: a few selections, never every one ever shown
+            memo.pop(next(iter(memo)))
         memo[key] = (tuple(ok), result := _compared_findings(ok, own))
         return result
 

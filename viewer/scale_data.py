@@ -21,7 +21,7 @@ def parse_view(view: str | None) -> tuple[str, str | int] | None:
     if not isinstance(view, str) or ":" not in view:
         return None
     kind, _, value = view.partition(":")
-    if kind == "rank" and value.strip().isdigit():
+    if kind == "rank" and value.strip().isascii() and value.strip().isdigit():  # "²".isdigit() too
         return "rank", int(value)
     if kind == "group" and value.strip():
         return "group", value.strip()

@@ -68,8 +68,8 @@ def build_band_timeline(bands: pl.DataFrame, outliers: pl.DataFrame, runs: list[
                     # numpy arrays: plotly validates them whole and sends them as typed arrays (4 bytes a value)
                     arrays[col] = (base + ROW_HEIGHT * a).astype(np.float32)
                 common = dict(x0=x0, dx=dx, mode="lines", legendgroup=cat, hoverinfo="skip")
-                fig.add_trace(go.Scatter(y=arrays["lo"], line=dict(width=0), showlegend=False, **common), row=i, col=1)
-                fig.add_trace(go.Scatter(y=arrays["hi"], line=dict(width=0), fill="tonexty", fillcolor=_rgba(CATEGORY_COLORS[cat], 0.25),
+                fig.add_trace(go.Scatter(y=arrays["lo"], line=dict(width=0, shape="hv"), showlegend=False, **common), row=i, col=1)
+                fig.add_trace(go.Scatter(y=arrays["hi"], line=dict(width=0, shape="hv"), fill="tonexty", fillcolor=_rgba(CATEGORY_COLORS[cat], 0.25),
                                          showlegend=False, **common), row=i, col=1)
                 fig.add_trace(go.Scatter(
                     y=arrays["median"], x0=x0, dx=dx, mode="lines", line=dict(color=CATEGORY_COLORS[cat], width=1.2, shape="hv"),

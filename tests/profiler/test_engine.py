@@ -340,3 +340,23 @@ def test_hold_log_counts_a_rank_held_in_this_process(tmp_path, monkeypatch):
     assert log.read_text().splitlines() == [f"+ {os.getpid()} {tmp_path / 'rank0.json'}",
                                             f"- {os.getpid()} {tmp_path / 'rank0.json'}"]
 
+
+
+def test_a_port_that_accepts_and_never_answers_is_one_line_not_a_hang():
+    # What answers on the dashboard's port 8787, or any other service, may accept and say nothing:
+    # distributed's own timeout does not cover that first exchange; ours does (timeout + grace).
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    held = []
+    threading.Thread(target=lambda: [held.append(server.accept()) for _ in range(4)], daemon=True).start()
+    try:
+        with pytest.raises(TraceError, match=r"cannot reach the Dask scheduler \(no Dask answer within 2 s: is it the "
+                                             r"scheduler's port \(8786 by default; 8787 is its dashboard\)\?\)"):
+            DaskEngine(f"tcp://127.0.0.1:{server.getsockname()[1]}", timeout_s=1)
+    finally:
+        for conn, _ in held:
+            conn.close()
+        server.close()

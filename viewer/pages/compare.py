@@ -49,7 +49,7 @@ def _graph(id_: str):
 
 def initial_view(rank=None, group=None) -> str:
     """The drill-down the URL asks for (`&rank=17`, `&group=stage1`) as the dropdown's value."""
-    if isinstance(rank, str) and rank.strip().isdigit():
+    if isinstance(rank, str) and rank.strip().isascii() and rank.strip().isdigit():  # "²".isdigit() too
         return f"rank:{int(rank)}"
     if isinstance(group, str) and group.strip():
         return f"group:{group.strip()[:100]}"
