@@ -103,9 +103,7 @@ def build_group_breakdown(bands: pl.DataFrame, outliers: pl.DataFrame, runs: lis
     runs = _runs(bands, runs)
     if not runs:
         return _empty("no temporal breakdown")
-    b = bands.filter(pl.col("run").is_in(runs)).with_columns(
-        _order=pl.col("run").replace_strict({r: i for i, r in enumerate(runs)}, return_dtype=pl.Int64)).sort("_order", "group_key")
-    x = [b["run"].to_list(), [f"{g} ({n})" for g, n in zip(b["group"], b["n_ranks"])]]
+    b, x = _by_group(bands, runs)
     fig = go.Figure()
     for col, name, color in BREAKDOWN_PARTS:
         p = col.replace("_us", "_pct")
@@ -185,9 +183,7 @@ def build_group_persistent(bands: pl.DataFrame, runs: list[str] | None = None) -
     runs = _runs(bands, runs)
     if not runs:
         return _empty("no persistent memory (run.json's per-rank memory block)")
-    b = bands.filter(pl.col("run").is_in(runs)).with_columns(
-        _order=pl.col("run").replace_strict({r: i for i, r in enumerate(runs)}, return_dtype=pl.Int64)).sort("_order", "group_key")
-    x = [b["run"].to_list(), [f"{g} ({n})" for g, n in zip(b["group"], b["n_ranks"])]]
+    b, x = _by_group(bands, runs)
     fig = go.Figure()
     for col, name, color in PERSISTENT_PARTS:
         if f"{col}_median" not in b.columns or not (b[f"{col}_hi"].fill_null(0) > 0).any():
@@ -199,3 +195,10 @@ def build_group_persistent(bands: pl.DataFrame, runs: list[str] | None = None) -
     fig.update_layout(barmode="stack", template="plotly_white", height=340, yaxis_title="MiB held per rank (median over the group)",
                       margin=dict(l=60, r=20, t=30, b=60), legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom", traceorder="normal"))
     return fig
+
+
+def _by_group(bands: pl.DataFrame, runs: list[str]) -> tuple[pl.DataFrame, list[list]]:
+    """The bands of `runs` in page order then group order, and their two-level x axis (run, "group (n)")."""
+    b = bands.filter(pl.col("run").is_in(runs)).with_columns(
+        _order=pl.col("run").replace_strict({r: i for i, r in enumerate(runs)}, return_dtype=pl.Int64)).sort("_order", "group_key")
+    return b, [b["run"].to_list(), [f"{g} ({n})" for g, n in zip(b["group"], b["n_ranks"])]]
