@@ -218,6 +218,10 @@ def _bubble_text(summary: pl.DataFrame | None, run: str) -> str:
 # Memory
 
 
+NO_MEMORY = "no [memory] events: record runs with --profile-memory to see allocations over time"
+DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]  # one per device / group within a run
+
+
 def build_memory_figure(timeline: pl.DataFrame, peaks: pl.DataFrame, runs: list[str] | None = None) -> go.Figure:
     """Allocated MiB over time, one line per (run, rank, device): runs by colour, ranks by dash;
     each curve's peak marked.
@@ -227,9 +231,9 @@ def build_memory_figure(timeline: pl.DataFrame, peaks: pl.DataFrame, runs: list[
     """
     runs = _runs(timeline, runs)
     if not runs:
-        return _empty("no [memory] events: record runs with --profile-memory to see allocations over time")
+        return _empty(NO_MEMORY)
     fig = go.Figure()
-    dashes = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]
+    dashes = DASHES
     for i, run in enumerate(runs):
         part = timeline.filter(pl.col("run") == run)
         for (rank, dev), curve in part.group_by("rank", "mem_device", maintain_order=True):

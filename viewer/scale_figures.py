@@ -10,7 +10,8 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from viewer.figures import BREAKDOWN_PARTS, CATEGORY_COLORS, CATEGORY_NAMES, MIB, PERSISTENT_PARTS, _empty, _runs, breakdown_parts, run_color
+from viewer.figures import (BREAKDOWN_PARTS, CATEGORY_COLORS, CATEGORY_NAMES, DASHES, MIB, NO_MEMORY, PERSISTENT_PARTS, _empty, _runs,
+                            breakdown_parts, run_color)
 
 ROW_HEIGHT = 0.85  # of a lane row's unit height: a lane's busy share 1.0 reaches this high
 
@@ -156,9 +157,9 @@ def build_memory_bands(bands: pl.DataFrame, runs: list[str] | None = None) -> go
     inside the min–max band, from the per-rank memory curves."""
     runs = _runs(bands, runs)
     if not runs:
-        return _empty("no [memory] events: record runs with --profile-memory to see allocations over time")
+        return _empty(NO_MEMORY)
     fig = go.Figure()
-    dashes = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]
+    dashes = DASHES
     for i, run in enumerate(runs):
         part = bands.filter(pl.col("run") == run)
         for j, ((group, dev), b) in enumerate(part.group_by("group", "mem_device", maintain_order=True)):
