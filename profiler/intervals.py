@@ -7,6 +7,7 @@ filtered sum of segment lengths.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 
@@ -39,6 +40,26 @@ def varying(frame: pl.DataFrame, by: list[str]) -> list[str]:
     return [c for c, n in zip(by, counts) if n > 1]
 
 
+def sorted_by(frame: pl.DataFrame, keys: list[str], t: str) -> pl.DataFrame:
+    """`frame` sorted by (keys..., t), stably (ties keep their order in `frame`).
+
+    The same rows in the same order as `frame.sort(*keys, t, maintain_order=True)`, by numpy's
+    stable sorts on one column at a time: time-ordered bounds come in a few sorted runs (starts in
+    trace order, ends nearly so), which timsort takes in linear time, and integer keys (rank,
+    step) with few values sort in one pass; a multi-column polars sort costs several times as much
+    on a large rank. Other keys (a categorical run, nulls) are left to polars.
+    """
+    if frame.height < 2:
+        return frame
+    cols = [frame.get_column(k) for k in keys]
+    if not all(c.dtype.is_integer() and not c.null_count() for c in cols) or frame.get_column(t).null_count():
+        return frame.sort(*keys, t, maintain_order=True)
+    order = np.argsort(frame.get_column(t).to_numpy(), kind="stable")
+    for c in reversed(cols):  # least significant first: each stable pass keeps the order of the last
+        order = order[np.argsort(c.to_numpy()[order], kind="stable")]
+    return frame[order]
+
+
 def over(expr: pl.Expr, by: list[str]) -> pl.Expr:
     """`expr` per group of `by`; over the whole frame when `by` is empty (one group)."""
     return expr.over(by) if by else expr
@@ -69,7 +90,7 @@ def sweep(intervals: pl.DataFrame, by: list[str], labels: list[str]) -> pl.DataF
     groups = varying(bounds, by)  # sorted by these only: the rest hold one value
     # Every group's opens and closes balance, so after sorting by (group, t) a running sum over the
     # whole frame restarts at zero in each group: no per-group window needed.
-    bounds = bounds.sort([*groups, "t"]).with_columns(pl.col(counts).cum_sum())
+    bounds = sorted_by(bounds, groups, "t").with_columns(pl.col(counts).cum_sum())
     # Several bounds at one instant: the last one's running counts hold until the next instant.
     same_group = pl.all_horizontal([pl.col(c).shift(-1) == pl.col(c) for c in groups]) if groups else pl.lit(True)
     return (

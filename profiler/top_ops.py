@@ -8,6 +8,7 @@ belongs to the most recent event that opened at that depth.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from profiler.intervals import varying
@@ -24,39 +25,72 @@ def self_times(events: pl.DataFrame) -> pl.DataFrame:
         events.lazy()  # lazy: only the columns used are filtered
         .filter((pl.col("device") == "cpu") & (pl.col("ph") == "X") & pl.col("kind").is_in(CPU_SPAN_KINDS))
         .select(*THREAD, "name", "kind", "ts_us", "dur_us", "end_us")
-        .with_row_index("_op")
         .collect()
     )
-    # One integer per thread keeps the sorts below on three plain columns.
-    threads = spans.select(THREAD).unique().with_row_index("_thr")
+    return spans.with_columns(self_us=_self_us(spans)).drop("end_us")
+
+
+def _self_us(spans: pl.DataFrame) -> pl.Series:
+    """Each span's self time, by the boundary sweep of the module docstring.
+
+    The sorts are numpy's stable ones on one key at a time (Kineto writes a thread's spans in
+    start order, and timsort takes such runs in linear time: a tenth of a multi-column sort).
+    """
     # Zero-length spans own no time (self 0 below); left in, a close-before-open tie would hand
     # one the rest of its parent's time.
-    keyed = (spans.filter(pl.col("dur_us") > 0).join(threads, on=THREAD, maintain_order="left")
-             .select("_op", "_thr", "ts_us", "dur_us", "end_us"))
-    # Closes sort before opens at the same instant (back-to-back siblings do not nest); a parent
-    # opens before the child that starts with it (longer first). Each thread's opens and closes
-    # balance, so a running sum over the whole sorted frame is each thread's nesting depth. The
-    # sort is stable: two spans with the same start and duration nest in the order the trace
-    # lists them, the same way on every load.
-    bounds = pl.concat([
-        keyed.select("_thr", "_op", t=pl.col("ts_us"), delta=pl.lit(1, pl.Int32), order=-pl.col("dur_us")),
-        keyed.select("_thr", "_op", t=pl.col("end_us"), delta=pl.lit(-1, pl.Int32), order=pl.lit(-float("inf"))),
-    ]).sort("_thr", "t", "order", maintain_order=True).with_columns(depth=pl.col("delta").cum_sum())
+    op = np.flatnonzero(spans.get_column("dur_us").to_numpy() > 0)
+    ts, end, dur = (spans.get_column(c).to_numpy()[op] for c in ("ts_us", "end_us", "dur_us"))
+    # One small integer per thread (only the columns of THREAD that vary: one rank's frame has one
+    # run and one rank).
+    by = varying(spans, THREAD)
+    thr = (spans.select(pl.struct(by).rank("dense")).to_series().to_numpy()[op] if by else np.zeros(op.size, np.uint32))
+    thr = thr.astype(np.uint16 if op.size == 0 or thr.max() < 2**16 else np.uint32)  # 16 bits: a radix sort
+    # Boundaries in the order (thread, time; at one instant closes first, so back-to-back siblings
+    # do not nest; opens longer first, so a parent opens before the child that starts with it;
+    # then trace order, so two identical spans nest the same way on every load). Opens are put in
+    # (start, longer first, trace order) and closes stay in trace order; one stable sort by time
+    # of [closes, opens] then one by thread give that order.
+    opens = np.argsort(ts, kind="stable")
+    tie = np.flatnonzero(ts[opens][1:] == ts[opens][:-1])
+    if tie.size:  # spans starting together: longest first, within each run of one start
+        at = np.union1d(tie, tie + 1)
+        run = np.cumsum(np.r_[True, ts[opens[at[1:]]] != ts[opens[at[:-1]]]] | np.r_[True, at[1:] != at[:-1] + 1])
+        opens[at] = opens[at][np.lexsort((-dur[opens[at]], run))]
+    closes = np.arange(op.size)
+    which = np.concatenate([closes, opens])  # index into op
+    t = np.concatenate([end, ts[opens]])
+    order = np.argsort(t, kind="stable")
+    order = order[np.argsort(np.concatenate([thr, thr[opens]])[order], kind="stable")]
+    which, t = which[order], t[order]
+    delta = np.where(order < op.size, -1, 1).astype(np.int32)
+    thr_s = np.concatenate([thr, thr[opens]])[order]
+    # Each thread's opens and closes balance, so a running sum over the whole sorted frame is each
+    # thread's nesting depth.
+    depth = np.cumsum(delta, dtype=np.int64)
     # The time from a boundary to the next one on the thread belongs to the event open at that
     # depth, which is the latest open among the boundaries that left the thread at that depth
     # (had it closed, the depth would have dropped below and a newer open would come later).
     # (thread, depth) as one integer (depth < 2^32: it never exceeds the spans on a thread): a
     # window over one key costs half of one over two.
-    at_depth = pl.col("_thr").cast(pl.Int64) * 2**32 + pl.col("depth")
-    owned = bounds.with_columns(
-        owner=pl.when(pl.col("delta") == 1).then(pl.col("_op")).forward_fill().over(at_depth),
-        seg_us=pl.when(pl.col("_thr").shift(-1) == pl.col("_thr")).then(pl.col("t").shift(-1) - pl.col("t")),
-    ).filter((pl.col("depth") > 0) & (pl.col("seg_us") > 0))
-    self_us = owned.filter(pl.col("owner").is_not_null()).group_by("owner").agg(self_us=pl.col("seg_us").sum())
-    # Owners are row numbers of `spans`: each sum goes straight to its row (no join); a span that
-    # owns no time keeps 0.
-    column = pl.zeros(spans.height, pl.Float64, eager=True).scatter(self_us["owner"], self_us["self_us"])
-    return spans.with_columns(self_us=column).drop("_op", "end_us")
+    bounds = pl.DataFrame({
+        "at_depth": thr_s.astype(np.int64) * 2**32 + depth,
+        "opened": np.where(delta == 1, op[which], -1),
+    })
+    owner = bounds.select(pl.when(pl.col("opened") >= 0).then(pl.col("opened")).forward_fill().over("at_depth")).to_series()
+    owner = owner.fill_null(-1).to_numpy()
+    seg = np.zeros(t.size)
+    seg[:-1] = t[1:] - t[:-1]
+    own = np.flatnonzero((np.r_[thr_s[1:] == thr_s[:-1], False]) & (depth > 0) & (seg > 0) & (owner >= 0))
+    owner, seg = owner[own], seg[own]
+    # Sums per owner, exactly as polars' group_by sums them: most spans own one or two segments,
+    # whose sum is the same in any order (added here); the rest go through that group_by.
+    n = np.bincount(owner, minlength=spans.height)
+    out = np.bincount(owner, weights=seg, minlength=spans.height)
+    many = n[owner] > 2
+    if many.any():
+        sums = pl.DataFrame({"owner": owner[many], "seg_us": seg[many]}).group_by("owner").agg(pl.col("seg_us").sum())
+        out[sums["owner"].to_numpy()] = sums["seg_us"].to_numpy()
+    return pl.Series("self_us", out, pl.Float64)
 
 
 def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
