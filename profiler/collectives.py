@@ -53,6 +53,7 @@ KIND_ALIASES = {
 OP_HEADS = [("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
             ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("gather", "gather"), ("scatter", "scatter"),
             ("reduce", "reduce"), ("sendrecv", "send_recv"), ("send", "send"), ("recv", "recv"), ("barrier", "barrier")]
+_OP_HEAD_RE = "^(" + "|".join(head for head, _ in OP_HEADS) + ")"
 # The CPU spans a collective's launch sits in, innermost first (see the module docstring).
 NCCL_ANNOTATION_RE = r"^nccl:"
 C10D_RE = r"^c10d::"
@@ -106,10 +107,9 @@ def _op_kind(name: pl.Expr) -> pl.Expr:
     """Our kind of an op name in any spelling (`_all_gather_base`, `allgather_into_tensor_coalesced`,
     `all_to_allv`): by its head with underscores removed, longest heads first."""
     flat = name.str.to_lowercase().str.replace_all("_", "")
-    out = pl.lit(None, pl.String)
-    for head, kind in reversed(OP_HEADS):
-        out = pl.when(flat.str.starts_with(head)).then(pl.lit(kind)).otherwise(out)
-    return out
+    # One anchored alternation: the regex takes the first alternative that matches, in OP_HEADS'
+    # order (a chain of starts_with tests would lowercase the names once per head).
+    return flat.str.extract(_OP_HEAD_RE, 1).replace_strict(dict(OP_HEADS), default=None, return_dtype=pl.String)
 
 
 def _dtype_bytes(dtype: pl.Expr) -> pl.Expr:
@@ -198,13 +198,13 @@ def _gpu(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
     c = pl.col
     kind = pl.coalesce(
         _op_kind(c("collective").cast(pl.String)), _op_kind(c("rpc_collective")),
-        _op_kind(c("nccl_name").str.replace(NCCL_ANNOTATION_RE, "")), _op_kind(c("c10d_name").str.replace(C10D_RE, "")),
+        _op_kind(c("nccl_name").str.strip_prefix("nccl:")), _op_kind(c("c10d_name").str.strip_prefix("c10d::")),
         _op_kind(name.str.extract(NCCL_KERNEL_KIND_RE, 1)),
     )
     dtype = pl.coalesce(c("dtype").cast(pl.String), c("rpc_dtype"), c("nccl_type"), c("c10d_type"),
                         name.str.extract(NCCL_KERNEL_DTYPE_RE, 1))
     # c10d ops are (output, input, ...) except the in-place ones; an unrecorded TensorList reads 0.
-    c10d_in_place = _op_kind(c("c10d_name").str.replace(C10D_RE, "")).is_in(list(IN_PLACE_OPS))
+    c10d_in_place = _op_kind(c("c10d_name").str.strip_prefix("c10d::")).is_in(list(IN_PLACE_OPS))
     c10d_out = pl.when(c("c10d_arg0") > 0).then(c("c10d_arg0"))
     c10d_in = pl.when(c10d_in_place).then(c10d_out).otherwise(pl.when(c("c10d_arg1") > 0).then(c("c10d_arg1")))
     in_n = pl.coalesce(c("in_nelems"), c("rpc_in_nelems"), c10d_in, c("nccl_nelems"))

@@ -51,13 +51,24 @@ def sorted_by(frame: pl.DataFrame, keys: list[str], t: str) -> pl.DataFrame:
     """
     if frame.height < 2:
         return frame
-    cols = [frame.get_column(k) for k in keys]
-    if not all(c.dtype.is_integer() and not c.null_count() for c in cols) or frame.get_column(t).null_count():
+    cols = [_sort_codes(frame.get_column(k)) for k in keys]
+    if any(c is None for c in cols) or frame.get_column(t).null_count():
         return frame.sort(*keys, t, maintain_order=True)
     order = np.argsort(frame.get_column(t).to_numpy(), kind="stable")
     for c in reversed(cols):  # least significant first: each stable pass keeps the order of the last
-        order = order[np.argsort(c.to_numpy()[order], kind="stable")]
+        order = order[np.argsort(c[order], kind="stable")]
     return frame[order]
+
+
+def _sort_codes(column: pl.Series) -> np.ndarray | None:
+    """Integers that sort as `column` sorts in polars (nulls first), or None where that is not
+    known here (a categorical, whose order is polars' own business)."""
+    if column.dtype.is_integer() and not column.null_count():
+        return column.to_numpy()
+    if column.dtype == pl.String:  # a few distinct texts (a memory device): their rank among those
+        values = column.unique().sort()  # polars' own order of texts; a null first
+        return column.replace_strict(values, pl.int_range(values.len(), eager=True), return_dtype=pl.Int64).to_numpy()
+    return None
 
 
 def over(expr: pl.Expr, by: list[str]) -> pl.Expr:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.discover import manifest_field
-from profiler.intervals import over, varying
+from profiler.intervals import over, sorted_by, varying
 from profiler.steps import KEYS, assign_steps
 
 PERSISTENT_FIELDS = ["params_bytes", "params_at_rest_bytes", "grads_bytes", "optimizer_bytes", "max_memory_allocated_bytes",
@@ -43,16 +43,20 @@ def memory_timeline(events: pl.DataFrame) -> pl.DataFrame:
     with_step = assign_steps(events).lazy().filter(pl.col("kind") == "memory_event")
     timeline = with_step.select(
         *KEYS,
-        mem_device=device,
+        "mem_device_type", "mem_device_id",
         ts_us="ts_us",
         delta_bytes="mem_bytes",
         allocated_bytes="mem_total_allocated_bytes",
         reserved_bytes="mem_total_reserved_bytes",
         step="step",
     ).collect()
+    # The device's name from its few distinct (type, id) pairs, not written out per event.
+    pairs = timeline.select("mem_device_type", "mem_device_id").unique().with_columns(mem_device=device)
+    timeline = (timeline.join(pairs, on=["mem_device_type", "mem_device_id"], how="left", nulls_equal=True, maintain_order="left")
+                .select(*KEYS, "mem_device", "ts_us", "delta_bytes", "allocated_bytes", "reserved_bytes", "step"))
     # Sorted by the keys that vary only (one rank's frame: by device and time), as a stable sort:
     # the rows the keys do not order keep the trace's order either way.
-    return timeline.sort(*varying(timeline, [*KEYS, "mem_device"]), "ts_us", maintain_order=True)
+    return sorted_by(timeline, varying(timeline, [*KEYS, "mem_device"]), "ts_us")
 
 
 def memory_peaks(timeline: pl.DataFrame) -> pl.DataFrame:
@@ -112,7 +116,7 @@ def memory_curve(timeline: pl.DataFrame, buckets: int = CURVE_BUCKETS) -> pl.Dat
     span = pl.when(t1 > t0).then(t1 - t0).otherwise(1.0)
     bucket = ((pl.col("ts_us") - t0) / span * n).floor().cast(pl.Int64).clip(0, n - 1)
     per = (
-        timeline.sort(*groups, "ts_us", maintain_order=True)
+        timeline.sort(*groups, "ts_us", maintain_order=True)  # polars' sort: the windows below use its sortedness
         .with_columns(bucket=bucket, n=n, t0=t0, width=(t1 - t0) / n)
         .group_by(*keys, "bucket")
         .agg(pl.col("allocated_bytes").max().alias("hi"), pl.col("allocated_bytes").min().alias("lo"),
