@@ -7,6 +7,7 @@ trace, and analyses say so (`has_profiler_steps` is False).
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from profiler.intervals import varying
@@ -77,35 +78,34 @@ def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.
     steps = profiler_steps(events) if steps is None else steps
     # Work on a narrow copy (a few columns) and attach the result: joins on the whole frame
     # would copy every column of every event.
-    narrow = events.select(*KEYS, "ts_us", "device", "kind", "correlation").with_row_index("_row")
-    by_time = _step_at(narrow.select(*KEYS, "ts_us", "_row"), steps).sort("_row")
-    narrow = narrow.with_columns(step=by_time["step"])
+    narrow = events.select(*KEYS, "ts_us", "device", "kind", "correlation")
+    by_time = _step_at(narrow.select(*KEYS, "ts_us"), steps)
     # Joined on the keys that vary only: one rank's events are matched on correlation alone (a
     # join on one integer column, not three).
     keys = varying(narrow, KEYS)
     launches = (
-        narrow.filter((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
+        narrow.with_columns(step=by_time)
+        .filter((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
         .group_by(*keys, "correlation")
         .agg(launch_step=pl.col("step").first(), _launched=pl.lit(True))
     )
     single = _single_window(events, steps)
-    narrow = narrow.join(launches, on=[*keys, "correlation"], how="left", maintain_order="left")
+    # Only device activity takes another step than its start's: those rows alone are joined.
+    device = narrow.with_columns(step=by_time).with_row_index("_row").filter(pl.col("device") == "gpu")
+    device = device.join(launches, on=[*keys, "correlation"], how="left", maintain_order="left")
     if keys:
-        narrow = narrow.join(single, on=KEYS, how="left", maintain_order="left")
+        device = device.join(single, on=KEYS, how="left", maintain_order="left")
     else:  # one rank: its one row (or none) is a constant
         row = single.row(0, named=True) if single.height else {"_only_step": None, "_single": None}
-        narrow = narrow.with_columns(_only_step=pl.lit(row["_only_step"], pl.Int64), _single=pl.lit(row["_single"], pl.Boolean))
-    step = (
-        narrow
-        .select(
-            pl.when((pl.col("device") == "gpu") & pl.col("_single"))
-            .then(pl.col("_only_step"))
-            .when((pl.col("device") == "gpu") & pl.col("correlation").is_not_null())
-            .then(pl.when(pl.col("_launched")).then(pl.col("launch_step")))
-            .otherwise(pl.col("step"))
-        )
-        .to_series()
+        device = device.with_columns(_only_step=pl.lit(row["_only_step"], pl.Int64), _single=pl.lit(row["_single"], pl.Boolean))
+    device_step = device.select(
+        "_row",
+        step=pl.when(pl.col("_single")).then(pl.col("_only_step"))
+        .when(pl.col("correlation").is_not_null())
+        .then(pl.when(pl.col("_launched")).then(pl.col("launch_step")))
+        .otherwise(pl.col("step")),
     )
+    step = by_time.scatter(device_step["_row"], device_step["step"]) if device_step.height else by_time
     return events.with_columns(step=step)
 
 
@@ -125,8 +125,10 @@ def _single_window(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         .group_by(KEYS)
         .agg(n=pl.col("name").n_unique())
     )
+    # The ranks present (one rank's frame: its first row, not a hash of every event's keys).
+    present = events.lazy().select(KEYS).unique() if varying(events, KEYS) else events.lazy().select(KEYS).head(1)
     return (
-        events.lazy().select(KEYS).unique()
+        present
         .join(counts, on=KEYS, how="left")
         .filter(pl.col("n").fill_null(0) < 2)
         .join(steps.lazy().group_by(KEYS).agg(_only_step=pl.col("step").first()), on=KEYS, how="left")
@@ -135,17 +137,28 @@ def _single_window(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _step_at(points: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """_row -> step whose [start_us, end_us) holds the point's ts_us (steps do not overlap)."""
+def _step_at(points: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
+    """`step`: for each point (in order), the step whose [start_us, end_us) holds its ts_us (steps
+    do not overlap), else null."""
     table = steps.select(*KEYS, "step", "start_us", "end_us")
     keys = varying(points, KEYS)
     if not keys and points.height:  # one rank: its own steps, then nothing to match per row
-        table = table.join(points.select(KEYS).head(1), on=KEYS, how="semi").drop(KEYS)
+        table = table.join(points.select(KEYS).head(1), on=KEYS, how="semi").drop(KEYS).sort("start_us")
+        # join_asof's backward match, by binary search in the few steps: the last start at or
+        # before the point (the last of equal starts, as join_asof takes it), if it ends after it.
+        ts = points.get_column("ts_us").to_numpy()
+        at = np.searchsorted(table.get_column("start_us").to_numpy(), ts, side="right") - 1
+        found = at >= 0
+        at = np.where(found, at, 0)
+        hit = found & (ts < table.get_column("end_us").to_numpy()[at]) if table.height else found
+        values = table.get_column("step").to_numpy()[at] if table.height else np.zeros(at.size, np.int64)
+        return pl.Series("step", values, pl.Int64).scatter(np.flatnonzero(~hit), None)
     table = table.sort("start_us")
     return (
-        points.sort("ts_us")
+        points.with_row_index("_row").sort("ts_us")
         .join_asof(table, left_on="ts_us", right_on="start_us", by=keys or None, strategy="backward", check_sortedness=False)
         .select("_row", step=pl.when(pl.col("ts_us") < pl.col("end_us")).then(pl.col("step")))
+        .sort("_row").get_column("step")
     )
 
 
