@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from profiler.intervals import clip, sweep
+from profiler.intervals import clip, sweep, varying
 from profiler.steps import KEYS, PROFILER_STEP_RE, assign_steps, names_matching, profiler_steps
 
 GPU_LABELS = ["compute", "comm", "memory", "other"]
@@ -65,10 +65,14 @@ def _intervals(events: pl.DataFrame, steps: pl.DataFrame | None, multi: pl.DataF
         events = events.join(multi.select(KEYS), on=KEYS, how="anti")
         if events.is_empty():
             return None
-    has_gpu = events.lazy().group_by(KEYS).agg(gpu=(pl.col("device") == "gpu").any()).collect()
-    if has_gpu["gpu"].all():  # the usual cases: one accounting for every rank, no copy of the frame
+    if varying(events, KEYS):
+        has_gpu = events.lazy().group_by(KEYS).agg(gpu=(pl.col("device") == "gpu").any()).collect()
+        all_gpu, any_gpu = has_gpu["gpu"].all(), has_gpu["gpu"].any()
+    else:  # one rank (or none): a test of its events, no group_by
+        all_gpu = any_gpu = bool((events.get_column("device") == "gpu").any())
+    if all_gpu:  # the usual cases: one accounting for every rank, no copy of the frame
         gpu_events, cpu_events = events, events.clear()
-    elif not has_gpu["gpu"].any():
+    elif not any_gpu:
         gpu_events, cpu_events = events.clear(), events
     else:
         gpu_ranks = has_gpu.filter("gpu").select(KEYS)

@@ -93,23 +93,28 @@ def sweep(intervals: pl.DataFrame, by: list[str], labels: list[str]) -> pl.DataF
     # compare in the running sums).
     label = pl.col("label").cast(pl.String)
     opens = {f"_n_{lab}": (label == lab).fill_null(False).cast(pl.Int32) for lab in labels}
+    # Sorted by the columns of `by` that vary only; the others (one rank's run and rank) are not
+    # carried through the sort but put back as constants.
+    groups = varying(intervals, by)
     bounds = pl.concat([
-        intervals.select(*by, t=pl.col("start_us"), **opens),
-        intervals.select(*by, t=pl.col("end_us"), **{c: -e for c, e in opens.items()}),
+        intervals.select(*groups, t=pl.col("start_us"), **opens),
+        intervals.select(*groups, t=pl.col("end_us"), **{c: -e for c, e in opens.items()}),
     ])
     counts = [f"_n_{lab}" for lab in labels]
-    groups = varying(bounds, by)  # sorted by these only: the rest hold one value
     # Every group's opens and closes balance, so after sorting by (group, t) a running sum over the
-    # whole frame restarts at zero in each group: no per-group window needed.
-    bounds = sorted_by(bounds, groups, "t").with_columns(pl.col(counts).cum_sum())
+    # whole frame restarts at zero in each group: no per-group window needed. (Bounds at one
+    # instant may come in any order: only the last one's counts are kept, the same in any order.)
+    bounds = (sorted_by(bounds, groups, "t") if groups else bounds.sort("t")).with_columns(pl.col(counts).cum_sum())
     # Several bounds at one instant: the last one's running counts hold until the next instant.
     same_group = pl.all_horizontal([pl.col(c).shift(-1) == pl.col(c) for c in groups]) if groups else pl.lit(True)
+    const = {c: pl.lit(intervals.get_column(c)[0] if intervals.height else None, intervals.schema[c])
+             for c in by if c not in groups}
     return (
         bounds.filter(last_at_instant(groups))  # a filter, not a group_by: the frame is sorted by (group, t)
         .with_columns(end_us=pl.when(same_group).then(pl.col("t").shift(-1)))
         .filter(pl.col("end_us").is_not_null())
         .select(
-            *by,
+            *[const[c].alias(c) if c in const else pl.col(c) for c in by],
             start_us=pl.col("t"),
             end_us=pl.col("end_us"),
             dur_us=pl.col("end_us") - pl.col("t"),
