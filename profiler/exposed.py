@@ -21,6 +21,7 @@ the breakdown leaves it out.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from profiler.breakdown import THREAD, gloo_worker_threads, multi_gpu_ranks
@@ -60,11 +61,16 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFra
     weight = _exposed_weight(bounds)
     # W(t): exposed time, shared among the calls running, up to instant t. Every call's ends are
     # sweep bounds, so a call's exposed time is W(end) - W(start), two exact look-ups.
-    at = lambda t: calls_k.select("_call", *KEYS, t=t).sort("t").join_asof(  # noqa: E731
-        weight, left_on="t", right_on="t", by=KEYS, strategy="backward", check_sortedness=False
-    ).select("_call", pl.col("w_cum").fill_null(0.0))
-    pairs = (at("start_us").rename({"w_cum": "w0"}).join(at("end_us").rename({"w_cum": "w1"}), on="_call")
-             .select("_call", exposed_us=pl.col("w1") - pl.col("w0")))
+    if _one_rank(calls_k, weight):  # by binary search in W's instants (strictly increasing)
+        t_w, w_cum = weight.get_column("t").to_numpy(), weight.get_column("w_cum").to_numpy()
+        at = lambda t: _look_up(t_w, w_cum, calls_k.get_column(t).to_numpy())  # noqa: E731
+        pairs = pl.DataFrame({"_call": calls_k.get_column("_call"), "exposed_us": at("end_us") - at("start_us")})
+    else:
+        at = lambda t: calls_k.select("_call", *KEYS, t=t).sort("t").join_asof(  # noqa: E731
+            weight, left_on="t", right_on="t", by=KEYS, strategy="backward", check_sortedness=False
+        ).select("_call", pl.col("w_cum").fill_null(0.0))
+        pairs = (at("start_us").rename({"w_cum": "w0"}).join(at("end_us").rename({"w_cum": "w1"}), on="_call")
+                 .select("_call", exposed_us=pl.col("w1") - pl.col("w0")))
     return (
         calls.join(pairs, on="_call", how="left")
         .group_by(*KEYS, "step", "collective", "phase")
@@ -73,6 +79,21 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFra
         .cast(EXPOSED_COLUMNS)
         .sort(*KEYS, "step", "exposed_us", descending=[False, False, False, True])
     )
+
+
+def _one_rank(calls: pl.DataFrame, weight: pl.DataFrame) -> bool:
+    """Whether every call and every instant of W are of one and the same (run, rank)."""
+    if varying(calls, KEYS) or varying(weight, KEYS):
+        return False
+    return weight.is_empty() or calls.select(KEYS).row(0) == weight.select(KEYS).row(0)
+
+
+def _look_up(t_w: np.ndarray, w_cum: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """W at each of `t`: w_cum of the last instant at or before it (join_asof's backward match), 0 before the first."""
+    at = np.searchsorted(t_w, t, side="right") - 1
+    if not t_w.size:
+        return np.zeros(t.size)
+    return np.where(at >= 0, w_cum[np.maximum(at, 0)], 0.0)
 
 
 def _exposed_weight(bounds: pl.DataFrame) -> pl.DataFrame:
