@@ -14,6 +14,9 @@ the main thread records the enqueue as `c10d::<op>_` (NCCL jobs record `nccl:<op
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import polars as pl
 
 # Kineto `cat` values of device activity, compared lowercased (torch < 1.10 capitalises them):
@@ -39,12 +42,32 @@ MEMORY_EVENT = "[memory]"
 KINDS = ["compute", "comm", "memory", "other", "annotation", "op", "runtime", "enqueue", "memory_event", "instant"]
 
 
+# Below this many events the distinct (cat, name, ph) triples are classified and joined back
+# (fewer steps: a small file's fixed cost); above, the flags (fewer passes over the events).
+# Both give the same frame (tests/profiler/test_load.py).
+FLAGS_FROM = 30_000
+
+
 def classify(events: pl.DataFrame) -> pl.DataFrame:
     """Add `device` ("gpu" / "cpu") and `kind` (one of KINDS) to a raw event frame.
 
-    The rules are decided once per distinct (cat, name, ph), a few thousand in a trace of
-    hundreds of thousands of events, and joined back on those three columns only.
+    The rules' tests are run once per distinct value, a few thousand in a trace of hundreds of
+    thousands of events. Small frames: per distinct (cat, name, ph), joined back on those three
+    columns. Large ones: once per distinct `cat` and per distinct `name`, as bit flags looked up
+    by each event's category code; an event's flags and `ph` then index a table of every flag
+    combination's device and kind (_LABELS): nothing joined on the events, no text per event.
     """
+    if events.height < FLAGS_FROM:
+        return _classify_joined(events)
+    cat, name = _flags(events.get_column("cat"), "cat"), _flags(events.get_column("name"), "name")
+    instant = (events.get_column("ph") == "i").fill_null(False).to_numpy()
+    combo = cat.astype(np.uint16) | (name.astype(np.uint16) << _CAT_BITS) | (instant.astype(np.uint16) << (_CAT_BITS + _NAME_BITS))
+    device, kind = _LABELS
+    return events.with_columns(pl.Series("device", ["cpu", "gpu"], pl.Categorical).gather(device[combo]),
+                               pl.Series("kind", KINDS, pl.Categorical).gather(kind[combo]))
+
+
+def _classify_joined(events: pl.DataFrame) -> pl.DataFrame:
     keys = ["cat", "name", "ph"]
     table = _classify_distinct(events.select(keys).unique())
     labels = events.select(keys).join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
@@ -80,18 +103,74 @@ def _classify_distinct(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+# Bits of the per-category (cat) and per-name flags.
+_GPU, _GPU_ANNOTATION, _MEMORY_CAT, _RUNTIME, _USER_ANNOTATION = 1, 2, 4, 8, 16
+_NCCL, _MEMORY_KERNEL, _NOT_COMPUTE, _MEMORY_EVENT, _GLOO, _ENQUEUE = 1, 2, 4, 8, 16, 32
+_CAT_BITS, _NAME_BITS = 5, 6
+
+
+def _rules(combo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The module docstring's rules over flag combinations: (device 0 cpu / 1 gpu, index in KINDS)."""
+    cat, name = combo & (2**_CAT_BITS - 1), (combo >> _CAT_BITS) & (2**_NAME_BITS - 1)
+    instant = (combo >> (_CAT_BITS + _NAME_BITS)) & 1 > 0
+    kind = {k: i for i, k in enumerate(KINDS)}
+    gpu = cat & _GPU > 0
+    gpu_kind = np.select(
+        [cat & _GPU_ANNOTATION > 0, name & _NCCL > 0, (cat & _MEMORY_CAT > 0) | (name & _MEMORY_KERNEL > 0), name & _NOT_COMPUTE > 0],
+        [kind["annotation"], kind["comm"], kind["memory"], kind["other"]], kind["compute"])
+    cpu_kind = np.select(
+        [name & _MEMORY_EVENT > 0, name & _GLOO > 0, name & _ENQUEUE > 0, cat & _RUNTIME > 0, instant, cat & _USER_ANNOTATION > 0],
+        [kind["memory_event"], kind["comm"], kind["enqueue"], kind["runtime"], kind["instant"], kind["annotation"]], kind["op"])
+    return gpu.astype(np.uint32), np.where(gpu, gpu_kind, cpu_kind).astype(np.uint32)
+
+
+_LABELS = _rules(np.arange(2 ** (_CAT_BITS + _NAME_BITS + 1)))
+
+
+@functools.cache
+def _tests() -> dict[str, list[tuple[int, pl.Expr]]]:
+    """The rules' tests of a category (`cat`) and of a name, each with its bit (built once)."""
+    v = pl.col("v")
+    low = v.str.to_lowercase()
+    return {
+        "cat": [(_GPU, low.is_in(GPU_CATS)), (_GPU_ANNOTATION, low == "gpu_user_annotation"),
+                (_MEMORY_CAT, low.is_in(["gpu_memcpy", "gpu_memset", "memcpy", "memset"])),
+                (_RUNTIME, low.str.contains(RUNTIME_CAT_RE)), (_USER_ANNOTATION, low == "user_annotation")],
+        "name": [(_NCCL, v.str.contains(NCCL_KERNEL_RE)), (_MEMORY_KERNEL, v.str.contains(MEMORY_KERNEL_RE)),
+                 (_NOT_COMPUTE, v.str.contains(NOT_COMPUTE_RE)), (_MEMORY_EVENT, v == MEMORY_EVENT),
+                 (_GLOO, v.str.starts_with(GLOO_SPAN_PREFIX)), (_ENQUEUE, v.str.contains(ENQUEUE_RE))],
+    }
+
+
+def _flags(column: pl.Series, which: str) -> np.ndarray:
+    """Per event, the OR of the bits of `which` tests its value passes (a null value: none),
+    the tests run once per distinct value and looked up by the events' category codes."""
+    if column.dtype != pl.Categorical:  # a frame built by hand: its text as categories
+        column = column.cast(pl.Categorical)
+    distinct = column.unique().drop_nulls()
+    tests = _tests()[which]
+    passed = pl.DataFrame({"v": distinct.cast(pl.String)}).select(
+        [t.fill_null(False).alias(str(i)) for i, (_, t) in enumerate(tests)]).to_numpy()
+    codes = distinct.to_physical().to_numpy().astype(np.int64)
+    table = np.zeros(int(codes.max(initial=-1)) + 2, np.uint8)  # the last slot: null
+    table[codes] = passed.astype(np.uint8) @ np.array([bit for bit, _ in tests], np.uint8) if len(codes) else 0
+    return table[column.to_physical().fill_null(len(table) - 1).to_numpy()]
+
+
 def device_kind(events: pl.DataFrame) -> str:
     """What recorded a file's device activity: "cuda", "rocm", "mtia", or "cpu" (no device activity).
 
     MTIA by its own categories; ROCm by its HIP runtime calls (Kineto files them under
     `cuda_runtime`); any other device activity is CUDA's.
     """
-    device = events.lazy().filter(pl.col("device") == "gpu").select(pl.col("cat").cast(pl.String).str.to_lowercase().unique()).collect()
+    # Distinct values first, then their text (not the text of every event).
+    device = (events.lazy().filter(pl.col("device") == "gpu").select(pl.col("cat").unique()).collect()
+              .select(pl.col("cat").cast(pl.String).str.to_lowercase()))
     if device.is_empty():
         return "cpu"
     if device["cat"].str.starts_with("mtia").any():
         return "mtia"
-    runtime = events.lazy().filter(pl.col("kind") == "runtime").select(pl.col("name").cast(pl.String).unique()).collect()["name"]
+    runtime = events.lazy().filter(pl.col("kind") == "runtime").select(pl.col("name").unique()).collect()["name"].cast(pl.String)
     return "rocm" if runtime.str.starts_with("hip").any() else "cuda"
 
 
@@ -99,6 +178,9 @@ def unknown_categories(events: pl.DataFrame) -> dict[str, int]:
     """Events per `cat` that no rule above knows (counted as CPU operators): {cat: n}."""
     cat = pl.col("cat").cast(pl.String)
     known = cat.str.to_lowercase().is_in(GPU_CATS + CPU_CATS) | cat.str.to_lowercase().str.contains(RUNTIME_CAT_RE)
+    # Usually none: the distinct categories tell, without counting every event's.
+    if events.select(pl.col("cat").unique()).filter(cat.is_not_null() & ~known).is_empty():
+        return {}
     # Counted first (eagerly: a lazy query would push the filter below the count), then the
     # rules run on the few distinct categories, not on every event.
     counts = events.group_by("cat").len().filter(cat.is_not_null() & ~known)
