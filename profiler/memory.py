@@ -118,9 +118,10 @@ def memory_curve(timeline: pl.DataFrame, buckets: int = CURVE_BUCKETS) -> pl.Dat
     per = (
         timeline.sort(*groups, "ts_us", maintain_order=True)  # polars' sort: the windows below use its sortedness
         .with_columns(bucket=bucket, n=n, t0=t0, width=(t1 - t0) / n)
-        .group_by(*keys, "bucket")
+        .group_by(*groups, "bucket")  # the keys that do not vary are put back as constants
         .agg(pl.col("allocated_bytes").max().alias("hi"), pl.col("allocated_bytes").min().alias("lo"),
              pl.col("allocated_bytes").last().alias("last"), pl.col("n", "t0", "width").first())
+        .with_columns(pl.lit(timeline.get_column(k)[0], timeline.schema[k]).alias(k) for k in keys if k not in groups)
     )
     grid = (per.group_by(keys).agg(pl.col("n", "t0", "width").first())
             .with_columns(bucket=pl.int_ranges(0, pl.col("n"))).explode("bucket"))

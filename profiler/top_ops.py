@@ -97,23 +97,18 @@ def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
     """Per rank, the `n` CPU operators (aten ops, runtime calls, enqueues) with the most self time."""
     spans = self_times(events)
     ops = spans.select(*KEYS, "name", "self_us", "dur_us").filter(spans.get_column("kind").is_in(CPU_OP_KINDS))
-    keys = varying(ops, KEYS)  # grouped by these only (one rank: by name); the others put back as constants
     return (
         # In order of first appearance and a stable sort: operators with equal times are listed
-        # (and cut at n) the same way on every load, not in a hashed order.
-        ops.group_by(*keys, "name", maintain_order=True)
+        # (and cut at n) the same way on every load, not in a hashed order. (Grouped by all three
+        # keys even where run and rank are constant: polars sums a group of one key otherwise,
+        # to other last digits.)
+        ops.group_by(*KEYS, "name", maintain_order=True)
         .agg(count=pl.len(), self_us=pl.col("self_us").sum(), total_us=pl.col("dur_us").sum())
-        .select(*[pl.col(c) if c in keys else _constant(ops, c) for c in KEYS], pl.all().exclude(keys))
         .sort(*KEYS, "self_us", descending=[False, False, True], maintain_order=True)
         .group_by(KEYS, maintain_order=True)
         .head(n)
         .with_columns(pl.col("name").cast(pl.String))
     )
-
-
-def _constant(frame: pl.DataFrame, column: str) -> pl.Expr:
-    """`column` of a frame where it holds one value, as a literal of its type."""
-    return pl.lit(frame.get_column(column)[0] if frame.height else None, frame.schema[column]).alias(column)
 
 
 def top_kernels(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
