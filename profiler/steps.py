@@ -37,11 +37,14 @@ def profiler_steps(events: pl.DataFrame) -> pl.DataFrame:
         .agg(start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max())
         .collect()
     )
+    spans = events.lazy().filter(pl.col("kind") != "memory_event")
+    if varying(events, KEYS):
+        spans = spans.group_by(KEYS).agg(start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max())
+    else:  # one rank: its extent, no group_by (and no row where it has no events)
+        spans = (spans.select(pl.col(KEYS).first(), start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max(), _n=pl.len())
+                 .filter(pl.col("_n") > 0).drop("_n"))
     extent = (
-        events.lazy()
-        .filter(pl.col("kind") != "memory_event")
-        .group_by(KEYS)
-        .agg(start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max())
+        spans
         .join(marked.lazy().select(KEYS).unique(), on=KEYS, how="anti")
         .with_columns(step=pl.lit(NO_STEP, pl.Int64))
         .collect()
