@@ -56,8 +56,15 @@ def sorted_by(frame: pl.DataFrame, keys: list[str], t: str) -> pl.DataFrame:
         return frame.sort(*keys, t, maintain_order=True)
     order = np.argsort(frame.get_column(t).to_numpy(), kind="stable")
     for c in reversed(cols):  # least significant first: each stable pass keeps the order of the last
-        order = order[np.argsort(c[order], kind="stable")]
+        order = order[np.argsort(_narrow(c)[order], kind="stable")]
     return frame[order]
+
+
+def _narrow(codes: np.ndarray) -> np.ndarray:
+    """Integer codes in 16 bits where their range allows (numpy's stable sort of those is a radix
+    sort, linear), else as they are: the same order either way."""
+    low, high = int(codes.min()), int(codes.max())
+    return (codes - low).astype(np.uint16) if high - low < 2**16 else codes
 
 
 def _sort_codes(column: pl.Series) -> np.ndarray | None:

@@ -50,13 +50,16 @@ def memory_timeline(events: pl.DataFrame) -> pl.DataFrame:
         reserved_bytes="mem_total_reserved_bytes",
         step="step",
     ).collect()
-    # The device's name from its few distinct (type, id) pairs, not written out per event.
-    pairs = timeline.select("mem_device_type", "mem_device_id").unique().with_columns(mem_device=device)
-    timeline = (timeline.join(pairs, on=["mem_device_type", "mem_device_id"], how="left", nulls_equal=True, maintain_order="left")
-                .select(*KEYS, "mem_device", "ts_us", "delta_bytes", "allocated_bytes", "reserved_bytes", "step"))
+    # The device's name from its few distinct (type, id) pairs, not written out per event, with
+    # its rank among the names (`_dev`) to sort by in its place.
+    pairs = (timeline.select("mem_device_type", "mem_device_id").unique().with_columns(mem_device=device)
+             .sort("mem_device").with_columns(_dev=pl.col("mem_device").rle_id()))
+    timeline = timeline.join(pairs, on=["mem_device_type", "mem_device_id"], how="left", nulls_equal=True, maintain_order="left")
     # Sorted by the keys that vary only (one rank's frame: by device and time), as a stable sort:
     # the rows the keys do not order keep the trace's order either way.
-    return sorted_by(timeline, varying(timeline, [*KEYS, "mem_device"]), "ts_us")
+    by = [{"mem_device": "_dev"}.get(k, k) for k in varying(timeline, [*KEYS, "mem_device"])]
+    return (sorted_by(timeline, by, "ts_us")
+            .select(*KEYS, "mem_device", "ts_us", "delta_bytes", "allocated_bytes", "reserved_bytes", "step"))
 
 
 def memory_peaks(timeline: pl.DataFrame) -> pl.DataFrame:
