@@ -112,14 +112,18 @@ def memory_curve(timeline: pl.DataFrame, buckets: int = CURVE_BUCKETS) -> pl.Dat
     keys = [*KEYS, "mem_device"]
     # Windows and sorts over the keys that vary only (one rank, often one device: none).
     groups = varying(timeline, keys)
-    t0, t1 = over(pl.col("ts_us").min(), groups), over(pl.col("ts_us").max(), groups)
-    n = pl.min_horizontal(pl.lit(buckets), over(pl.len(), groups)).cast(pl.Int64)  # no more buckets than events
+    # Sorted by the groups, each group is one run of rows: windowed by its run number, not by the
+    # key columns (a device's name is text).
+    runs = ["_run"] if groups else []
+    t0, t1 = over(pl.col("ts_us").min(), runs), over(pl.col("ts_us").max(), runs)
+    n = pl.min_horizontal(pl.lit(buckets), over(pl.len(), runs)).cast(pl.Int64)  # no more buckets than events
     # One instant (or one event): one bucket; never a division by a zero span.
     n = pl.when(t1 > t0).then(n).otherwise(1)
     span = pl.when(t1 > t0).then(t1 - t0).otherwise(1.0)
     bucket = ((pl.col("ts_us") - t0) / span * n).floor().cast(pl.Int64).clip(0, n - 1)
     per = (
-        timeline.sort(*groups, "ts_us", maintain_order=True)  # polars' sort: the windows below use its sortedness
+        timeline.sort(*groups, "ts_us", maintain_order=True)
+        .with_columns(_run=pl.struct(groups).rle_id() if groups else pl.lit(0, pl.UInt32))
         .with_columns(bucket=bucket, n=n, t0=t0, width=(t1 - t0) / n)
         .group_by(*groups, "bucket")  # the keys that do not vary are put back as constants
         .agg(pl.col("allocated_bytes").max().alias("hi"), pl.col("allocated_bytes").min().alias("lo"),
