@@ -202,10 +202,11 @@ def gloo_worker_threads(events: pl.DataFrame) -> pl.DataFrame:
     The training loop's thread is the one with ProfilerStep spans; in a rank without them, the
     thread with the most operator time.
     """
-    spans = events.lazy().filter((pl.col("device") == "cpu") & (pl.col("ph") == "X")).select(*THREAD, "name", "kind", "dur_us").collect()
-    gloo = spans.filter(pl.col("kind") == "comm").select(THREAD).unique()
+    cpu_spans = events.lazy().filter((pl.col("device") == "cpu") & (pl.col("ph") == "X"))
+    gloo = cpu_spans.filter(pl.col("kind") == "comm").select(THREAD).unique().collect()
     if gloo.is_empty():  # no gloo spans (an NCCL rank): no thread to find
         return gloo
+    spans = cpu_spans.select(*THREAD, "name", "kind", "dur_us").collect()
     is_step = pl.col("name").is_in(names_matching(events, PROFILER_STEP_RE))
     stepped = spans.filter((pl.col("kind") == "annotation") & is_step).select(THREAD).unique()
     busiest = (
