@@ -86,21 +86,22 @@ def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.
     # Joined on the keys that vary only: one rank's events are matched on correlation alone (a
     # join on one integer column, not three).
     keys = varying(narrow, KEYS)
-    launches = (
-        narrow.with_columns(step=by_time)
-        .filter((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
-        .group_by(*keys, "correlation")
-        .agg(launch_step=pl.col("step").first(), _launched=pl.lit(True))
-    )
     single = _single_window(events, steps)
-    # Only device activity takes another step than its start's: those rows alone are joined.
+    # Only device activity takes another step than its start's: those rows alone are matched.
     device = narrow.with_columns(step=by_time).with_row_index("_row").filter(pl.col("device") == "gpu")
-    device = device.join(launches, on=[*keys, "correlation"], how="left", maintain_order="left")
     if keys:
-        device = device.join(single, on=KEYS, how="left", maintain_order="left")
-    else:  # one rank: its one row (or none) is a constant
+        launches = (
+            narrow.with_columns(step=by_time)
+            .filter((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
+            .group_by(*keys, "correlation")
+            .agg(launch_step=pl.col("step").first(), _launched=pl.lit(True))
+        )
+        device = (device.join(launches, on=[*keys, "correlation"], how="left", maintain_order="left")
+                  .join(single, on=KEYS, how="left", maintain_order="left"))
+    else:  # one rank: launches by binary search, and its one row of `single` (or none) is a constant
         row = single.row(0, named=True) if single.height else {"_only_step": None, "_single": None}
-        device = device.with_columns(_only_step=pl.lit(row["_only_step"], pl.Int64), _single=pl.lit(row["_single"], pl.Boolean))
+        device = device.with_columns(*_launch_of(narrow, by_time, device),
+                                     _only_step=pl.lit(row["_only_step"], pl.Int64), _single=pl.lit(row["_single"], pl.Boolean))
     device_step = device.select(
         "_row",
         step=pl.when(pl.col("_single")).then(pl.col("_only_step"))
@@ -110,6 +111,27 @@ def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.
     )
     step = by_time.scatter(device_step["_row"], device_step["step"]) if device_step.height else by_time
     return events.with_columns(step=step)
+
+
+def _launch_of(narrow: pl.DataFrame, by_time: pl.Series, device: pl.DataFrame) -> list[pl.Series]:
+    """One rank's `launch_step` and `_launched` of `device`'s rows: the step (by time) of the first
+    runtime call in the trace with the row's correlation, found by binary search in the runtime
+    calls' sorted correlations (what a group_by(correlation).first() and a join give)."""
+    is_call = narrow.select((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
+    calls = np.flatnonzero(is_call.to_series().fill_null(False).to_numpy())
+    corr = narrow.get_column("correlation").fill_null(0).to_numpy()[calls]
+    order = np.argsort(corr, kind="stable")  # each correlation's calls in trace order: the first is the one
+    corr = corr[order]
+    first = np.ones(corr.size, bool)
+    first[1:] = corr[1:] != corr[:-1]
+    known, call = corr[first], calls[order[first]]
+    wanted = device.get_column("correlation")
+    if not known.size or not wanted.len():
+        return [pl.Series("launch_step", [None] * wanted.len(), pl.Int64), pl.Series("_launched", [None] * wanted.len(), pl.Boolean)]
+    value = wanted.fill_null(0).to_numpy()
+    at = np.minimum(np.searchsorted(known, value), known.size - 1)
+    hit = wanted.is_not_null().to_numpy() & (known[at] == value)
+    return [by_time.gather(call[at]).alias("launch_step"), pl.Series("_launched", hit).replace(False, None)]
 
 
 def _single_window(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
