@@ -45,6 +45,19 @@ def test_cpu_events_by_start_gpu_activity_by_its_launch():
                    "orphan": None, "uncorrelated": 2, "aten::add": None}
 
 
+def test_kernels_take_the_first_call_of_their_correlation_alone_or_beside_another_rank():
+    # One rank is matched by binary search, several by a join: the same answer. Two calls share
+    # correlation 7 (the one the trace lists first, in step 2, counts); kernel 3 ran in step 2's
+    # time but was launched in step 1.
+    rows = [step(1, 0, 50), step(2, 50, 50), launch(60, 7), launch(10, 7), launch(20, 3),
+            kernel("gemm", "compute", 70, 5, 7), kernel("late", "compute", 55, 5, 3), kernel("orphan", "compute", 56, 1, 4)]
+    alone = assign_steps(make_events(rows, rank=0))
+    beside = assign_steps(pl.concat([make_events(rows, rank=0), make_events(rows[:2], rank=1)])).filter(pl.col("rank") == 0)
+    for ev in (alone, beside):
+        got = {n: s for n, s in ev.filter(pl.col("device") == "gpu").select(pl.col("name").cast(pl.String), "step").iter_rows()}
+        assert got == {"gemm": 2, "late": 1, "orphan": None}
+    assert alone["step"].equals(beside["step"])
+
 def test_single_step_rank_keeps_its_device_activity_in_its_step():
     # HTA's rule (Trace._filter_irrelevant_gpu_kernels): with fewer than two ProfilerSteps, no
     # device activity is dropped for its launch. Per rank: rank 1 has two steps and keeps the filter.
