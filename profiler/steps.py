@@ -86,7 +86,6 @@ def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.
     # Joined on the keys that vary only: one rank's events are matched on correlation alone (a
     # join on one integer column, not three).
     keys = varying(narrow, KEYS)
-    single = _single_window(events, steps)
     # Only device activity takes another step than its start's: those rows alone are matched.
     device = narrow.with_columns(step=by_time).with_row_index("_row").filter(pl.col("device") == "gpu")
     if keys:
@@ -97,11 +96,11 @@ def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.
             .agg(launch_step=pl.col("step").first(), _launched=pl.lit(True))
         )
         device = (device.join(launches, on=[*keys, "correlation"], how="left", maintain_order="left")
-                  .join(single, on=KEYS, how="left", maintain_order="left"))
-    else:  # one rank: launches by binary search, and its one row of `single` (or none) is a constant
-        row = single.row(0, named=True) if single.height else {"_only_step": None, "_single": None}
+                  .join(_single_window(events, steps), on=KEYS, how="left", maintain_order="left"))
+    else:  # one rank: launches by binary search, and _single_window's one row (or none) as constants
+        only_step, single = _single_one_rank(events, steps)
         device = device.with_columns(*_launch_of(narrow, by_time, device),
-                                     _only_step=pl.lit(row["_only_step"], pl.Int64), _single=pl.lit(row["_single"], pl.Boolean))
+                                     _only_step=pl.lit(only_step, pl.Int64), _single=pl.lit(single, pl.Boolean))
     device_step = device.select(
         "_row",
         step=pl.when(pl.col("_single")).then(pl.col("_only_step"))
@@ -132,6 +131,21 @@ def _launch_of(narrow: pl.DataFrame, by_time: pl.Series, device: pl.DataFrame) -
     at = np.minimum(np.searchsorted(known, value), known.size - 1)
     hit = wanted.is_not_null().to_numpy() & (known[at] == value)
     return [by_time.gather(call[at]).alias("launch_step"), pl.Series("_launched", hit).replace(False, None)]
+
+
+def _single_one_rank(events: pl.DataFrame, steps: pl.DataFrame) -> tuple[int | None, bool | None]:
+    """_single_window of a frame of one (run, rank), as (its _only_step, its _single): (None,
+    None) where it has two or more ProfilerSteps (or no events)."""
+    if events.is_empty():
+        return None, None
+    names = names_matching(events, PROFILER_STEP_RE)
+    n = (events.lazy().filter(pl.col("name").is_in(names) & (pl.col("device") == "cpu") & (pl.col("ph") == "X"))
+         .select(pl.col("name").n_unique()).collect().item())
+    if n >= 2:
+        return None, None
+    run, rank = events.select(KEYS).row(0)
+    mine = steps.filter((pl.col("run").cast(pl.String) == str(run)) & (pl.col("rank") == rank))
+    return (mine.get_column("step")[0] if mine.height else None), True
 
 
 def _single_window(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
