@@ -43,7 +43,7 @@ def _self_us(spans: pl.DataFrame) -> pl.Series:
     # One small integer per thread (only the columns of THREAD that vary: one rank's frame has one
     # run and one rank).
     by = varying(spans, THREAD)
-    thr = (spans.select(pl.struct(by).rank("dense")).to_series().to_numpy()[op] if by else np.zeros(op.size, np.uint32))
+    thr = _thread_codes(spans, by)[op] if by else np.zeros(op.size, np.uint32)
     thr = thr.astype(np.uint16 if op.size == 0 or thr.max() < 2**16 else np.uint32)  # 16 bits: a radix sort
     # Boundaries in the order (thread, time; at one instant closes first, so back-to-back siblings
     # do not nest; opens longer first, so a parent opens before the child that starts with it;
@@ -91,6 +91,14 @@ def _self_us(spans: pl.DataFrame) -> pl.Series:
         sums = pl.DataFrame({"owner": owner[many], "seg_us": seg[many]}).group_by("owner").agg(pl.col("seg_us").sum())
         out[sums["owner"].to_numpy()] = sums["seg_us"].to_numpy()
     return pl.Series("self_us", out, pl.Float64)
+
+
+def _thread_codes(spans: pl.DataFrame, by: list[str]) -> np.ndarray:
+    """1, 2, ... per span naming its thread (the columns `by`): ranked once per run of
+    consecutive spans of one thread, not per span (a trace lists a thread's events in runs)."""
+    run = spans.select(pl.struct(by).rle_id()).to_series().to_numpy()
+    first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])  # run k starts at first[k]
+    return spans.select(by)[first].select(pl.struct(by).rank("dense")).to_series().to_numpy()[run]
 
 
 def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
