@@ -51,19 +51,19 @@ def _self_us(spans: pl.DataFrame) -> pl.Series:
     # (start, longer first, trace order) and closes stay in trace order; one stable sort by time
     # of [closes, opens] then one by thread give that order.
     opens = np.argsort(ts, kind="stable")
-    tie = np.flatnonzero(ts[opens][1:] == ts[opens][:-1])
+    start = ts[opens]
+    tie = np.flatnonzero(start[1:] == start[:-1])
     if tie.size:  # spans starting together: longest first, within each run of one start
         at = np.union1d(tie, tie + 1)
-        run = np.cumsum(np.r_[True, ts[opens[at[1:]]] != ts[opens[at[:-1]]]] | np.r_[True, at[1:] != at[:-1] + 1])
-        opens[at] = opens[at][np.lexsort((-dur[opens[at]], run))]
-    closes = np.arange(op.size)
-    which = np.concatenate([closes, opens])  # index into op
-    t = np.concatenate([end, ts[opens]])
+        run = np.cumsum(np.r_[True, start[at[1:]] != start[at[:-1]]] | np.r_[True, at[1:] != at[:-1] + 1])
+        opens[at] = opens[at][np.lexsort((-dur[opens[at]], run))]  # (`start` is unchanged: equal in a run)
+    which = np.concatenate([np.arange(op.size), opens])  # index into op: the closes, then the opens
+    t = np.concatenate([end, start])
+    thr_s = np.concatenate([thr, thr[opens]])
     order = np.argsort(t, kind="stable")
-    order = order[np.argsort(np.concatenate([thr, thr[opens]])[order], kind="stable")]
-    which, t = which[order], t[order]
-    delta = np.where(order < op.size, -1, 1).astype(np.int32)
-    thr_s = np.concatenate([thr, thr[opens]])[order]
+    order = order[np.argsort(thr_s[order], kind="stable")]
+    which, t, thr_s = which[order], t[order], thr_s[order]
+    delta = np.where(order < op.size, np.int32(-1), np.int32(1))
     # Each thread's opens and closes balance, so a running sum over the whole sorted frame is each
     # thread's nesting depth.
     depth = np.cumsum(delta, dtype=np.int64)
