@@ -30,9 +30,14 @@ from profiler.errors import TraceError
 from profiler.batchmap import plan_batches, summarize_batch
 from profiler.rankmap import RankSummary, RankTask, decode
 
-# polars' allocator (jemalloc) keeps freed pages for a while; a worker going through several
-# files would then hold the last file's garbage while parsing the next one.
-_WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"}
+# The workers' two allocators, tuned on 8 ranks x 100 MB (README, Benchmarks): polars' jemalloc
+# keeps freed pages 10 s by default, so a worker holds its last file's garbage while parsing the
+# next (+100 MB per worker); returning them at once (decay 0) costs a page fault per 4 KB on every
+# later allocation, ~1 GB of fresh pages per 100 MB file, +30 % CPU. 50 ms keeps the pages a
+# file's steps hand to each other and returns the rest between files. glibc (the raw JSON, the C
+# parser's columns, numpy) moves its mmap threshold up to 32 MB as big blocks are freed, then
+# serves them from a heap it cannot shrink: fixed at 1 MB, big blocks go back when freed.
+_WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576"}
 
 
 class LocalEngine:
@@ -102,7 +107,7 @@ def _run_workers(tasks: list[RankTask], batches: list[list[int]], n: int) -> Ite
         t.start()
     try:
         for _ in tasks:
-            yield done.get()
+            yield _next(done)
     finally:
         # Interrupted (Ctrl-C, a signal turned exception) or abandoned: no worker outlives the load.
         stop.set()
@@ -111,6 +116,17 @@ def _run_workers(tasks: list[RankTask], batches: list[list[int]], n: int) -> Ite
                 proc.kill()
     for t in threads:
         t.join()
+
+
+def _next(done: queue.Queue):
+    """The next result. Polled: a Ctrl-C or `kill -INT` may be delivered to one of the reader
+    threads, and then a main thread blocked in get() without a timeout would sleep through it,
+    its KeyboardInterrupt pending, until a worker happened to finish (never, were one hung)."""
+    while True:
+        try:
+            return done.get(timeout=0.2)
+        except queue.Empty:
+            pass
 
 
 def _run_worker(tasks: list[RankTask], chunk: list[list[int]], env: dict, done: queue.Queue, reported: set[int],
