@@ -17,14 +17,20 @@ def union(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     An interval opens a new merged block when it starts after every earlier end (sorted by start,
     cumulative max of the previous ends), HTA's algorithm.
     """
+    # Sorted by the columns of `by` that vary only, by sorted_by's one-column sorts (a sort on
+    # several columns, texts among them, cost most of a rank's activity bins); each group is then
+    # one run of rows, numbered once. Intervals starting together may come in any order: the
+    # first of them opens a block or not, the others join it (every end is at or after its start).
+    keys = varying(intervals, by)
+    ordered = sorted_by(intervals.select(*by, "start_us", "end_us"), keys, "start_us")
     return (
-        intervals.sort([*by, "start_us"])
+        ordered.with_columns(_g=pl.struct(keys).rle_id() if keys else pl.lit(0, pl.UInt32))
         .with_columns(
-            block=(pl.col("start_us") > pl.col("end_us").shift(1).cum_max().over(by)).fill_null(True).cast(pl.Int32).cum_sum().over(by)
+            _block=(pl.col("start_us") > pl.col("end_us").shift(1).cum_max().over("_g")).fill_null(True).cast(pl.Int32).cum_sum().over("_g")
         )
-        .group_by([*by, "block"], maintain_order=True)
-        .agg(pl.col("start_us").min(), pl.col("end_us").max())
-        .drop("block")
+        .group_by("_g", "_block", maintain_order=True)
+        .agg(pl.col(by).first(), pl.col("start_us").min(), pl.col("end_us").max())
+        .drop("_g", "_block")
     )
 
 
