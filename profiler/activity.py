@@ -23,7 +23,7 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.intervals import union
-from profiler.steps import PROFILER_STEP_RE
+from profiler.steps import PROFILER_STEP_RE, names_matching
 
 KIND_CATEGORY = {"compute": "compute", "op": "compute", "comm": "comm", "enqueue": "comm", "memory": "memory",
                  "runtime": "other", "other": "other"}
@@ -38,9 +38,12 @@ def lane_spans(events: pl.DataFrame, *, names: bool = True) -> pl.DataFrame:
     """The spans lanes are drawn from: run, rank, lane, lane_key, category, name (unless `names`
     is False), ts_us, end_us, one per complete event with a duration and a known kind."""
     c = pl.col
-    spans = events.filter((c("ph") == "X") & (c("dur_us") > 0))
+    # Only the columns drawn (not a copy of every column of every span); the step spans found
+    # by their few distinct names, not by a regex over every span's.
+    spans = (events.lazy().filter((c("ph") == "X") & (c("dur_us") > 0))
+             .select("run", "rank", "tid", "stream", "device", "kind", "name", "ts_us", "end_us").collect())
     main = (
-        spans.filter(c("name").cast(pl.String).str.contains(PROFILER_STEP_RE))
+        spans.filter(c("name").is_in(names_matching(spans, PROFILER_STEP_RE)))
         .group_by("run", "rank").agg(main_tid=c("tid").first())
     )
     comm_tids = spans.filter((c("device") == "cpu") & (c("kind") == "comm")).select("run", "rank", "tid").unique().with_columns(is_comm=pl.lit(True))
