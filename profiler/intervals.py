@@ -25,9 +25,8 @@ def union(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     ordered = sorted_by(intervals.select(*by, "start_us", "end_us"), keys, "start_us")
     return (
         ordered.with_columns(_g=pl.struct(keys).rle_id() if keys else pl.lit(0, pl.UInt32))
-        .with_columns(
-            _block=(pl.col("start_us") > pl.col("end_us").shift(1).cum_max().over("_g")).fill_null(True).cast(pl.Int32).cum_sum().over("_g")
-        )
+        .with_columns(_opens=(pl.col("start_us") > pl.col("end_us").shift(1).cum_max().over("_g")).fill_null(True))
+        .with_columns(_block=pl.col("_opens").cast(pl.Int32).cum_sum().over("_g"))
         .group_by("_g", "_block", maintain_order=True)
         .agg(pl.col(by).first(), pl.col("start_us").min(), pl.col("end_us").max())
         .drop("_g", "_block")
