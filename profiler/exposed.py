@@ -58,10 +58,14 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFra
         compute.select(*KEYS, "start_us", "end_us", comp=pl.lit(1, pl.Int32), comm=pl.lit(0, pl.Int32)).cast(key_types),
         calls_k.select(*KEYS, "start_us", "end_us", comp=pl.lit(0, pl.Int32), comm=pl.lit(1, pl.Int32)),
     ]).filter(pl.col("end_us") > pl.col("start_us"))
-    weight = _exposed_weight(bounds)
+    # The bounds are the calls' and the compute of the calls' ranks: the keys that vary among the
+    # calls are the only ones that can vary among the bounds (sorting or windowing by one that
+    # happens to be constant there changes nothing).
+    keys = varying(calls_k, KEYS)
+    weight = _exposed_weight(bounds, keys)
     # W(t): exposed time, shared among the calls running, up to instant t. Every call's ends are
     # sweep bounds, so a call's exposed time is W(end) - W(start), two exact look-ups.
-    if _one_rank(calls_k, weight):  # by binary search in W's instants (strictly increasing)
+    if not keys:  # one rank: by binary search in W's instants (strictly increasing)
         t_w, w_cum = weight.get_column("t").to_numpy(), weight.get_column("w_cum").to_numpy()
         at = lambda t: _look_up(t_w, w_cum, calls_k.get_column(t).to_numpy())  # noqa: E731
         pairs = pl.DataFrame({"_call": calls_k.get_column("_call"), "exposed_us": at("end_us") - at("start_us")})
@@ -81,13 +85,6 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFra
     )
 
 
-def _one_rank(calls: pl.DataFrame, weight: pl.DataFrame) -> bool:
-    """Whether every call and every instant of W are of one and the same (run, rank)."""
-    if varying(calls, KEYS) or varying(weight, KEYS):
-        return False
-    return weight.is_empty() or calls.select(KEYS).row(0) == weight.select(KEYS).row(0)
-
-
 def _look_up(t_w: np.ndarray, w_cum: np.ndarray, t: np.ndarray) -> np.ndarray:
     """W at each of `t`: w_cum of the last instant at or before it (join_asof's backward match), 0 before the first."""
     at = np.searchsorted(t_w, t, side="right") - 1
@@ -96,14 +93,14 @@ def _look_up(t_w: np.ndarray, w_cum: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.where(at >= 0, w_cum[np.maximum(at, 0)], 0.0)
 
 
-def _exposed_weight(bounds: pl.DataFrame) -> pl.DataFrame:
+def _exposed_weight(bounds: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """(run, rank, t, w_cum): at each bound t, the exposed time before t, each instant divided by
     the number of calls running in it (a labelled sweep that counts, intervals.sweep's idea)."""
     edges = pl.concat([
         bounds.select(*KEYS, t="start_us", d_comp="comp", d_comm="comm"),
         bounds.select(*KEYS, t="end_us", d_comp=-pl.col("comp"), d_comm=-pl.col("comm")),
     ])
-    keys = varying(edges, KEYS)  # sorted and windowed by these only: one rank's frame has none
+    # Sorted and windowed by `keys` only (those of KEYS that vary): one rank's frame has none.
     return (
         edges.sort(*keys, "t")
         .with_columns(n_comp=over(pl.col("d_comp").cum_sum(), keys), n_comm=over(pl.col("d_comm").cum_sum(), keys))
