@@ -90,7 +90,8 @@ class _Ready:
 
 
 def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
-    """`rankmap.summarize` of each task, the analyses of the parsed ones run once for all. Never raises."""
+    """`rankmap.summarize` of each task, the files missing from the cache parsed together
+    (cache.load_many_safe) and the analyses of the parsed ones run once for all. Never raises."""
     if len(tasks) == 1:
         return [summarize_one(tasks[0])]
     if any(t.no_cache and not t.cache for t in tasks):  # --no-cache on a Dask worker: a scratch folder, as summarize
@@ -100,19 +101,27 @@ def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
     ready: dict[int, _Ready] = {}
     paths = [Path(t.path) for t in tasks]
     holds = [holding_events(p) for p in paths]
+
+    def done(i: int, res: RankSummary | TraceError) -> None:
+        results[i] = res
+        holds[i].__exit__(None, None, None)
+        holds[i] = None
+
     try:
+        pending: dict[int, _Pending] = {}
         for i, task in enumerate(tasks):
             holds[i].__enter__()
-            try:
-                got = _prepare(task)
-            except Exception as e:  # noqa: BLE001  (never raises: the file is named, the batch goes on)
-                got = TraceError(paths[i], f"could not parse ({type(e).__name__}: {str(e)[:200]})")
+            got = _safely(paths[i], _lookup, task)
+            if isinstance(got, _Pending):
+                pending[i] = got
+            else:
+                done(i, got)
+        for i, parsed in _parse_all(pending).items():
+            got = _safely(paths[i], _ready, pending[i], parsed)
             if isinstance(got, _Ready):
                 ready[i] = got
             else:
-                results[i] = got
-                holds[i].__exit__(None, None, None)
-                holds[i] = None
+                done(i, got)
         for i, res in _analyse(ready).items():
             results[i] = res
     finally:
@@ -129,38 +138,79 @@ def summarize_one(task: RankTask) -> RankSummary | TraceError:
             return summarize_one(dataclasses.replace(task, cache=scratch, no_cache=False, ident=None))
     path = Path(task.path)
     with holding_events(path):  # from the parse until the analyses' frames are all that is left
-        try:
-            got = _prepare(task)
-        except Exception as e:  # noqa: BLE001
-            got = TraceError(path, f"could not parse ({type(e).__name__}: {str(e)[:200]})")
+        got = _safely(path, _prepare, task)
         return _finish_alone(got) if isinstance(got, _Ready) else got
 
 
-def _prepare(task: RankTask) -> RankSummary | TraceError | _Ready:
-    """A cached summary, the file's TraceError, or the file parsed (as `summarize` does)."""
-    from profiler.cache import cache_dir, load_one_safe, lookup
+def _safely(path: Path, fn, *args):
+    """fn(*args), or the TraceError naming `path` for whatever it raises (the batch goes on)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        return TraceError(path, f"could not parse ({type(e).__name__}: {str(e)[:200]})")
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A file with no cached summary: to parse (or read from its parquet entry) into `cache`."""
+
+    task: RankTask
+    cache: Path | None  # None: the cache folder is unusable here (why), parse into memory
+    why: str | None = None
+
+
+def _lookup(task: RankTask) -> RankSummary | _Pending:
+    """The file's cached summary where a Dask worker finds one (a local worker's task was looked up by load.py)."""
+    from profiler.cache import cache_dir, lookup
     from profiler.summary_cache import read_summary
 
     path = Path(task.path)
     try:
         cache = Path(task.cache) if task.cache else cache_dir()
     except Exception as e:  # noqa: BLE001  (CacheUnusable on a worker: parse into memory)
-        cache, why = None, str(e)
-    if cache is not None and task.ident is None:  # a Dask worker: it hashes the file itself
+        return _Pending(task, None, str(e))
+    if task.ident is None:  # a Dask worker: it hashes the file itself
         entry, ident = lookup(path, cache)
         if ident is not None:
             task = dataclasses.replace(task, ident=ident)
             hit = read_summary(cache, task, entry.parquet) if entry is not None else None
             if hit is not None:
                 return hit
-    parsed = load_one_safe(path, cache, task.ident) if cache is not None else _parse_uncached(path, why)
+    return _Pending(task, cache)
+
+
+def _parse_all(pending: dict[int, _Pending]) -> dict[int, object]:
+    """Each pending file's cache.Parsed or TraceError: those of one cache folder loaded together."""
+    from profiler.cache import load_many_safe
+
+    out: dict[int, object] = {}
+    by_cache: dict[Path, list[int]] = {}
+    for i, p in pending.items():
+        if p.cache is None:
+            out[i] = _parse_uncached(Path(p.task.path), p.why)
+        else:
+            by_cache.setdefault(p.cache, []).append(i)
+    for cache, ids in by_cache.items():
+        got = load_many_safe([Path(pending[i].task.path) for i in ids], cache, [pending[i].task.ident for i in ids])
+        out.update(zip(ids, got))
+    return dict(sorted(out.items()))
+
+
+def _ready(p: _Pending, parsed) -> TraceError | _Ready:
+    """The parsed file with the rank its frames are labelled with."""
     if isinstance(parsed, TraceError):
         return parsed
     try:
-        rank = worker_rank(task, parsed.meta)
+        rank = worker_rank(p.task, parsed.meta)
     except Exception as e:  # noqa: BLE001
-        return TraceError(path, f"could not analyse ({type(e).__name__}: {str(e)[:200]})")
-    return _Ready(task, parsed, rank, cache)
+        return TraceError(Path(p.task.path), f"could not analyse ({type(e).__name__}: {str(e)[:200]})")
+    return _Ready(p.task, parsed, rank, p.cache)
+
+
+def _prepare(task: RankTask) -> RankSummary | TraceError | _Ready:
+    """A cached summary, the file's TraceError, or the file parsed (as `summarize` does)."""
+    got = _lookup(task)
+    return _ready(got, _parse_all({0: got})[0]) if isinstance(got, _Pending) else got
 
 
 def _analyse(ready: dict[int, _Ready]) -> dict[int, RankSummary | TraceError]:

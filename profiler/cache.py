@@ -193,8 +193,12 @@ def _load_one(path: Path, cache: Path, ident: Identity | None) -> Parsed:
         hit = _read_entry(cache, *ident)
         if hit is not None:
             return hit
+    return _stored(cache, ident, *parse_trace_file(path))
+
+
+def _stored(cache: Path, ident: Identity, frame: pl.DataFrame, meta: dict) -> Parsed:
+    """A frame just parsed, written as its entry (kept in memory where it cannot be)."""
     key, digest = ident
-    frame, meta = parse_trace_file(path)
     if digest is None:
         return Parsed(meta, None, frame)  # not a regular file (a FIFO, a device): no entry could be trusted
     try:
@@ -207,8 +211,12 @@ def _load_one(path: Path, cache: Path, ident: Identity | None) -> Parsed:
 def load_one_safe(path: Path, cache: Path, ident: Identity | None = None):
     # Runs in worker processes too: errors travel back as values so one bad file never kills a
     # load, and whatever a malformed trace trips in the parser still names the file.
+    return _safely(path, _load_one, path, cache, ident)
+
+
+def _safely(path: Path, fn, *args):
     try:
-        return _load_one(path, cache, ident)
+        return fn(*args)
     except TraceError as e:
         return e
     except MemoryError:
@@ -217,3 +225,30 @@ def load_one_safe(path: Path, cache: Path, ident: Identity | None = None):
         return TraceError(path, "could not parse: JSON nested too deeply")
     except (Exception, PanicException) as e:  # noqa: BLE001 (a polars panic is a BaseException)
         return TraceError(path, f"could not parse ({type(e).__name__}: {str(e)[:200]})")
+
+
+def load_many_safe(paths: list[Path], cache: Path, idents: list[Identity | None]) -> list:
+    """`load_one_safe` of each file, the files missing from the cache parsed together
+    (parse_batch.parse_trace_files: one frame's worth of polars calls for all of them, each file's
+    frame and header as parsed alone); a file it leaves alone is `load_one_safe`'s as ever."""
+    from profiler.parse_batch import parse_trace_files
+
+    out: list = [None] * len(paths)
+    misses: dict[int, Identity] = {}
+    for i, (path, ident) in enumerate(zip(paths, idents)):
+        if ident is None:
+            try:
+                ident = _identify(path)  # hashed before parsing, as _load_one
+            except OSError:
+                continue  # load_one_safe below: parse_trace_file says what is wrong with the file
+        hit = _read_entry(cache, *ident) if ident[1] is not None else None
+        if hit is not None:
+            out[i] = hit
+        else:
+            misses[i] = ident
+    if len(misses) > 1:
+        for i, got in zip(misses, parse_trace_files([paths[i] for i in misses])):
+            if got is not None:
+                out[i] = _safely(paths[i], _stored, cache, misses[i], *got)
+    return [got if got is not None else load_one_safe(path, cache, misses.get(i, ident))
+            for i, (got, path, ident) in enumerate(zip(out, paths, idents))]

@@ -261,23 +261,14 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
     if any(len(t) > MAX_TEXT_BYTES for t in thread_names.values()):
         raise TraceError(path, f"a thread name over the {MAX_TEXT_BYTES:,}-byte limit on one text value (a damaged file?)")
     info = checked_distributed_info(info, path)
-    # Thread names from metadata, looked up on the two key columns only (a join of the whole
-    # frame would copy every column).
     threads = pl.DataFrame(
         {"pid": [k[0] for k in thread_names], "tid": [k[1] for k in thread_names], "thread": list(thread_names.values())},
         schema={"pid": pl.Int64, "tid": pl.Int64, "thread": pl.String},
     )
-    thread = frame.select("pid", "tid").join(threads, on=["pid", "tid"], how="left", maintain_order="left")["thread"]
-    frame = frame.with_columns(thread.cast(pl.Categorical), end_us=pl.col("ts_us") + pl.col("dur_us"))
-    frame = classify(frame)
-    # GPU activity's stream is its tid when args carry none (ROCm, annotations).
-    frame = frame.with_columns(
-        stream=pl.when(pl.col("device") == "gpu").then(pl.coalesce("stream", "tid")).otherwise(pl.col("stream"))
-    )
+    frame = _labelled(frame, threads, ["pid", "tid"])
     meta = {
         "distributed_info": info,
-        "device_name": ", ".join(sorted({str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name") is not None}))
-        if isinstance(devices, list) else None,
+        "device_name": device_name(devices),
         "dropped": dropped,
         "n_events": frame.height,
         "has_gpu": bool((frame["device"] == "gpu").any()),
@@ -287,6 +278,27 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
         **dict(zip(("first_ts_us", "last_end_us"), frame.select(pl.col("ts_us").min(), pl.col("end_us").max()).row(0))),
     }
     return frame.select([c for c in SCHEMA if c in frame.columns]), meta
+
+
+def device_name(devices) -> str | None:
+    """deviceProperties' names, sorted and joined (None where the trace has no such list)."""
+    if not isinstance(devices, list):
+        return None
+    return ", ".join(sorted({str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name") is not None}))
+
+
+def _labelled(frame: pl.DataFrame, threads: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """The kept rows with thread names (`threads`: keys + thread), end_us, device, kind and the
+    GPU stream: each row's from its own values (parse_batch.py runs it over several files' rows)."""
+    # Thread names from metadata, looked up on the key columns only (a join of the whole
+    # frame would copy every column).
+    thread = frame.select(keys).join(threads, on=keys, how="left", maintain_order="left")["thread"]
+    frame = frame.with_columns(thread.cast(pl.Categorical), end_us=pl.col("ts_us") + pl.col("dur_us"))
+    frame = classify(frame)
+    # GPU activity's stream is its tid when args carry none (ROCm, annotations).
+    return frame.with_columns(
+        stream=pl.when(pl.col("device") == "gpu").then(pl.coalesce("stream", "tid")).otherwise(pl.col("stream"))
+    )
 
 
 def _decode_header(raw: bytes | None):
@@ -426,6 +438,17 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
     """
     frame = pl.DataFrame(cols)
     check_text_sizes(frame)
+    passed = _passed(frame)
+    n_passed = frame.select([p.sum().alias(str(i)) for i, p in enumerate(passed)]).row(0)
+    return _kept(frame, passed[-1]), dict(zip(DROPPED, _dropped_counts(frame.height, n_passed)))
+
+
+DROPPED = ["string_pid", *DAMAGED]  # `_finish`'s counts, in the order an event is counted
+
+
+def _passed(frame: pl.DataFrame) -> list[pl.Expr]:
+    """`_finish`'s rules, cumulative: passed[i] holds where the row passes rules 0..i (row by row,
+    but for bad_step_names, which is decided per name)."""
     ts, dur, instant = pl.col("ts_us"), pl.col("dur_us"), pl.col("ph") == "i"
     ok = [
         pl.col("pid").is_not_null() & pl.col("tid").is_not_null(),
@@ -438,12 +461,20 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
     passed = [ok[0]]
     for rule in ok[1:]:
         passed.append(passed[-1] & rule)
-    n_passed = frame.select([p.sum().alias(str(i)) for i, p in enumerate(passed)]).row(0)
-    counts = [frame.height - n_passed[0]] + [a - b for a, b in zip(n_passed, n_passed[1:])]
-    frame = frame.filter(passed[-1]).with_columns(dur_us=pl.when(instant).then(0.0).otherwise(dur))
-    cast = {c: SCHEMA[c] for c in frame.columns if SCHEMA[c] == pl.Categorical()}
-    frame = frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()])
-    return frame, dict(zip(["string_pid", *DAMAGED], counts))
+    return passed
+
+
+def _dropped_counts(height: int, n_passed) -> list[int]:
+    """Rows dropped by each rule of `_passed`, from the rows that passed each cumulative one."""
+    return [height - n_passed[0]] + [a - b for a, b in zip(n_passed, n_passed[1:])]
+
+
+def _kept(frame: pl.DataFrame, passed: pl.Expr) -> pl.DataFrame:
+    """The rows that pass, instants with dur 0, text columns categorical."""
+    instant = pl.col("ph") == "i"
+    frame = frame.filter(passed).with_columns(dur_us=pl.when(instant).then(0.0).otherwise(pl.col("dur_us")))
+    cast = {c: SCHEMA[c] for c in frame.columns if c in SCHEMA and SCHEMA[c] == pl.Categorical()}
+    return frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()])
 
 
 def _raw_slices(parsed: dict, raw: bytes) -> dict[str, tuple[list[int], list[bytes]]]:
@@ -457,50 +488,88 @@ def _raw_slices(parsed: dict, raw: bytes) -> dict[str, tuple[list[int], list[byt
 
 def _fast_columns(parsed: dict, slices: dict) -> tuple[pl.DataFrame, dict[tuple[int, int], str], dict[str, int]]:
     """The C parser's buffers -> the same frame, thread names and counts as `_columns`."""
-    n = parsed["n"]
-    strings = parsed["strings"]  # interned text: code k -> strings[k], 0 -> null
+    cols, (thread_names,) = _fast_cols([(parsed, slices)])
+    frame, dropped = _finish(cols)
+    counts = parsed["counts"]
+    return frame, thread_names, {"flow": counts["flow"], **dropped, "other_ph": counts["other"], "meta": counts["meta"]}
+
+
+def _fast_cols(parts: list[tuple[dict, dict]]) -> tuple[dict[str, pl.Series], list[dict[tuple[int, int], str]]]:
+    """The C parser's buffers of one file, or of several (parse_batch.py) -> `_finish`'s columns
+    (the files' rows one after the other, a `file` column of each row's part where several) and
+    each part's thread names. Raises TraceError (no path) for text over MAX_TEXT_BYTES."""
+    many = len(parts) > 1
+    ns = [p["n"] for p, _ in parts]
+    n = sum(ns)
+    starts = np.cumsum([0, *ns[:-1]]).tolist()
+    tables = [p["strings"] for p, _ in parts]  # interned text: code k -> strings[k], 0 -> null
+    if many and any(t[:1] != [None] for t in tables):
+        raise ValueError("a string table without its null code")  # never from _kineto: parse_batch parses alone
+    # Several files: one table of all their strings, each file's codes shifted into it.
+    strings = [None, *(s for t in tables for s in t[1:])] if many else tables[0]
+    shifts = np.cumsum([0] + [len(t) - 1 for t in tables[:-1]]).tolist()
     table = pl.Series(strings, dtype=pl.String)
     # Text columns are built categorical straight from the codes (a gather of the few distinct
     # values), never as 300,000 strings hashed again by a cast; _finish's size check on String
     # columns is done here on the distinct values, column by column in the same order.
     lengths, categories = table.str.len_bytes(), table.cast(pl.Categorical)
 
-    def masked(name: str, values: np.ndarray, ok: bytes, dtype: pl.DataType) -> pl.Series:
+    def joined(get, dtype) -> np.ndarray:
+        if not many:
+            return np.frombuffer(get(parts[0][0]), dtype)
+        return np.concatenate([np.frombuffer(get(p), dtype) for p, _ in parts])
+
+    def masked(name: str, values: np.ndarray, valid: np.ndarray, dtype: pl.DataType) -> pl.Series:
         s = pl.Series(name, values)
-        valid = np.frombuffer(ok, np.bool_)
         if not valid.all():
             s = pl.select(pl.when(pl.Series(valid)).then(s).alias(name)).to_series()
         return s.cast(dtype, strict=False)  # Int32 columns: outside int32 -> null, as polars' lenient cast
 
+    first = parts[0][0]
     cols: dict[str, pl.Series] = {}
-    for name, (vals, ok) in parsed["ints"].items():
-        cols[name] = masked(name, np.frombuffer(vals, np.int64), ok, SCHEMA[name])
-    for name, (vals, ok) in parsed["floats"].items():
-        cols[name] = masked(name, np.frombuffer(vals, np.float64), ok, pl.Float64)
-    cols["ph"] = pl.Series("ph", np.frombuffer(parsed["ph"], np.uint8)).replace_strict({0: "X", 1: "i"}, return_dtype=pl.String)
-    texts = {name: pl.Series(name, np.frombuffer(codes, np.int32)) for name, codes in parsed["strs"].items()}
+    for name in first["ints"]:
+        cols[name] = masked(name, joined(lambda p: p["ints"][name][0], np.int64), joined(lambda p: p["ints"][name][1], np.bool_),
+                            SCHEMA[name])
+    for name in first["floats"]:
+        cols[name] = masked(name, joined(lambda p: p["floats"][name][0], np.float64),
+                            joined(lambda p: p["floats"][name][1], np.bool_), pl.Float64)
+    cols["ph"] = pl.Series("ph", joined(lambda p: p["ph"], np.uint8)).replace_strict({0: "X", 1: "i"}, return_dtype=pl.String)
+
+    def codes(p: dict, name: str, shift: int) -> np.ndarray:
+        c = np.frombuffer(p["strs"][name], np.int32)
+        return np.where(c > 0, c + np.int32(shift), np.int32(0)) if shift else c
+
+    texts = {name: pl.Series(name, np.concatenate([codes(p, name, sh) for (p, _), sh in zip(parts, shifts)]) if many
+                             else codes(first, name, 0)) for name in first["strs"]}
     for name in (c for c in _COLUMN_ORDER if c in texts):  # the order check_text_sizes reports in
         longest = lengths.gather(texts[name]).max()
         if longest is not None and longest > MAX_TEXT_BYTES:
             raise TraceError(None, f"an event's {name} is {longest:,} bytes long, over the {MAX_TEXT_BYTES:,}-byte limit "
                                    "on one text value (a damaged file?)")
-    for name, codes in texts.items():
-        cols[name] = categories.gather(codes).alias(name)
+    for name, c in texts.items():
+        cols[name] = categories.gather(c).alias(name)
 
-    rows, values = slices["group_ranks"]
-    cols["group_ranks"] = _sparse(n, rows, [_group_ranks_text(msgspec.json.decode(v)) for v in values], pl.String)
-    # Shapes were kept for events whose name looks like communication; the exact test is here.
-    name_codes = np.frombuffer(parsed["strs"]["name"], np.int32)
-    dims, typs = (dict(zip(*slices[k])) for k in ("input_dims", "input_type"))
-    comm = [(i, dims.get(i), typs.get(i)) for i in sorted(set(dims) | set(typs))
-            if (nm := strings[name_codes[i]]) is not None and nm.startswith(_COMM_NAME_PREFIXES)]
+    rows, values, comm = [], [], []
+    for (p, slices), start, t in zip(parts, starts, tables):
+        r, v = slices["group_ranks"]
+        rows += [start + i for i in r]
+        values += [_group_ranks_text(msgspec.json.decode(x)) for x in v]
+        # Shapes were kept for events whose name looks like communication; the exact test is here.
+        name_codes = np.frombuffer(p["strs"]["name"], np.int32)
+        dims, typs = (dict(zip(*slices[k])) for k in ("input_dims", "input_type"))
+        comm += [(start + i, dims.get(i), typs.get(i)) for i in sorted(set(dims) | set(typs))
+                 if (nm := t[name_codes[i]]) is not None and nm.startswith(_COMM_NAME_PREFIXES)]
+    cols["group_ranks"] = _sparse(n, rows, values, pl.String)
     cols["arg_nelems"], cols["arg_types"] = _arg_shapes(n, comm)
-    frame, dropped = _finish({c: cols[c] for c in _COLUMN_ORDER})
+    cols = {c: cols[c] for c in _COLUMN_ORDER}
+    if many:
+        cols["file"] = pl.Series("file", np.repeat(np.arange(len(parts), dtype=np.int32), ns))
+    return cols, [_thread_names(p, t) for (p, _), t in zip(parts, tables)]
 
+
+def _thread_names(parsed: dict, strings: list) -> dict[tuple[int | None, int | None], str]:
     pid, pid_ok, tid, tid_ok, name_codes = parsed["threads"]
     keys = zip(np.frombuffer(pid, np.int64).tolist(), np.frombuffer(pid_ok, np.bool_).tolist(),
                np.frombuffer(tid, np.int64).tolist(), np.frombuffer(tid_ok, np.bool_).tolist())
-    thread_names = {(p if po else None, t if to else None): strings[c]
-                    for (p, po, t, to), c in zip(keys, np.frombuffer(name_codes, np.int32).tolist())}
-    counts = parsed["counts"]
-    return frame, thread_names, {"flow": counts["flow"], **dropped, "other_ph": counts["other"], "meta": counts["meta"]}
+    return {(p if po else None, t if to else None): strings[c]
+            for (p, po, t, to), c in zip(keys, np.frombuffer(name_codes, np.int32).tolist())}
