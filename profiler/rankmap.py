@@ -227,11 +227,15 @@ def _parse_uncached(path: Path, why: str):
     return Parsed(meta, None, frame, why)
 
 
+def _frame(parsed) -> pl.DataFrame:
+    """A cache.Parsed's events: in memory (unstored, or just parsed), else read from its entry."""
+    return parsed.frame if parsed.parquet is None else parsed.fresh if parsed.fresh is not None else pl.read_parquet(parsed.parquet)
+
+
 def _events(parsed, run: str, rank: int) -> pl.DataFrame:
     from profiler.parse import SCHEMA
 
-    frame = parsed.frame if parsed.parquet is None else parsed.fresh if parsed.fresh is not None else pl.read_parquet(parsed.parquet)
-    return frame.with_columns(run=pl.lit(run, pl.Categorical), rank=pl.lit(rank, pl.Int32)).select(list(SCHEMA))
+    return _frame(parsed).with_columns(run=pl.lit(run, pl.Categorical), rank=pl.lit(rank, pl.Int32)).select(list(SCHEMA))
 
 
 # ---------------------------------------------------------------------------------------------

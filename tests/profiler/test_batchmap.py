@@ -179,3 +179,17 @@ def test_step_that_a_rank_lacks_leaves_it_only_its_steps(tmp_path):
     for a, b in zip(got, alone):
         _same(a, b)
     assert pl.concat([got[0].frames["all_steps"], got[1].frames["all_steps"]])["step"].to_list() == [1, 2]
+
+
+def test_frames_split_back_per_rank_keep_their_rows_in_order():
+    # Each (run, rank)'s rows in their order, whether a rank's rows are together (slices) or not.
+    run = pl.Series(["x", "x", "x", "y", "x"], dtype=pl.Categorical)
+    frame = pl.DataFrame({"run": run, "rank": pl.Series([0, 0, 1, 0, 2], dtype=pl.Int32), "v": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    parts = batchmap._by_rank(frame)
+    assert {k: p["v"].to_list() for k, p in parts.items()} == {("x", 0): [1.0, 2.0], ("x", 1): [3.0], ("y", 0): [4.0],
+                                                               ("x", 2): [5.0]}
+    assert all(p.schema == frame.schema for p in parts.values())
+    mixed = frame.with_columns(rank=pl.Series([0, 1, 0, 0, 1], dtype=pl.Int32))  # rank 0 of x in two places
+    parts = batchmap._by_rank(mixed)
+    assert {k: p["v"].to_list() for k, p in parts.items()} == {("x", 0): [1.0, 3.0], ("x", 1): [2.0, 5.0], ("y", 0): [4.0]}
+    assert batchmap._by_rank(frame.clear()) == {}
