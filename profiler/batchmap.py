@@ -27,7 +27,7 @@ from polars.exceptions import PanicException
 
 from profiler.errors import TraceError, path_text
 from profiler.rankmap import (RankSummary, RankTask, _events, _frame, _parse_uncached, analyze_rank, holding_events,
-                              rank_row, worker_rank)
+                              rank_row, rank_rows, worker_rank)
 
 MAX_BATCH_FILES = 32  # beyond ~32 ranks the fixed cost per rank is already a few ms
 # Bytes of JSON (a parsed frame is about 0.6 times as large): a batch's events stay small.
@@ -241,7 +241,7 @@ def _analyse(ready: dict[int, _Ready]) -> dict[int, RankSummary | TraceError]:
 def _analyse_together(batch: list[_Ready]) -> dict[tuple[str, int], dict[str, pl.DataFrame]]:
     """One `analyze_rank` over the batch's events, its frames split back per (run, rank)."""
     events = _batch_events(batch)
-    ranks = pl.concat([rank_row(r.parsed.meta, r.task.run, r.rank, path_text(Path(r.task.path))) for r in batch])
+    ranks = rank_rows([(r.parsed.meta, r.task.run, r.rank, path_text(Path(r.task.path))) for r in batch])
     opts = batch[0].task.options
     frames = analyze_rank(events, ranks, {r.task.run: r.task.manifest for r in batch}, step=opts.step, top_n=opts.top_n,
                           with_activity=opts.activity)

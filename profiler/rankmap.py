@@ -108,15 +108,23 @@ class RankSummary:
 
 def rank_row(meta: dict, run: str, rank: int, file: str) -> pl.DataFrame:
     """The one-row `Traces.ranks` frame the per-rank analyses read (world size, process groups)."""
+    return rank_rows([(meta, run, rank, file)])
+
+
+def rank_rows(files: list[tuple[dict, str, int, str]]) -> pl.DataFrame:
+    """`rank_row` of each (meta, run, rank, file), one row each, built at once (a batch's)."""
     from profiler.parse import _as_int
 
-    info = meta.get("distributed_info") or {}
-    return pl.DataFrame([{
-        "run": run, "rank": rank, "file": file, "backend": info.get("backend"),
-        "world_size": _as_int(info.get("world_size")), "has_gpu": meta["has_gpu"],
-        "pg_config": json.dumps(info.get("pg_config")) if info.get("pg_config") else None,
-    }], schema_overrides={"pg_config": pl.String, "backend": pl.String, "world_size": pl.Int64}).with_columns(
-        pl.col("run").cast(pl.Categorical), pl.col("rank").cast(pl.Int32))
+    rows = []
+    for meta, run, rank, file in files:
+        info = meta.get("distributed_info") or {}
+        rows.append({
+            "run": run, "rank": rank, "file": file, "backend": info.get("backend"),
+            "world_size": _as_int(info.get("world_size")), "has_gpu": meta["has_gpu"],
+            "pg_config": json.dumps(info.get("pg_config")) if info.get("pg_config") else None,
+        })
+    return pl.DataFrame(rows, schema_overrides={"pg_config": pl.String, "backend": pl.String, "world_size": pl.Int64},
+                        infer_schema_length=None).with_columns(pl.col("run").cast(pl.Categorical), pl.col("rank").cast(pl.Int32))
 
 
 def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict | None], *, step: int | None,

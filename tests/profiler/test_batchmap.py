@@ -21,7 +21,7 @@ import profiler.batchmap as batchmap
 from profiler.batchmap import plan_batches, summarize_batch
 from profiler.cache import load_one_safe
 from profiler.errors import TraceError
-from profiler.rankmap import MapOptions, RankSummary, RankTask, _events, analyze_rank, rank_row
+from profiler.rankmap import MapOptions, RankSummary, RankTask, _events, analyze_rank, rank_row, rank_rows
 from tests.conftest import REPO, SHARED_TRACES
 
 BATCH = [SHARED_TRACES / "single" / f"{n}.json.gz" for n in
@@ -193,3 +193,14 @@ def test_frames_split_back_per_rank_keep_their_rows_in_order():
     parts = batchmap._by_rank(mixed)
     assert {k: p["v"].to_list() for k, p in parts.items()} == {("x", 0): [1.0, 3.0], ("x", 1): [2.0, 5.0], ("y", 0): [4.0]}
     assert batchmap._by_rank(frame.clear()) == {}
+
+
+def test_a_batch_s_rank_rows_are_each_file_s_row():
+    metas = [{"has_gpu": True, "distributed_info": {"rank": 0, "world_size": 4, "backend": "nccl", "pg_config": [{"pg_size": 4}]}},
+             {"has_gpu": False, "distributed_info": None},
+             {"has_gpu": False, "distributed_info": {"world_size": "8"}}]
+    files = [(m, "x", r, f"rank{r}.json") for r, m in enumerate(metas)]
+    together = rank_rows(files)
+    alone = pl.concat([rank_row(*f) for f in files])
+    assert together.schema == alone.schema and together.equals(alone)
+    assert together["world_size"].to_list() == [4, None, 8] and together["backend"].to_list() == ["nccl", None, None]
