@@ -900,8 +900,14 @@ static void ctx_free(Ctx *cx) {
     free(cx->intern.slots);
 }
 
-static PyObject *buf_bytes(const Buf *b) {
-    return PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)(b->len * b->item));
+/* The buffer as bytes, its own memory freed at once: the columns are copied one at a time, so
+ * the copy never doubles the parse's memory (ctx_free frees what is left). */
+static PyObject *buf_bytes(Buf *b) {
+    PyObject *out = PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)(b->len * b->item));
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+    return out;
 }
 
 /* Sets d[key] = value and drops the reference; returns 0, or -1 with an exception set. */

@@ -30,9 +30,14 @@ from profiler.errors import TraceError
 from profiler.batchmap import plan_batches, summarize_batch
 from profiler.rankmap import RankSummary, RankTask, decode
 
-# polars' allocator (jemalloc) keeps freed pages for a while; a worker going through several
-# files would then hold the last file's garbage while parsing the next one.
-_WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"}
+# The workers' two allocators, tuned on 8 ranks x 100 MB (README, Benchmarks): polars' jemalloc
+# keeps freed pages 10 s by default, so a worker holds its last file's garbage while parsing the
+# next (+100 MB per worker); returning them at once (decay 0) costs a page fault per 4 KB on every
+# later allocation, ~1 GB of fresh pages per 100 MB file, +30 % CPU. 50 ms keeps the pages a
+# file's steps hand to each other and returns the rest between files. glibc (the raw JSON, the C
+# parser's columns, numpy) moves its mmap threshold up to 32 MB as big blocks are freed, then
+# serves them from a heap it cannot shrink: fixed at 1 MB, big blocks go back when freed.
+_WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576"}
 
 
 class LocalEngine:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import polars as pl
 
 from viewer import aggregate, scale
-from viewer.data import RunData, _concat, _ok
+from viewer.compare_data import _concat, _ok
+from viewer.data import RunData
 
 
 def any_at_scale(runs: list[RunData]) -> bool:

@@ -17,7 +17,7 @@ from profiler import SCHEMA
 from profiler.pipeline import ACTION_COLUMNS
 
 from tests.viewer.conftest import BROKEN, data_url
-from viewer import data, upload
+from viewer import compare_data, data, upload
 from viewer.__main__ import main, parse_args
 from viewer.data import PathRefused, RunStore, resolve_under
 
@@ -253,7 +253,7 @@ def test_compare_callbacks_on_the_samples(store, pages):
 
 
 def test_pipeline_frames_carry_the_ideal_order(store):
-    actions, ideal, summary = data.pipeline_frames(store.get_many(["sample-zbv-2r", "sample-ddp-2r"]))
+    actions, ideal, summary = compare_data.pipeline_frames(store.get_many(["sample-zbv-2r", "sample-ddp-2r"]))
     # zbv, 2 ranks x 2 stages x 4 microbatches: F, I, W per stage and microbatch = 24 slots per rank.
     assert ideal.group_by("rank").len().sort("rank")["len"].to_list() == [24, 24]
     assert set(summary["run"]) == {"sample-zbv-2r"}
@@ -266,7 +266,7 @@ def test_pipeline_frames_carry_the_ideal_order(store):
 
 def test_memory_peaks_are_the_profilers(store):
     run = store.get("sample-ddp-2r")
-    _, peaks = data.memory_frames([run])
+    _, peaks = compare_data.memory_frames([run])
     want = run.analysis.memory_peaks.sort("rank", "mem_device")["peak_allocated_bytes"].to_list()
     assert peaks.sort("rank", "mem_device")["peak_allocated_bytes"].to_list() == want and peaks["peak_t_ms"].null_count() == 0
 
@@ -288,7 +288,7 @@ def test_pipeline_ideal_order_is_on_global_ranks(tmp_path):
     """A hybrid run's ideal_order rows are pp coordinates, repeated on every pp group's global ranks."""
     manifest = {"pipeline": {"ideal_order": [[["F", 0, 0], ["B", 0, 0]], [["F", 1, 0], ["B", 1, 0]]]},
                 "hybrid": {"groups": {"pp": [[0, 2], [1, 3]]}}}
-    _, ideal, _ = data.pipeline_frames([_pipeline_run(manifest)])
+    _, ideal, _ = compare_data.pipeline_frames([_pipeline_run(manifest)])
     stages = dict(ideal.group_by("rank").agg(pl.col("stage").unique().first()).iter_rows())
     assert stages == {0: 0, 1: 0, 2: 1, 3: 1}
     assert ideal.filter(pl.col("rank") == 3).sort("slot")["action"].to_list() == ["F", "B"]
@@ -305,7 +305,7 @@ def test_pipeline_ideal_order_is_on_global_ranks(tmp_path):
     ({"schedule": "1f1b", "ranks": True, "microbatches": 4}, "no row"),
 ])
 def test_pipeline_theory_from_run_json_when_nothing_was_measured(cfg, theory):
-    _, _, summary = data.pipeline_frames([_pipeline_run({"pipeline": cfg})])
+    _, _, summary = compare_data.pipeline_frames([_pipeline_run({"pipeline": cfg})])
     if theory == "no row":
         assert summary.is_empty()
         return
@@ -320,7 +320,7 @@ def test_pipeline_actions_are_picked_by_their_step():
     actions = pl.DataFrame({"run": ["r"] * 3, "rank": [0, 1, 1], "step": [2, 1, 2], "action": ["F", "B", "F"], "stage": [0, 1, 1],
                             "microbatch": [0, 3, 0], "slot": [0, 7, 0], "start_us": [100.0, 120.0, 160.0],
                             "end_us": [110.0, 140.0, 170.0], "dur_us": [10.0] * 3}).cast(ACTION_COLUMNS)
-    acts, _, _ = data.pipeline_frames([_pipeline_run(None, actions=actions, steps=steps)])
+    acts, _, _ = compare_data.pipeline_frames([_pipeline_run(None, actions=actions, steps=steps)])
     assert acts.sort("rank").select("rank", "action", "start_ms").rows() == [(0, "F", 0.0), (1, "F", 0.06)]
 
 

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from tests.viewer.conftest import dash_post, data_url
-from viewer import data, figures, ids, upload
+from viewer import compare_data, data, figures, ids, upload
 
 
 # ---------------------------------------------------------------------------------------------
@@ -22,7 +22,7 @@ from viewer import data, figures, ids, upload
 
 @pytest.mark.parametrize("runs", [["sample-1f1b-2r", "sample-zbv-2r"], ["sample-1f1b-2r"], ["sample-ddp-2r", "sample-zbv-2r"]])
 def test_collectives_table_renders_without_skew_data(store, app, runs):
-    stats, skew = data.collectives_frames(store.get_many(runs))
+    stats, skew = compare_data.collectives_frames(store.get_many(runs))
     rows = figures.build_collectives_table(stats, skew)
     assert {r["run"] for r in rows} == set(runs) and all(r["count"] > 0 for r in rows)
     pipeline_rows = [r for r in rows if r["run"] != "sample-ddp-2r"]

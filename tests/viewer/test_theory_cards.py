@@ -11,7 +11,7 @@ import pytest
 from profiler.findings import FINDING_COLUMNS
 from profiler.theory import CHECK_COLUMNS
 from tests.viewer.conftest import BROKEN, dash_post
-from viewer import data, ids
+from viewer import compare_data, ids
 from viewer.theory_cards import (
     CHECK_INPUT,
     FINDING_INPUT,
@@ -218,7 +218,7 @@ def test_theory_card_says_why_a_run_has_no_rows():
 
 def test_merged_analysis_labels_every_frame_by_run_id(store):
     runs = store.get_many(["sample-ddp-2r", "sample-1f1b-2r"])
-    m = data.merged_analysis(runs)
+    m = compare_data.merged_analysis(runs)
     assert set(m.runs) == {"sample-ddp-2r", "sample-1f1b-2r"}
     assert set(m.steps["run"].cast(pl.String)) == {"sample-ddp-2r", "sample-1f1b-2r"}
     assert m.steps.height == sum(d.analysis.steps.height for d in runs)

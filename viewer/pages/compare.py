@@ -15,7 +15,7 @@ import dash
 from dash import Input, Output, callback, ctx, dash_table, dcc, html
 
 from profiler import TraceError
-from viewer import data, figures, ids, scale, scale_data, scale_figures, theory_cards
+from viewer import compare_data, data, figures, ids, scale, scale_data, scale_figures, theory_cards
 from viewer.data import RunStore
 from viewer.figures import COLLECTIVE_COLUMNS
 from viewer.pages import FONT, MAX_COMPARE, current_store, run_id_list
@@ -138,14 +138,14 @@ def findings_card(store: RunStore, run_ids: list[str]):
     """The Findings card's body: the ranked findings of the runs that loaded (and of their
     comparison), or a line saying there are none; runs that failed are named first."""
     runs = store.get_many(run_ids)
-    found, why = data.findings_frame(runs)
+    found, why = compare_data.findings_frame(runs)
     problems = [f"{d.run_id}: not analysed, so no findings ({d.error})" for d in runs if not d.ok] + ([why] if why else [])
     return theory_cards.findings_children(found, [d.run_id for d in runs if d.ok], problems=problems)
 
 
 def theory_card(store: RunStore, run_ids: list[str]):
     """The Theory vs measured card's body (viewer.theory_cards.theory_children)."""
-    check, has_manifest = data.theory_frame(store.get_many(run_ids))
+    check, has_manifest = compare_data.theory_frame(store.get_many(run_ids))
     return theory_cards.theory_children(check, has_manifest, run_ids, table_id=ids.COMPARE_THEORY_TABLE,
                                         graph_config=GRAPH_CONFIG, font=FONT)
 
@@ -164,7 +164,7 @@ def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None =
             return figures.build_timeline_figure(out, run_ids, x_range=x_range)
         bands, outliers, n_ranks = out
         return scale_figures.build_band_timeline(bands, outliers, run_ids, x_range=x_range, n_ranks=n_ranks)
-    segments = data.timeline_segments(runs, x_range)
+    segments = compare_data.timeline_segments(runs, x_range)
     return figures.build_timeline_figure(segments, run_ids, x_range=x_range)
 
 
@@ -172,18 +172,18 @@ def breakdown_figure(store: RunStore, run_ids: list[str]):
     runs = store.get_many(run_ids)
     if scale_data.any_at_scale(runs):
         return scale_figures.build_group_breakdown(scale_data.breakdown_bands(runs), scale_data.group_metrics(runs)[2], run_ids)
-    return figures.build_breakdown_figure(data.breakdown_frame(runs), run_ids)
+    return figures.build_breakdown_figure(compare_data.breakdown_frame(runs), run_ids)
 
 
 def steps_figure(store: RunStore, run_ids: list[str]):
     runs = store.get_many(run_ids)
     if scale_data.any_at_scale(runs):
         return scale_figures.build_group_steps(*scale_data.group_metrics(runs), run_ids)
-    return figures.build_step_time_figure(data.steps_frame(runs), run_ids)
+    return figures.build_step_time_figure(compare_data.steps_frame(runs), run_ids)
 
 
 def pipeline_figure(store: RunStore, run_ids: list[str]):
-    return figures.build_pipeline_figure(*data.pipeline_frames(store.get_many(run_ids)), run_ids)
+    return figures.build_pipeline_figure(*compare_data.pipeline_frames(store.get_many(run_ids)), run_ids)
 
 
 def memory_figures(store: RunStore, run_ids: list[str]):
@@ -192,12 +192,12 @@ def memory_figures(store: RunStore, run_ids: list[str]):
     if scale_data.any_at_scale(runs):
         return (scale_figures.build_memory_bands(scale_data.memory_bands(runs), run_ids),
                 scale_figures.build_group_persistent(scale_data.persistent_bands(runs), run_ids))
-    curves, peaks = data.memory_frames(runs)
-    return figures.build_memory_figure(curves, peaks, run_ids), figures.build_persistent_figure(data.persistent_frame(runs), run_ids)
+    curves, peaks = compare_data.memory_frames(runs)
+    return figures.build_memory_figure(curves, peaks, run_ids), figures.build_persistent_figure(compare_data.persistent_frame(runs), run_ids)
 
 
 def collectives_rows(store: RunStore, run_ids: list[str]):
-    return figures.build_collectives_table(*data.collectives_frames(store.get_many(run_ids)))
+    return figures.build_collectives_table(*compare_data.collectives_frames(store.get_many(run_ids)))
 
 
 def visible_range(relayout: dict | None) -> tuple[float, float] | None:
