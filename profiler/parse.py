@@ -440,7 +440,7 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
     check_text_sizes(frame)
     passed = _passed(frame)
     n_passed = frame.select([p.sum().alias(str(i)) for i, p in enumerate(passed)]).row(0)
-    return _kept(frame, passed[-1]), dict(zip(DROPPED, _dropped_counts(frame.height, n_passed)))
+    return _kept(frame, passed[-1], n_passed[-1]), dict(zip(DROPPED, _dropped_counts(frame.height, n_passed)))
 
 
 DROPPED = ["string_pid", *DAMAGED]  # `_finish`'s counts, in the order an event is counted
@@ -469,10 +469,12 @@ def _dropped_counts(height: int, n_passed) -> list[int]:
     return [height - n_passed[0]] + [a - b for a, b in zip(n_passed, n_passed[1:])]
 
 
-def _kept(frame: pl.DataFrame, passed: pl.Expr) -> pl.DataFrame:
-    """The rows that pass, instants with dur 0, text columns categorical."""
+def _kept(frame: pl.DataFrame, passed: pl.Expr, n_passed: int) -> pl.DataFrame:
+    """The rows that pass (n_passed of them), instants with dur 0, text columns categorical."""
     instant = pl.col("ph") == "i"
-    frame = frame.filter(passed).with_columns(dur_us=pl.when(instant).then(0.0).otherwise(pl.col("dur_us")))
+    if n_passed < frame.height:  # most files drop nothing: no copy of every column then
+        frame = frame.filter(passed)
+    frame = frame.with_columns(dur_us=pl.when(instant).then(0.0).otherwise(pl.col("dur_us")))
     cast = {c: SCHEMA[c] for c in frame.columns if c in SCHEMA and SCHEMA[c] == pl.Categorical()}
     return frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()])
 

@@ -99,7 +99,7 @@ def _together(scans: list[_Scan]) -> list[tuple[pl.DataFrame, dict] | None]:
     passed = _passed(frame)
     sums = frame.group_by("file").agg([p.sum().alias(str(i)) for i, p in enumerate(passed)])
     n_passed = {row[0]: row[1:] for row in sums.iter_rows()}
-    frame = _kept(frame, passed[-1])
+    frame = _kept(frame, passed[-1], sum(row[-1] for row in n_passed.values()))
     threads = pl.DataFrame(
         {"file": [f for f, names in enumerate(thread_names) for _ in names],
          "pid": [k[0] for names in thread_names for k in names], "tid": [k[1] for names in thread_names for k in names],
