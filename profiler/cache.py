@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import stat
@@ -138,9 +139,16 @@ def _write_entry(cache: Path, key: str, source_sha256: str, frame: pl.DataFrame,
     pq, header = cache / f"{key}.parquet", cache / f"{key}.json"
     tmp_pq, tmp_header = (cache / f"{p.name}.{os.getpid()}.tmp" for p in (pq, header))
     try:
-        frame.write_parquet(tmp_pq, compression="lz4", statistics=False)
-        body = json.dumps({"source_sha256": source_sha256, "parquet_sha256": _file_sha256(tmp_pq), "meta": meta}).encode()
-        tmp_header.write_bytes(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+        # Built in memory, then written at once and hashed there: polars writing the file itself
+        # costs more system time (many small writes), and the digest would read it back.
+        buf = io.BytesIO()
+        frame.write_parquet(buf, compression="lz4", statistics=False)
+        data = buf.getbuffer()
+        _write_file(tmp_pq, data)
+        body = json.dumps({"source_sha256": source_sha256, "parquet_sha256": hashlib.sha256(data).hexdigest(),
+                           "meta": meta}).encode()
+        del data
+        _write_file(tmp_header, hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
         # Parquet first: between the renames the old header names another parquet digest, a miss.
         os.replace(tmp_pq, pq)
         os.replace(tmp_header, header)
@@ -148,6 +156,11 @@ def _write_entry(cache: Path, key: str, source_sha256: str, frame: pl.DataFrame,
         tmp_pq.unlink(missing_ok=True)
         tmp_header.unlink(missing_ok=True)
     return str(pq)
+
+
+def _write_file(path: Path, data) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def remove_stale_tmp(cache: Path, *, older_than_s: float = 3600) -> None:
