@@ -7,7 +7,7 @@ rows (building 30 columns, the drop rules, the thread-name join, classify, the h
 about 90 small queries at ~0.2 ms each). Here each file is scanned on its own (`_kineto.parse`),
 then the batch's buffers are joined into one frame with a `file` column (each file's interned
 strings shifted into one table), and every step that decides a row from its own values runs once
-over all of them: the parse.py functions themselves (`_fast_cols`, `_passed`, `_kept`,
+over all of them: the parse.py functions themselves (`parse_fast._fast_cols`, `_passed`, `_kept`,
 `_labelled`), thread names joined on (file, pid, tid). What is per file (the dropped counts, the
 header's event count, GPU presence, device kind, clock span) comes from group-bys on `file`, and
 the frame is cut back into each file's rows (zero-copy slices: the rows stay in file order).
@@ -26,14 +26,14 @@ import dataclasses
 import os
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 from polars.exceptions import PanicException
 
 from profiler.classify import unknown_categories
 from profiler.damaged import MAX_TEXT_BYTES, check_text_sizes, checked_distributed_info, read_bytes
-from profiler.parse import (DROPPED, PURE_PARSER_ENV, SCHEMA, _decode_header, _dropped_counts, _fast_cols, _fast_parse,
-                            _group_ranks_text, _kept, _kineto, _labelled, _passed, _raw_slices, device_name)
+from profiler.parse import (DROPPED, PURE_PARSER_ENV, SCHEMA, _decode_header, _dropped_counts, _fast_parse,
+                            _group_ranks_text, _kept, _kineto, _labelled, _passed, device_name)
+from profiler.parse_fast import _fast_cols, _raw_slices
 
 # A text value this long (in characters: up to 4 bytes each in UTF-8) may be over MAX_TEXT_BYTES:
 # such a file is parsed alone, which checks it exactly and words the refusal.
