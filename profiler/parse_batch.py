@@ -7,7 +7,7 @@ rows (building 30 columns, the drop rules, the thread-name join, classify, the h
 about 90 small queries at ~0.2 ms each). Here each file is scanned on its own (`_kineto.parse`),
 then the batch's buffers are joined into one frame with a `file` column (each file's interned
 strings shifted into one table), and every step that decides a row from its own values runs once
-over all of them: the parse.py functions themselves (`parse_fast._fast_cols`, `_passed`, `_kept`,
+over all of them: the single-file parser's own functions (`parse_fast._fast_cols`, `_passed`, `_kept`,
 `_labelled`), thread names joined on (file, pid, tid). What is per file (the dropped counts, the
 header's event count, GPU presence, device kind, clock span) comes from group-bys on `file`, and
 the frame is cut back into each file's rows (zero-copy slices: the rows stay in file order).
