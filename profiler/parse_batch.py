@@ -94,7 +94,10 @@ def _scan(path: Path) -> _Scan | None:
 def _together(scans: list[_Scan]) -> list[tuple[pl.DataFrame, dict] | None]:
     """The scanned files' frames and headers, built as one frame; None for a file with no usable event."""
     cols, thread_names = _fast_cols([(s.parsed, s.slices) for s in scans])
+    for s in scans:  # the C parser's buffers are columns now: only the counts are still read
+        s.parsed, s.slices = {"n": s.parsed["n"], "counts": s.parsed["counts"]}, {}
     frame = pl.DataFrame(cols)
+    del cols  # the frame's now: freed as the steps below replace its columns
     check_text_sizes(frame)  # never raises here (_scan's limit): were it to, every file goes alone
     passed = _passed(frame)
     sums = frame.group_by("file").agg([p.sum().alias(str(i)) for i, p in enumerate(passed)])
