@@ -144,3 +144,9 @@ def test_odd_files_in_a_batch_are_left_to_the_parser_alone(tmp_path):
     again = load_many_safe(paths, tmp_path / "c1", [None] * len(paths))
     assert [a.parquet for a in again if isinstance(a, Parsed)] == [m.parquet for m in many if isinstance(m, Parsed)]
     assert all(a.fresh is None for a in again if isinstance(a, Parsed))
+
+
+def test_the_pure_parser_setting_parses_every_file_alone(tmp_path, monkeypatch):
+    paths = [_write(tmp_path / f"rank{k}.json", _events(k), {"rank": k}) for k in range(2)]
+    monkeypatch.setenv(parse.PURE_PARSER_ENV, "1")
+    assert parse_trace_files(paths) == [None, None]
