@@ -112,6 +112,8 @@ def test_odd_files_in_a_batch_are_left_to_the_parser_alone(tmp_path):
         "not_json": tmp_path / "not_json.json",
         "only_meta": _write(tmp_path / "only_meta.json", _events(0)[:2]),
         "bad_rank": _write(tmp_path / "bad_rank.json", _events(0), {"rank": -1}),
+        "all_dropped": _write(tmp_path / "all_dropped.json", _events(0)[:2] + [  # events, none usable: refused alone
+            {"ph": "X", "cat": "Spans", "name": "s", "pid": "Spans", "tid": 1, "ts": 1, "dur": 1}]),
         "declined": _write(tmp_path / "declined.json",  # an int past int64: msgspec's parse (the C parser declines)
                            _events(0) + [{"ph": "X", "cat": "kernel", "name": "g", "pid": 0, "tid": 7, "ts": 1, "dur": 1,
                                           "args": {"correlation": 99999999999999999999}}]),
@@ -121,7 +123,7 @@ def test_odd_files_in_a_batch_are_left_to_the_parser_alone(tmp_path):
     }
     odd["not_json"].write_bytes(gzip.compress(b"{"))
     paths = [good[0], odd["not_json"], odd["only_meta"], good[1], odd["bad_rank"], odd["declined"], odd["long_name"],
-             odd["missing"], good[2]]
+             odd["all_dropped"], odd["missing"], good[2]]
     got = parse_trace_files(paths)
     assert [g is None for g in got] == [p not in good for p in paths]
     for path, g in zip(paths, got):
@@ -139,7 +141,7 @@ def test_odd_files_in_a_batch_are_left_to_the_parser_alone(tmp_path):
         else:
             assert isinstance(m, Parsed) and m.meta == one.meta and m.parquet.startswith(str(tmp_path / "c1"))
             assert_frame_equal(pl.read_parquet(m.parquet), pl.read_parquet(one.parquet), check_exact=True)
-    assert sum(isinstance(m, TraceError) for m in many) == 4  # not JSON, only metadata, rank -1, missing
+    assert sum(isinstance(m, TraceError) for m in many) == 5  # not JSON, only metadata, rank -1, all dropped, missing
     # A second load serves every good file's entry, as load_one_safe would.
     again = load_many_safe(paths, tmp_path / "c1", [None] * len(paths))
     assert [a.parquet for a in again if isinstance(a, Parsed)] == [m.parquet for m in many if isinstance(m, Parsed)]
