@@ -92,6 +92,7 @@ class DaskEngine:
         for q in quiet:
             q.setLevel(logging.CRITICAL)
         done = 0
+        lost = False
         try:
             for fut in pending:
                 batch = index[fut.key]
@@ -100,6 +101,7 @@ class DaskEngine:
                 except Exception as e:  # noqa: BLE001  (KilledWorker, a task that raised, a lost connection)
                     if self.client.status not in ("running", "connecting") or "connection-lost" in str(e):
                         # The scheduler is gone: every rank not done is lost, not each its own problem.
+                        lost = True
                         raise TraceError(None, f"--cluster: lost the Dask scheduler after {done} of {len(tasks)} ranks "
                                                f"({type(e).__name__}); nothing was reported: run again when it is back, "
                                                "or without --cluster") from None
@@ -121,13 +123,24 @@ class DaskEngine:
                         res = RankSummary(res.meta, res.rank, None, res.frames, res.unstored)
                     yield i, res
         finally:
-            for q, level in zip(quiet, levels):
-                q.setLevel(level)
+            # With the scheduler gone, the client's reconnect task logs its traceback when the
+            # client closes: stay quiet until close() (our one line says it all).
+            self._loud = list(zip(quiet, levels))
+            if not lost:
+                self._restore_logs()
             for f in futures:
                 f.release()
 
+    def _restore_logs(self) -> None:
+        for q, level in getattr(self, "_loud", []):
+            q.setLevel(level)
+        self._loud = []
+
     def close(self) -> None:
-        self.client.close()
+        try:
+            self.client.close()
+        finally:
+            self._restore_logs()
 
 
 def _connect(Client, address: str, timeout_s: float):

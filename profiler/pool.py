@@ -107,7 +107,7 @@ def _run_workers(tasks: list[RankTask], batches: list[list[int]], n: int) -> Ite
         t.start()
     try:
         for _ in tasks:
-            yield done.get()
+            yield _next(done)
     finally:
         # Interrupted (Ctrl-C, a signal turned exception) or abandoned: no worker outlives the load.
         stop.set()
@@ -116,6 +116,17 @@ def _run_workers(tasks: list[RankTask], batches: list[list[int]], n: int) -> Ite
                 proc.kill()
     for t in threads:
         t.join()
+
+
+def _next(done: queue.Queue):
+    """The next result. Polled: a Ctrl-C or `kill -INT` may be delivered to one of the reader
+    threads, and then a main thread blocked in get() without a timeout would sleep through it,
+    its KeyboardInterrupt pending, until a worker happened to finish (never, were one hung)."""
+    while True:
+        try:
+            return done.get(timeout=0.2)
+        except queue.Empty:
+            pass
 
 
 def _run_worker(tasks: list[RankTask], chunk: list[list[int]], env: dict, done: queue.Queue, reported: set[int],
