@@ -152,3 +152,19 @@ def test_the_pure_parser_setting_parses_every_file_alone(tmp_path, monkeypatch):
     paths = [_write(tmp_path / f"rank{k}.json", _events(k), {"rank": k}) for k in range(2)]
     monkeypatch.setenv(parse.PURE_PARSER_ENV, "1")
     assert parse_trace_files(paths) == [None, None]
+
+
+@needs_c
+def test_a_failing_joined_parse_leaves_every_file_alone(tmp_path, monkeypatch):
+    import profiler.parse_batch as parse_batch
+
+    paths = [_write(tmp_path / f"rank{k}.json", _events(k), {"rank": k}) for k in range(3)]
+
+    def odd(frame):
+        raise ValueError("odd rows")
+
+    monkeypatch.setattr(parse_batch, "_per_file", odd)
+    assert parse_trace_files(paths) == [None, None, None]
+    (tmp_path / "c").mkdir()
+    got = load_many_safe(paths, tmp_path / "c", [None] * 3)  # each parsed alone instead: all there
+    assert [m.meta for m in got] == [parse_trace_file(p)[1] for p in paths]
