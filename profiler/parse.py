@@ -6,8 +6,9 @@ Chrome trace, Kineto's string pseudo-processes (`"Spans"`, `"Traces"`), `ph` kin
 and runtime calls already carry `correlation`), missing `dur`/`args`, integer or fractional
 microsecond timestamps. Parsing is done by the C module `_kineto` (JSON straight into column
 buffers) where it is built, and by msgspec where it is not or where it declines a file; both give
-the same frame (the rules that make them agree are in _kineto.c). What damaged or hostile input
-is refused or dropped, and the limits, are in damaged.py.
+the same frame (the rules that make them agree are in _kineto.c; its buffers become columns in
+parse_fast.py). parse_batch.py parses several small files as one frame with these same steps. What
+damaged or hostile input is refused or dropped, and the limits, are in damaged.py.
 """
 
 from __future__ import annotations
