@@ -26,8 +26,8 @@ import polars as pl
 from polars.exceptions import PanicException
 
 from profiler.errors import TraceError, path_text
-from profiler.rankmap import (RankSummary, RankTask, _events, _parse_uncached, analyze_rank, holding_events, rank_row,
-                              worker_rank)
+from profiler.rankmap import (RankSummary, RankTask, _events, _frame, _parse_uncached, analyze_rank, holding_events,
+                              rank_row, rank_rows, worker_rank)
 
 MAX_BATCH_FILES = 32  # beyond ~32 ranks the fixed cost per rank is already a few ms
 # Bytes of JSON (a parsed frame is about 0.6 times as large): a batch's events stay small.
@@ -90,7 +90,8 @@ class _Ready:
 
 
 def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
-    """`rankmap.summarize` of each task, the analyses of the parsed ones run once for all. Never raises."""
+    """`rankmap.summarize` of each task, the files missing from the cache parsed together
+    (cache.load_many_safe) and the analyses of the parsed ones run once for all. Never raises."""
     if len(tasks) == 1:
         return [summarize_one(tasks[0])]
     if any(t.no_cache and not t.cache for t in tasks):  # --no-cache on a Dask worker: a scratch folder, as summarize
@@ -100,19 +101,27 @@ def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
     ready: dict[int, _Ready] = {}
     paths = [Path(t.path) for t in tasks]
     holds = [holding_events(p) for p in paths]
+
+    def done(i: int, res: RankSummary | TraceError) -> None:
+        results[i] = res
+        holds[i].__exit__(None, None, None)
+        holds[i] = None
+
     try:
+        pending: dict[int, _Pending] = {}
         for i, task in enumerate(tasks):
             holds[i].__enter__()
-            try:
-                got = _prepare(task)
-            except Exception as e:  # noqa: BLE001  (never raises: the file is named, the batch goes on)
-                got = TraceError(paths[i], f"could not parse ({type(e).__name__}: {str(e)[:200]})")
+            got = _safely(paths[i], _lookup, task)
+            if isinstance(got, _Pending):
+                pending[i] = got
+            else:
+                done(i, got)
+        for i, parsed in _parse_all(pending).items():
+            got = _safely(paths[i], _ready, pending[i], parsed)
             if isinstance(got, _Ready):
                 ready[i] = got
             else:
-                results[i] = got
-                holds[i].__exit__(None, None, None)
-                holds[i] = None
+                done(i, got)
         for i, res in _analyse(ready).items():
             results[i] = res
     finally:
@@ -129,38 +138,79 @@ def summarize_one(task: RankTask) -> RankSummary | TraceError:
             return summarize_one(dataclasses.replace(task, cache=scratch, no_cache=False, ident=None))
     path = Path(task.path)
     with holding_events(path):  # from the parse until the analyses' frames are all that is left
-        try:
-            got = _prepare(task)
-        except Exception as e:  # noqa: BLE001
-            got = TraceError(path, f"could not parse ({type(e).__name__}: {str(e)[:200]})")
+        got = _safely(path, _prepare, task)
         return _finish_alone(got) if isinstance(got, _Ready) else got
 
 
-def _prepare(task: RankTask) -> RankSummary | TraceError | _Ready:
-    """A cached summary, the file's TraceError, or the file parsed (as `summarize` does)."""
-    from profiler.cache import cache_dir, load_one_safe, lookup
+def _safely(path: Path, fn, *args):
+    """fn(*args), or the TraceError naming `path` for whatever it raises (the batch goes on)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        return TraceError(path, f"could not parse ({type(e).__name__}: {str(e)[:200]})")
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A file with no cached summary: to parse (or read from its parquet entry) into `cache`."""
+
+    task: RankTask
+    cache: Path | None  # None: the cache folder is unusable here (why), parse into memory
+    why: str | None = None
+
+
+def _lookup(task: RankTask) -> RankSummary | _Pending:
+    """The file's cached summary where a Dask worker finds one (a local worker's task was looked up by load.py)."""
+    from profiler.cache import cache_dir, lookup
     from profiler.summary_cache import read_summary
 
     path = Path(task.path)
     try:
         cache = Path(task.cache) if task.cache else cache_dir()
     except Exception as e:  # noqa: BLE001  (CacheUnusable on a worker: parse into memory)
-        cache, why = None, str(e)
-    if cache is not None and task.ident is None:  # a Dask worker: it hashes the file itself
+        return _Pending(task, None, str(e))
+    if task.ident is None:  # a Dask worker: it hashes the file itself
         entry, ident = lookup(path, cache)
         if ident is not None:
             task = dataclasses.replace(task, ident=ident)
             hit = read_summary(cache, task, entry.parquet) if entry is not None else None
             if hit is not None:
                 return hit
-    parsed = load_one_safe(path, cache, task.ident) if cache is not None else _parse_uncached(path, why)
+    return _Pending(task, cache)
+
+
+def _parse_all(pending: dict[int, _Pending]) -> dict[int, object]:
+    """Each pending file's cache.Parsed or TraceError: those of one cache folder loaded together."""
+    from profiler.cache import load_many_safe
+
+    out: dict[int, object] = {}
+    by_cache: dict[Path, list[int]] = {}
+    for i, p in pending.items():
+        if p.cache is None:
+            out[i] = _parse_uncached(Path(p.task.path), p.why)
+        else:
+            by_cache.setdefault(p.cache, []).append(i)
+    for cache, ids in by_cache.items():
+        got = load_many_safe([Path(pending[i].task.path) for i in ids], cache, [pending[i].task.ident for i in ids])
+        out.update(zip(ids, got))
+    return dict(sorted(out.items()))
+
+
+def _ready(p: _Pending, parsed) -> TraceError | _Ready:
+    """The parsed file with the rank its frames are labelled with."""
     if isinstance(parsed, TraceError):
         return parsed
     try:
-        rank = worker_rank(task, parsed.meta)
+        rank = worker_rank(p.task, parsed.meta)
     except Exception as e:  # noqa: BLE001
-        return TraceError(path, f"could not analyse ({type(e).__name__}: {str(e)[:200]})")
-    return _Ready(task, parsed, rank, cache)
+        return TraceError(Path(p.task.path), f"could not analyse ({type(e).__name__}: {str(e)[:200]})")
+    return _Ready(p.task, parsed, rank, p.cache)
+
+
+def _prepare(task: RankTask) -> RankSummary | TraceError | _Ready:
+    """A cached summary, the file's TraceError, or the file parsed (as `summarize` does)."""
+    got = _lookup(task)
+    return _ready(got, _parse_all({0: got})[0]) if isinstance(got, _Pending) else got
 
 
 def _analyse(ready: dict[int, _Ready]) -> dict[int, RankSummary | TraceError]:
@@ -190,8 +240,8 @@ def _analyse(ready: dict[int, _Ready]) -> dict[int, RankSummary | TraceError]:
 
 def _analyse_together(batch: list[_Ready]) -> dict[tuple[str, int], dict[str, pl.DataFrame]]:
     """One `analyze_rank` over the batch's events, its frames split back per (run, rank)."""
-    events = pl.concat([_events(r.parsed, r.task.run, r.rank) for r in batch], how="vertical")
-    ranks = pl.concat([rank_row(r.parsed.meta, r.task.run, r.rank, path_text(Path(r.task.path))) for r in batch])
+    events = _batch_events(batch)
+    ranks = rank_rows([(r.parsed.meta, r.task.run, r.rank, path_text(Path(r.task.path))) for r in batch])
     opts = batch[0].task.options
     frames = analyze_rank(events, ranks, {r.task.run: r.task.manifest for r in batch}, step=opts.step, top_n=opts.top_n,
                           with_activity=opts.activity)
@@ -208,9 +258,37 @@ def _analyse_together(batch: list[_Ready]) -> dict[tuple[str, int], dict[str, pl
     return out
 
 
+def _batch_events(batch: list[_Ready]) -> pl.DataFrame:
+    """The batch's events labelled (run, rank), as `rankmap._events` of each file concatenated:
+    the files' frames joined first, then labelled once (not one query per file)."""
+    import numpy as np
+
+    from profiler.parse import SCHEMA
+
+    frames = [_frame(r.parsed) for r in batch]
+    heights = [f.height for f in frames]
+    runs = pl.Series("run", [r.task.run for r in batch], dtype=pl.String).cast(pl.Categorical)
+    which = pl.Series(np.repeat(np.arange(len(batch), dtype=np.int64), heights))
+    ranks = np.repeat(np.array([r.rank for r in batch], dtype=np.int32), heights)
+    events = pl.concat(frames, how="vertical")
+    return events.with_columns(runs.gather(which), rank=pl.Series(ranks, dtype=pl.Int32)).select(list(SCHEMA))
+
+
 def _by_rank(frame: pl.DataFrame) -> dict[tuple[str, int], pl.DataFrame]:
+    """The frame's rows per (run, rank), in their order."""
     if frame.is_empty():
         return {}
+    # The analyses leave a rank's rows together (they group by run and rank): then each rank's
+    # part is a zero-copy slice, found from the runs of equal keys (one query, where
+    # partition_by builds a frame per rank at ~0.1 ms each).
+    runs = frame.select(pl.struct(pl.col("run").cast(pl.String), "rank").rle().alias("r")).unnest("r").unnest("value")
+    keys = list(zip(runs["run"].to_list(), runs["rank"].to_list()))
+    if len(set(keys)) == len(keys) and all(run is not None and rank is not None for run, rank in keys):
+        out, at = {}, 0
+        for key, n in zip(keys, runs["len"].to_list()):
+            out[key] = frame.slice(at, n)
+            at += n
+        return out
     parts = frame.partition_by("run", "rank", maintain_order=True, as_dict=True)
     return {(str(run), int(rank)): part for (run, rank), part in parts.items()}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import stat
@@ -138,9 +139,16 @@ def _write_entry(cache: Path, key: str, source_sha256: str, frame: pl.DataFrame,
     pq, header = cache / f"{key}.parquet", cache / f"{key}.json"
     tmp_pq, tmp_header = (cache / f"{p.name}.{os.getpid()}.tmp" for p in (pq, header))
     try:
-        frame.write_parquet(tmp_pq, compression="lz4", statistics=False)
-        body = json.dumps({"source_sha256": source_sha256, "parquet_sha256": _file_sha256(tmp_pq), "meta": meta}).encode()
-        tmp_header.write_bytes(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+        # Built in memory, then written at once and hashed there: polars writing the file itself
+        # costs more system time (many small writes), and the digest would read it back.
+        buf = io.BytesIO()
+        frame.write_parquet(buf, compression="lz4", statistics=False)
+        data = buf.getbuffer()
+        _write_file(tmp_pq, data)
+        body = json.dumps({"source_sha256": source_sha256, "parquet_sha256": hashlib.sha256(data).hexdigest(),
+                           "meta": meta}).encode()
+        del data
+        _write_file(tmp_header, hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
         # Parquet first: between the renames the old header names another parquet digest, a miss.
         os.replace(tmp_pq, pq)
         os.replace(tmp_header, header)
@@ -148,6 +156,11 @@ def _write_entry(cache: Path, key: str, source_sha256: str, frame: pl.DataFrame,
         tmp_pq.unlink(missing_ok=True)
         tmp_header.unlink(missing_ok=True)
     return str(pq)
+
+
+def _write_file(path: Path, data) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def remove_stale_tmp(cache: Path, *, older_than_s: float = 3600) -> None:
@@ -193,8 +206,12 @@ def _load_one(path: Path, cache: Path, ident: Identity | None) -> Parsed:
         hit = _read_entry(cache, *ident)
         if hit is not None:
             return hit
+    return _stored(cache, ident, *parse_trace_file(path))
+
+
+def _stored(cache: Path, ident: Identity, frame: pl.DataFrame, meta: dict) -> Parsed:
+    """A frame just parsed, written as its entry (kept in memory where it cannot be)."""
     key, digest = ident
-    frame, meta = parse_trace_file(path)
     if digest is None:
         return Parsed(meta, None, frame)  # not a regular file (a FIFO, a device): no entry could be trusted
     try:
@@ -207,8 +224,12 @@ def _load_one(path: Path, cache: Path, ident: Identity | None) -> Parsed:
 def load_one_safe(path: Path, cache: Path, ident: Identity | None = None):
     # Runs in worker processes too: errors travel back as values so one bad file never kills a
     # load, and whatever a malformed trace trips in the parser still names the file.
+    return _safely(path, _load_one, path, cache, ident)
+
+
+def _safely(path: Path, fn, *args):
     try:
-        return _load_one(path, cache, ident)
+        return fn(*args)
     except TraceError as e:
         return e
     except MemoryError:
@@ -217,3 +238,30 @@ def load_one_safe(path: Path, cache: Path, ident: Identity | None = None):
         return TraceError(path, "could not parse: JSON nested too deeply")
     except (Exception, PanicException) as e:  # noqa: BLE001 (a polars panic is a BaseException)
         return TraceError(path, f"could not parse ({type(e).__name__}: {str(e)[:200]})")
+
+
+def load_many_safe(paths: list[Path], cache: Path, idents: list[Identity | None]) -> list:
+    """`load_one_safe` of each file, the files missing from the cache parsed together
+    (parse_batch.parse_trace_files: one frame's worth of polars calls for all of them, each file's
+    frame and header as parsed alone); a file it leaves alone is `load_one_safe`'s as ever."""
+    from profiler.parse_batch import parse_trace_files
+
+    out: list = [None] * len(paths)
+    misses: dict[int, Identity] = {}
+    for i, (path, ident) in enumerate(zip(paths, idents)):
+        if ident is None:
+            try:
+                ident = _identify(path)  # hashed before parsing, as _load_one
+            except OSError:
+                continue  # load_one_safe below: parse_trace_file says what is wrong with the file
+        hit = _read_entry(cache, *ident) if ident[1] is not None else None
+        if hit is not None:
+            out[i] = hit
+        else:
+            misses[i] = ident
+    if len(misses) > 1:
+        for i, got in zip(misses, parse_trace_files([paths[i] for i in misses])):
+            if got is not None:
+                out[i] = _safely(paths[i], _stored, cache, misses[i], *got)
+    return [got if got is not None else load_one_safe(path, cache, misses.get(i, ident))
+            for i, (got, path, ident) in enumerate(zip(out, paths, idents))]

@@ -6,8 +6,9 @@ Chrome trace, Kineto's string pseudo-processes (`"Spans"`, `"Traces"`), `ph` kin
 and runtime calls already carry `correlation`), missing `dur`/`args`, integer or fractional
 microsecond timestamps. Parsing is done by the C module `_kineto` (JSON straight into column
 buffers) where it is built, and by msgspec where it is not or where it declines a file; both give
-the same frame (the rules that make them agree are in _kineto.c). What damaged or hostile input
-is refused or dropped, and the limits, are in damaged.py.
+the same frame (the rules that make them agree are in _kineto.c; its buffers become columns in
+parse_fast.py). parse_batch.py parses several small files as one frame with these same steps. What
+damaged or hostile input is refused or dropped, and the limits, are in damaged.py.
 """
 
 from __future__ import annotations
@@ -245,6 +246,8 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
     parsed = _fast_parse(raw) if fast and _kineto is not None else None
     try:
         if parsed is not None:
+            from profiler.parse_fast import _fast_columns, _raw_slices
+
             slices = _raw_slices(parsed, raw)  # the few raw JSON values still needed, so the bytes can go
             del raw
             frame, thread_names, dropped = _fast_columns(parsed, slices)
@@ -261,23 +264,14 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
     if any(len(t) > MAX_TEXT_BYTES for t in thread_names.values()):
         raise TraceError(path, f"a thread name over the {MAX_TEXT_BYTES:,}-byte limit on one text value (a damaged file?)")
     info = checked_distributed_info(info, path)
-    # Thread names from metadata, looked up on the two key columns only (a join of the whole
-    # frame would copy every column).
     threads = pl.DataFrame(
         {"pid": [k[0] for k in thread_names], "tid": [k[1] for k in thread_names], "thread": list(thread_names.values())},
         schema={"pid": pl.Int64, "tid": pl.Int64, "thread": pl.String},
     )
-    thread = frame.select("pid", "tid").join(threads, on=["pid", "tid"], how="left", maintain_order="left")["thread"]
-    frame = frame.with_columns(thread.cast(pl.Categorical), end_us=pl.col("ts_us") + pl.col("dur_us"))
-    frame = classify(frame)
-    # GPU activity's stream is its tid when args carry none (ROCm, annotations).
-    frame = frame.with_columns(
-        stream=pl.when(pl.col("device") == "gpu").then(pl.coalesce("stream", "tid")).otherwise(pl.col("stream"))
-    )
+    frame = _labelled(frame, threads, ["pid", "tid"])
     meta = {
         "distributed_info": info,
-        "device_name": ", ".join(sorted({str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name") is not None}))
-        if isinstance(devices, list) else None,
+        "device_name": device_name(devices),
         "dropped": dropped,
         "n_events": frame.height,
         "has_gpu": bool((frame["device"] == "gpu").any()),
@@ -287,6 +281,27 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
         **dict(zip(("first_ts_us", "last_end_us"), frame.select(pl.col("ts_us").min(), pl.col("end_us").max()).row(0))),
     }
     return frame.select([c for c in SCHEMA if c in frame.columns]), meta
+
+
+def device_name(devices) -> str | None:
+    """deviceProperties' names, sorted and joined (None where the trace has no such list)."""
+    if not isinstance(devices, list):
+        return None
+    return ", ".join(sorted({str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name") is not None}))
+
+
+def _labelled(frame: pl.DataFrame, threads: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """The kept rows with thread names (`threads`: keys + thread), end_us, device, kind and the
+    GPU stream: each row's from its own values (parse_batch.py runs it over several files' rows)."""
+    # Thread names from metadata, looked up on the key columns only (a join of the whole
+    # frame would copy every column).
+    thread = frame.select(keys).join(threads, on=keys, how="left", maintain_order="left")["thread"]
+    frame = frame.with_columns(thread.cast(pl.Categorical), end_us=pl.col("ts_us") + pl.col("dur_us"))
+    frame = classify(frame)
+    # GPU activity's stream is its tid when args carry none (ROCm, annotations).
+    return frame.with_columns(
+        stream=pl.when(pl.col("device") == "gpu").then(pl.coalesce("stream", "tid")).otherwise(pl.col("stream"))
+    )
 
 
 def _decode_header(raw: bytes | None):
@@ -426,6 +441,17 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
     """
     frame = pl.DataFrame(cols)
     check_text_sizes(frame)
+    passed = _passed(frame)
+    n_passed = frame.select([p.sum().alias(str(i)) for i, p in enumerate(passed)]).row(0)
+    return _kept(frame, passed[-1], n_passed[-1]), dict(zip(DROPPED, _dropped_counts(frame.height, n_passed)))
+
+
+DROPPED = ["string_pid", *DAMAGED]  # `_finish`'s counts, in the order an event is counted
+
+
+def _passed(frame: pl.DataFrame) -> list[pl.Expr]:
+    """`_finish`'s rules, cumulative: passed[i] holds where the row passes rules 0..i (row by row,
+    but for bad_step_names, which is decided per name)."""
     ts, dur, instant = pl.col("ts_us"), pl.col("dur_us"), pl.col("ph") == "i"
     ok = [
         pl.col("pid").is_not_null() & pl.col("tid").is_not_null(),
@@ -438,69 +464,19 @@ def _finish(cols: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[str, int]]:
     passed = [ok[0]]
     for rule in ok[1:]:
         passed.append(passed[-1] & rule)
-    n_passed = frame.select([p.sum().alias(str(i)) for i, p in enumerate(passed)]).row(0)
-    counts = [frame.height - n_passed[0]] + [a - b for a, b in zip(n_passed, n_passed[1:])]
-    frame = frame.filter(passed[-1]).with_columns(dur_us=pl.when(instant).then(0.0).otherwise(dur))
-    cast = {c: SCHEMA[c] for c in frame.columns if SCHEMA[c] == pl.Categorical()}
-    frame = frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()])
-    return frame, dict(zip(["string_pid", *DAMAGED], counts))
+    return passed
 
 
-def _raw_slices(parsed: dict, raw: bytes) -> dict[str, tuple[list[int], list[bytes]]]:
-    """The C parser's sparse raw values (row, byte range) -> (rows, JSON bytes) per field."""
-    out = {}
-    for name, bufs in parsed["raws"].items():
-        rows, starts, ends = (np.frombuffer(b, np.int64).tolist() for b in bufs)
-        out[name] = (rows, [raw[s:e] for s, e in zip(starts, ends)])
-    return out
+def _dropped_counts(height: int, n_passed) -> list[int]:
+    """Rows dropped by each rule of `_passed`, from the rows that passed each cumulative one."""
+    return [height - n_passed[0]] + [a - b for a, b in zip(n_passed, n_passed[1:])]
 
 
-def _fast_columns(parsed: dict, slices: dict) -> tuple[pl.DataFrame, dict[tuple[int, int], str], dict[str, int]]:
-    """The C parser's buffers -> the same frame, thread names and counts as `_columns`."""
-    n = parsed["n"]
-    strings = parsed["strings"]  # interned text: code k -> strings[k], 0 -> null
-    table = pl.Series(strings, dtype=pl.String)
-    # Text columns are built categorical straight from the codes (a gather of the few distinct
-    # values), never as 300,000 strings hashed again by a cast; _finish's size check on String
-    # columns is done here on the distinct values, column by column in the same order.
-    lengths, categories = table.str.len_bytes(), table.cast(pl.Categorical)
-
-    def masked(name: str, values: np.ndarray, ok: bytes, dtype: pl.DataType) -> pl.Series:
-        s = pl.Series(name, values)
-        valid = np.frombuffer(ok, np.bool_)
-        if not valid.all():
-            s = pl.select(pl.when(pl.Series(valid)).then(s).alias(name)).to_series()
-        return s.cast(dtype, strict=False)  # Int32 columns: outside int32 -> null, as polars' lenient cast
-
-    cols: dict[str, pl.Series] = {}
-    for name, (vals, ok) in parsed["ints"].items():
-        cols[name] = masked(name, np.frombuffer(vals, np.int64), ok, SCHEMA[name])
-    for name, (vals, ok) in parsed["floats"].items():
-        cols[name] = masked(name, np.frombuffer(vals, np.float64), ok, pl.Float64)
-    cols["ph"] = pl.Series("ph", np.frombuffer(parsed["ph"], np.uint8)).replace_strict({0: "X", 1: "i"}, return_dtype=pl.String)
-    texts = {name: pl.Series(name, np.frombuffer(codes, np.int32)) for name, codes in parsed["strs"].items()}
-    for name in (c for c in _COLUMN_ORDER if c in texts):  # the order check_text_sizes reports in
-        longest = lengths.gather(texts[name]).max()
-        if longest is not None and longest > MAX_TEXT_BYTES:
-            raise TraceError(None, f"an event's {name} is {longest:,} bytes long, over the {MAX_TEXT_BYTES:,}-byte limit "
-                                   "on one text value (a damaged file?)")
-    for name, codes in texts.items():
-        cols[name] = categories.gather(codes).alias(name)
-
-    rows, values = slices["group_ranks"]
-    cols["group_ranks"] = _sparse(n, rows, [_group_ranks_text(msgspec.json.decode(v)) for v in values], pl.String)
-    # Shapes were kept for events whose name looks like communication; the exact test is here.
-    name_codes = np.frombuffer(parsed["strs"]["name"], np.int32)
-    dims, typs = (dict(zip(*slices[k])) for k in ("input_dims", "input_type"))
-    comm = [(i, dims.get(i), typs.get(i)) for i in sorted(set(dims) | set(typs))
-            if (nm := strings[name_codes[i]]) is not None and nm.startswith(_COMM_NAME_PREFIXES)]
-    cols["arg_nelems"], cols["arg_types"] = _arg_shapes(n, comm)
-    frame, dropped = _finish({c: cols[c] for c in _COLUMN_ORDER})
-
-    pid, pid_ok, tid, tid_ok, name_codes = parsed["threads"]
-    keys = zip(np.frombuffer(pid, np.int64).tolist(), np.frombuffer(pid_ok, np.bool_).tolist(),
-               np.frombuffer(tid, np.int64).tolist(), np.frombuffer(tid_ok, np.bool_).tolist())
-    thread_names = {(p if po else None, t if to else None): strings[c]
-                    for (p, po, t, to), c in zip(keys, np.frombuffer(name_codes, np.int32).tolist())}
-    counts = parsed["counts"]
-    return frame, thread_names, {"flow": counts["flow"], **dropped, "other_ph": counts["other"], "meta": counts["meta"]}
+def _kept(frame: pl.DataFrame, passed: pl.Expr, n_passed: int) -> pl.DataFrame:
+    """The rows that pass (n_passed of them), instants with dur 0, text columns categorical."""
+    instant = pl.col("ph") == "i"
+    if n_passed < frame.height:  # most files drop nothing: no copy of every column then
+        frame = frame.filter(passed)
+    frame = frame.with_columns(dur_us=pl.when(instant).then(0.0).otherwise(pl.col("dur_us")))
+    cast = {c: SCHEMA[c] for c in frame.columns if c in SCHEMA and SCHEMA[c] == pl.Categorical()}
+    return frame.with_columns([pl.col(c).cast(t) for c, t in cast.items()])

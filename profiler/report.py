@@ -324,7 +324,12 @@ def compare_runs(a: Analysis) -> pl.DataFrame:
     # A peak is a high-water mark: the largest over ranks is the one that limits the job.
     m = a.memory_peaks.group_by("run").agg(peak_allocated_bytes_max=pl.col("peak_allocated_bytes").max().cast(pl.Float64))
     wide = b.join(s, on="run", how="left").join(c, on="run", how="left").join(m, on="run", how="left")
-    order = a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
+    # Runs in load order, those with a breakdown only: with --step S, a run that lacks step S has
+    # ranks but no row to compare (the report says so per run).
+    present = set(wide["run"].cast(pl.String).to_list())
+    order = [r for r in a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list() if r in present]
+    if not order:
+        return pl.DataFrame(schema={"metric": pl.String})
     metrics = [c for c in wide.columns if c != "run"]
     long = wide.with_columns(pl.col("run").cast(pl.String)).unpivot(index="run", on=metrics, variable_name="metric")
     table = long.pivot(on="run", index="metric", values="value").select("metric", *order)

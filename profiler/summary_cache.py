@@ -19,6 +19,8 @@ import os
 import threading
 from pathlib import Path
 
+from polars.exceptions import PanicException
+
 from profiler.rankmap import RankSummary, RankTask, decode, encode
 
 _DIGEST = 32  # bytes of SHA-256 at the end of each entry
@@ -68,7 +70,7 @@ def read_summary(cache: Path, task: RankTask, parquet: str) -> RankSummary | Non
         return None
     try:
         summary = decode(body)
-    except Exception:  # noqa: BLE001  (a foreign or older blob: a miss)
+    except (Exception, PanicException):  # noqa: BLE001  (a foreign or older blob: a miss)
         return None
     return summary if summary.parquet == parquet else None
 

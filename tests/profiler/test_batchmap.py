@@ -21,7 +21,7 @@ import profiler.batchmap as batchmap
 from profiler.batchmap import plan_batches, summarize_batch
 from profiler.cache import load_one_safe
 from profiler.errors import TraceError
-from profiler.rankmap import MapOptions, RankSummary, RankTask, _events, analyze_rank, rank_row
+from profiler.rankmap import MapOptions, RankSummary, RankTask, _events, analyze_rank, rank_row, rank_rows
 from tests.conftest import REPO, SHARED_TRACES
 
 BATCH = [SHARED_TRACES / "single" / f"{n}.json.gz" for n in
@@ -179,3 +179,28 @@ def test_step_that_a_rank_lacks_leaves_it_only_its_steps(tmp_path):
     for a, b in zip(got, alone):
         _same(a, b)
     assert pl.concat([got[0].frames["all_steps"], got[1].frames["all_steps"]])["step"].to_list() == [1, 2]
+
+
+def test_frames_split_back_per_rank_keep_their_rows_in_order():
+    # Each (run, rank)'s rows in their order, whether a rank's rows are together (slices) or not.
+    run = pl.Series(["x", "x", "x", "y", "x"], dtype=pl.Categorical)
+    frame = pl.DataFrame({"run": run, "rank": pl.Series([0, 0, 1, 0, 2], dtype=pl.Int32), "v": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    parts = batchmap._by_rank(frame)
+    assert {k: p["v"].to_list() for k, p in parts.items()} == {("x", 0): [1.0, 2.0], ("x", 1): [3.0], ("y", 0): [4.0],
+                                                               ("x", 2): [5.0]}
+    assert all(p.schema == frame.schema for p in parts.values())
+    mixed = frame.with_columns(rank=pl.Series([0, 1, 0, 0, 1], dtype=pl.Int32))  # rank 0 of x in two places
+    parts = batchmap._by_rank(mixed)
+    assert {k: p["v"].to_list() for k, p in parts.items()} == {("x", 0): [1.0, 3.0], ("x", 1): [2.0, 5.0], ("y", 0): [4.0]}
+    assert batchmap._by_rank(frame.clear()) == {}
+
+
+def test_a_batch_s_rank_rows_are_each_file_s_row():
+    metas = [{"has_gpu": True, "distributed_info": {"rank": 0, "world_size": 4, "backend": "nccl", "pg_config": [{"pg_size": 4}]}},
+             {"has_gpu": False, "distributed_info": None},
+             {"has_gpu": False, "distributed_info": {"world_size": "8"}}]
+    files = [(m, "x", r, f"rank{r}.json") for r, m in enumerate(metas)]
+    together = rank_rows(files)
+    alone = pl.concat([rank_row(*f) for f in files])
+    assert together.schema == alone.schema and together.equals(alone)
+    assert together["world_size"].to_list() == [4, None, 8] and together["backend"].to_list() == ["nccl", None, None]

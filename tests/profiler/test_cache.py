@@ -161,9 +161,9 @@ def test_an_unsafe_fallback_folder_is_refused(no_home_cache, tmp_path, monkeypat
 # ---- a full disk ------------------------------------------------------------------------------
 
 
-def _enospc_write(self, file, *args, **kwargs):
-    """DataFrame.write_parquet on a full disk: part of the file gets out, then ENOSPC."""
-    Path(file).write_bytes(b"PAR1\x15\x04")
+def _enospc_write(path, data):
+    """An entry's file written on a full disk: part of it gets out, then ENOSPC."""
+    Path(path).write_bytes(bytes(data[:6]))
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
@@ -172,7 +172,7 @@ def test_a_full_disk_analyses_from_memory_with_one_warning(tmp_path, monkeypatch
     reference = load_traces(files, cache=False, workers=1)
     folder = tmp_path / "cache"
     monkeypatch.setenv(CACHE_ENV, str(folder))
-    monkeypatch.setattr(pl.DataFrame, "write_parquet", _enospc_write)
+    monkeypatch.setattr(cache_module, "_write_file", _enospc_write)
     traces = load_traces(files, workers=1)  # parsed in this process, where the write is patched
     assert _same_load(traces, reference) and traces.problems == []
     assert list(folder.iterdir()) == []  # no .tmp files, no half entries
@@ -184,7 +184,7 @@ def test_a_full_disk_analyses_from_memory_with_one_warning(tmp_path, monkeypatch
 
 def test_a_full_disk_is_a_warning_not_a_failure_in_the_cli(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(pl.DataFrame, "write_parquet", _enospc_write)
+    monkeypatch.setattr(cache_module, "_write_file", _enospc_write)
     assert analyze_main([str(_copy(tmp_path))]) == 0
     out = capsys.readouterr()
     assert "skipped" not in out.out + out.err

@@ -33,6 +33,8 @@ if sys.orig_argv[-2:] == ["-m", "profiler._worker"]:
             f.write(str(path))
         time.sleep(120)
     _parse.parse_trace_file = _hang
+    import profiler.parse_batch as _batch  # a batch of several files is parsed there (cache.load_many_safe)
+    _batch.parse_trace_files = lambda paths: _hang(paths[0])
 """
 
 
@@ -112,6 +114,8 @@ HANG = (
     "        f.write(str(path))\\n"
     "    time.sleep(120)\\n"
     "_parse.parse_trace_file = _hang\\n"
+    "import profiler.parse_batch as _batch\\n"  # a batch of several files is parsed there
+    "_batch.parse_trace_files = lambda paths: _hang(paths[0])\\n"
 )
 if __name__ == "__main__":
     cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")

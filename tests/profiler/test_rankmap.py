@@ -90,3 +90,27 @@ def test_a_summary_survives_its_bytes():
     assert all(back.frames[k].equals(summary.frames[k]) for k in summary.frames)
     with pytest.raises(ValueError, match="truncated"):
         decode(encode(summary)[:-1])
+
+
+def test_a_summary_of_odd_frames_survives_its_bytes():
+    # What analyses can leave: empty frames that keep their schema, a frame of no columns,
+    # categoricals (decoded in a process whose string cache saw other values first), nulls,
+    # NaN and -0.0, lists and structs: each back with the same values and dtypes.
+    pl.Series(["zz", "q"]).cast(pl.Categorical)
+    frames = {
+        "text": pl.DataFrame({"run": ["b", None, "a"], "x": [1.5, float("nan"), -0.0], "n": [None, None, None]},
+                             schema={"run": pl.Categorical, "x": pl.Float64, "n": pl.Null}),
+        "empty": pl.DataFrame(schema={"rank": pl.Int32, "l": pl.List(pl.String), "b": pl.Float32}),
+        "no_columns": pl.DataFrame(),
+        "nested": pl.DataFrame({"s": [{"a": 1, "b": "q"}, None], "l": [[1, None], []]}),
+    }
+    back = decode(encode(RankSummary({"n_events": 3}, 7, None, frames, "disk full")))
+    assert (back.meta, back.rank, back.parquet, back.unstored) == ({"n_events": 3}, 7, None, "disk full")
+    assert list(back.frames) == list(frames)
+    for name, frame in frames.items():
+        assert back.frames[name].schema == frame.schema, name
+        assert back.frames[name].shape == frame.shape, name
+        assert back.frames[name].equals(frame), name
+    assert back.frames["text"]["run"].to_list() == ["b", None, "a"]
+    with pytest.raises(ValueError, match="not a ptprof rank summary"):
+        decode(b"PTPS1\n" + encode(RankSummary({}, 0, None, frames))[6:])  # the Arrow IPC form of before

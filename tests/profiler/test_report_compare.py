@@ -112,3 +112,26 @@ def test_missing_rank_spans_are_counted_by_hand():
     ranks = pl.DataFrame({"run": ["a"] * 4 + ["b"] * 2, "rank": [0, 3, 4, 9, 0, 1], "world_size": [12] * 4 + [2] * 2})
     (line,) = missing_rank_warnings(ranks)  # run b has both of its 2 ranks: no warning
     assert line.startswith("run a: 4 of 12 ranks loaded") and "missing 1-2, 5-8, 10-11:" in line
+
+
+def test_a_run_without_the_chosen_step_is_left_out_not_a_crash():
+    # --step S where run B has no step S: B keeps its ranks but has no breakdown row to compare.
+    a = two_runs()
+    a.breakdown = a.breakdown.filter(pl.col("run") == "A")
+    a.step_stats = a.step_stats.filter(pl.col("run") == "A")
+    t = {r["metric"]: r for r in compare_runs(a).to_dicts()}
+    assert (t["window_us"]["A"], set(t["window_us"])) == (150.0, {"metric", "A"})
+    # none has it: an empty table, still with its metric column
+    a.breakdown = a.breakdown.clear()
+    assert compare_runs(a).columns == ["metric"] and compare_runs(a).is_empty()
+
+
+def test_step_that_some_runs_lack_on_the_command_line(tmp_path):
+    from tests.conftest import REPO, SHARED_TRACES
+    from tests.profiler.test_cli import analyze
+
+    # sample-ddp-2r profiles steps 1-2; this trace's steps are other numbers
+    res = analyze(REPO / "traces" / "sample-ddp-2r", SHARED_TRACES / "single" / "v100_ns_resolution_rank0.json.gz",
+                  "--step", "2", "--top", "5")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "no step 2" in res.stdout + res.stderr
