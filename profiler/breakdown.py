@@ -141,7 +141,7 @@ def _gpu_intervals(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame | 
     return (
         assign_steps(events, steps).lazy()  # lazy: only the few columns used are filtered
         .filter((pl.col("device") == "gpu") & pl.col("kind").is_in(GPU_LABELS) & pl.col("step").is_not_null())
-        .select(*KEYS, "step", label=pl.col("kind").cast(pl.String), start_us="ts_us", end_us="end_us")
+        .select(*KEYS, "step", label="kind", start_us="ts_us", end_us="end_us")
         .collect()
     )
 

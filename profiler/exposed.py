@@ -141,5 +141,5 @@ def _cpu_compute(events: pl.DataFrame, calls: pl.DataFrame, gloo_threads: pl.Dat
         .join(gloo_worker_threads(ev) if gloo_threads is None else gloo_threads, on=THREAD, how="anti")
     )
     # op minus enqueue, as the breakdown counts it: the segments an op covers and no enqueue does.
-    segs = sweep(ops.select(*KEYS, label=pl.col("kind").cast(pl.String), start_us="ts_us", end_us="end_us"), KEYS, ["op", "enqueue"])
+    segs = sweep(ops.select(*KEYS, label="kind", start_us="ts_us", end_us="end_us"), KEYS, ["op", "enqueue"])
     return segs.filter(pl.col("op") & ~pl.col("enqueue")).select(*KEYS, "start_us", "end_us")

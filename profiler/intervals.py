@@ -103,7 +103,7 @@ def sweep(intervals: pl.DataFrame, by: list[str], labels: list[str]) -> pl.DataF
     """
     # One +1 / -1 column per label, decided once per interval (not per bound, and no string
     # compare in the running sums).
-    label = pl.col("label").cast(pl.String)
+    label = pl.col("label")  # text or categorical: compared with each label as it is, no text built per interval
     opens = {f"_n_{lab}": (label == lab).fill_null(False).cast(pl.Int32) for lab in labels}
     # Sorted by the columns of `by` that vary only; the others (one rank's run and rank) are not
     # carried through the sort but put back as constants.
