@@ -38,7 +38,7 @@ def _self_us(spans: pl.DataFrame) -> pl.Series:
     """
     # Zero-length spans own no time (self 0 below); left in, a close-before-open tie would hand
     # one the rest of its parent's time.
-    op = np.flatnonzero(spans.get_column("dur_us").to_numpy() > 0)
+    op = np.flatnonzero(spans.get_column("dur_us").to_numpy() > 0).astype(np.int32)
     ts, end, dur = (spans.get_column(c).to_numpy()[op] for c in ("ts_us", "end_us", "dur_us"))
     # One small integer per thread (only the columns of THREAD that vary: one rank's frame has one
     # run and one rank).
@@ -57,7 +57,7 @@ def _self_us(spans: pl.DataFrame) -> pl.Series:
         at = np.union1d(tie, tie + 1)
         run = np.cumsum(np.r_[True, start[at[1:]] != start[at[:-1]]] | np.r_[True, at[1:] != at[:-1] + 1])
         opens[at] = opens[at][np.lexsort((-dur[opens[at]], run))]  # (`start` is unchanged: equal in a run)
-    which = np.concatenate([np.arange(op.size), opens])  # index into op: the closes, then the opens
+    which = np.concatenate([np.arange(op.size, dtype=np.int32), opens.astype(np.int32)])  # into op: the closes, then the opens
     t = np.concatenate([end, start])
     thr_s = np.concatenate([thr, thr[opens]])
     order = np.argsort(t, kind="stable")
@@ -66,7 +66,7 @@ def _self_us(spans: pl.DataFrame) -> pl.Series:
     delta = np.where(order < op.size, np.int32(-1), np.int32(1))
     # Each thread's opens and closes balance, so a running sum over the whole sorted frame is each
     # thread's nesting depth.
-    depth = np.cumsum(delta, dtype=np.int64)
+    depth = np.cumsum(delta, dtype=np.int32)
     # The time from a boundary to the next one on the thread belongs to the event open at that
     # depth, which is the latest open among the boundaries that left the thread at that depth
     # (had it closed, the depth would have dropped below and a newer open would come later).
@@ -74,7 +74,7 @@ def _self_us(spans: pl.DataFrame) -> pl.Series:
     # window over one key costs half of one over two.
     bounds = pl.DataFrame({
         "at_depth": thr_s.astype(np.int64) * 2**32 + depth,
-        "opened": np.where(delta == 1, op[which], -1),
+        "opened": np.where(delta == 1, op[which], np.int32(-1)),
     })
     owner = bounds.select(pl.when(pl.col("opened") >= 0).then(pl.col("opened")).forward_fill().over("at_depth")).to_series()
     owner = owner.fill_null(-1).to_numpy()
