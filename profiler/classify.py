@@ -161,23 +161,38 @@ def device_kind(events: pl.DataFrame) -> str:
     """What recorded a file's device activity: "cuda", "rocm", "mtia", or "cpu" (no device activity).
 
     MTIA by its own categories; ROCm by its HIP runtime calls (Kineto files them under
-    `cuda_runtime`); any other device activity is CUDA's.
+    `cuda_runtime`); any other device activity is CUDA's. (parse_batch.py decides the same for
+    each file of a batch at once, through `kind_of_device` and the two prefixes.)
     """
     # Distinct values first, then their text (not the text of every event).
     device = (events.lazy().filter(pl.col("device") == "gpu").select(pl.col("cat").unique()).collect()
               .select(pl.col("cat").cast(pl.String).str.to_lowercase()))
     if device.is_empty():
-        return "cpu"
-    if device["cat"].str.starts_with("mtia").any():
-        return "mtia"
+        return kind_of_device(False, False, False)
+    if device["cat"].str.starts_with(MTIA_CAT_PREFIX).any():
+        return kind_of_device(True, True, False)
     runtime = events.lazy().filter(pl.col("kind") == "runtime").select(pl.col("name").unique()).collect()["name"].cast(pl.String)
-    return "rocm" if runtime.str.starts_with("hip").any() else "cuda"
+    return kind_of_device(True, False, bool(runtime.str.starts_with(HIP_RUNTIME_PREFIX).any()))
+
+
+MTIA_CAT_PREFIX = "mtia"  # a device category (lowercased) of MTIA's
+HIP_RUNTIME_PREFIX = "hip"  # a runtime call of ROCm's
+
+
+def kind_of_device(has_gpu: bool, mtia: bool, hip: bool) -> str:
+    """The device kind from what a file holds: device activity, MTIA categories, HIP runtime calls."""
+    return "cpu" if not has_gpu else "mtia" if mtia else "rocm" if hip else "cuda"
+
+
+def known_category(low: pl.Expr) -> pl.Expr:
+    """Whether a lowercased `cat` is one the rules above know (else its events count as CPU operators)."""
+    return low.is_in(GPU_CATS + CPU_CATS) | low.str.contains(RUNTIME_CAT_RE)
 
 
 def unknown_categories(events: pl.DataFrame) -> dict[str, int]:
     """Events per `cat` that no rule above knows (counted as CPU operators): {cat: n}."""
     cat = pl.col("cat").cast(pl.String)
-    known = cat.str.to_lowercase().is_in(GPU_CATS + CPU_CATS) | cat.str.to_lowercase().str.contains(RUNTIME_CAT_RE)
+    known = known_category(cat.str.to_lowercase())
     # Usually none: the distinct categories tell, without counting every event's.
     if events.select(pl.col("cat").unique()).filter(cat.is_not_null() & ~known).is_empty():
         return {}

@@ -145,21 +145,20 @@ def _together(scans: list[_Scan]) -> list[tuple[pl.DataFrame, dict] | None]:
 def _per_file(frame: pl.DataFrame) -> dict[int, dict]:
     """Each file's event count, GPU presence, device kind (classify.device_kind), whether it has a
     category no rule knows (classify.unknown_categories), and clock span; files with no row absent."""
-    from profiler.classify import CPU_CATS, GPU_CATS, RUNTIME_CAT_RE
+    from profiler.classify import HIP_RUNTIME_PREFIX, MTIA_CAT_PREFIX, kind_of_device, known_category
 
     gpu = pl.col("device") == "gpu"
     stats = frame.group_by("file").agg(
         n_events=pl.len(), has_gpu=gpu.any(), first_ts_us=pl.col("ts_us").min(), last_end_us=pl.col("end_us").max())
     # device_kind and unknown_categories decide on distinct text, not on every row.
     cats = frame.select("file", "cat", gpu.alias("gpu")).unique().with_columns(low=pl.col("cat").cast(pl.String).str.to_lowercase())
-    mtia = set(cats.filter(pl.col("gpu") & pl.col("low").str.starts_with("mtia"))["file"].to_list())
-    known = pl.col("low").is_in(GPU_CATS + CPU_CATS) | pl.col("low").str.contains(RUNTIME_CAT_RE)
-    unknown = set(cats.filter(pl.col("cat").is_not_null() & ~known)["file"].to_list())
+    mtia = set(cats.filter(pl.col("gpu") & pl.col("low").str.starts_with(MTIA_CAT_PREFIX))["file"].to_list())
+    unknown = set(cats.filter(pl.col("cat").is_not_null() & ~known_category(pl.col("low")))["file"].to_list())
     runtime = frame.filter(pl.col("kind") == "runtime").select("file", "name").unique()
-    hip = set(runtime.filter(pl.col("name").cast(pl.String).str.starts_with("hip"))["file"].to_list())
+    hip = set(runtime.filter(pl.col("name").cast(pl.String).str.starts_with(HIP_RUNTIME_PREFIX))["file"].to_list())
     out = {}
     for f, n, has_gpu, first, last in stats.select("file", "n_events", "has_gpu", "first_ts_us", "last_end_us").iter_rows():
-        kind = "cpu" if not has_gpu else "mtia" if f in mtia else "rocm" if f in hip else "cuda"
+        kind = kind_of_device(bool(has_gpu), f in mtia, f in hip)
         out[f] = {"n_events": n, "has_gpu": bool(has_gpu), "device_kind": kind, "unknown": f in unknown,
                   "first_ts_us": first, "last_end_us": last}
     return out
