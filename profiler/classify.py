@@ -44,7 +44,7 @@ KINDS = ["compute", "comm", "memory", "other", "annotation", "op", "runtime", "e
 
 # Below this many events the distinct (cat, name, ph) triples are classified and joined back
 # (fewer steps: a small file's fixed cost); above, the flags (fewer passes over the events).
-# Both give the same frame (tests/profiler/test_load.py).
+# Both give the same frame (tests/profiler/test_classify.py).
 FLAGS_FROM = 30_000
 
 

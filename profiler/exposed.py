@@ -81,7 +81,9 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFra
         .agg(calls=pl.len(), comm_us=pl.col("dur_us").sum(), exposed_us=pl.col("exposed_us").fill_null(0.0).sum())
         .select(list(EXPOSED_COLUMNS))
         .cast(EXPOSED_COLUMNS)
-        .sort(*KEYS, "step", "exposed_us", descending=[False, False, False, True])
+        # Ties in exposed_us (two collectives both at 50 µs) by name and phase: the rows, and so
+        # the report, come out in one order on every load (group_by's own order is a hash's).
+        .sort(*KEYS, "step", "exposed_us", "collective", "phase", descending=[False, False, False, True, False, False])
     )
 
 

@@ -225,13 +225,16 @@ def _hold_mark(log: str, sign: str, path: Path) -> None:
 
 
 def _parse_uncached(path: Path, why: str):
-    from profiler.cache import Parsed
+    """The file parsed into memory (no usable cache): a Parsed, or the TraceError naming it. Never
+    raises: whatever the parse trips (deep nesting, no memory, a polars panic) is worded as
+    cache.load_one_safe words it, so one file never costs its batch."""
+    from profiler.cache import Parsed, _safely
     from profiler.parse import parse_trace_file
 
-    try:
-        frame, meta = parse_trace_file(path)
-    except TraceError as e:
-        return e
+    got = _safely(path, parse_trace_file, path)
+    if isinstance(got, TraceError):
+        return got
+    frame, meta = got
     return Parsed(meta, None, frame, why)
 
 

@@ -204,3 +204,22 @@ def test_a_batch_s_rank_rows_are_each_file_s_row():
     alone = pl.concat([rank_row(*f) for f in files])
     assert together.schema == alone.schema and together.equals(alone)
     assert together["world_size"].to_list() == [4, None, 8] and together["backend"].to_list() == ["nccl", None, None]
+
+
+def test_a_deadly_file_without_a_usable_cache_is_its_own_error(tmp_path, monkeypatch):
+    # A Dask worker whose cache folder is unusable parses into memory: a file nested too deeply
+    # for the parser (RecursionError, not a TraceError) is that file's error, not the batch's.
+    import profiler.cache as cache
+
+    def unusable():
+        raise cache.CacheUnusable("no cache here")
+
+    monkeypatch.setattr(cache, "cache_dir", unusable)
+    deep = tmp_path / "rank1.json"
+    deep.write_text('{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": '
+                    + "[" * 100_000 + "]" * 100_000 + "}]}")
+    good = REPO / "traces" / "sample-ddp-2r" / "rank0.json.gz"
+    res = summarize_batch([RankTask(str(good), "r", None, MapOptions()), RankTask(str(deep), "r", None, MapOptions())])
+    assert isinstance(res[0], RankSummary) and res[0].rank == 0
+    assert isinstance(res[1], TraceError) and Path(res[1].path) == deep
+    assert "nested too deeply" in res[1].problem

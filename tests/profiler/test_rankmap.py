@@ -94,7 +94,8 @@ def test_a_summary_survives_its_bytes():
 
 def test_a_summary_of_odd_frames_survives_its_bytes():
     # What analyses can leave: empty frames that keep their schema, a frame of no columns,
-    # categoricals (decoded in a process whose string cache saw other values first), nulls,
+    # categoricals (decoded after other values entered the string cache: the text comes back,
+    # not the codes; tests/profiler/test_engine.py decodes in another process), nulls,
     # NaN and -0.0, lists and structs: each back with the same values and dtypes.
     pl.Series(["zz", "q"]).cast(pl.Categorical)
     frames = {
