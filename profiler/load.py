@@ -314,10 +314,15 @@ def _map(engine, tasks: dict[int, RankTask], results: list, *, progress: bool | 
     bar = progress_bar(total, show)
     bar.update(total - len(tasks))
     idx = list(tasks)
-    for k, res in engine.map([tasks[i] for i in idx]):
-        results[idx[k]] = res
-        bar.update(1)
-    bar.close()
+    try:
+        for k, res in engine.map([tasks[i] for i in idx]):
+            results[idx[k]] = res
+            bar.update(1)
+    except BaseException:  # Ctrl-C, a lost scheduler: the bar goes, so the last line is the reason
+        bar.leave = False
+        raise
+    finally:
+        bar.close()
 
 
 def _redo_mismatched(engine, sources, results, kept, runs, options, cache_path, made_with, *, no_cache: bool) -> list[int]:

@@ -141,7 +141,9 @@ def _run_worker(tasks: list[RankTask], chunk: list[list[int]], env: dict, done: 
     started = False
     with tempfile.TemporaryFile() as err:
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "profiler._worker"], stdin=subprocess.PIPE,
+            # A session (and process group) of its own: a terminal's Ctrl-C goes to ptprof alone, which stops every
+            # worker (below); a worker signalled while still importing would print a traceback.
+            proc = subprocess.Popen([sys.executable, "-m", "profiler._worker"], stdin=subprocess.PIPE, start_new_session=True,
                                     stdout=subprocess.PIPE, stderr=err, env=env)
             started = True
             procs.append(proc)
@@ -201,6 +203,8 @@ def progress_bar(total: int, show: bool, desc: str = "analysing ranks"):
     """ranks done / total on stderr (shown on a terminal, for more than one file)."""
     from tqdm import tqdm
 
-    # A terminal that reports 0 columns (some CI and `docker exec -t` ones) would get no bar at all.
-    width = shutil.get_terminal_size((80, 24)).columns or 80
-    return tqdm(total=total, desc=desc, unit="rank", disable=not show, file=sys.stderr, ncols=min(width, 100))
+    # A terminal that reports 0 columns or rows (some CI and `docker exec -t` ones) would get no bar
+    # at all: tqdm hides a bar on 0 rows as on 0 columns.
+    size = shutil.get_terminal_size((80, 24))
+    return tqdm(total=total, desc=desc, unit="rank", disable=not show, file=sys.stderr, ncols=min(size.columns or 80, 100),
+                nrows=size.lines or 24)

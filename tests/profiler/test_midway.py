@@ -82,6 +82,9 @@ def test_interrupt_stops_every_worker_and_leaves_nothing(tmp_path, whole_group):
             assert time.monotonic() < deadline, "the workers never started parsing"
             time.sleep(0.05)
         workers = [int(p.name) for p in hang.iterdir()]
+        # Workers live in a process group of their own: a terminal's Ctrl-C reaches ptprof alone
+        # (a worker still importing would print a KeyboardInterrupt traceback), which stops them.
+        assert all(os.getpgid(pid) != os.getpgid(proc.pid) for pid in workers)
         if whole_group:
             os.killpg(proc.pid, signal.SIGINT)
         else:
