@@ -101,8 +101,9 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame, *, fastest_pe
         .otherwise(pl.col("note")),
     ).with_columns(
         note=pl.when(pl.col("r2") < TRUSTED_R2)
-        .then(pl.format("r² {} < " + str(TRUSTED_R2) + ": sizes explain little of the times (waits, contention): "
-                        "not trusted", (pl.col("r2") * 1000).floor() / 1000))
+        # Cut (not rounded) to 3 decimals, written from whole thousandths: 0.174, never 0.17400000000000002.
+        .then(pl.format("r² 0.{} < " + str(TRUSTED_R2) + ": sizes explain little of the times (waits, contention): "
+                        "not trusted", (pl.col("r2") * 1000).floor().cast(pl.Int64).cast(pl.String).str.zfill(3)))
         .otherwise(pl.col("note")),
     )
     # nccl-tests' busbw factor of each fit (a handful of rows); p2p and broadcast move n once.

@@ -4,6 +4,7 @@ the data cannot support, and runs on real NCCL traces."""
 from __future__ import annotations
 
 import math
+import re
 import random
 
 import polars as pl
@@ -61,7 +62,9 @@ def test_a_scattered_fit_is_shown_but_flagged_not_trusted():
     row = fit_alpha_beta(calls(rows), RANKS).row(0, named=True)
     assert row["beta_gbps"] is not None and row["r2"] < 0.8
     # r² is cut (not rounded) to 3 places: 0.7996 must never read "0.8 < 0.8"
-    assert "not trusted" in row["note"] and f"r² {math.floor(row['r2'] * 1000) / 1000}" in row["note"]
+    assert "not trusted" in row["note"] and f"r² {math.floor(row['r2'] * 1000) / 1000:.3f} < 0.8" in row["note"]
+    # three decimals, never a float's long tail (0.17400000000000002)
+    assert re.search(r"r² 0\.\d{3} < 0\.8:", row["note"])
 
 
 def test_fastest_per_size_sees_through_waits_for_late_peers():
