@@ -31,14 +31,36 @@ def parse_view(view: str | None) -> tuple[str, str | int] | None:
 
 def view_options(runs: list[RunData]) -> list[dict]:
     """The drill-down dropdown's options: every group, then every rank, of the runs that loaded."""
-    groups, ranks = {}, set()
-    for d in _ok(runs):
+    groups: dict[str, dict[str, int]] = {}  # group -> {run id: its ranks in that run}
+    ranks = set()
+    ok = _ok(runs)
+    for d in ok:
         for g, n in d.groups().group_by("group", "group_key").agg(pl.len()).sort("group_key").select("group", "len").iter_rows():
-            groups[g] = groups.get(g, 0) + n
+            groups.setdefault(g, {})[d.run_id] = n
         ranks |= set(d.analysis.ranks["rank"].to_list())
     opts = [{"label": "all ranks, by group (median, min–max)", "value": ""}]
-    opts += [{"label": f"group {g} ({n} ranks)", "value": f"group:{g}"} for g, n in groups.items()]
+    opts += [{"label": f"group {g} ({_group_size(per_run, len(ok))})", "value": f"group:{g}"} for g, per_run in groups.items()]
     return opts + [{"label": f"rank {r}", "value": f"rank:{r}"} for r in sorted(ranks)]
+
+
+def _group_size(per_run: dict[str, int], n_runs: int) -> str:
+    """A group's size as each run has it: "16 ranks", "16 ranks in each run", or "a 16, b 12 ranks"."""
+    sizes = set(per_run.values())
+    if len(sizes) == 1 and (n_runs == 1 or len(per_run) == n_runs):
+        return f"{sizes.pop()} ranks" + (" in each run" if n_runs > 1 else "")
+    return ", ".join(f"{run} {n}" for run, n in per_run.items()) + " ranks"
+
+
+def missing_view(runs: list[RunData], view: tuple[str, str | int] | None) -> str | None:
+    """Why a drill-down shows nothing: the rank or group is in none of the runs (None when it is in some)."""
+    ok = _ok(runs)
+    if view is None or not ok or any(drill_ranks(d, view) for d in ok):
+        return None
+    kind, value = view
+    if kind == "rank":
+        return f"rank {value} is not in these runs (pick a rank in the dropdown above)"
+    known = sorted({g for d in ok for g in d.groups()["group"].unique().to_list()})
+    return f"no group {value} in these runs (groups: {', '.join(known)})"
 
 
 def drill_ranks(d: RunData, view: tuple[str, str | int]) -> list[int]:

@@ -140,3 +140,14 @@ def _drill_down_shows_exactly_that_rank(big, pages):
     group = pages.compare.timeline_figure(big, ["big"], view="group:stage2")  # 16 ranks: their own lanes
     assert {y.split()[0] for t in group.data for y in t.y} == {f"r{r}" for r in range(32, 48)}
     assert pages.compare.initial_view(rank="17") == "rank:17" and pages.compare.initial_view(group="stage1") == "group:stage1"
+    # a rank or group in none of the runs says so (it read "no timeline events")
+    for view, said in (("rank:999", "rank 999 is not in these runs"), ("group:stage9", "no group stage9 in these runs")):
+        fig = pages.compare.timeline_figure(big, ["big", "small"], view=view)
+        text = " ".join(a.text for a in fig.layout.annotations)
+        assert said in text, text
+    assert "groups: stage0, stage1, stage2, stage3" in " ".join(
+        a.text for a in pages.compare.timeline_figure(big, ["big"], view="group:stage9").layout.annotations)
+    # the dropdown counts a group's ranks per run, not the runs' sum: big has 16 per stage, small 5
+    labels = [o["label"] for o in scale_data.view_options([big.get("big"), big.get("small")])]
+    assert "group stage0 (big 16, small 5 ranks)" in labels, labels
+    assert "group stage1 (16 ranks)" in [o["label"] for o in scale_data.view_options([big.get("big")])]

@@ -156,6 +156,9 @@ def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None =
     x_range = visible_range(relayout)
     runs = store.get_many(run_ids)
     if scale_data.any_at_scale(runs) or scale_data.parse_view(view) is not None:  # a drill-down works at any rank count
+        why = scale_data.missing_view(runs, scale_data.parse_view(view))
+        if why:  # `&rank=999` typed in the address: say so, not "no events"
+            return figures._empty(why)
         try:
             kind, out = scale_data.scale_timeline(runs, x_range, scale_data.parse_view(view))
         except TraceError as e:  # a rank's events not on this machine (a run loaded by a Dask cluster)
