@@ -334,7 +334,8 @@ def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
     fit = a.alpha_beta
     if fit is None or fit.is_empty():
         return []
-    out = [title("Latency and bandwidth", "a collective of n bytes takes α + n/β (least squares fit)")]
+    out = [title("Latency and bandwidth", "a collective of n bytes takes α + n/β (least squares fit)"),
+           "  (calls: the fastest call of each message size, the ones fitted; Collectives counts all)"]
     notes = fit["note"].is_not_null().any()
     header = ["backend", "collective", "ranks", "calls", "sizes", "α", "β", "r²", *(["note"] if notes else [])]
     return out + per_run(runs, fit, lambda p: table(header, [
@@ -407,7 +408,7 @@ def _top(a, frame: pl.DataFrame, runs: list[str], full: bool, name: str, meaning
                 for r in p.head(ROWS).to_dicts()]
         return table(header, rows, "lrrrr", shrink=0) + more(p.height, ROWS)
 
-    return out + ["  (ranks: how many ranks have it in their top list; median and max over those ranks)"] + per_run(runs, stats, render)
+    return out + ["  (ranks: how many ranks have it in their top list; calls, time: median over those ranks, and max)"] + per_run(runs, stats, render)
 
 
 def _top_operators(a, runs: list[str], full: bool) -> list[str]:
