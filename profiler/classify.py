@@ -157,6 +157,10 @@ def _flags(column: pl.Series, which: str) -> np.ndarray:
     return table[column.to_physical().fill_null(len(table) - 1).to_numpy()]
 
 
+MTIA_CAT_PREFIX = "mtia"  # a device category (lowercased) of MTIA's
+HIP_RUNTIME_PREFIX = "hip"  # a runtime call of ROCm's
+
+
 def device_kind(events: pl.DataFrame) -> str:
     """What recorded a file's device activity: "cuda", "rocm", "mtia", or "cpu" (no device activity).
 
@@ -173,10 +177,6 @@ def device_kind(events: pl.DataFrame) -> str:
         return kind_of_device(True, True, False)
     runtime = events.lazy().filter(pl.col("kind") == "runtime").select(pl.col("name").unique()).collect()["name"].cast(pl.String)
     return kind_of_device(True, False, bool(runtime.str.starts_with(HIP_RUNTIME_PREFIX).any()))
-
-
-MTIA_CAT_PREFIX = "mtia"  # a device category (lowercased) of MTIA's
-HIP_RUNTIME_PREFIX = "hip"  # a runtime call of ROCm's
 
 
 def kind_of_device(has_gpu: bool, mtia: bool, hip: bool) -> str:

@@ -65,6 +65,7 @@ class DaskEngine:
             if address is not None:  # ours to close (a client handed in is the caller's)
                 client.close()
             raise
+        self._loud: list = []  # (logger, level) to restore at close() when a lost scheduler kept them quiet
         self.workers = max(1, len(client.nthreads()))  # scheduler_info() lists only a few workers in some releases
 
     def map(self, tasks: list[RankTask]) -> Iterator[tuple[int, RankSummary | TraceError]]:
@@ -132,7 +133,7 @@ class DaskEngine:
                 f.release()
 
     def _restore_logs(self) -> None:
-        for q, level in getattr(self, "_loud", []):
+        for q, level in self._loud:
             q.setLevel(level)
         self._loud = []
 

@@ -233,13 +233,12 @@ def build_memory_figure(timeline: pl.DataFrame, peaks: pl.DataFrame, runs: list[
     if not runs:
         return _empty(NO_MEMORY)
     fig = go.Figure()
-    dashes = DASHES
     for i, run in enumerate(runs):
         part = timeline.filter(pl.col("run") == run)
         for (rank, dev), curve in part.group_by("rank", "mem_device", maintain_order=True):
             fig.add_trace(go.Scatter(
                 x=curve["t_ms"].round(4).to_list(), y=(curve["allocated_bytes"] / MIB).round(4).to_list(), mode="lines",
-                line=dict(color=run_color(i), dash=dashes[int(rank) % len(dashes)], width=1.5, shape="hv"),
+                line=dict(color=run_color(i), dash=DASHES[int(rank) % len(DASHES)], width=1.5, shape="hv"),
                 name=f"{run} r{rank} {dev}", legendgroup=run,
                 hovertemplate="%{y:.2f} MiB at %{x:.2f} ms<extra>" + f"{run} r{rank}" + "</extra>",
             ))

@@ -159,7 +159,6 @@ def build_memory_bands(bands: pl.DataFrame, runs: list[str] | None = None) -> go
     if not runs:
         return _empty(NO_MEMORY)
     fig = go.Figure()
-    dashes = DASHES
     for i, run in enumerate(runs):
         part = bands.filter(pl.col("run") == run)
         for j, ((group, dev), b) in enumerate(part.group_by("group", "mem_device", maintain_order=True)):
@@ -171,7 +170,7 @@ def build_memory_bands(bands: pl.DataFrame, runs: list[str] | None = None) -> go
             fig.add_trace(go.Scatter(x=x, y=mib["hi"], mode="lines", line=dict(width=0, shape="hv"),
                                      fill="tonexty", fillcolor=_rgba(run_color(i), 0.15), legendgroup=name, showlegend=False, hoverinfo="skip"))
             fig.add_trace(go.Scatter(x=x, y=mib["median"], mode="lines", name=name, legendgroup=name,
-                                     line=dict(color=run_color(i), dash=dashes[j % len(dashes)], width=1.5, shape="hv"),
+                                     line=dict(color=run_color(i), dash=DASHES[j % len(DASHES)], width=1.5, shape="hv"),
                                      hovertemplate="median %{y:.2f} MiB at %{x:.2f} ms<extra>" + name + "</extra>"))
     fig.update_layout(template="plotly_white", height=380, xaxis_title="ms from the first profiled step",
                       yaxis_title="allocated (MiB): median, band min–max", margin=dict(l=60, r=20, t=30, b=50), legend=dict(font=dict(size=10)))
