@@ -106,6 +106,22 @@ class RankSummary:
     unstored: str | None = None
 
 
+# The columns of parse.SCHEMA the per-rank analyses read: the rest (a thread's name, the category,
+# external ids, a group's description, copy sizes, memory addresses) only the parquet entry and
+# in-process callers keep. A worker's frame holds these alone (`_events`; a frame read back from
+# its entry reads no other), ~11 of ~59 MB on a 100 MB rank left free for the analyses'
+# intermediates; `analyze_rank` hands its analyses no other, so one that starts reading another
+# column fails in the tests instead of only in-process (tests/profiler/test_rankmap.py).
+UNREAD_COLUMNS = ("thread", "cat", "external_id", "group_desc", "copy_bytes", "mem_addr")
+
+
+def analysed_columns() -> list[str]:
+    """parse.SCHEMA's columns but UNREAD_COLUMNS, in SCHEMA's order."""
+    from profiler.parse import SCHEMA
+
+    return [c for c in SCHEMA if c not in UNREAD_COLUMNS]
+
+
 def rank_row(meta: dict, run: str, rank: int, file: str) -> pl.DataFrame:
     """The one-row `Traces.ranks` frame the per-rank analyses read (world size, process groups)."""
     return rank_rows([(meta, run, rank, file)])
@@ -134,8 +150,9 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
     tests/profiler/test_batchmap.py checks)."""
     # One chunk per column: a frame read from a parquet of several row groups, beside columns of
     # one chunk (run, rank, step), is re-aligned in full by every eager operation on it (about
-    # 8 ms each on a 100 MB rank); aligned once here, those cost nothing.
-    events = events.rechunk()
+    # 8 ms each on a 100 MB rank); aligned once here, those cost nothing (`_events` hands over
+    # columns of one chunk already: rechunking here, beside the caller's frame, would copy them).
+    events = events.select(analysed_columns()).rechunk()
     all_steps = profiler_steps(events)
     steps = all_steps if step is None else all_steps.filter(pl.col("step") == step)
     if steps.is_empty():  # --step S and this rank has no step S: nothing to analyze
@@ -239,14 +256,26 @@ def _parse_uncached(path: Path, why: str):
 
 
 def _frame(parsed) -> pl.DataFrame:
-    """A cache.Parsed's events: in memory (unstored, or just parsed), else read from its entry."""
-    return parsed.frame if parsed.parquet is None else parsed.fresh if parsed.fresh is not None else pl.read_parquet(parsed.parquet)
+    """A cache.Parsed's events: in memory (unstored, or just parsed), else read from its entry
+    (the analysed columns only, each in one chunk)."""
+    if parsed.parquet is None:
+        return parsed.frame
+    if parsed.fresh is not None:
+        return parsed.fresh
+    read = pl.read_parquet(parsed.parquet, columns=[c for c in analysed_columns() if c not in ("run", "rank")])
+    # A column per row group: made one chunk column by column, each old one freed once copied
+    # (the frame's rechunk would hold the whole frame twice).
+    columns = read.get_columns()
+    del read
+    out = []
+    while columns:
+        out.append(columns.pop(0).rechunk())
+    return pl.DataFrame(out)
 
 
 def _events(parsed, run: str, rank: int) -> pl.DataFrame:
-    from profiler.parse import SCHEMA
-
-    return _frame(parsed).with_columns(run=pl.lit(run, pl.Categorical), rank=pl.lit(rank, pl.Int32)).select(list(SCHEMA))
+    """The file's analysed columns labelled (run, rank)."""
+    return _frame(parsed).with_columns(run=pl.lit(run, pl.Categorical), rank=pl.lit(rank, pl.Int32)).select(analysed_columns())
 
 
 # ---------------------------------------------------------------------------------------------
