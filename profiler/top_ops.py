@@ -21,17 +21,23 @@ CPU_OP_KINDS = ["op", "enqueue", "runtime"]
 
 def self_times(events: pl.DataFrame) -> pl.DataFrame:
     """CPU spans with a `self_us` column (run, rank, pid, tid, name, kind, ts_us, dur_us, self_us)."""
-    spans = (
+    spans = _cpu_spans(events)
+    return spans.with_columns(self_us=_self_us([spans])).drop("end_us")
+
+
+def _cpu_spans(events: pl.DataFrame) -> pl.DataFrame:
+    return (
         events.lazy()  # lazy: only the columns used are filtered
         .filter((pl.col("device") == "cpu") & (pl.col("ph") == "X") & pl.col("kind").is_in(CPU_SPAN_KINDS))
         .select(*THREAD, "name", "kind", "ts_us", "dur_us", "end_us")
         .collect()
     )
-    return spans.with_columns(self_us=_self_us(spans)).drop("end_us")
 
 
-def _self_us(spans: pl.DataFrame) -> pl.Series:
-    """Each span's self time, by the boundary sweep of the module docstring.
+def _self_us(holder: list[pl.DataFrame]) -> pl.Series:
+    """Each span's self time, by the boundary sweep of the module docstring, of the spans frame
+    in `holder` (a list of one: it is taken out once read, so where the caller keeps no other
+    reference to it, top_operators, its columns are freed before the sweep's largest arrays).
 
     The sorts are numpy's stable ones on one key at a time (Kineto writes a thread's spans in
     start order, and timsort takes such runs in linear time: a tenth of a multi-column sort).
@@ -39,6 +45,7 @@ def _self_us(spans: pl.DataFrame) -> pl.Series:
     they were the largest transient of a rank's analyses (~45 MB on a 100 MB trace); each is
     dropped (`del`) once read for the last time, and the 0/1 and index ones are kept narrow.
     """
+    spans = holder.pop()
     # Zero-length spans own no time (self 0 below); left in, a close-before-open tie would hand
     # one the rest of its parent's time.
     dur_all = spans.get_column("dur_us").to_numpy()
@@ -68,9 +75,11 @@ def _self_us(spans: pl.DataFrame) -> pl.Series:
     # Into op: the closes (trace order), then the opens; `t` and `thr_s` alike.
     which = np.concatenate([np.arange(n_op, dtype=np.int32), opens])
     t = np.empty(2 * n_op)
-    spans.get_column("end_us").to_numpy().take(op, out=t[:n_op])
+    spans.get_column("end_us").to_numpy().take(op, out=t[:n_op], mode="clip")  # (no buffer: `op` is in range)
     t[n_op:] = start
-    del start
+    del start, dur_all
+    height = spans.height
+    del spans
     thr_s = np.concatenate([thr, thr[opens]])
     del thr, opens
     order = np.argsort(t, kind="stable").astype(np.int32)
@@ -83,14 +92,28 @@ def _self_us(spans: pl.DataFrame) -> pl.Series:
     # Each thread's opens and closes balance, so a running sum over the whole sorted frame is each
     # thread's nesting depth.
     depth = np.cumsum(np.where(is_open, np.int8(1), np.int8(-1)), dtype=np.int32)
+    # The segments that can have an owner: from a boundary to the next one on the same thread,
+    # of some length, inside a span; their lengths are all that is kept of the times.
+    seg = np.zeros(t.size)
+    np.subtract(t[1:], t[:-1], out=seg[:-1])
+    del t
+    cand = np.flatnonzero((np.r_[thr_s[1:] == thr_s[:-1], False]) & (depth > 0) & (seg > 0)).astype(np.int32)
+    seg = seg[cand]
     # The time from a boundary to the next one on the thread belongs to the event open at that
     # depth, which is the latest open among the boundaries that left the thread at that depth
     # (had it closed, the depth would have dropped below and a newer open would come later).
-    # (thread, depth) as one integer (depth < 2^32: it never exceeds the spans on a thread): a
-    # window over one key costs half of one over two.
-    at_depth = thr_s.astype(np.int64)
-    at_depth <<= 32
-    at_depth += depth
+    # (thread, depth) as one integer (depth < 2^32: it never exceeds the spans on a thread; 16
+    # bits each where both fit, as on any real trace): a window over one key costs half of one
+    # over two.
+    if depth.size and depth.min() >= 0 and depth.max() < 2**16 and thr_s.max() < 2**16:
+        at_depth = thr_s.astype(np.uint32)
+        at_depth <<= 16
+    else:
+        at_depth = thr_s.astype(np.int64)
+        at_depth <<= 32
+    del thr_s
+    at_depth += depth.astype(at_depth.dtype)
+    del depth
     opened = op[which]
     del which
     opened[~is_open] = -1
@@ -99,18 +122,15 @@ def _self_us(spans: pl.DataFrame) -> pl.Series:
     del at_depth, opened
     owner = bounds.select(pl.when(pl.col("opened") >= 0).then(pl.col("opened")).forward_fill().over("at_depth")).to_series()
     del bounds
-    owner = owner.fill_null(-1).to_numpy()
-    seg = np.zeros(t.size)
-    np.subtract(t[1:], t[:-1], out=seg[:-1])
-    del t
-    own = np.flatnonzero((np.r_[thr_s[1:] == thr_s[:-1], False]) & (depth > 0) & (seg > 0) & (owner >= 0))
-    del thr_s, depth
+    owner = owner.gather(cand).fill_null(-1).to_numpy()
+    del cand
+    own = np.flatnonzero(owner >= 0)
     owner, seg = owner[own], seg[own]
     del own
     # Sums per owner, exactly as polars' group_by sums them: most spans own one or two segments,
     # whose sum is the same in any order (added here); the rest go through that group_by.
-    n = np.bincount(owner, minlength=spans.height)
-    out = np.bincount(owner, weights=seg, minlength=spans.height)
+    n = np.bincount(owner, minlength=height)
+    out = np.bincount(owner, weights=seg, minlength=height)
     many = n[owner] > 2
     del n
     if many.any():
@@ -129,8 +149,11 @@ def _thread_codes(spans: pl.DataFrame, by: list[str]) -> np.ndarray:
 
 def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
     """Per rank, the `n` CPU operators (aten ops, runtime calls, enqueues) with the most self time."""
-    spans = self_times(events)
-    ops = spans.select(*KEYS, "name", "self_us", "dur_us").filter(spans.get_column("kind").is_in(CPU_OP_KINDS))
+    # self_times' spans, but the frame the sweep reads is freed before its largest arrays (only
+    # the columns of the operator table are kept meanwhile).
+    spans = [_cpu_spans(events)]
+    ops = spans[0].select(*KEYS, "name", "dur_us", is_op=pl.col("kind").is_in(CPU_OP_KINDS))
+    ops = ops.with_columns(self_us=_self_us(spans)).filter("is_op").select(*KEYS, "name", "self_us", "dur_us")
     return (
         # In order of first appearance and a stable sort: operators with equal times are listed
         # (and cut at n) the same way on every load, not in a hashed order. (Grouped by all three
