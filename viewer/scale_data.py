@@ -74,9 +74,8 @@ def view_options(runs: list[RunData], keep: str | None = None) -> list[dict]:
     opts += [{"label": f"group {g} ({_group_size(per_run, len(ok))})", "value": f"group:{g}"} for g, per_run in groups.items()]
     opts += [{"label": f"rank {r}", "value": f"rank:{r}"} for r in sorted(ranks)]
     if isinstance(keep, str) and keep and keep not in {o["value"] for o in opts}:
-        kind, _, value = keep.partition(":")
         why = "not valid" if bad_view(keep) else "not in these runs"
-        opts.append({"label": f"{kind} {value[:40]} ({why})", "value": keep})
+        opts.append({"label": f"{keep.replace(':', ' ', 1)[:46]} ({why})", "value": keep})
     return opts
 
 

@@ -119,8 +119,10 @@ def test_a_cut_trace_says_why_its_step_outlasts_the_window(tmp_path):
     gpu = {"cat": "kernel", "pid": 0, "tid": 7}
     _kineto(tmp_path / "rank0.json", [
         _step(1, 0, 100), _step(2, 100, 400), {"name": "aten::mm", "ts": 10, "dur": 20},
-        {**launch0, "ts": 20, "args": {"correlation": 1}}, {**gpu, "name": "gemm", "ts": 30, "dur": 50, "args": {"correlation": 1, "stream": 7}},
-        {**launch0, "ts": 110, "args": {"correlation": 2}}, {**gpu, "name": "gemm", "ts": 120, "dur": 40, "args": {"correlation": 2, "stream": 7}},
+        {**launch0, "ts": 20, "args": {"correlation": 1}},
+        {**gpu, "name": "gemm", "ts": 30, "dur": 50, "args": {"correlation": 1, "stream": 7}},
+        {**launch0, "ts": 110, "args": {"correlation": 2}},
+        {**gpu, "name": "gemm", "ts": 120, "dur": 40, "args": {"correlation": 2, "stream": 7}},
         {"name": "aten::add", "ts": 105, "dur": 95}])
     # rank 1 (CPU): steps [0, 100), [100, 300); last event ends at 250: 50 µs of 200 (25 %)
     _kineto(tmp_path / "rank1.json", [_step(1, 0, 100), _step(2, 100, 200), {"name": "aten::mm", "ts": 10, "dur": 40},

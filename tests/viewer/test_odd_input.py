@@ -204,6 +204,15 @@ def test_a_readable_drill_down_is_not_refused(pages, store):
     assert [o["value"] for o in scale_data.view_options(store.get_many(["sample-ddp-2r"]), keep="rank:1")].count("rank:1") == 1
 
 
+@pytest.mark.parametrize("view", [None, "", 5, ["rank:1"], {"a": 1}, "x" * 5000], ids=lambda v: repr(v)[:20])
+def test_drill_down_options_take_any_value(app, view):
+    res = dash_post(app, f"{ids.COMPARE_VIEW}.options", ["sample-ddp-2r"], state=[view])
+    assert res.status_code == 200, res.get_data(as_text=True)[-300:]
+    options = res.get_json()["response"][ids.COMPARE_VIEW]["options"]
+    # the groups view, group "all ranks", ranks 0 and 1; then a value it does not know, kept (a string only)
+    assert len(options) == (5 if view == "x" * 5000 else 4) and all(len(o["label"]) < 80 for o in options), options
+
+
 def test_timeline_refuses_non_finite_ranges(pages):
     # NaN and Infinity are not JSON, but Python's parser (Flask's) takes them.
     for relayout in ({"xaxis.range[0]": 0, "xaxis.range[1]": float("inf")}, {"xaxis.range": [float("nan"), 2.0]}):
