@@ -220,7 +220,7 @@ def cut_trace_warnings(tails: pl.DataFrame | None, ranks: pl.DataFrame) -> list[
         by = fmt_time(hi) if fmt_time(lo) == fmt_time(hi) else f"{fmt_time(lo)}–{fmt_time(hi)}"
         where = "" if f.height == 1 else f"most on rank {worst['rank']}: "
         gpu = f["has_gpu"].fill_null(False)
-        so = ([f"the profiled window (first to last GPU activity) does not, so a step can outlast it"] if gpu.any() else []) + (
+        so = (["the profiled window (first to last GPU activity) does not, so a step can outlast it"] if gpu.any() else []) + (
             ["a CPU rank's breakdown counts it as idle"] if not gpu.all() else [])
         out.append(f"run {run}: the trace of {who} ends {by} before its last step does ({where}step {worst['step']}, "
                    f"{fmt_pct(100 * hi / worst['dur_us'])} of its {fmt_time(worst['dur_us'])} with no event): the trace "

@@ -16,6 +16,12 @@ def any_at_scale(runs: list[RunData]) -> bool:
     return any(d.at_scale for d in _ok(runs))
 
 
+# What a drill-down value may hold: a rank is a whole number (0 or more); a group name is what the
+# viewer names groups ("stage3", "all ranks"): up to MAX_GROUP_NAME printable characters.
+MAX_GROUP_NAME = 100
+ACCEPTED = "a rank is a whole number from 0 (&rank=17), a group a name from the dropdown (&group=stage1)"
+
+
 def parse_view(view: str | None) -> tuple[str, str | int] | None:
     """The drill-down asked for: ("rank", 17) from "rank:17", ("group", "stage1") from
     "group:stage1"; None for the groups view and for anything else (the browser may send anything:
@@ -28,12 +34,6 @@ def parse_view(view: str | None) -> tuple[str, str | int] | None:
     if kind == "group" and value.strip() and len(value.strip()) <= MAX_GROUP_NAME and value.strip().isprintable():
         return "group", value.strip()
     return None
-
-
-# What a drill-down value may hold: a rank is a whole number (0 or more); a group name is what the
-# viewer names groups ("stage3", "all ranks"): up to MAX_GROUP_NAME printable characters.
-MAX_GROUP_NAME = 100
-ACCEPTED = "a rank is a whole number from 0 (&rank=17), a group a name from the dropdown (&group=stage1)"
 
 
 def bad_view(view: str | None) -> str | None:
