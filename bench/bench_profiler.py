@@ -10,6 +10,8 @@ where the JSON reaches --mb; each rank gets the same events under its own `distr
 way Kineto writes them (one event per line, `"key": value` spacing, distributedInfo before the
 events): HTA finds a file's rank with the regex `"rank":\s+(\d+)` line by line, so compact JSON
 would make every file rank 0 and HTA would analyze one rank only (the bench checks it saw all).
+The cut falls inside a step, whose ProfilerStep span stays whole: the report warns that the trace
+was cut short (at 1 MB the set holds one step, longer than its profiled window; README, Odd input).
 
 Each tool runs in a fresh process: ptprof cold (empty parquet cache: parses every file), ptprof
 warm (the cache the cold run left), ptprof cold with the C parser off (PTPROF_PURE_PARSER=1:
