@@ -36,7 +36,7 @@ from profiler.exposed import exposed_comm
 from profiler.memory import memory_curve, memory_peaks, memory_timeline
 from profiler.pipeline import pipeline_actions
 from profiler.recompute import recompute_time
-from profiler.steps import assign_steps, profiler_steps
+from profiler.steps import assign_steps, profiler_steps, step_tails
 from profiler.top_ops import top_kernels, top_operators
 
 
@@ -157,6 +157,7 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
     steps = all_steps if step is None else all_steps.filter(pl.col("step") == step)
     if steps.is_empty():  # --step S and this rank has no step S: nothing to analyze
         return {"all_steps": all_steps.select("run", "rank", "step")}
+    tails = step_tails(events, steps)  # before --step's filter: the rank's last event, wherever it is
     # Which step each event is in, once for every analysis below (they reuse the column).
     events = assign_steps(events, steps)
     if step is not None:
@@ -172,6 +173,7 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
     return {
         "all_steps": all_steps.select("run", "rank", "step"),
         "steps": steps,
+        "step_tails": tails,
         "multi_gpu": multi,
         "breakdown": breakdown,
         "breakdown_steps": breakdown_steps,
