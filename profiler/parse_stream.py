@@ -8,9 +8,9 @@ gzip is inflated 1 MiB at a time into `_kineto.Stream`, which reads the whole ev
 holds and keeps only a cut one for the next; the interned strings and the few raw JSON values the
 frame needs are copied out as they are read.
 
-Only the plain cases are streamed: one gzip member with nothing after it, or plain JSON, from a
-regular file. Everything else gives None and parse.py's whole-file path runs as before, which
-words every problem (a cut or corrupt gzip, a bomb, an empty file, several members, a FIFO) and
+Only the plain cases are streamed: gzip members one after the other with nothing after them, or
+plain JSON, from a regular file. Everything else gives None and parse.py's whole-file path runs as
+before, which words every problem (a cut or corrupt gzip, a bomb, an empty file, zero padding, a FIFO) and
 parses what the C parser declines with msgspec. So a file gives the same frame either way
 (tests/profiler/test_parse_stream.py).
 """
@@ -84,32 +84,40 @@ def size_hint(isize: int, size: int) -> int:
 
 
 def _gunzipped(f, size: int, head: bytes, chunk_bytes: int):
-    """The stream fed one gzip member's content; None for what the whole-file path must word or
-    read: reserved header flags (zlib refuses them, ISA-L ignores them), a cut member, bytes after
-    it, content past the bomb limit."""
-    if len(head) < 4 or head[3] & 0xE0:
-        return None
+    """The stream fed the gzip's content, member after member (bench_profiler writes its files as
+    two); None for what the whole-file path must word or read: reserved header flags (zlib refuses
+    them, ISA-L ignores them), zero padding or junk after a member, a cut member, content past the
+    bomb limit."""
     limit = max(INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO * size)
     f.seek(-4, os.SEEK_END)
-    isize = struct.unpack("<I", f.read(4))[0]  # the content's size mod 2^32: a hint for the buffers only
+    isize = struct.unpack("<I", f.read(4))[0]  # the last member's size mod 2^32: a hint for the buffers only
     f.seek(0)
     stream = _kineto.Stream(size_hint(isize, size))
-    inflater = (_isal_zlib or zlib).decompressobj(wbits=31)
-    total = 0
-    while not inflater.eof:
-        data = f.read(READ_BYTES)
+    total, data, inflater = 0, b"", None
+    while True:
         if not data:
-            return None  # cut
-        while data and not inflater.eof:
-            out = inflater.decompress(data, chunk_bytes)
-            total += len(out)
-            if total > limit:
+            data = f.read(READ_BYTES)
+        if inflater is None:  # a member starts here, or the file ends
+            if not data:
+                break
+            if len(data) < 4:
+                data += f.read(4)  # a header cut by the read
+            if data[:2] != b"\x1f\x8b" or len(data) < 4 or data[3] & 0xE0:
                 return None
-            if out:
-                stream.feed(out)
+            inflater = (_isal_zlib or zlib).decompressobj(wbits=31)
+        # With no input left the inflater may still hold output (a copy cut by max_length): b"" drains it.
+        out = inflater.decompress(data, chunk_bytes)
+        total += len(out)
+        if total > limit:
+            return None
+        if out:
+            stream.feed(out)
+        if inflater.eof:
+            data, inflater = inflater.unused_data, None
+        else:
             data = inflater.unconsumed_tail
-        if inflater.eof and (data or inflater.unused_data or f.read(1)):
-            return None  # another member, zero padding or junk: the whole-file path reads or refuses it
+            if not data and not out and not (data := f.read(READ_BYTES)):
+                return None  # cut inside a member
     if total == 0:
         return None
     return stream
