@@ -13,6 +13,10 @@ summary is bit-identical to the file analysed alone (tests/profiler/test_batchma
 
 Failures stay per file: a file that does not parse is its own TraceError; if the batched
 analysis raises, the batch's files are analysed one by one, so the error names its file.
+
+A file parsed here has its parquet entry written in the background while the analyses run
+(cache.settle before its summary names the entry); neither function returns, nor raises, before
+every entry it queued is written, so a caller never holds a path to a file not yet there.
 """
 
 from __future__ import annotations
@@ -125,6 +129,7 @@ def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
         for i, res in _analyse(ready).items():
             results[i] = res
     finally:
+        _wait_writes()
         for h in holds:
             if h is not None:
                 h.__exit__(None, None, None)
@@ -138,8 +143,17 @@ def summarize_one(task: RankTask) -> RankSummary | TraceError:
             return summarize_one(dataclasses.replace(task, cache=scratch, no_cache=False, ident=None))
     path = Path(task.path)
     with holding_events(path):  # from the parse until the analyses' frames are all that is left
-        got = _safely(path, _prepare, task)
-        return _finish_alone(got) if isinstance(got, _Ready) else got
+        try:
+            got = _safely(path, _prepare, task)
+            return _finish_alone(got) if isinstance(got, _Ready) else got
+        finally:
+            _wait_writes()
+
+
+def _wait_writes() -> None:
+    from profiler.cache import wait_writes
+
+    wait_writes()
 
 
 def _safely(path: Path, fn, *args):
@@ -191,7 +205,8 @@ def _parse_all(pending: dict[int, _Pending]) -> dict[int, object]:
         else:
             by_cache.setdefault(p.cache, []).append(i)
     for cache, ids in by_cache.items():
-        got = load_many_safe([Path(pending[i].task.path) for i in ids], cache, [pending[i].task.ident for i in ids])
+        got = load_many_safe([Path(pending[i].task.path) for i in ids], cache, [pending[i].task.ident for i in ids],
+                             background=True)
         out.update(zip(ids, got))
     return dict(sorted(out.items()))
 
@@ -294,9 +309,10 @@ def _by_rank(frame: pl.DataFrame) -> dict[tuple[str, int], pl.DataFrame]:
 
 
 def _finish(r: _Ready, frames: dict[str, pl.DataFrame]) -> RankSummary:
+    from profiler.cache import settle
     from profiler.summary_cache import store_summary
 
-    p = r.parsed
+    p = settle(r.parsed)  # its entry written while the analyses ran (or kept in memory: a full disk)
     # Never the events themselves (uncached on a full disk): a caller that needs them parses again.
     summary = RankSummary(p.meta, r.rank, p.parquet, frames, p.unstored)
     if r.cache is not None and p.parquet is not None and r.task.ident is not None:
