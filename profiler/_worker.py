@@ -19,7 +19,9 @@ from profiler.rankmap import RankTask, encode
 
 def main(argv: list[str]) -> None:
     out = sys.stdout.buffer
-    # All of stdin first: the parent writes every task, then reads our answers.
+    _prepare()
+    # All of stdin first: the parent writes every task, then reads our answers. Empty (the parent
+    # had no task for a worker it started early, or died): nothing to do.
     lines = sys.stdin.read().splitlines()
     batches: list[list[tuple[int, RankTask]]] = []
     last = None
@@ -32,6 +34,20 @@ def main(argv: list[str]) -> None:
     for batch in batches:
         for (index, task), res in zip(batch, summarize_batch([t for _, t in batch])):
             _write(out, index, task, res)
+
+
+def _prepare() -> None:
+    """Import what the first batch would otherwise import on its way (~30 ms), before the tasks
+    come: a worker started early (pool.LocalEngine.start_early) does it while the parent is still
+    importing, so its first batch is no slower than the next."""
+    import numpy.ma  # noqa: F401  (polars reads a numpy array's mask through it: the parser's columns)
+
+    import profiler.load  # noqa: F401  (rankmap.worker_rank's file-name rank)
+    import profiler.parse_batch  # noqa: F401
+    import profiler.parse_fast  # noqa: F401
+    from profiler.summary_cache import code_version
+
+    code_version()  # a hash of the profiler's source, once per process
 
 
 def _write(out, index: int, task: RankTask, res) -> None:
