@@ -20,6 +20,7 @@ import types
 from importlib import import_module
 
 from profiler.errors import TraceError
+from profiler.startup import collector_paused
 
 _LAZY = {
     "collective_skew": "collectives", "collective_stats": "collectives", "stragglers": "collectives",
@@ -51,7 +52,8 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:  # a submodule (`from profiler import plan`) is found by the import system
         raise AttributeError(f"module 'profiler' has no attribute {name!r}")
-    value = getattr(import_module(f"profiler.{module}"), name)
+    with collector_paused():  # profiler.startup: ~20 ms of a cold import
+        value = getattr(import_module(f"profiler.{module}"), name)
     globals()[name] = value  # once: later lookups do not come here
     return value
 
@@ -65,7 +67,8 @@ class _Package(types.ModuleType):
 
     @property
     def collectives(self):
-        return import_module("profiler.collectives").collectives
+        with collector_paused():
+            return import_module("profiler.collectives").collectives
 
     @collectives.setter
     def collectives(self, value) -> None:

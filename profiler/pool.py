@@ -3,9 +3,9 @@
     for i, result in LocalEngine(workers=2).map(tasks): ...
 
 An engine maps `summarize` over RankTasks and yields (index, RankSummary | TraceError) as files
-finish, in any order. Both engines run the same batches of small files (batchmap.plan_batches:
-one `analyze_rank` for a batch, split back per file, bit-identical to each file alone), so the
-fixed cost of a small rank is paid once per batch. `LocalEngine` runs plain `python -m profiler._worker` processes (not
+finish, in any order. Both engines run batches of small files (batchmap.plan_batches: one
+`analyze_rank` for a batch, split back per file, bit-identical to each file alone), so the fixed
+cost of a small rank is paid once per batch: one batch per local worker, two per Dask worker. `LocalEngine` runs plain `python -m profiler._worker` processes (not
 multiprocessing, so callers need no `if __name__ == "__main__"` guard); `dask_pool.DaskEngine`
 runs the same function on a Dask cluster. Every task gets exactly one result, whatever happens to
 its worker (it cannot start, dies, or prints something unexpected), so a load never waits forever.
@@ -58,7 +58,9 @@ class LocalEngine:
     def start_early(self, files: int) -> None:
         """Start the worker processes a map of `files` files will use (none for one file, which
         is analysed in this process), so that they import while this process does."""
-        n = min(self.workers, files)  # plan_batches makes at least min(files, 2 * workers) batches
+        # One a file up to `workers`: the batches of that many files are as many, but for a few
+        # counts (5 files on 4 workers: batches of 2, 2 and 1) where `map` stops the one left over.
+        n = min(self.workers, files)
         if n < 2:
             return
         env = _worker_env(n)
@@ -77,7 +79,9 @@ class LocalEngine:
     def map(self, tasks: list[RankTask]) -> Iterator[tuple[int, RankSummary | TraceError]]:
         from profiler.batchmap import plan_batches, summarize_batch
 
-        batches = plan_batches(tasks, self.workers)
+        # One batch per worker: each worker takes its share of the batches in advance (below), so
+        # more batches would balance nothing and cost each its fixed ~50 ms (plan_batches).
+        batches = plan_batches(tasks, self.workers, per_worker=1)
         n = min(self.workers, len(batches))
         early, self._early = (self._early[:n], self._early[n:]) if n > 1 else ([], self._early)
         self.close()  # more than this map has batches for
