@@ -174,7 +174,8 @@ def test_a_local_worker_that_dies_costs_its_file_only(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     cache = tmp_path / "cache"
     monkeypatch.setenv("PTPROF_CACHE_DIR", str(cache))
-    # 2 workers take ranks (0, 2) and (1, 3): rank 3 comes after the death, in a fresh worker.
+    # 2 workers take ranks (0, 1) and (2, 3): the first dies in rank 1's write; a fresh worker
+    # takes 0 and 1 alone (1 dies again, named).
     traces = load_traces(folder, workers=2, progress=False)
     assert traces.ranks["rank"].to_list() == [0, 2, 3]
     (problem,) = traces.problems
@@ -186,9 +187,9 @@ def test_a_local_worker_that_dies_costs_its_file_only(tmp_path, monkeypatch):
 
 
 def test_a_local_worker_that_dies_in_a_batch_costs_its_file_only(tmp_path, monkeypatch):
-    # 8 files on 2 workers: batches (0, 1), (2, 3), (4, 5), (6, 7), every other one per worker.
-    # The worker dies in batch (0, 1): a fresh one takes 0 and 1 alone (1 dies again, named),
-    # then (4, 5); rank 0 shares its batch with the deadly file and still loads.
+    # 8 files on 2 workers: one batch each, (0, 1, 2, 3) and (4, 5, 6, 7). The worker dies in
+    # its batch: a fresh one takes 0, 1, 2 and 3 alone (1 dies again, named); ranks 0, 2 and 3
+    # share their batch with the deadly file and still load.
     folder = _tiny_job(tmp_path / "job", 8)
     site = tmp_path / "site"
     site.mkdir()
