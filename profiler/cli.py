@@ -127,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
         from profiler.pool import LocalEngine, uncached_count
 
         engine = LocalEngine(args.workers)
-        engine.start_early(uncached_count(args.paths, cache=not args.no_cache))
+        engine.start_early(uncached_count(args.paths, cache=not args.no_cache, most=engine.workers))
     try:
         with collector_paused():  # profiler.startup: ~20 ms
             import polars as pl

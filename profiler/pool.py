@@ -92,29 +92,33 @@ class LocalEngine:
         yield from _run_workers(tasks, batches, n, early)
 
 
-def uncached_count(paths: list, *, cache: bool = True) -> int:
+PROBE_FILES = 64  # uncached_count looks at no more files than this: a warm 1,024-rank load would pay ~40 ms
+
+
+def uncached_count(paths: list, *, cache: bool = True, most: int | None = None) -> int:
     """How many of the trace files under `paths` have no parquet entry in the cache (all of them
-    without the cache): the files a load will parse, give or take a stale entry. Cheap (a stat per
-    file) and never raises: 0 where the paths are bad (the load itself says why)."""
+    without the cache): the files a load will parse, give or take a stale entry. Counts up to
+    `most`, and looks at the first PROBE_FILES files only (a set whose first files are cached is
+    taken as warm: its workers, if any are needed, start with the map as they would anyway).
+    Cheap (a stat per file looked at) and never raises: 0 where the paths are bad (the load
+    itself says why)."""
     from profiler.cache import cache_dir, entry_key
     from profiler.discover import find_sources, not_a_regular_file
 
+    most = most or 1 << 62
     try:
-        files = [s.path for s in find_sources(list(paths)) if not not_a_regular_file(s.path)]
+        files = [s.path for s in find_sources(list(paths))[:PROBE_FILES] if not not_a_regular_file(s.path)]
         if not cache:
-            return len(files)
+            return min(most, len(files))
         folder = cache_dir()
-        return sum(not (folder / f"{entry_key(f)}.json").exists() for f in files)
+        found = 0
+        for f in files:
+            found += not (folder / f"{entry_key(f)}.json").exists()
+            if found >= most:
+                break
+        return found
     except Exception:  # noqa: BLE001  (TraceError, CacheUnusable, OSError: the load reports them)
         return 0
-
-
-def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[object, Identity | None]]:
-    """Each file's verified parquet entry (or None) and identity. Hashing releases the GIL, so threads share the work."""
-    if len(paths) <= 1 or workers == 1:
-        return [lookup(p, cache) for p in paths]
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda p: lookup(p, cache), paths))
 
 
 def _worker_env(n: int) -> dict:

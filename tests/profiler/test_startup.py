@@ -21,6 +21,7 @@ import pytest
 
 import profiler.batchmap as batchmap
 import profiler.cache as cache_module
+import profiler.pool as pool
 from profiler.cache import Parsed, entry_key, lookup, settle
 from profiler.load import load_traces
 from profiler.pool import LocalEngine, uncached_count
@@ -123,11 +124,15 @@ def test_uncached_count_counts_the_files_without_an_entry(tmp_path, monkeypatch)
     cache = tmp_path / "cache"
     monkeypatch.setenv("PTPROF_CACHE_DIR", str(cache))
     assert uncached_count([job]) == 3
+    assert uncached_count([job], most=2) == 2  # as many as workers are enough to know
     load_traces(job / "rank1.json", workers=1, progress=False)  # rank 1 cached
     assert (cache / f"{entry_key(job / 'rank1.json')}.json").exists()
     assert uncached_count([job]) == 2
     assert uncached_count([job], cache=False) == 3  # --no-cache parses them all
     assert uncached_count([tmp_path / "nowhere"]) == 0  # the load itself says what is wrong
+    monkeypatch.setattr(pool, "PROBE_FILES", 1)  # rank0 first: cached, so the set is taken as warm
+    load_traces(job / "rank0.json", workers=1, progress=False)
+    assert uncached_count([job]) == 0
 
 
 def _running(pid: int) -> bool:
