@@ -121,6 +121,14 @@ def uncached_count(paths: list, *, cache: bool = True, most: int | None = None) 
         return 0
 
 
+def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[object, Identity | None]]:
+    """Each file's verified parquet entry (or None) and identity. Hashing releases the GIL, so threads share the work."""
+    if len(paths) <= 1 or workers == 1:
+        return [lookup(p, cache) for p in paths]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda p: lookup(p, cache), paths))
+
+
 def _worker_env(n: int) -> dict:
     env = {**os.environ, **_WORKER_ENV}
     # n workers already fill the cores: polars' own thread pool in each would oversubscribe them
