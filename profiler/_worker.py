@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import sys
+from pathlib import Path
 
 from profiler.errors import TraceError
 from profiler.startup import collector_paused
@@ -19,6 +20,7 @@ from profiler.startup import collector_paused
 with collector_paused():  # profiler.startup: ~20 ms
     from profiler.batchmap import summarize_batch
     from profiler.rankmap import RankTask, encode
+    from profiler.summary_cache import stored_blob
 
 
 def main(argv: list[str]) -> None:
@@ -62,7 +64,12 @@ def _write(out, index: int, task: RankTask, res) -> None:
     if isinstance(res, TraceError):
         msg = {"index": index, "path": task.path, "error": res.problem}
     else:
-        payloads.append(encode(res))
+        # The summary batchmap has just cached, as stored (the same key, so the same bytes: the
+        # trace's digest, the code, run.json, options, run and rank), else encoded here. Only
+        # beside an entry written now: a file whose entry could not be written has no summary
+        # of this load on disk, and an older one would name that missing entry.
+        stored = stored_blob(Path(task.cache), task) if task.cache and res.parquet and not res.unstored else None
+        payloads.append(stored if stored is not None else encode(res))
         # Never the events (a full disk left them uncached): the parent would hold every
         # rank's; it parses the file again if a view needs them (load.RankPart.events).
         msg = {"index": index, "path": task.path, "summary_bytes": len(payloads[0])}

@@ -5,7 +5,8 @@
   the frame kept in memory where the write fails;
 - pool.py starts worker processes early (before the parent's imports): the map uses them, the
   ones it has no batch for are stopped, and `close` stops the rest;
-- `import profiler` imports neither polars nor numpy, and `profiler.collectives` stays the function.
+- `import profiler` imports neither polars nor numpy, and `profiler.collectives` stays the function;
+- a worker sends the summary bytes it has just cached instead of encoding them a second time.
 """
 
 from __future__ import annotations
@@ -188,3 +189,33 @@ print(callable(collectives) and collectives.__name__ == "collectives" and profil
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=True).stdout.split("\n")
     assert out[:2] == ["[]", "True"]
+
+
+# ---- a worker sends the summary it stored ------------------------------------------------------
+
+
+def test_a_worker_sends_the_summary_it_stored_and_encodes_only_without_one(tmp_path, monkeypatch):
+    import io
+
+    import profiler._worker as worker
+    from profiler.rankmap import decode, encode
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    task = _task(_tiny(tmp_path / "rank0.json", 0), cache)
+    (summary,) = batchmap.summarize_batch([task])
+    encoded = []
+    monkeypatch.setattr(worker, "encode", lambda s: encoded.append(s) or encode(s))
+
+    def sent(res) -> bytes:
+        out = io.BytesIO()
+        worker._write(out, 7, task, res)
+        head, _, blob = out.getvalue().partition(b"\n")
+        assert json.loads(head) == {"index": 7, "path": task.path, "summary_bytes": len(blob)}
+        return blob
+
+    blob = sent(summary)
+    assert encoded == [] and blob == encode(summary)  # the stored bytes, the same as encoding it
+    for p in cache.glob("*.summary"):
+        p.unlink()
+    assert decode(sent(summary)).frames.keys() == summary.frames.keys() and encoded == [summary]
