@@ -5,9 +5,10 @@
 An engine maps `summarize` over RankTasks and yields (index, RankSummary | TraceError) as files
 finish, in any order. Both engines run batches of small files (batchmap.plan_batches: one
 `analyze_rank` for a batch, split back per file, bit-identical to each file alone), so the fixed
-cost of a small rank is paid once per batch: one batch per local worker, two per Dask worker. `LocalEngine` runs plain `python -m profiler._worker` processes (not
-multiprocessing, so callers need no `if __name__ == "__main__"` guard); `dask_pool.DaskEngine`
-runs the same function on a Dask cluster. Every task gets exactly one result, whatever happens to
+cost of a small rank is paid once per batch: one batch per local worker, two per Dask worker.
+`LocalEngine` runs plain `python -m profiler._worker` processes (not multiprocessing, so callers
+need no `if __name__ == "__main__"` guard); `dask_pool.DaskEngine` runs the same function on a
+Dask cluster. Every task gets exactly one result, whatever happens to
 its worker (it cannot start, dies, or prints something unexpected), so a load never waits forever.
 
 A worker's imports (polars, numpy, the analyses: ~0.25 s) would follow the parent's own (~0.2 s)
