@@ -10,13 +10,19 @@ where the JSON reaches --mb; each rank gets the same events under its own `distr
 way Kineto writes them (one event per line, `"key": value` spacing, distributedInfo before the
 events): HTA finds a file's rank with the regex `"rank":\s+(\d+)` line by line, so compact JSON
 would make every file rank 0 and HTA would analyze one rank only (the bench checks it saw all).
+The cut falls inside a step, whose ProfilerStep span stays whole: the report warns that the trace
+was cut short (at 1 MB the set holds one step, longer than its profiled window; README, Odd input).
 
 Each tool runs in a fresh process: ptprof cold (empty parquet cache: parses every file), ptprof
 warm (the cache the cold run left), ptprof cold with the C parser off (PTPROF_PURE_PARSER=1:
 msgspec only, what a machine without a C compiler gets), then HTA (its default parser; its own
 multiprocessing pool).
 Wall time, CPU time of the process tree (user + sys, so a busy shared machine shows up as wall
-above CPU) and peak RSS: the largest sum over the process tree, sampled every 50 ms.
+above CPU) and peak memory, sampled every 50 ms as the largest sum over the process tree of RSS
+and of PSS. RSS counts a page once per process that maps it: ptprof's parent and two workers
+each map polars' 50 MB library, so their RSS sum counts it three times. PSS (proportional set
+size, /proc/PID/smaps_rollup) splits each shared page between the processes that map it: the
+tree's PSS sum is the memory it really holds. For one process (HTA's parent) the two are close.
 """
 
 from __future__ import annotations
@@ -134,8 +140,9 @@ def build_trace_set(out: Path, ranks: int, mb: float) -> Path:
 
 
 def measure(code: str | None, folder: Path, cache_dir: str, extra_env: dict | None = None, *,
-            argv: list[str] | None = None, also: list[psutil.Process] = ()) -> tuple[float, float, float, str]:
-    """(wall s, CPU s of the process tree, peak RSS of the tree in MB, stdout) of `python -c code folder`,
+            argv: list[str] | None = None, also: list[psutil.Process] = ()) -> tuple[float, float, float, str, float]:
+    """(wall s, CPU s of the process tree, peak RSS of the tree in MB, stdout, peak PSS of the tree
+    in MB) of `python -c code folder`,
     or of `python ARGV...` where argv is given. `also`: processes started elsewhere (a Dask cluster's
     scheduler and workers) whose CPU and RSS count with the tree's (their children included)."""
     env = {"PTPROF_CACHE_DIR": cache_dir, "PATH": "/usr/bin:/bin", **(extra_env or {})}
@@ -144,11 +151,11 @@ def measure(code: str | None, folder: Path, cache_dir: str, extra_env: dict | No
     start = time.perf_counter()
     cmd = [sys.executable, *argv] if argv is not None else [sys.executable, "-c", code, str(folder)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
-    peak = 0
+    peak = peak_pss = 0
     stop = threading.Event()
 
     def sample():
-        nonlocal peak
+        nonlocal peak, peak_pss
         root = psutil.Process(proc.pid)
         while not stop.is_set():
             try:
@@ -156,6 +163,7 @@ def measure(code: str | None, folder: Path, cache_dir: str, extra_env: dict | No
                 for other in also:
                     tree += [other, *other.children(recursive=True)]
                 peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+                peak_pss = max(peak_pss, sum(_pss_bytes(p.pid) for p in tree))
             except psutil.Error:
                 pass
             time.sleep(0.05)
@@ -171,7 +179,19 @@ def measure(code: str | None, folder: Path, cache_dir: str, extra_env: dict | No
     if proc.returncode != 0:
         raise SystemExit(f"failed:\n{err[-3000:]}")
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime) + (others1 - others0)
-    return wall, cpu, peak / 2**20, out
+    return wall, cpu, peak / 2**20, out, peak_pss / 2**20
+
+
+def _pss_bytes(pid: int) -> int:
+    """The process's proportional set size (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _tree_cpu(roots) -> float:
@@ -222,11 +242,12 @@ def main() -> None:
             raise SystemExit(f"HTA analyzed {seen} of {args.ranks} ranks: the comparison would be unfair")
         rows.append(("HTA (load + breakdown + overlap)", hta))
     print(f"{args.ranks} ranks x {args.mb:.0f} MB JSON, {os.cpu_count()} cores")  # each file is cut at --mb
-    for label, (wall, cpu, rss, _) in rows:
-        print(f"{label:34s} wall {wall:7.1f} s   cpu {cpu:7.1f} s   peak RSS {rss:7.0f} MB")
+    for label, (wall, cpu, rss, _, pss) in rows:
+        print(f"{label:34s} wall {wall:7.1f} s   cpu {cpu:7.1f} s   peak RSS {rss:7.0f} MB   peak PSS {pss:7.0f} MB")
     if not args.skip_hta:
-        for label, (wall, cpu, rss, _) in rows[:-1]:
-            print(f"{label:34s} speed-up {hta[0] / wall:5.1f}x wall, {hta[1] / cpu:5.1f}x cpu; memory {rss / hta[2]:.2f} of HTA's")
+        for label, (wall, cpu, rss, _, pss) in rows[:-1]:
+            print(f"{label:34s} speed-up {hta[0] / wall:5.1f}x wall, {hta[1] / cpu:5.1f}x cpu; "
+                  f"memory {rss / hta[2]:.2f} of HTA's (RSS), {pss / hta[4]:.2f} (PSS)")
         # Same numbers, or the speed means nothing: largest difference over ranks.
         ours, theirs = (_numbers(cold[3]), _numbers(hta[3]))
         worst = max(abs(ours[r][c] - theirs[r][c]) / theirs[r]["window_us"] * 100 for r in theirs for c in ("compute_us", "idle_us"))

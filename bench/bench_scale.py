@@ -103,7 +103,7 @@ def _checked(out_json: Path, ranks: int) -> None:
 def run_analyze(folder: Path, ranks: int, cache: str, extra: list[str] = (), also=()) -> tuple[float, float, float]:
     out_json = Path(cache) / "report.json"
     argv = ["-m", "profiler", "analyze", str(folder), "--json", str(out_json), "--quiet", *extra]
-    wall, cpu, rss, _ = measure(None, folder, cache, argv=argv, also=list(also))
+    wall, cpu, rss, _, _ = measure(None, folder, cache, argv=argv, also=list(also))
     _checked(out_json, ranks)
     out_json.unlink()
     return wall, cpu, rss

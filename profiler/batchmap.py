@@ -30,8 +30,8 @@ import polars as pl
 from polars.exceptions import PanicException
 
 from profiler.errors import TraceError, path_text
-from profiler.rankmap import (RankSummary, RankTask, _events, _frame, _parse_uncached, analyze_rank, holding_events,
-                              rank_row, rank_rows, worker_rank)
+from profiler.rankmap import (RankSummary, RankTask, _events, _frame, _parse_uncached, analysed_columns, analyze_rank,
+                              holding_events, rank_row, rank_rows, worker_rank)
 
 MAX_BATCH_FILES = 32  # beyond ~32 ranks the fixed cost per rank is already a few ms
 # Bytes of JSON (a parsed frame is about 0.6 times as large): a batch's events stay small.
@@ -281,15 +281,13 @@ def _batch_events(batch: list[_Ready]) -> pl.DataFrame:
     the files' frames joined first, then labelled once (not one query per file)."""
     import numpy as np
 
-    from profiler.parse import SCHEMA
-
     frames = [_frame(r.parsed) for r in batch]
     heights = [f.height for f in frames]
     runs = pl.Series("run", [r.task.run for r in batch], dtype=pl.String).cast(pl.Categorical)
     which = pl.Series(np.repeat(np.arange(len(batch), dtype=np.int64), heights))
     ranks = np.repeat(np.array([r.rank for r in batch], dtype=np.int32), heights)
     events = pl.concat(frames, how="vertical")
-    return events.with_columns(runs.gather(which), rank=pl.Series(ranks, dtype=pl.Int32)).select(list(SCHEMA))
+    return events.with_columns(runs.gather(which), rank=pl.Series(ranks, dtype=pl.Int32)).select(analysed_columns())
 
 
 def _by_rank(frame: pl.DataFrame) -> dict[tuple[str, int], pl.DataFrame]:
@@ -327,6 +325,8 @@ def _finish_alone(r: _Ready) -> RankSummary | TraceError:
     path = Path(r.task.path)
     try:
         events = _events(r.parsed, r.task.run, r.rank)
+        # The file's other columns freed before the analyses (nothing after them reads the frame).
+        r.parsed = dataclasses.replace(r.parsed, frame=None, fresh=None)
         opts = r.task.options
         frames = analyze_rank(events, rank_row(r.parsed.meta, r.task.run, r.rank, path_text(path)),
                               {r.task.run: r.task.manifest}, step=opts.step, top_n=opts.top_n, with_activity=opts.activity)

@@ -240,16 +240,22 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
     the errors. Both give the same frame (tests/profiler/test_fast_parser.py).
     """
     path = Path(path)
-    raw = read_bytes(path)
     if fast is None:
         fast = not os.environ.get(PURE_PARSER_ENV)
-    parsed = _fast_parse(raw) if fast and _kineto is not None else None
+    fast = fast and _kineto is not None
+    if fast:
+        from profiler.parse_stream import scan_file
+
+        parsed, raw = scan_file(path), None  # read as it is inflated: the JSON is never whole in memory
+    if not fast or parsed is None:  # anything odd: the whole file read, its problems worded below
+        raw = read_bytes(path)
+        parsed = _fast_parse(raw) if fast else None
     try:
         if parsed is not None:
             from profiler.parse_fast import _fast_columns, _raw_slices
 
-            slices = _raw_slices(parsed, raw)  # the few raw JSON values still needed, so the bytes can go
             del raw
+            slices = _raw_slices(parsed)
             frame, thread_names, dropped = _fast_columns(parsed, slices)
             info, devices = (_decode_header(parsed[k]) for k in ("distributedInfo", "deviceProperties"))
             del parsed

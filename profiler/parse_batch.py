@@ -4,7 +4,7 @@
 
 A 1 MB rank is parsed by the C scan in ~2 ms, but then costs ~20 ms of polars calls whatever its
 rows (building 30 columns, the drop rules, the thread-name join, classify, the header's counts:
-about 90 small queries at ~0.2 ms each). Here each file is scanned on its own (`_kineto.parse`),
+about 90 small queries at ~0.2 ms each). Here each file is scanned on its own (`parse_stream.scan_file`),
 then the batch's buffers are joined into one frame with a `file` column (each file's interned
 strings shifted into one table), and every step that decides a row from its own values runs once
 over all of them: the single-file parser's own functions (`parse_fast._fast_cols`, `_passed`, `_kept`,
@@ -30,10 +30,11 @@ import polars as pl
 from polars.exceptions import PanicException
 
 from profiler.classify import unknown_categories
-from profiler.damaged import MAX_TEXT_BYTES, check_text_sizes, checked_distributed_info, read_bytes
-from profiler.parse import (DROPPED, PURE_PARSER_ENV, SCHEMA, _decode_header, _dropped_counts, _fast_parse,
+from profiler.damaged import MAX_TEXT_BYTES, check_text_sizes, checked_distributed_info
+from profiler.parse import (DROPPED, PURE_PARSER_ENV, SCHEMA, _decode_header, _dropped_counts,
                             _group_ranks_text, _kept, _kineto, _labelled, _passed, device_name)
 from profiler.parse_fast import _fast_cols, _raw_slices
+from profiler.parse_stream import scan_file
 
 # A text value this long (in characters: up to 4 bytes each in UTF-8) may be over MAX_TEXT_BYTES:
 # such a file is parsed alone, which checks it exactly and words the refusal.
@@ -76,12 +77,10 @@ def parse_trace_files(paths: list[Path]) -> list[tuple[pl.DataFrame, dict] | Non
 
 
 def _scan(path: Path) -> _Scan | None:
-    raw = read_bytes(path)
-    parsed = _fast_parse(raw)
-    if parsed is None or parsed["n"] == 0:  # msgspec's parse, or no events: alone
+    parsed = scan_file(path)
+    if parsed is None or parsed["n"] == 0:  # read whole, msgspec's parse, or no events: alone
         return None
-    slices = _raw_slices(parsed, raw)
-    del raw
+    slices = _raw_slices(parsed)
     strings = parsed["strings"]
     ranks = [_group_ranks_text(_decode_header(v)) for v in slices["group_ranks"][1]]
     if strings[:1] != [None] or any(len(s) > _SAFE_CHARS for s in strings[1:]) or any(

@@ -20,9 +20,9 @@ from profiler.parse import (_COLUMN_ORDER, _COMM_NAME_PREFIXES, SCHEMA, _arg_sha
                             _sparse)
 
 
-def _raw_slices(parsed: dict, raw: bytes) -> dict[str, tuple[list[int], list[bytes]]]:
-    """The C parser's sparse raw values (row, byte range) -> (rows, JSON bytes) per field."""
-    out = {}
+def _raw_slices(parsed: dict) -> dict[str, tuple[list[int], list[bytes]]]:
+    """The C parser's sparse raw values (row, byte range in its `raw_text`) -> (rows, JSON bytes) per field."""
+    out, raw = {}, parsed.pop("raw_text")
     for name, bufs in parsed["raws"].items():
         rows, starts, ends = (np.frombuffer(b, np.int64).tolist() for b in bufs)
         out[name] = (rows, [raw[s:e] for s, e in zip(starts, ends)])

@@ -36,7 +36,7 @@ from profiler.exposed import exposed_comm
 from profiler.memory import memory_curve, memory_peaks, memory_timeline
 from profiler.pipeline import pipeline_actions
 from profiler.recompute import recompute_time
-from profiler.steps import assign_steps, profiler_steps
+from profiler.steps import assign_steps, profiler_steps, step_tails
 from profiler.top_ops import top_kernels, top_operators
 
 
@@ -106,6 +106,22 @@ class RankSummary:
     unstored: str | None = None
 
 
+# The columns of parse.SCHEMA the per-rank analyses read: the rest (a thread's name, the category,
+# external ids, a group's description, copy sizes, memory addresses) only the parquet entry and
+# in-process callers keep. A worker's frame holds these alone (`_events`; a frame read back from
+# its entry reads no other), ~11 of ~59 MB on a 100 MB rank left free for the analyses'
+# intermediates; `analyze_rank` hands its analyses no other, so one that starts reading another
+# column fails in the tests instead of only in-process (tests/profiler/test_rankmap.py).
+UNREAD_COLUMNS = ("thread", "cat", "external_id", "group_desc", "copy_bytes", "mem_addr")
+
+
+def analysed_columns() -> list[str]:
+    """parse.SCHEMA's columns but UNREAD_COLUMNS, in SCHEMA's order."""
+    from profiler.parse import SCHEMA
+
+    return [c for c in SCHEMA if c not in UNREAD_COLUMNS]
+
+
 def rank_row(meta: dict, run: str, rank: int, file: str) -> pl.DataFrame:
     """The one-row `Traces.ranks` frame the per-rank analyses read (world size, process groups)."""
     return rank_rows([(meta, run, rank, file)])
@@ -134,16 +150,22 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
     tests/profiler/test_batchmap.py checks)."""
     # One chunk per column: a frame read from a parquet of several row groups, beside columns of
     # one chunk (run, rank, step), is re-aligned in full by every eager operation on it (about
-    # 8 ms each on a 100 MB rank); aligned once here, those cost nothing.
-    events = events.rechunk()
+    # 8 ms each on a 100 MB rank); aligned once here, those cost nothing (`_events` hands over
+    # columns of one chunk already: rechunking here, beside the caller's frame, would copy them).
+    events = events.select(analysed_columns()).rechunk()
     all_steps = profiler_steps(events)
     steps = all_steps if step is None else all_steps.filter(pl.col("step") == step)
     if steps.is_empty():  # --step S and this rank has no step S: nothing to analyze
         return {"all_steps": all_steps.select("run", "rank", "step")}
+    tails = step_tails(events, steps)  # before --step's filter: the rank's last event, wherever it is
     # Which step each event is in, once for every analysis below (they reuse the column).
     events = assign_steps(events, steps)
     if step is not None:
         events = events.filter(pl.col("step").is_not_null() | (pl.col("kind") == "memory_event"))
+    # The largest transient first (the self-time sweep, ~15 MB on a 100 MB rank), before the
+    # pages the other analyses free pile up: the allocator hands freed pages back ~50 ms late
+    # (pool._WORKER_ENV), and the worker's peak is this sweep on top of whatever it still holds.
+    top_ops = top_operators(events, n=top_n)
     colls = collectives(events, ranks)
     # Read by the breakdowns and exposed_comm alike: found once.
     multi, gloo = multi_gpu_ranks(events), gloo_worker_threads(events)
@@ -151,6 +173,7 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
     return {
         "all_steps": all_steps.select("run", "rank", "step"),
         "steps": steps,
+        "step_tails": tails,
         "multi_gpu": multi,
         "breakdown": breakdown,
         "breakdown_steps": breakdown_steps,
@@ -159,7 +182,7 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
         "actions": pipeline_actions(events, steps=steps, runs=runs),
         "memory_peaks": memory_peaks(timeline := memory_timeline(events)),
         "memory_curve": memory_curve(timeline),
-        "top_operators": top_operators(events, n=top_n),
+        "top_operators": top_ops,
         "top_kernels": top_kernels(events, n=top_n),
         "recompute": recompute_time(events),
         **({"activity": activity(events)} if with_activity else {}),  # the viewer's lanes at scale
@@ -239,14 +262,33 @@ def _parse_uncached(path: Path, why: str):
 
 
 def _frame(parsed) -> pl.DataFrame:
-    """A cache.Parsed's events: in memory (unstored, or just parsed), else read from its entry."""
-    return parsed.frame if parsed.parquet is None else parsed.fresh if parsed.fresh is not None else pl.read_parquet(parsed.parquet)
+    """A cache.Parsed's events: in memory (unstored, or just parsed), else read from its entry
+    (the analysed columns only, each in one chunk)."""
+    if parsed.parquet is None:
+        return parsed.frame
+    if parsed.fresh is not None:
+        return parsed.fresh
+    # Read column by column, each made one chunk (a chunk per row group otherwise) before the
+    # next is read: the next column's chunks reuse the pages the last one's freed, where reading
+    # the whole frame then rechunking it needs room for it twice (~100 MB over ~50 on a 100 MB
+    # rank: freed pages go back to the system ~50 ms late, pool._WORKER_ENV).
+    out = []
+    for c in analysed_columns():
+        if c not in ("run", "rank"):
+            out.append(pl.read_parquet(parsed.parquet, columns=[c]).to_series().rechunk())
+    return pl.DataFrame(out)
 
 
 def _events(parsed, run: str, rank: int) -> pl.DataFrame:
-    from profiler.parse import SCHEMA
-
-    return _frame(parsed).with_columns(run=pl.lit(run, pl.Categorical), rank=pl.lit(rank, pl.Int32)).select(list(SCHEMA))
+    """The file's analysed columns labelled (run, rank), those without a value as constants."""
+    frame = _frame(parsed)
+    # A column null on every row (a trace without collective arguments, or without [memory]
+    # events: up to ~17 of ~48 MB on a 100 MB rank) held as one null broadcast, not a buffer of
+    # a value per row: the same values to every analysis (an operation that needs the column
+    # whole makes it, for the rows it keeps). Null counts are known without a pass.
+    empty = [pl.lit(None, dtype).alias(c) for c, dtype in frame.schema.items()
+             if frame.height and frame.get_column(c).null_count() == frame.height]
+    return frame.with_columns(*empty, run=pl.lit(run, pl.Categorical), rank=pl.lit(rank, pl.Int32)).select(analysed_columns())
 
 
 # ---------------------------------------------------------------------------------------------

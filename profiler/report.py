@@ -17,12 +17,13 @@ from profiler.damaged import DAMAGED
 from profiler.intervals import union
 from profiler.pipeline import pipeline_grid, pipeline_summary
 from profiler.rankmap import analyze_rank
-from profiler.steps import NO_STEP, step_time_stats
+from profiler.steps import CUT_TAIL_PCT, NO_STEP, step_time_stats
 from profiler.recompute import RECOMPUTE_COLUMNS, with_compute, with_prediction
 from profiler.alphabeta import alpha_beta_predict, fit_alpha_beta
 from profiler.findings import FINDING_COLUMNS, findings
 from profiler.theory import predict_comm
 from profiler.theory_check import theory_check
+from profiler.textfmt import fmt_pct, fmt_time
 from profiler.theory_memory import activation_peak, memory_notes, memory_whatif, predict_memory
 
 REPORT_SCHEMA = "ptprof.report/1"
@@ -112,6 +113,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         for run, r, n in out["multi_gpu"].iter_rows()
     ]
     warnings += dropped_warnings(ranks)
+    warnings += cut_trace_warnings(out.get("step_tails"), ranks)
     warnings += missing_rank_warnings(ranks) if rank is None else []
     warnings += memory_notes({r: m for r, m in traces.runs.items() if r in set(ranks["run"].cast(pl.String))})
     # Never a silent CPU accounting of a device's activity: categories no rule knows are named.
@@ -198,6 +200,32 @@ def _spans(ranks: list[int], most: int = 6) -> str:
             spans.append([r, r])
     text = [f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:most]]
     return ", ".join(text) + (f" and {len(spans) - most} more spans" if len(spans) > most else "")
+
+
+def cut_trace_warnings(tails: pl.DataFrame | None, ranks: pl.DataFrame) -> list[str]:
+    """One warning per run whose ranks' last step runs on past the trace's last event by more than
+    CUT_TAIL_PCT of the step (steps.step_tails): a trace cut short. The step time (the span's)
+    counts that time; a GPU rank's profiled window (first to last GPU activity) does not, so a step
+    can outlast it, and a CPU rank's breakdown (window = the step span) counts it as idle. Names the
+    ranks and the largest tail, with its rank, step and share of the step."""
+    if tails is None or tails.is_empty():
+        return []
+    cut = (tails.filter(pl.col("tail_us") > CUT_TAIL_PCT / 100 * pl.col("dur_us"))
+           .join(ranks.select("run", "rank", "has_gpu"), on=["run", "rank"], how="left"))
+    out = []
+    for (run,), f in cut.group_by("run", maintain_order=True):
+        worst = f.sort(["tail_us", "rank"], descending=[True, False]).row(0, named=True)
+        lo, hi = f["tail_us"].min(), worst["tail_us"]
+        who = f"rank {worst['rank']}" if f.height == 1 else f"{f.height:,} ranks ({_spans(sorted(f['rank'].to_list()))})"
+        by = fmt_time(hi) if fmt_time(lo) == fmt_time(hi) else f"{fmt_time(lo)}–{fmt_time(hi)}"
+        where = "" if f.height == 1 else f"most on rank {worst['rank']}: "
+        gpu = f["has_gpu"].fill_null(False)
+        so = (["the profiled window (first to last GPU activity) does not, so a step can outlast it"] if gpu.any() else []) + (
+            ["a CPU rank's breakdown counts it as idle"] if not gpu.all() else [])
+        out.append(f"run {run}: the trace of {who} ends {by} before its last step does ({where}step {worst['step']}, "
+                   f"{fmt_pct(100 * hi / worst['dur_us'])} of its {fmt_time(worst['dur_us'])} with no event): the trace "
+                   f"was cut short, or the step's end not traced. Step times count that time; {'; '.join(so)}")
+    return out
 
 
 def dropped_warnings(ranks: pl.DataFrame) -> list[str]:

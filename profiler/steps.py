@@ -201,6 +201,40 @@ def _step_at(points: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
     )
 
 
+# A rank's last step running on past the rank's last event by more than this share of the step:
+# a trace cut short (report.cut_trace_warnings). On whole traces the tail is the Python between the
+# optimizer's last operator and the next `prof.step()`: under 1 % of the step (4.4 ms of 623 ms on
+# ../shared/traces/gpu_nccl_2_of_128, 0.05 ms of 39 ms on traces/sample-1f1b-2r).
+CUT_TAIL_PCT = 5.0
+
+
+def step_tails(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """(run, rank, step, dur_us, tail_us): each rank's last ProfilerStep of `steps` and how long its
+    span runs on past the rank's last other event (any event, memory instants included; 0 when
+    one ends at or after the span).
+
+    torch.profiler records a ProfilerStep as one span with its duration. A trace cut short (a
+    file truncated while being written, or one cut at a size as bench_profiler.build_trace_set
+    cuts its last copy) keeps the span of the step it was cut in and loses the events after the
+    cut: that step's time then counts time with no event recorded, which no breakdown can split.
+    Ranks without ProfilerStep spans (one window over their events) have no row."""
+    names = names_matching(events, PROFILER_STEP_RE)
+    other = events.lazy().filter(~pl.col("name").is_in(names).fill_null(False))
+    last_us = pl.max_horizontal(pl.col("end_us").max(), pl.col("ts_us").max()).alias("last_us")
+    if varying(events, KEYS):
+        last = other.group_by(KEYS).agg(last_us)
+    else:  # one rank: its last event, no group_by (and no row where it has none)
+        last = other.select(pl.col(KEYS).first(), last_us, _n=pl.len()).filter(pl.col("_n") > 0).drop("_n")
+    return (
+        steps.lazy().filter("has_profiler_steps").sort("end_us").group_by(KEYS).last()
+        .join(last, on=KEYS, how="left")
+        # no other event at all: the whole span is untraced
+        .select(*KEYS, "step", "dur_us", tail_us=(pl.col("end_us") - pl.col("last_us").fill_null(pl.col("start_us"))).clip(0))
+        .sort(KEYS)
+        .collect()
+    )
+
+
 def step_time_stats(steps: pl.DataFrame) -> pl.DataFrame:
     """Per rank: number of steps and their mean / median / min / max / std duration (µs)."""
     d = pl.col("dur_us")

@@ -33,7 +33,8 @@ def code_version() -> str:
     with other compilers run the same code (and the pure parser gives the same frame)."""
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    c_parser = sorted(here.glob("_kineto.c")) or sorted(here.glob("_kineto*.so")) + sorted(here.glob("_kineto*.pyd"))
+    c_parser = (sorted(here.glob("_kineto.c")) + sorted(here.glob("_kineto_*.h"))
+                or sorted(here.glob("_kineto*.so")) + sorted(here.glob("_kineto*.pyd")))
     for p in sorted(here.glob("*.py")) + c_parser:  # the built module only where its source was not installed
         h.update(p.name.encode())
         h.update(p.read_bytes())

@@ -21,72 +21,128 @@ CPU_OP_KINDS = ["op", "enqueue", "runtime"]
 
 def self_times(events: pl.DataFrame) -> pl.DataFrame:
     """CPU spans with a `self_us` column (run, rank, pid, tid, name, kind, ts_us, dur_us, self_us)."""
-    spans = (
+    spans = _cpu_spans(events)
+    return spans.with_columns(self_us=_self_us([spans])).drop("end_us")
+
+
+def _cpu_spans(events: pl.DataFrame) -> pl.DataFrame:
+    return (
         events.lazy()  # lazy: only the columns used are filtered
         .filter((pl.col("device") == "cpu") & (pl.col("ph") == "X") & pl.col("kind").is_in(CPU_SPAN_KINDS))
         .select(*THREAD, "name", "kind", "ts_us", "dur_us", "end_us")
         .collect()
     )
-    return spans.with_columns(self_us=_self_us(spans)).drop("end_us")
 
 
-def _self_us(spans: pl.DataFrame) -> pl.Series:
-    """Each span's self time, by the boundary sweep of the module docstring.
+def _self_us(holder: list[pl.DataFrame]) -> pl.Series:
+    """Each span's self time, by the boundary sweep of the module docstring, of the spans frame
+    in `holder` (a list of one: it is taken out once read, so where the caller keeps no other
+    reference to it, top_operators, its columns are freed before the sweep's largest arrays).
 
     The sorts are numpy's stable ones on one key at a time (Kineto writes a thread's spans in
     start order, and timsort takes such runs in linear time: a tenth of a multi-column sort).
+    Memory: about twenty arrays of one or two values per span take part, and held all at once
+    they were the largest transient of a rank's analyses (~45 MB on a 100 MB trace); each is
+    dropped (`del`) once read for the last time, and the 0/1 and index ones are kept narrow.
     """
+    spans = holder.pop()
     # Zero-length spans own no time (self 0 below); left in, a close-before-open tie would hand
     # one the rest of its parent's time.
-    op = np.flatnonzero(spans.get_column("dur_us").to_numpy() > 0).astype(np.int32)
-    ts, end, dur = (spans.get_column(c).to_numpy()[op] for c in ("ts_us", "end_us", "dur_us"))
+    dur_all = spans.get_column("dur_us").to_numpy()
+    op = np.flatnonzero(dur_all > 0).astype(np.int32)
+    n_op = op.size
+    ts = spans.get_column("ts_us").to_numpy()[op]
     # One small integer per thread (only the columns of THREAD that vary: one rank's frame has one
     # run and one rank).
     by = varying(spans, THREAD)
-    thr = _thread_codes(spans, by)[op] if by else np.zeros(op.size, np.uint32)
-    thr = thr.astype(np.uint16 if op.size == 0 or thr.max() < 2**16 else np.uint32)  # 16 bits: a radix sort
+    thr = _thread_codes(spans, by)[op] if by else np.zeros(n_op, np.uint32)
+    thr = thr.astype(np.uint16 if n_op == 0 or thr.max() < 2**16 else np.uint32)  # 16 bits: a radix sort
+    # The end times, closes first (`t`: every boundary's time, below); then the frame is let go
+    # (`dur_all`, a view of one column, keeps only that column).
+    t = np.empty(2 * n_op)
+    spans.get_column("end_us").to_numpy().take(op, out=t[:n_op], mode="clip")  # (no buffer: `op` is in range)
+    height = spans.height
+    del spans
     # Boundaries in the order (thread, time; at one instant closes first, so back-to-back siblings
     # do not nest; opens longer first, so a parent opens before the child that starts with it;
     # then trace order, so two identical spans nest the same way on every load). Opens are put in
     # (start, longer first, trace order) and closes stay in trace order; one stable sort by time
     # of [closes, opens] then one by thread give that order.
-    opens = np.argsort(ts, kind="stable")
+    opens = np.argsort(ts, kind="stable").astype(np.int32)
     start = ts[opens]
+    del ts
     tie = np.flatnonzero(start[1:] == start[:-1])
     if tie.size:  # spans starting together: longest first, within each run of one start
         at = np.union1d(tie, tie + 1)
         run = np.cumsum(np.r_[True, start[at[1:]] != start[at[:-1]]] | np.r_[True, at[1:] != at[:-1] + 1])
-        opens[at] = opens[at][np.lexsort((-dur[opens[at]], run))]  # (`start` is unchanged: equal in a run)
-    which = np.concatenate([np.arange(op.size, dtype=np.int32), opens.astype(np.int32)])  # into op: the closes, then the opens
-    t = np.concatenate([end, start])
+        opens[at] = opens[at][np.lexsort((-dur_all[op[opens[at]]], run))]  # (`start` is unchanged: equal in a run)
+        del at, run
+    del tie
+    # Into op: the closes (trace order), then the opens; `t` and `thr_s` alike.
+    which = np.concatenate([np.arange(n_op, dtype=np.int32), opens])
+    t[n_op:] = start
+    del start, dur_all
     thr_s = np.concatenate([thr, thr[opens]])
-    order = np.argsort(t, kind="stable")
-    order = order[np.argsort(thr_s[order], kind="stable")]
-    which, t, thr_s = which[order], t[order], thr_s[order]
-    delta = np.where(order < op.size, np.int32(-1), np.int32(1))
+    del thr, opens
+    order = np.argsort(t, kind="stable").astype(np.int32)
+    # Then stably by thread; a few threads (most traces: codes 1..K) one pass each, which holds no
+    # 64-bit permutation of every boundary (argsort's) at the sweep's fullest point.
+    n_thr = int(thr_s.max()) + 1 if thr_s.size else 0
+    if n_thr > 8:
+        order = order[np.argsort(thr_s[order], kind="stable")]
+    elif n_thr > 1:
+        key = thr_s[order]
+        order = np.concatenate([order[key == k] for k in range(n_thr)])
+        del key
+    which = which[order]
+    t = t[order]
+    thr_s = thr_s[order]
+    is_open = order >= n_op
+    del order
     # Each thread's opens and closes balance, so a running sum over the whole sorted frame is each
     # thread's nesting depth.
-    depth = np.cumsum(delta, dtype=np.int32)
+    depth = np.cumsum(np.where(is_open, np.int8(1), np.int8(-1)), dtype=np.int32)
+    # The segments that can have an owner: from a boundary to the next one on the same thread,
+    # of some length, inside a span; their lengths are all that is kept of the times.
+    seg = np.zeros(t.size)
+    np.subtract(t[1:], t[:-1], out=seg[:-1])
+    del t
+    cand = np.flatnonzero((np.r_[thr_s[1:] == thr_s[:-1], False]) & (depth > 0) & (seg > 0)).astype(np.int32)
+    seg = seg[cand]
     # The time from a boundary to the next one on the thread belongs to the event open at that
     # depth, which is the latest open among the boundaries that left the thread at that depth
     # (had it closed, the depth would have dropped below and a newer open would come later).
-    # (thread, depth) as one integer (depth < 2^32: it never exceeds the spans on a thread): a
-    # window over one key costs half of one over two.
-    bounds = pl.DataFrame({
-        "at_depth": thr_s.astype(np.int64) * 2**32 + depth,
-        "opened": np.where(delta == 1, op[which], np.int32(-1)),
-    })
+    # (thread, depth) as one integer (depth < 2^32: it never exceeds the spans on a thread; 16
+    # bits each where both fit, as on any real trace): a window over one key costs half of one
+    # over two.
+    if depth.size and depth.min() >= 0 and depth.max() < 2**16 and thr_s.max() < 2**16:
+        at_depth = thr_s.astype(np.uint32)
+        at_depth <<= 16
+    else:
+        at_depth = thr_s.astype(np.int64)
+        at_depth <<= 32
+    del thr_s
+    at_depth += depth.astype(at_depth.dtype)
+    del depth
+    opened = op[which]
+    del which
+    opened[~is_open] = -1
+    del is_open
+    bounds = pl.DataFrame({"at_depth": at_depth, "opened": opened})
+    del at_depth, opened
     owner = bounds.select(pl.when(pl.col("opened") >= 0).then(pl.col("opened")).forward_fill().over("at_depth")).to_series()
-    owner = owner.fill_null(-1).to_numpy()
-    seg = np.zeros(t.size)
-    seg[:-1] = t[1:] - t[:-1]
-    own = np.flatnonzero((np.r_[thr_s[1:] == thr_s[:-1], False]) & (depth > 0) & (seg > 0) & (owner >= 0))
+    del bounds
+    owner = owner.gather(cand).fill_null(-1).to_numpy()
+    del cand
+    own = np.flatnonzero(owner >= 0)
     owner, seg = owner[own], seg[own]
+    del own
     # Sums per owner, exactly as polars' group_by sums them: most spans own one or two segments,
     # whose sum is the same in any order (added here); the rest go through that group_by.
-    n = np.bincount(owner, minlength=spans.height)
-    out = np.bincount(owner, weights=seg, minlength=spans.height)
+    n = np.bincount(owner, minlength=height)
+    out = np.bincount(owner, weights=seg, minlength=height)
     many = n[owner] > 2
+    del n
     if many.any():
         sums = pl.DataFrame({"owner": owner[many], "seg_us": seg[many]}).group_by("owner").agg(pl.col("seg_us").sum())
         out[sums["owner"].to_numpy()] = sums["seg_us"].to_numpy()
@@ -103,8 +159,11 @@ def _thread_codes(spans: pl.DataFrame, by: list[str]) -> np.ndarray:
 
 def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
     """Per rank, the `n` CPU operators (aten ops, runtime calls, enqueues) with the most self time."""
-    spans = self_times(events)
-    ops = spans.select(*KEYS, "name", "self_us", "dur_us").filter(spans.get_column("kind").is_in(CPU_OP_KINDS))
+    # self_times' spans, but the frame the sweep reads is freed before its largest arrays (only
+    # the columns of the operator table are kept meanwhile).
+    spans = [_cpu_spans(events)]
+    ops = spans[0].select(*KEYS, "name", "dur_us", is_op=pl.col("kind").is_in(CPU_OP_KINDS))
+    ops = ops.with_columns(self_us=_self_us(spans)).filter("is_op").select(*KEYS, "name", "self_us", "dur_us")
     return (
         # In order of first appearance and a stable sort: operators with equal times are listed
         # (and cut at n) the same way on every load, not in a hashed order. (Grouped by all three

@@ -16,21 +16,53 @@ def any_at_scale(runs: list[RunData]) -> bool:
     return any(d.at_scale for d in _ok(runs))
 
 
+# What a drill-down value may hold: a rank is a whole number (0 or more); a group name is what the
+# viewer names groups ("stage3", "all ranks"): up to MAX_GROUP_NAME printable characters.
+MAX_GROUP_NAME = 100
+ACCEPTED = "a rank is a whole number from 0 (&rank=17), a group a name from the dropdown (&group=stage1)"
+
+
 def parse_view(view: str | None) -> tuple[str, str | int] | None:
     """The drill-down asked for: ("rank", 17) from "rank:17", ("group", "stage1") from
-    "group:stage1"; None for the groups view and for anything else (the browser may send anything)."""
+    "group:stage1"; None for the groups view and for anything else (the browser may send anything:
+    bad_view says what is wrong with it)."""
     if not isinstance(view, str) or ":" not in view:
         return None
     kind, _, value = view.partition(":")
     if kind == "rank" and value.strip().isascii() and value.strip().isdigit():  # "²".isdigit() too
         return "rank", int(value)
-    if kind == "group" and value.strip():
+    if kind == "group" and value.strip() and len(value.strip()) <= MAX_GROUP_NAME and value.strip().isprintable():
         return "group", value.strip()
     return None
 
 
-def view_options(runs: list[RunData]) -> list[dict]:
-    """The drill-down dropdown's options: every group, then every rank, of the runs that loaded."""
+def bad_view(view: str | None) -> str | None:
+    """Why a drill-down value cannot be read ("rank:abc", "rank:-1", "group:" from the URL), one
+    line naming the value and what is accepted; None for the groups view ("", None) and for a
+    readable one (parse_view), whether or not the runs have that rank or group (missing_view)."""
+    if view is None or view == "" or parse_view(view) is not None:
+        return None
+    if not isinstance(view, str) or view.partition(":")[0] not in ("rank", "group") or ":" not in view:
+        return f"drill-down {_shown(view)} is not a rank or a group: {ACCEPTED}"
+    kind, _, value = view.partition(":")
+    if not value.strip():
+        return f"&{kind}= is empty: {ACCEPTED}"
+    if kind == "rank":
+        return f"rank {_shown(value)} is not a rank: {ACCEPTED}"
+    return f"group {_shown(value)} is not a group name (at most {MAX_GROUP_NAME} printable characters): {ACCEPTED}"
+
+
+def _shown(value) -> str:
+    """A value from the browser, quoted and cut to 40 characters, so the message stays one line."""
+    text = repr(value) if not isinstance(value, str) else "'" + value.encode("unicode_escape").decode("ascii") + "'"
+    return text if len(text) <= 40 else text[:39] + "…'"
+
+
+def view_options(runs: list[RunData], keep: str | None = None) -> list[dict]:
+    """The drill-down dropdown's options: every group, then every rank, of the runs that loaded;
+    then `keep` (the value the URL asked for) when it is none of them, labelled with what is wrong:
+    the dropdown would otherwise reset a value missing from its options to the groups view, and
+    the timeline would hide why (`&rank=999`, `&rank=abc`)."""
     groups: dict[str, dict[str, int]] = {}  # group -> {run id: its ranks in that run}
     ranks = set()
     ok = _ok(runs)
@@ -40,7 +72,11 @@ def view_options(runs: list[RunData]) -> list[dict]:
         ranks |= set(d.analysis.ranks["rank"].to_list())
     opts = [{"label": "all ranks, by group (median, min–max)", "value": ""}]
     opts += [{"label": f"group {g} ({_group_size(per_run, len(ok))})", "value": f"group:{g}"} for g, per_run in groups.items()]
-    return opts + [{"label": f"rank {r}", "value": f"rank:{r}"} for r in sorted(ranks)]
+    opts += [{"label": f"rank {r}", "value": f"rank:{r}"} for r in sorted(ranks)]
+    if isinstance(keep, str) and keep and keep not in {o["value"] for o in opts}:
+        why = "not valid" if bad_view(keep) else "not in these runs"
+        opts.append({"label": f"{keep.replace(':', ' ', 1)[:46]} ({why})", "value": keep})
+    return opts
 
 
 def _group_size(per_run: dict[str, int], n_runs: int) -> str:

@@ -225,3 +225,24 @@ def test_a_deadly_file_without_a_usable_cache_is_its_own_error(tmp_path, monkeyp
     assert isinstance(res[0], RankSummary) and res[0].rank == 0
     assert isinstance(res[1], TraceError) and Path(res[1].path) == deep
     assert "nested too deeply" in res[1].problem
+
+
+def test_a_worker_s_frame_holds_only_the_analysed_columns(tmp_path):
+    # The columns no per-rank analysis reads stay in the parquet entry, out of a worker's memory;
+    # the frame read back from the entry (those columns only, one chunk each) is the one just parsed.
+    from profiler.parse import SCHEMA
+
+    path = REPO / "traces" / "sample-1f1b-2r" / "rank0.json.gz"
+    parsed = load_one_safe(path, tmp_path)
+    assert parsed.fresh is not None and parsed.parquet is not None
+    fresh = _events(parsed, "x", 0)
+    read = _events(dataclasses.replace(parsed, fresh=None), "x", 0)
+    assert set(SCHEMA) - set(fresh.columns) == {"thread", "cat", "external_id", "group_desc", "copy_bytes", "mem_addr"}
+    assert read.columns == fresh.columns and read.n_chunks("all") == [1] * read.width
+    assert read.equals(fresh)
+    runs = {"x": json.loads((path.parent / "run.json").read_text())}
+    full = parsed.fresh.with_columns(run=pl.lit("x", pl.Categorical), rank=pl.lit(0, pl.Int32)).select(list(SCHEMA))
+    whole = analyze_rank(full, rank_row(parsed.meta, "x", 0, str(path)), runs, step=None, top_n=15)
+    mine = analyze_rank(read, rank_row(parsed.meta, "x", 0, str(path)), runs, step=None, top_n=15)
+    assert list(mine) == list(whole) and all(mine[k].equals(whole[k]) for k in whole)
+    assert whole["top_operators"].height and whole["actions"].height

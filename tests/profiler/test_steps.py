@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 import pytest
 
 from profiler import NO_STEP, assign_steps, profiler_steps, step_time_stats
+from profiler.load import load_traces
+from profiler.report import analyze
+from profiler.steps import step_tails
 from tests.profiler.conftest import kernel, launch, make_events, step
 
 
@@ -75,3 +80,66 @@ def test_step_time_stats():
     row = step_time_stats(profiler_steps(ev)).row(0, named=True)
     assert (row["n_steps"], row["mean_us"], row["median_us"], row["min_us"], row["max_us"]) == (3, 30, 20, 10, 60)
     assert row["std_us"] == pytest.approx(26.457513, rel=1e-6)  # sample std of 10, 20, 60
+
+
+# ---------------------------------------------------------------------------------------------
+# A trace cut short: its last step's span outlasts its events (steps.step_tails, report.cut_trace_warnings)
+
+
+def test_step_tails_is_the_last_step_past_the_last_other_event():
+    ev = pl.concat([
+        # rank 0: step 2 [50, 150); its last events: a kernel ending at 80, a memory instant at 90
+        make_events([step(1, 0, 50), step(2, 50, 100), launch(55, 7), kernel("gemm", "compute", 65, 15, 7),
+                     dict(name="aten::mm", kind="op", ts_us=60, dur_us=10),
+                     dict(name="[memory]", kind="memory_event", ph="i", ts_us=90, dur_us=0)], rank=0),
+        make_events([step(1, 0, 40), dict(name="aten::mm", kind="op", ts_us=30, dur_us=12)], rank=1),  # op ends after: 0
+        make_events([dict(name="aten::mm", kind="op", ts_us=0, dur_us=5)], rank=2),  # no ProfilerStep: no row
+        make_events([step(4, 10, 30)], rank=3),  # a step and nothing else: all of it
+    ])
+    got = step_tails(ev, profiler_steps(ev))
+    assert got.select("rank", "step", "dur_us", "tail_us").rows() == [(0, 2, 100.0, 60.0), (1, 1, 40.0, 0.0), (3, 4, 30.0, 30.0)]
+    alone = step_tails(ev.filter(pl.col("rank") == 0), profiler_steps(ev.filter(pl.col("rank") == 0)))
+    assert alone.select("rank", "tail_us").rows() == [(0, 60.0)]  # one rank's path: the same
+
+
+def _kineto(path, events):
+    path.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "pid": 1, "tid": 1, "cat": "cpu_op", **e} if "cat" not in e else {"ph": "X", **e} for e in events]}))
+
+
+def _step(k, ts, dur):
+    return {"cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+
+def test_a_cut_trace_says_why_its_step_outlasts_the_window(tmp_path):
+    # rank 0 (GPU): steps [0, 100) and [100, 500) µs; step 2's last event ends at 200 (an operator
+    # 105 + 95), its kernel runs 120-160: 300 µs of its 400 µs have no event (75.0 %). Mean step
+    # (100 + 400) / 2 = 250 µs; GPU window 30 (first kernel) to 160 = 130 µs: shorter than a step.
+    launch0 = {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "dur": 1}
+    gpu = {"cat": "kernel", "pid": 0, "tid": 7}
+    _kineto(tmp_path / "rank0.json", [
+        _step(1, 0, 100), _step(2, 100, 400), {"name": "aten::mm", "ts": 10, "dur": 20},
+        {**launch0, "ts": 20, "args": {"correlation": 1}},
+        {**gpu, "name": "gemm", "ts": 30, "dur": 50, "args": {"correlation": 1, "stream": 7}},
+        {**launch0, "ts": 110, "args": {"correlation": 2}},
+        {**gpu, "name": "gemm", "ts": 120, "dur": 40, "args": {"correlation": 2, "stream": 7}},
+        {"name": "aten::add", "ts": 105, "dur": 95}])
+    # rank 1 (CPU): steps [0, 100), [100, 300); last event ends at 250: 50 µs of 200 (25 %)
+    _kineto(tmp_path / "rank1.json", [_step(1, 0, 100), _step(2, 100, 200), {"name": "aten::mm", "ts": 10, "dur": 40},
+                                      {"name": "aten::add", "ts": 120, "dur": 130}])
+    # rank 2 (CPU): 5 µs of 200 (2.5 %, under CUT_TAIL_PCT): a whole trace, not named
+    _kineto(tmp_path / "rank2.json", [_step(1, 0, 100), _step(2, 100, 200), {"name": "aten::mm", "ts": 10, "dur": 40},
+                                      {"name": "aten::add", "ts": 120, "dur": 175}])
+    a = analyze(load_traces(tmp_path, cache=False, workers=1, progress=False))
+    stats = {r: m for r, m in a.step_stats.select("rank", "mean_us").iter_rows()}
+    window = {r: w for r, w in a.breakdown.select("rank", "window_us").iter_rows()}
+    assert stats[0] == 250.0 and window[0] == 130.0  # the step outlasts the window: what is explained
+    assert a.breakdown.filter(pl.col("rank") == 1)["idle_us"].item() == 300.0 - 40 - 130  # the 50 µs tail is idle
+    (w,) = [w for w in a.warnings if "before its last step" in w]
+    assert w.startswith(f"run {tmp_path.name}: the trace of 2 ranks (0-1) ends 50.0 µs–300 µs before its last step does "
+                        "(most on rank 0: step 2, 75.0 % of its 400 µs with no event)"), w
+    assert "first to last GPU activity" in w and "a CPU rank's breakdown counts it as idle" in w
+    # one GPU rank alone: named, and no CPU clause
+    (w,) = [w for w in analyze(load_traces(tmp_path / "rank0.json", cache=False, workers=1, progress=False)).warnings
+            if "before its last step" in w]
+    assert "the trace of rank 0 ends 300 µs before" in w and "idle" not in w, w

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 import polars as pl
+import pytest
 
 from profiler import self_times, top_kernels, top_operators
 from tests.profiler.conftest import kernel, make_events, step
@@ -70,3 +73,36 @@ def test_ties_are_listed_in_trace_order_and_cut_the_same_way():
     for _ in range(3):
         assert top_operators(ev, n=3)["name"].to_list() == ["d", "b", "c"]
         assert top_kernels(ev, n=3)["name"].to_list() == ["d", "b", "c"]
+
+
+@pytest.mark.parametrize("threads", [3, 11])  # the sweep sorts by thread a pass per thread up to 8, else by argsort
+def test_self_times_of_many_threads_are_each_span_less_its_children(threads):
+    # Random span trees on each thread (whole µs, children inside their parent, siblings apart or
+    # back to back), listed with the threads interleaved: a span's self time is its duration less
+    # its direct children's, known from the tree as it is built.
+    rng = random.Random(threads)
+    rows, want = [], {}
+
+    def grow(tid: int, ts: int, dur: int, depth: int) -> None:
+        kids, t = 0, ts
+        while depth < 4 and rng.random() < 0.8:
+            gap, d = rng.randint(0, 3), rng.randint(1, 12)
+            if t + gap + d > ts + dur or d >= dur:
+                break
+            grow(tid, t + gap, d, depth + 1)
+            kids += d
+            t += gap + d
+        rows.append(op(f"op{depth}", ts, dur, tid=tid))
+        want[(tid, float(ts), float(dur))] = float(dur - kids)
+
+    for tid in range(1, threads + 1):
+        t = 0
+        for _ in range(20):
+            t += rng.randint(0, 5)
+            d = rng.randint(5, 60)
+            grow(tid, t, d, 0)
+            t += d
+    rng.shuffle(rows)
+    st = self_times(make_events(rows))
+    got = {(r["tid"], r["ts_us"], r["dur_us"]): r["self_us"] for r in st.iter_rows(named=True)}
+    assert len(want) > 40 * threads and got == want

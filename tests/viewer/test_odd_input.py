@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from tests.viewer.conftest import dash_post, data_url
-from viewer import compare_data, data, figures, ids, upload
+from viewer import compare_data, data, figures, ids, scale_data, upload
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,6 +174,43 @@ def test_timeline_takes_any_relayout(app, relayout):
 def test_timeline_takes_any_drill_down(app, view):
     res = dash_post(app, f"{ids.COMPARE_TIMELINE}.figure", ["sample-ddp-2r"], None, view, changed=2)
     assert res.status_code == 200, res.get_data(as_text=True)[-300:]
+
+
+@pytest.mark.parametrize("rank, group, said", [
+    ("abc", None, "rank 'abc' is not a rank"), ("-1", None, "rank '-1' is not a rank"), ("1.5", None, "rank '1.5' is not a rank"),
+    ("\u00b2", None, "rank '\\xb2' is not a rank"), ("", None, "&rank= is empty"), (["1", "2"], None, "rank '1,2' is not a rank"),
+    (None, " ", "&group= is empty"), (None, "s" * 101, "is not a group name (at most 100 printable characters)"),
+    (None, "stage\n1", "group 'stage\\n1' is not a group name"),
+], ids=repr)
+def test_a_drill_down_that_is_no_rank_or_group_says_so(pages, store, app, rank, group, said):
+    # `&rank=abc` in the address showed the groups as if nothing had been asked
+    view = pages.compare.initial_view(rank, group)
+    fig = pages.compare.timeline_figure(store, ["sample-ddp-2r"], view=view)
+    (note,) = [a.text for a in fig.layout.annotations]
+    assert said in note and "a rank is a whole number from 0 (&rank=17), a group a name from the dropdown" in note, note
+    assert "\n" not in note and not fig.data
+    # the dropdown keeps the value (one missing from its options is reset to the groups view by the browser)
+    res = dash_post(app, f"{ids.COMPARE_VIEW}.options", ["sample-ddp-2r"], state=[view])
+    assert res.get_json()["response"][ids.COMPARE_VIEW]["options"][-1] == {"label": view.replace(":", " ", 1)[:46] + " (not valid)", "value": view}
+
+
+def test_a_readable_drill_down_is_not_refused(pages, store):
+    assert pages.compare.initial_view(" 17 ") == "rank:17" and pages.compare.initial_view(group="stage1") == "group:stage1"
+    assert pages.compare.initial_view() == "" and scale_data.bad_view("") is None and scale_data.bad_view(None) is None
+    fig = pages.compare.timeline_figure(store, ["sample-ddp-2r"], view="rank:1")
+    assert fig.data and {y.split()[0] for t in fig.data for y in t.y} == {"r1"}
+    missing = scale_data.view_options(store.get_many(["sample-ddp-2r"]), keep="rank:7")
+    assert missing[-1] == {"label": "rank 7 (not in these runs)", "value": "rank:7"}
+    assert [o["value"] for o in scale_data.view_options(store.get_many(["sample-ddp-2r"]), keep="rank:1")].count("rank:1") == 1
+
+
+@pytest.mark.parametrize("view", [None, "", 5, ["rank:1"], {"a": 1}, "x" * 5000], ids=lambda v: repr(v)[:20])
+def test_drill_down_options_take_any_value(app, view):
+    res = dash_post(app, f"{ids.COMPARE_VIEW}.options", ["sample-ddp-2r"], state=[view])
+    assert res.status_code == 200, res.get_data(as_text=True)[-300:]
+    options = res.get_json()["response"][ids.COMPARE_VIEW]["options"]
+    # the groups view, group "all ranks", ranks 0 and 1; then a value it does not know, kept (a string only)
+    assert len(options) == (5 if view == "x" * 5000 else 4) and all(len(o["label"]) < 80 for o in options), options
 
 
 def test_timeline_refuses_non_finite_ranges(pages):

@@ -12,7 +12,7 @@ import math
 import re
 
 import dash
-from dash import Input, Output, callback, ctx, dash_table, dcc, html
+from dash import Input, Output, State, callback, ctx, dash_table, dcc, html
 
 from profiler import TraceError
 from viewer import compare_data, data, figures, ids, scale, scale_data, scale_figures, theory_cards
@@ -48,11 +48,16 @@ def _graph(id_: str):
 
 
 def initial_view(rank=None, group=None) -> str:
-    """The drill-down the URL asks for (`&rank=17`, `&group=stage1`) as the dropdown's value."""
-    if isinstance(rank, str) and rank.strip().isascii() and rank.strip().isdigit():  # "²".isdigit() too
-        return f"rank:{int(rank)}"
-    if isinstance(group, str) and group.strip():
-        return f"group:{group.strip()[:100]}"
+    """The drill-down the URL asks for (`&rank=17`, `&group=stage1`) as the dropdown's value; a
+    value that is not a rank or group name (`&rank=abc`, `&rank=-1`, `&rank=`) is kept as typed, so
+    the timeline says what is wrong with it (scale_data.bad_view) instead of showing the groups.
+    A parameter given twice arrives as a list: its values joined by commas (not a rank either)."""
+    for kind, value in (("rank", rank), ("group", group)):
+        if value is None:
+            continue
+        text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        view = f"{kind}:{text.strip()}"
+        return f"{kind}:{int(text)}" if kind == "rank" and scale_data.parse_view(view) else view[:200]
     return ""
 
 
@@ -82,7 +87,7 @@ def layout(runs: str | None = None, rank: str | None = None, group: str | None =
               "the median busy share over the group's ranks (line) inside the min–max band, per category; "
               f"{scale.OUTLIER_RULE}. Pick a group or rank below (or add &rank=N / &group=NAME to the URL) to see its own lanes.",
               dcc.Dropdown(id=ids.COMPARE_VIEW, options=[{"label": "all ranks, by group (median, min–max)", "value": ""}]
-                           + ([{"label": view.replace(":", " "), "value": view}] if view else []),
+                           + ([{"label": view.replace(":", " ", 1)[:60], "value": view}] if view else []),
                            value=view, clearable=False, style={"maxWidth": "28rem", "marginBottom": "0.5rem"}),
               _graph(ids.COMPARE_TIMELINE)),
         html.Div(className="row", children=[
@@ -155,6 +160,8 @@ def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None =
     the groups' bands or the drill-down's ranks (`view`: "rank:17", "group:stage1")."""
     x_range = visible_range(relayout)
     runs = store.get_many(run_ids)
+    if why := scale_data.bad_view(view):  # `&rank=abc` typed in the address: say so, not the groups
+        return figures._empty(why)
     if scale_data.any_at_scale(runs) or scale_data.parse_view(view) is not None:  # a drill-down works at any rank count
         why = scale_data.missing_view(runs, scale_data.parse_view(view))
         if why:  # `&rank=999` typed in the address: say so, not "no events"
@@ -265,10 +272,12 @@ def show_theory(run_ids):
     return _guarded(run_ids, theory_card)
 
 
-@callback(Output(ids.COMPARE_VIEW, "options"), Input(ids.COMPARE_RUNS, "data"))
-def show_view_options(run_ids):
+@callback(Output(ids.COMPARE_VIEW, "options"), Input(ids.COMPARE_RUNS, "data"), State(ids.COMPARE_VIEW, "value"))
+def show_view_options(run_ids, view):
     run_ids, why = _checked(run_ids)
-    return [{"label": "all ranks, by group (median, min–max)", "value": ""}] if why else scale_data.view_options(current_store().get_many(run_ids))
+    if why:
+        return [{"label": "all ranks, by group (median, min–max)", "value": ""}]
+    return scale_data.view_options(current_store().get_many(run_ids), keep=view)
 
 
 @callback(Output(ids.COMPARE_TIMELINE, "figure"), Input(ids.COMPARE_RUNS, "data"), Input(ids.COMPARE_TIMELINE, "relayoutData"),

@@ -1,0 +1,104 @@
+"""A trace file read by the C parser as it is inflated: the file's JSON is never whole in memory.
+
+    parsed = scan_file(path)  # _kineto.parse's dict, or None: read the file whole (parse.py)
+
+A 100 MB trace used to be inflated into one 100 MB bytes object, then scanned into column
+buffers (~60 MB) beside it: the bytes were the biggest part of a worker's peak memory. Here the
+gzip is inflated 1 MiB at a time into `_kineto.Stream`, which reads the whole events each chunk
+holds and keeps only a cut one for the next; the interned strings and the few raw JSON values the
+frame needs are copied out as they are read.
+
+Only the plain cases are streamed: one gzip member with nothing after it, or plain JSON, from a
+regular file. Everything else gives None and parse.py's whole-file path runs as before, which
+words every problem (a cut or corrupt gzip, a bomb, an empty file, several members, a FIFO) and
+parses what the C parser declines with msgspec. So a file gives the same frame either way
+(tests/profiler/test_parse_stream.py).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import struct
+import zlib
+from pathlib import Path
+
+import msgspec
+
+from profiler.damaged import INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO, _isal_zlib
+from profiler.parse import _kineto
+
+_ISAL_ERRORS = (_isal_zlib.error,) if _isal_zlib is not None else ()  # not a zlib.error
+
+CHUNK_BYTES = 1 << 20  # JSON handed to the parser per call: small beside 60 MB of columns, ~100 calls per 100 MB
+READ_BYTES = 1 << 18  # gzip read per inflate call: the inflater's unconsumed input is copied per call, so keep it short
+
+
+def scan_file(path: str | Path, *, chunk_bytes: int | None = None) -> dict | None:
+    """The C parser's dict for the file (as `parse._fast_parse` gives it), or None where the
+    whole-file path must run (see the module docstring). Never raises for the file's content."""
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
+    if _kineto is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not wait for a writer
+    except OSError:
+        return None
+    try:
+        with open(fd, "rb") as f:
+            size = os.fstat(fd).st_size
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or size == 0:
+                return None
+            head = f.read(4)
+            f.seek(0)
+            if head[:2] == b"\x1f\x8b":
+                stream = _gunzipped(f, size, head, chunk_bytes)
+            else:
+                stream = _plain(f, size, chunk_bytes)
+            if stream is None:
+                return None
+            parsed = stream.finish()
+        # Strings with escapes come as their raw JSON text (escapes already checked), decoded here.
+        parsed["strings"] = [msgspec.json.decode(s) if isinstance(s, bytes) else s for s in parsed["strings"]]
+    except (_kineto.Fallback, UnicodeDecodeError, msgspec.DecodeError, OSError, zlib.error, *_ISAL_ERRORS):
+        return None
+    return parsed
+
+
+def _plain(f, size: int, chunk_bytes: int):
+    stream = _kineto.Stream(size)
+    while chunk := f.read(chunk_bytes):
+        stream.feed(chunk)
+    return stream
+
+
+def _gunzipped(f, size: int, head: bytes, chunk_bytes: int):
+    """The stream fed one gzip member's content; None for what the whole-file path must word or
+    read: reserved header flags (zlib refuses them, ISA-L ignores them), a cut member, bytes after
+    it, content past the bomb limit."""
+    if len(head) < 4 or head[3] & 0xE0:
+        return None
+    limit = max(INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO * size)
+    f.seek(-4, os.SEEK_END)
+    isize = struct.unpack("<I", f.read(4))[0]  # the content's size mod 2^32: a hint for the buffers only
+    f.seek(0)
+    stream = _kineto.Stream(min(isize, limit))
+    inflater = (_isal_zlib or zlib).decompressobj(wbits=31)
+    total = 0
+    while not inflater.eof:
+        data = f.read(READ_BYTES)
+        if not data:
+            return None  # cut
+        while data and not inflater.eof:
+            out = inflater.decompress(data, chunk_bytes)
+            total += len(out)
+            if total > limit:
+                return None
+            if out:
+                stream.feed(out)
+            data = inflater.unconsumed_tail
+        if inflater.eof and (data or inflater.unused_data or f.read(1)):
+            return None  # another member, zero padding or junk: the whole-file path reads or refuses it
+    if total == 0:
+        return None
+    return stream
