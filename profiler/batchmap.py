@@ -14,9 +14,12 @@ summary is bit-identical to the file analysed alone (tests/profiler/test_batchma
 Failures stay per file: a file that does not parse is its own TraceError; if the batched
 analysis raises, the batch's files are analysed one by one, so the error names its file.
 
-A file parsed here has its parquet entry written in the background while the analyses run
-(cache.settle before its summary names the entry); neither function returns, nor raises, before
-every entry it queued is written, so a caller never holds a path to a file not yet there.
+With `background_write`, a file parsed here has its parquet entry written on a background thread
+while the analyses run (cache.settle before its summary names the entry); neither function
+returns, nor raises, before every entry it queued is written, so a caller never holds a path to
+a file not yet there. Only the local engine's in-process path asks for it (pool.LocalEngine.map):
+there a core may be idle during the analyses, where a worker process's cores are taken by the
+other workers, and the write would hold the file's whole frame beside the analyses' peak.
 """
 
 from __future__ import annotations
@@ -96,14 +99,15 @@ class _Ready:
     cache: Path | None
 
 
-def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
+def summarize_batch(tasks: list[RankTask], *, background_write: bool = False) -> list[RankSummary | TraceError]:
     """`rankmap.summarize` of each task, the files missing from the cache parsed together
     (cache.load_many_safe) and the analyses of the parsed ones run once for all. Never raises."""
     if len(tasks) == 1:
-        return [summarize_one(tasks[0])]
+        return [summarize_one(tasks[0], background_write=background_write)]
     if any(t.no_cache and not t.cache for t in tasks):  # --no-cache on a Dask worker: a scratch folder, as summarize
         with tempfile.TemporaryDirectory(prefix="ptprof-nocache-") as scratch:
-            return summarize_batch([dataclasses.replace(t, cache=scratch, no_cache=False, ident=None) for t in tasks])
+            return summarize_batch([dataclasses.replace(t, cache=scratch, no_cache=False, ident=None) for t in tasks],
+                                   background_write=background_write)
     results: list[RankSummary | TraceError | None] = [None] * len(tasks)
     ready: dict[int, _Ready] = {}
     paths = [Path(t.path) for t in tasks]
@@ -123,7 +127,7 @@ def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
                 pending[i] = got
             else:
                 done(i, got)
-        for i, parsed in _parse_all(pending).items():
+        for i, parsed in _parse_all(pending, background_write).items():
             got = _safely(paths[i], _ready, pending[i], parsed)
             if isinstance(got, _Ready):
                 ready[i] = got
@@ -139,15 +143,16 @@ def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
     return results
 
 
-def summarize_one(task: RankTask) -> RankSummary | TraceError:
+def summarize_one(task: RankTask, *, background_write: bool = False) -> RankSummary | TraceError:
     """`rankmap.summarize`: one file, its cached summary or parsed and analysed alone. Never raises."""
     if task.no_cache and not task.cache:  # --no-cache on a Dask worker: a scratch folder, nothing kept
         with tempfile.TemporaryDirectory(prefix="ptprof-nocache-") as scratch:
-            return summarize_one(dataclasses.replace(task, cache=scratch, no_cache=False, ident=None))
+            return summarize_one(dataclasses.replace(task, cache=scratch, no_cache=False, ident=None),
+                                 background_write=background_write)
     path = Path(task.path)
     with holding_events(path):  # from the parse until the analyses' frames are all that is left
         try:
-            got = _safely(path, _prepare, task)
+            got = _safely(path, _prepare, task, background_write)
             return _finish_alone(got) if isinstance(got, _Ready) else got
         finally:
             _wait_writes()
@@ -196,7 +201,7 @@ def _lookup(task: RankTask) -> RankSummary | _Pending:
     return _Pending(task, cache)
 
 
-def _parse_all(pending: dict[int, _Pending]) -> dict[int, object]:
+def _parse_all(pending: dict[int, _Pending], background_write: bool) -> dict[int, object]:
     """Each pending file's cache.Parsed or TraceError: those of one cache folder loaded together."""
     from profiler.cache import load_many_safe
 
@@ -209,7 +214,7 @@ def _parse_all(pending: dict[int, _Pending]) -> dict[int, object]:
             by_cache.setdefault(p.cache, []).append(i)
     for cache, ids in by_cache.items():
         got = load_many_safe([Path(pending[i].task.path) for i in ids], cache, [pending[i].task.ident for i in ids],
-                             background=True)
+                             background=background_write)
         out.update(zip(ids, got))
     return dict(sorted(out.items()))
 
@@ -225,10 +230,10 @@ def _ready(p: _Pending, parsed) -> TraceError | _Ready:
     return _Ready(p.task, parsed, rank, p.cache)
 
 
-def _prepare(task: RankTask) -> RankSummary | TraceError | _Ready:
+def _prepare(task: RankTask, background_write: bool) -> RankSummary | TraceError | _Ready:
     """A cached summary, the file's TraceError, or the file parsed (as `summarize` does)."""
     got = _lookup(task)
-    return _ready(got, _parse_all({0: got})[0]) if isinstance(got, _Pending) else got
+    return _ready(got, _parse_all({0: got}, background_write)[0]) if isinstance(got, _Pending) else got
 
 
 def _analyse(ready: dict[int, _Ready]) -> dict[int, RankSummary | TraceError]:

@@ -7,9 +7,10 @@ still have theirs (a damaged entry can give a traceback or other numbers); other
 parsed again. Entries are written through a temporary name and a rename, header last, so a reader
 never sees half of one; where the write fails (a full disk) the frame stays in memory instead.
 
-A caller that analyses the frame it just parsed (batchmap.py) has the entry written in the
-background meanwhile (`background=True`, then `settle` before it hands the parquet path on): the
-write (~40 ms of a 54 MB trace's 0.5 s load) overlaps the analyses instead of preceding them.
+A caller that analyses the frame it just parsed in a process with a core to spare (batchmap.py's
+`background_write`) has the entry written in the background meanwhile (`background=True`, then
+`settle` before it hands the parquet path on): the write (~40 ms of a 54 MB trace's 0.5 s load)
+overlaps the analyses instead of preceding them.
 """
 
 from __future__ import annotations

@@ -86,9 +86,9 @@ class LocalEngine:
         n = min(self.workers, len(batches))
         early, self._early = (self._early[:n], self._early[n:]) if n > 1 else ([], self._early)
         self.close()  # more than this map has batches for
-        if n <= 1:
+        if n <= 1:  # in this process: its parquet entries written while the analyses run (batchmap)
             for batch in batches:
-                yield from zip(batch, summarize_batch([tasks[i] for i in batch]))
+                yield from zip(batch, summarize_batch([tasks[i] for i in batch], background_write=True))
             return
         yield from _run_workers(tasks, batches, n, early)
 

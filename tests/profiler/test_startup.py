@@ -1,8 +1,8 @@
 """The fixed cost of a cold `ptprof analyze` (issue 16): what was moved to save it still holds.
 
 - cache.py writes a just-parsed file's parquet entry in the background while its analyses run
-  (batchmap.py): whole when summarize returns, none half-written after a failure or an interrupt,
-  the frame kept in memory where the write fails;
+  (batchmap.py's `background_write`, the in-process path): whole when summarize returns, none
+  half-written after a failure or an interrupt, the frame kept in memory where the write fails;
 - pool.py starts worker processes early (before the parent's imports): the map uses them, the
   ones it has no batch for are stopped, and `close` stops the rest;
 - `import profiler` imports neither polars nor numpy, and `profiler.collectives` stays the function;
@@ -26,7 +26,7 @@ import profiler.pool as pool
 from profiler.cache import Parsed, entry_key, lookup, settle
 from profiler.load import load_traces
 from profiler.pool import LocalEngine, uncached_count
-from profiler.rankmap import HOLD_LOG_ENV, MapOptions, RankSummary, RankTask, summarize
+from profiler.rankmap import HOLD_LOG_ENV, MapOptions, RankSummary, RankTask
 from tests.conftest import REPO
 
 
@@ -46,11 +46,16 @@ def _task(path: Path, cache: Path) -> RankTask:
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_the_entry_is_whole_when_summarize_returns(tmp_path, batch):
+@pytest.mark.parametrize("background", [True, False], ids=["in-process", "worker"])
+def test_the_entry_is_whole_when_summarize_returns(tmp_path, batch, background, monkeypatch):
     cache = tmp_path / "cache"
     cache.mkdir()
     files = [_tiny(tmp_path / f"rank{r}.json", r) for r in range(batch)]
-    got = batchmap.summarize_batch([_task(f, cache) for f in files])
+    queued = []
+    real = cache_module._writer
+    monkeypatch.setattr(cache_module, "_writer", lambda: queued.append(1) or real())
+    got = batchmap.summarize_batch([_task(f, cache) for f in files], background_write=background)
+    assert len(queued) == (batch if background else 0)  # a worker process writes each entry itself
     for f, summary in zip(files, got):
         assert isinstance(summary, RankSummary) and summary.unstored is None
         entry, _ = lookup(f, cache)  # served only when whole and matching its recorded digests
@@ -80,9 +85,9 @@ def test_a_failing_or_interrupted_analysis_leaves_no_half_entry(tmp_path, monkey
     monkeypatch.setattr(batchmap, "analyze_rank", analysis_stops)
     if stop is KeyboardInterrupt:
         with pytest.raises(KeyboardInterrupt):
-            summarize(_task(f, cache))
+            batchmap.summarize_one(_task(f, cache), background_write=True)
     else:
-        assert "stopped midway" in summarize(_task(f, cache)).problem
+        assert "stopped midway" in batchmap.summarize_one(_task(f, cache), background_write=True).problem
     # Gone from summarize only once its write was over: the entry is whole (the next load reads
     # it), no temporary file is left, no summary was stored for the failed analysis.
     assert wrote and lookup(f, cache)[0] is not None
@@ -106,7 +111,7 @@ def test_a_background_write_that_fails_keeps_the_frame_in_memory(tmp_path, monke
     assert done.frame is not None and done.frame.height == 11
     assert list(cache.iterdir()) == []
     # summarize says the same: the numbers from memory, the reason beside them
-    summary = summarize(_task(f, cache))
+    summary = batchmap.summarize_one(_task(f, cache), background_write=True)
     assert summary.parquet is None and summary.unstored == "No space left on device"
 
 
