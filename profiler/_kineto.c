@@ -30,6 +30,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -91,6 +93,9 @@ static int doc_step(Ctx *cx, const unsigned char *data, size_t len, int final, s
                 int info = n == 15 && !memcmp(k, "distributedInfo", 15), dev = n == 16 && !memcmp(k, "deviceProperties", 16);
                 const unsigned char *s = c.p;
                 if (skip_value(&c, 1)) goto cut;
+                /* A number ending with the chunk may go on in the next one ("x": 12|3): only a
+                 * value followed by something is whole (an event's values are: its '}' follows). */
+                if (!final && c.p >= c.end) goto cut;
                 if (info || dev) { /* a repeated key: the last one, as before */
                     if (keep_text(info ? &cx->info : &cx->dev, s, c.p)) return DOC_DECLINE;
                     *(info ? &cx->has_info : &cx->has_dev) = 1;
@@ -267,7 +272,10 @@ static PyObject *parse(PyObject *self, PyObject *arg) {
     }
     Py_ssize_t len = PyBytes_GET_SIZE(arg);
     Ctx *cx = ctx_new((size_t)len);
-    if (!cx) return PyErr_NoMemory();
+    if (!cx) { /* as for any input it cannot take: msgspec's parser then reads it */
+        PyErr_SetString(Fallback, "out of memory");
+        return NULL;
+    }
     /* The GIL stays held: CPython's dtoa (the slow path of parse_number) needs it. */
     size_t used = 0;
     PyObject *res = doc_step(cx, (const unsigned char *)PyBytes_AS_STRING(arg), (size_t)len, 1, &used) == DOC_DONE
@@ -317,9 +325,12 @@ static PyObject *stream_stop(Stream *st) {
 }
 
 static PyObject *stream_feed(Stream *st, PyObject *arg) {
-    if (!st->cx) return stream_stop(st);
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE)) return NULL;
+    if (!st->cx) { /* checked after GetBuffer, which may run Python code (a __buffer__ calling finish()) */
+        PyBuffer_Release(&view);
+        return stream_stop(st);
+    }
     size_t need = st->len + (size_t)view.len + 1;
     if (need > st->cap) {
         size_t cap = st->cap ? st->cap : 1 << 16;
@@ -358,6 +369,10 @@ static PyObject *stream_finish(Stream *st, PyObject *unused) {
     return res;
 }
 
+static PyMemberDef stream_members[] = {
+    {"pending", T_PYSSIZET, offsetof(Stream, len), READONLY, "bytes fed and kept unread (a unit cut by the last chunk's end)"},
+    {NULL, 0, 0, 0, NULL}};
+
 static PyMethodDef stream_methods[] = {
     {"feed", (PyCFunction)stream_feed, METH_O, "feed(chunk): the next bytes of the file; raises Fallback once the input is declined."},
     {"finish", (PyCFunction)stream_finish, METH_NOARGS, "finish() -> parse()'s dict for all the bytes fed; raises Fallback."},
@@ -371,6 +386,7 @@ static PyTypeObject StreamType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Stream(size_hint=0): parse() fed in chunks (feed, then finish).",
     .tp_methods = stream_methods,
+    .tp_members = stream_members,
     .tp_init = (initproc)stream_init,
     .tp_new = PyType_GenericNew,
 };

@@ -50,9 +50,10 @@ def read_bytes(path: Path) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before open(fd), which raises on a directory
+        os.close(fd)
+        raise TraceError(path, "not a regular file (a directory, device, FIFO or socket); give a trace file")
     with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise TraceError(path, "not a regular file (a device, FIFO or socket); give a trace file")
         try:
             raw = f.read()
         except OSError as e:

@@ -31,6 +31,7 @@ from profiler.parse import _kineto
 _ISAL_ERRORS = (_isal_zlib.error,) if _isal_zlib is not None else ()  # not a zlib.error
 
 CHUNK_BYTES = 1 << 20  # JSON handed to the parser per call: small beside 60 MB of columns, ~100 calls per 100 MB
+MAX_HINT_RATIO = 32
 READ_BYTES = 1 << 18  # gzip read per inflate call: the inflater's unconsumed input is copied per call, so keep it short
 
 
@@ -45,10 +46,12 @@ def scan_file(path: str | Path, *, chunk_bytes: int | None = None) -> dict | Non
     except OSError:
         return None
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:  # before open(fd): it raises on a directory
+            os.close(fd)
+            return None
+        size = st.st_size
         with open(fd, "rb") as f:
-            size = os.fstat(fd).st_size
-            if not stat.S_ISREG(os.fstat(fd).st_mode) or size == 0:
-                return None
             head = f.read(4)
             f.seek(0)
             if head[:2] == b"\x1f\x8b":
@@ -60,8 +63,8 @@ def scan_file(path: str | Path, *, chunk_bytes: int | None = None) -> dict | Non
             parsed = stream.finish()
         # Strings with escapes come as their raw JSON text (escapes already checked), decoded here.
         parsed["strings"] = [msgspec.json.decode(s) if isinstance(s, bytes) else s for s in parsed["strings"]]
-    except (_kineto.Fallback, UnicodeDecodeError, msgspec.DecodeError, OSError, zlib.error, *_ISAL_ERRORS):
-        return None
+    except (_kineto.Fallback, UnicodeDecodeError, msgspec.DecodeError, OSError, MemoryError, zlib.error, *_ISAL_ERRORS):
+        return None  # MemoryError: the whole-file path words it as it always has
     return parsed
 
 
@@ -70,6 +73,14 @@ def _plain(f, size: int, chunk_bytes: int):
     while chunk := f.read(chunk_bytes):
         stream.feed(chunk)
     return stream
+
+
+def size_hint(isize: int, size: int) -> int:
+    """The JSON size the parser's buffers are first sized for: the gzip trailer's ISIZE, believed up
+    to MAX_HINT_RATIO x the file (traces inflate ~10x). A cut or damaged trailer is any 4 bytes: at
+    0xFFFFFFFF the buffers would reserve ~6 GB of address space, which a memory limit (the viewer's
+    upload child runs under one) refuses before the gzip's own error is found."""
+    return min(isize, MAX_HINT_RATIO * size)
 
 
 def _gunzipped(f, size: int, head: bytes, chunk_bytes: int):
@@ -82,7 +93,7 @@ def _gunzipped(f, size: int, head: bytes, chunk_bytes: int):
     f.seek(-4, os.SEEK_END)
     isize = struct.unpack("<I", f.read(4))[0]  # the content's size mod 2^32: a hint for the buffers only
     f.seek(0)
-    stream = _kineto.Stream(min(isize, limit))
+    stream = _kineto.Stream(size_hint(isize, size))
     inflater = (_isal_zlib or zlib).decompressobj(wbits=31)
     total = 0
     while not inflater.eof:

@@ -37,8 +37,10 @@ EVENTS = [
 
 
 def _doc(**extra) -> bytes:
+    # Kineto ends its files with a 19-digit number: a cut inside it must wait for the rest.
     return msgspec.json.encode({"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2},
-                                "traceEvents": EVENTS, "deviceProperties": [{"name": "A100"}], **extra})
+                                "traceEvents": EVENTS, "deviceProperties": [{"name": "A100"}], **extra,
+                                "baseTimeNanoseconds": 1700000000000000000})
 
 
 DOCS = {
@@ -46,6 +48,7 @@ DOCS = {
     "indented": msgspec.json.format(_doc(), indent=2),
     "bare array": msgspec.json.encode(EVENTS),
     "header after events": msgspec.json.encode({"traceEvents": EVENTS[:2], "distributedInfo": {"rank": 1}}),
+    "numbers last": b'{"traceEvents": [], "a": -12.5e+3, "b": 0, "c": 123456789}',
     "escapes": b'{"traceEvents": [{"ph": "X", "cat": "a\\u00e9\\n", "name": "x\\"y\\ud83d\\ude00", "pid": 1, '
                b'"tid": 1, "ts": 1, "dur": 2}]}',
     "empty events": b'{"traceEvents": []}',
@@ -200,3 +203,42 @@ def test_not_a_regular_file(tmp_path):
     assert parse_stream.scan_file(fifo) is None  # and returns at once: no writer is waited for
     with pytest.raises(TraceError, match="not a regular file"):
         parse_trace_file(fifo)
+
+
+def test_the_stream_keeps_only_a_cut_unit(tmp_path):
+    # What the streaming is for: bytes fed are read as they come, not kept for finish().
+    raw = gzip.decompress((REPO / "traces" / "sample-fsdp-2r" / "rank0.json.gz").read_bytes())
+    s = parse._kineto.Stream()
+    most = 0
+    for at in range(0, len(raw), 65536):
+        s.feed(raw[at:at + 65536])
+        most = max(most, s.pending)
+    assert most < 16384  # the longest event of the file, far below a chunk
+    assert s.finish() == parse._kineto.parse(raw) and s.pending == 0
+
+
+def test_a_damaged_trailer_is_not_believed(tmp_path, monkeypatch):
+    hints = []
+    real = parse._kineto.Stream
+    monkeypatch.setattr(parse._kineto, "Stream", lambda hint: hints.append(hint) or real(hint))
+    good = _gz(_doc())
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(good[:-4] + b"\xff\xff\xff\xff")  # ISIZE 4 GiB - 1
+    assert parse_stream.scan_file(path) is None  # its length check fails: the whole-file path words it
+    assert hints == [parse_stream.MAX_HINT_RATIO * len(good)]
+    with pytest.raises(TraceError, match="corrupt gzip"):
+        parse_trace_file(path)
+    path.write_bytes(good)
+    hints.clear()
+    assert parse_stream.scan_file(path) is not None and hints == [len(_doc())]  # a whole trailer: its size
+
+
+def test_a_directory_leaks_no_file_descriptor(tmp_path):
+    import os
+
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        assert parse_stream.scan_file(tmp_path) is None
+        with pytest.raises(TraceError, match="not a regular file"):
+            parse_trace_file(tmp_path)
+    assert len(os.listdir("/proc/self/fd")) == before
