@@ -8,17 +8,22 @@ Never imports torch, dash, plotly, runners or viewer (see pyproject's import-lin
 
 The public names below are imported when first used (PEP 562), so a process that needs only
 part of the profiler does not pay for the rest: a worker of the per-rank map (pool.py) starts
-~0.1 s sooner without the report, theory and findings modules. `collectives` alone is imported
-here: it is both a function and the module that holds it, and whichever binding comes last
-wins; importing it first keeps `from profiler import collectives` the function, as it was.
+~0.1 s sooner without the report, theory and findings modules, and `import profiler` imports
+neither polars nor numpy, so `ptprof analyze` can start its worker processes before its own
+~0.2 s of imports (cli.py). `collectives` is both a function and the module that holds it: the
+import system binds the package's attribute to the module when the module is first imported,
+so the name is a property of the package (`_Package`) that stays the function, as it was.
 """
 
+import sys
+import types
 from importlib import import_module
 
-from profiler.collectives import collective_skew, collective_stats, collectives, stragglers
 from profiler.errors import TraceError
+from profiler.startup import collector_paused
 
 _LAZY = {
+    "collective_skew": "collectives", "collective_stats": "collectives", "stragglers": "collectives",
     "temporal_breakdown": "breakdown",
     "SCHEMA": "load", "Traces": "load", "load_traces": "load",
     "memory_peaks": "memory", "memory_timeline": "memory", "persistent_memory": "memory",
@@ -47,10 +52,27 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:  # a submodule (`from profiler import plan`) is found by the import system
         raise AttributeError(f"module 'profiler' has no attribute {name!r}")
-    value = getattr(import_module(f"profiler.{module}"), name)
+    with collector_paused():  # profiler.startup: ~20 ms of a cold import
+        value = getattr(import_module(f"profiler.{module}"), name)
     globals()[name] = value  # once: later lookups do not come here
     return value
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """This package, whose `collectives` is always the function (see the module docstring)."""
+
+    @property
+    def collectives(self):
+        with collector_paused():
+            return import_module("profiler.collectives").collectives
+
+    @collectives.setter
+    def collectives(self, value) -> None:
+        pass  # the submodule being bound on its first import: the name stays the function
+
+
+sys.modules[__name__].__class__ = _Package

@@ -13,6 +13,13 @@ summary is bit-identical to the file analysed alone (tests/profiler/test_batchma
 
 Failures stay per file: a file that does not parse is its own TraceError; if the batched
 analysis raises, the batch's files are analysed one by one, so the error names its file.
+
+With `background_write`, a file parsed here has its parquet entry written on a background thread
+while the analyses run (cache.settle before its summary names the entry); neither function
+returns, nor raises, before every entry it queued is written, so a caller never holds a path to
+a file not yet there. Only the local engine's in-process path asks for it (pool.LocalEngine.map):
+there a core may be idle during the analyses, where a worker process's cores are taken by the
+other workers, and the write would hold the file's whole frame beside the analyses' peak.
 """
 
 from __future__ import annotations
@@ -35,15 +42,18 @@ MAX_BATCH_BYTES = 32 << 20
 ALONE_BYTES = 8 << 20  # a file this large is analysed alone: its own rows dwarf the fixed cost
 
 
-def plan_batches(tasks: list[RankTask], workers: int) -> list[list[int]]:
+def plan_batches(tasks: list[RankTask], workers: int, per_worker: int = 2) -> list[list[int]]:
     """Indexes of `tasks` in batches of consecutive tasks, a pure function of the tasks (their
-    files' sizes) and the worker count, so every engine given the same tasks makes the same batches.
+    files' sizes), the worker count and `per_worker`.
 
-    Batches are small enough that each of `workers` gets about two (so none idles on a small
-    load), at most MAX_BATCH_FILES files and MAX_BATCH_BYTES bytes of JSON; only tasks of one run, run.json
-    and options share a batch (the analyses take one `runs` entry per run).
+    Batches are small enough that each of `workers` gets about `per_worker` (a Dask cluster hands
+    batches to whichever worker is free, so two each keep a slow worker from holding up the end;
+    the local pool deals them out in advance, where one each saves a batch's fixed cost, ~50 ms of
+    ~190 small queries), at most MAX_BATCH_FILES files and MAX_BATCH_BYTES bytes of JSON; only tasks of one run, run.json
+    and options share a batch (the analyses take one `runs` entry per run). The batches change
+    no number: a file's summary is bit-identical in any batch (tests/profiler/test_batchmap.py).
     """
-    per_batch = max(1, min(MAX_BATCH_FILES, -(-len(tasks) // (2 * max(1, workers)))))
+    per_batch = max(1, min(MAX_BATCH_FILES, -(-len(tasks) // (max(1, per_worker) * max(1, workers)))))
     batches: list[list[int]] = []
     cur: list[int] = []
     cur_bytes = 0
@@ -89,14 +99,15 @@ class _Ready:
     cache: Path | None
 
 
-def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
+def summarize_batch(tasks: list[RankTask], *, background_write: bool = False) -> list[RankSummary | TraceError]:
     """`rankmap.summarize` of each task, the files missing from the cache parsed together
     (cache.load_many_safe) and the analyses of the parsed ones run once for all. Never raises."""
     if len(tasks) == 1:
-        return [summarize_one(tasks[0])]
+        return [summarize_one(tasks[0], background_write=background_write)]
     if any(t.no_cache and not t.cache for t in tasks):  # --no-cache on a Dask worker: a scratch folder, as summarize
         with tempfile.TemporaryDirectory(prefix="ptprof-nocache-") as scratch:
-            return summarize_batch([dataclasses.replace(t, cache=scratch, no_cache=False, ident=None) for t in tasks])
+            return summarize_batch([dataclasses.replace(t, cache=scratch, no_cache=False, ident=None) for t in tasks],
+                                   background_write=background_write)
     results: list[RankSummary | TraceError | None] = [None] * len(tasks)
     ready: dict[int, _Ready] = {}
     paths = [Path(t.path) for t in tasks]
@@ -116,7 +127,7 @@ def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
                 pending[i] = got
             else:
                 done(i, got)
-        for i, parsed in _parse_all(pending).items():
+        for i, parsed in _parse_all(pending, background_write).items():
             got = _safely(paths[i], _ready, pending[i], parsed)
             if isinstance(got, _Ready):
                 ready[i] = got
@@ -125,21 +136,32 @@ def summarize_batch(tasks: list[RankTask]) -> list[RankSummary | TraceError]:
         for i, res in _analyse(ready).items():
             results[i] = res
     finally:
+        _wait_writes()
         for h in holds:
             if h is not None:
                 h.__exit__(None, None, None)
     return results
 
 
-def summarize_one(task: RankTask) -> RankSummary | TraceError:
+def summarize_one(task: RankTask, *, background_write: bool = False) -> RankSummary | TraceError:
     """`rankmap.summarize`: one file, its cached summary or parsed and analysed alone. Never raises."""
     if task.no_cache and not task.cache:  # --no-cache on a Dask worker: a scratch folder, nothing kept
         with tempfile.TemporaryDirectory(prefix="ptprof-nocache-") as scratch:
-            return summarize_one(dataclasses.replace(task, cache=scratch, no_cache=False, ident=None))
+            return summarize_one(dataclasses.replace(task, cache=scratch, no_cache=False, ident=None),
+                                 background_write=background_write)
     path = Path(task.path)
     with holding_events(path):  # from the parse until the analyses' frames are all that is left
-        got = _safely(path, _prepare, task)
-        return _finish_alone(got) if isinstance(got, _Ready) else got
+        try:
+            got = _safely(path, _prepare, task, background_write)
+            return _finish_alone(got) if isinstance(got, _Ready) else got
+        finally:
+            _wait_writes()
+
+
+def _wait_writes() -> None:
+    from profiler.cache import wait_writes
+
+    wait_writes()
 
 
 def _safely(path: Path, fn, *args):
@@ -179,7 +201,7 @@ def _lookup(task: RankTask) -> RankSummary | _Pending:
     return _Pending(task, cache)
 
 
-def _parse_all(pending: dict[int, _Pending]) -> dict[int, object]:
+def _parse_all(pending: dict[int, _Pending], background_write: bool) -> dict[int, object]:
     """Each pending file's cache.Parsed or TraceError: those of one cache folder loaded together."""
     from profiler.cache import load_many_safe
 
@@ -191,7 +213,8 @@ def _parse_all(pending: dict[int, _Pending]) -> dict[int, object]:
         else:
             by_cache.setdefault(p.cache, []).append(i)
     for cache, ids in by_cache.items():
-        got = load_many_safe([Path(pending[i].task.path) for i in ids], cache, [pending[i].task.ident for i in ids])
+        got = load_many_safe([Path(pending[i].task.path) for i in ids], cache, [pending[i].task.ident for i in ids],
+                             background=background_write)
         out.update(zip(ids, got))
     return dict(sorted(out.items()))
 
@@ -207,10 +230,10 @@ def _ready(p: _Pending, parsed) -> TraceError | _Ready:
     return _Ready(p.task, parsed, rank, p.cache)
 
 
-def _prepare(task: RankTask) -> RankSummary | TraceError | _Ready:
+def _prepare(task: RankTask, background_write: bool) -> RankSummary | TraceError | _Ready:
     """A cached summary, the file's TraceError, or the file parsed (as `summarize` does)."""
     got = _lookup(task)
-    return _ready(got, _parse_all({0: got})[0]) if isinstance(got, _Pending) else got
+    return _ready(got, _parse_all({0: got}, background_write)[0]) if isinstance(got, _Pending) else got
 
 
 def _analyse(ready: dict[int, _Ready]) -> dict[int, RankSummary | TraceError]:
@@ -292,9 +315,10 @@ def _by_rank(frame: pl.DataFrame) -> dict[tuple[str, int], pl.DataFrame]:
 
 
 def _finish(r: _Ready, frames: dict[str, pl.DataFrame]) -> RankSummary:
+    from profiler.cache import settle
     from profiler.summary_cache import store_summary
 
-    p = r.parsed
+    p = settle(r.parsed)  # its entry written while the analyses ran (or kept in memory: a full disk)
     # Never the events themselves (uncached on a full disk): a caller that needs them parses again.
     summary = RankSummary(p.meta, r.rank, p.parquet, frames, p.unstored)
     if r.cache is not None and p.parquet is not None and r.task.ident is not None:

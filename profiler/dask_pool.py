@@ -3,8 +3,9 @@
     engine = DaskEngine("tcp://scheduler:8786")     # or DaskEngine(client=Client(LocalCluster(...)))
     traces = load_traces(paths, engine=engine)
 
-Each task is `batchmap.summarize_batch` of one batch of files, the same batches as the local
-engine's (batchmap.plan_batches), so results are identical.
+Each task is `batchmap.summarize_batch` of one batch of files (batchmap.plan_batches: about two
+per worker, taken as workers free up; the local engine makes one per worker), and a file's
+summary is the same in any batch, so results are identical.
 The traces must be on a filesystem the workers share with this machine (same paths). Workers
 parse into their own parquet cache ($PTPROF_CACHE_DIR on the worker, else ~/.cache/ptprof), so
 only the small summaries travel to the client; event-level views (the viewer's drill-down,

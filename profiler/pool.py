@@ -3,12 +3,20 @@
     for i, result in LocalEngine(workers=2).map(tasks): ...
 
 An engine maps `summarize` over RankTasks and yields (index, RankSummary | TraceError) as files
-finish, in any order. Both engines run the same batches of small files (batchmap.plan_batches:
-one `analyze_rank` for a batch, split back per file, bit-identical to each file alone), so the
-fixed cost of a small rank is paid once per batch. `LocalEngine` runs plain `python -m profiler._worker` processes (not
-multiprocessing, so callers need no `if __name__ == "__main__"` guard); `dask_pool.DaskEngine`
-runs the same function on a Dask cluster. Every task gets exactly one result, whatever happens to
+finish, in any order. Both engines run batches of small files (batchmap.plan_batches: one
+`analyze_rank` for a batch, split back per file, bit-identical to each file alone), so the fixed
+cost of a small rank is paid once per batch: one batch per local worker, two per Dask worker.
+`LocalEngine` runs plain `python -m profiler._worker` processes (not multiprocessing, so callers
+need no `if __name__ == "__main__"` guard); `dask_pool.DaskEngine` runs the same function on a
+Dask cluster. Every task gets exactly one result, whatever happens to
 its worker (it cannot start, dies, or prints something unexpected), so a load never waits forever.
+
+A worker's imports (polars, numpy, the analyses: ~0.25 s) would follow the parent's own (~0.2 s)
+if it were started at the map. `ptprof analyze` therefore counts the files the cache lacks
+(`uncached_count`) and starts that many workers (up to `workers`) before importing anything
+heavy itself (`LocalEngine.start_early`): the processes import side by side, and a worker waits
+for its tasks on stdin. Workers that no map takes are stopped by `close` (or, should the parent
+die, end when their stdin does). This module imports neither polars nor the analyses itself.
 """
 
 from __future__ import annotations
@@ -23,12 +31,13 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from profiler.cache import Identity, lookup
 from profiler.errors import TraceError
-from profiler.batchmap import plan_batches, summarize_batch
-from profiler.rankmap import RankSummary, RankTask, decode
+
+if TYPE_CHECKING:
+    from profiler.rankmap import RankSummary, RankTask
 
 # The workers' two allocators, tuned on 8 ranks x 100 MB (README, Benchmarks): polars' jemalloc
 # keeps freed pages 10 s by default, so a worker holds its last file's garbage while parsing the
@@ -45,15 +54,72 @@ class LocalEngine:
 
     def __init__(self, workers: int | None = None):
         self.workers = max(1, workers or os.cpu_count() or 1)
+        self._early: list[_Worker] = []  # started by start_early, taken by the next map
+
+    def start_early(self, files: int) -> None:
+        """Start the worker processes a map of `files` files will use (none for one file, which
+        is analysed in this process), so that they import while this process does."""
+        # One a file up to `workers`: the batches of that many files are as many, but for a few
+        # counts (5 files on 4 workers: batches of 2, 2 and 1) where `map` stops the one left over.
+        n = min(self.workers, files)
+        if n < 2:
+            return
+        env = _worker_env(n)
+        try:
+            for _ in range(n - len(self._early)):
+                self._early.append(_start_worker(env))
+        except Exception:  # noqa: BLE001  (a process limit, no memory: the map starts them, or says why)
+            pass
+
+    def close(self) -> None:
+        """Stop the workers started early that no map took (a warm load, an error, Ctrl-C)."""
+        early, self._early = self._early, []
+        for w in early:
+            w.stop()
 
     def map(self, tasks: list[RankTask]) -> Iterator[tuple[int, RankSummary | TraceError]]:
-        batches = plan_batches(tasks, self.workers)
+        from profiler.batchmap import plan_batches, summarize_batch
+
+        # One batch per worker: each worker takes its share of the batches in advance (below), so
+        # more batches would balance nothing and cost each its fixed ~50 ms (plan_batches).
+        batches = plan_batches(tasks, self.workers, per_worker=1)
         n = min(self.workers, len(batches))
-        if n <= 1:
+        early, self._early = (self._early[:n], self._early[n:]) if n > 1 else ([], self._early)
+        self.close()  # more than this map has batches for
+        if n <= 1:  # in this process: its parquet entries written while the analyses run (batchmap)
             for batch in batches:
-                yield from zip(batch, summarize_batch([tasks[i] for i in batch]))
+                yield from zip(batch, summarize_batch([tasks[i] for i in batch], background_write=True))
             return
-        yield from _run_workers(tasks, batches, n)
+        yield from _run_workers(tasks, batches, n, early)
+
+
+PROBE_FILES = 64  # uncached_count looks at no more files than this: a warm 1,024-rank load would pay ~40 ms
+
+
+def uncached_count(paths: list, *, cache: bool = True, most: int | None = None) -> int:
+    """How many of the trace files under `paths` have no parquet entry in the cache (all of them
+    without the cache): the files a load will parse, give or take a stale entry. Counts up to
+    `most`, and looks at the first PROBE_FILES files only (a set whose first files are cached is
+    taken as warm: its workers, if any are needed, start with the map as they would anyway).
+    Cheap (a stat per file looked at) and never raises: 0 where the paths are bad (the load
+    itself says why)."""
+    from profiler.cache import cache_dir, entry_key
+    from profiler.discover import find_sources, not_a_regular_file
+
+    most = most or 1 << 62
+    try:
+        files = [s.path for s in find_sources(list(paths))[:PROBE_FILES] if not not_a_regular_file(s.path)]
+        if not cache:
+            return min(most, len(files))
+        folder = cache_dir()
+        found = 0
+        for f in files:
+            found += not (folder / f"{entry_key(f)}.json").exists()
+            if found >= most:
+                break
+        return found
+    except Exception:  # noqa: BLE001  (TraceError, CacheUnusable, OSError: the load reports them)
+        return 0
 
 
 def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[object, Identity | None]]:
@@ -64,24 +130,62 @@ def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[objec
         return list(pool.map(lambda p: lookup(p, cache), paths))
 
 
-def _run_workers(tasks: list[RankTask], batches: list[list[int]], n: int) -> Iterator[tuple[int, RankSummary | TraceError]]:
-    """Yield (index, result) as `n` worker processes finish tasks; each worker takes every n-th batch."""
-    done: queue.Queue = queue.Queue()
-    chunks = [batches[k::n] for k in range(n)]
+def _worker_env(n: int) -> dict:
     env = {**os.environ, **_WORKER_ENV}
     # n workers already fill the cores: polars' own thread pool in each would oversubscribe them
     # (measured ~15 % slower per rank with one worker per core). A user's setting wins.
     env.setdefault("POLARS_MAX_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    return env
 
-    procs: list[subprocess.Popen] = []  # every worker started, so an interrupted load can stop them
+
+class _Worker:
+    """A started `python -m profiler._worker` process and the file its stderr goes to."""
+
+    def __init__(self, proc: subprocess.Popen, err):
+        self.proc, self.err = proc, err
+
+    def stop(self) -> None:
+        """Kill it (if still running) and reap it."""
+        with self.err:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            with self.proc:  # closes its pipes, waits for it
+                pass
+
+
+def _start_worker(env: dict) -> _Worker:
+    # stderr goes to a file: a worker writing more than a pipe holds (a panic's backtrace) while
+    # we read its stdout would otherwise block both.
+    err = tempfile.TemporaryFile()
+    try:
+        # A session (and process group) of its own: a terminal's Ctrl-C goes to ptprof alone, which stops every
+        # worker (below); a worker signalled while still importing would print a traceback.
+        proc = subprocess.Popen([sys.executable, "-m", "profiler._worker"], stdin=subprocess.PIPE, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=err, env=env)
+    except BaseException:
+        err.close()
+        raise
+    return _Worker(proc, err)
+
+
+def _run_workers(tasks: list[RankTask], batches: list[list[int]], n: int,
+                 early: list[_Worker] = ()) -> Iterator[tuple[int, RankSummary | TraceError]]:
+    """Yield (index, result) as `n` worker processes finish tasks; each worker takes every n-th
+    batch, the k-th starting in early[k] where that was started before the map."""
+    done: queue.Queue = queue.Queue()
+    chunks = [batches[k::n] for k in range(n)]
+    env = _worker_env(n)
+
+    procs: list[subprocess.Popen] = [w.proc for w in early]  # every worker started, so an interrupted load can stop them
     stop = threading.Event()
 
-    def run(chunk: list[list[int]]) -> None:
+    def run(chunk: list[list[int]], first: _Worker | None) -> None:
         left = chunk
         try:
             while left and not stop.is_set():
                 reported: set[int] = set()
-                started, why = _run_worker(tasks, left, env, done, reported, procs)
+                started, why = _run_worker(tasks, left, env, done, reported, procs, first)
+                first = None
                 left = [b for b in ([i for i in batch if i not in reported] for batch in left) if b]
                 if not left or stop.is_set():
                     return
@@ -99,13 +203,17 @@ def _run_workers(tasks: list[RankTask], batches: list[list[int]], n: int) -> Ite
                 left = left[1:]
         except BaseException as e:  # noqa: BLE001  (whatever happens here, every file gets its answer)
             why = f"{type(e).__name__}: {e}"
+        finally:
+            if first is not None:  # stopped before it was given its tasks
+                first.stop()
         for i in (i for batch in left for i in batch):
             done.put((i, died(tasks[i], f"its worker process failed: {why}")))
 
-    threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in chunks]
-    for t in threads:
-        t.start()
+    threads = [threading.Thread(target=run, args=(c, early[k] if k < len(early) else None), daemon=True)
+               for k, c in enumerate(chunks)]
     try:
+        for t in threads:
+            t.start()
         for _ in tasks:
             yield _next(done)
     finally:
@@ -130,23 +238,22 @@ def _next(done: queue.Queue):
 
 
 def _run_worker(tasks: list[RankTask], chunk: list[list[int]], env: dict, done: queue.Queue, reported: set[int],
-                procs: list) -> tuple[bool, str | None]:
-    """One worker process over `chunk`, its results put on `done` (their indexes in `reported`):
-    (whether it started, why it stopped where it stopped before the end)."""
+                procs: list, worker: _Worker | None = None) -> tuple[bool, str | None]:
+    """One worker process over `chunk` (`worker` where one was started early, else a new one),
+    its results put on `done` (their indexes in `reported`): (whether it started, why it stopped
+    where it stopped before the end)."""
     # Tasks go on the worker's stdin, which it reads whole before answering (a run.json per task
-    # would overflow a command line; no file to leave behind). stderr goes to a file: a worker
-    # writing more than a pipe holds (a panic's backtrace) while we read its stdout would
-    # otherwise block both.
+    # would overflow a command line; no file to leave behind).
     payload = "".join(json.dumps([i, b, tasks[i].to_json()]) + "\n" for b, batch in enumerate(chunk) for i in batch).encode()
-    started = False
-    with tempfile.TemporaryFile() as err:
+    try:
+        if worker is None:
+            worker = _start_worker(env)
+            procs.append(worker.proc)
+    except Exception as e:  # noqa: BLE001  (cannot start: a process limit, no memory)
+        return False, f"{type(e).__name__}: {e}"
+    proc, err = worker.proc, worker.err
+    with err:
         try:
-            # A session (and process group) of its own: a terminal's Ctrl-C goes to ptprof alone, which stops every
-            # worker (below); a worker signalled while still importing would print a traceback.
-            proc = subprocess.Popen([sys.executable, "-m", "profiler._worker"], stdin=subprocess.PIPE, start_new_session=True,
-                                    stdout=subprocess.PIPE, stderr=err, env=env)
-            started = True
-            procs.append(proc)
             with proc:
                 try:
                     proc.stdin.write(payload)
@@ -159,8 +266,8 @@ def _run_worker(tasks: list[RankTask], chunk: list[list[int]], env: dict, done: 
             code = proc.returncode
             status = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
             return True, f"{status}: {tail[0]}" if tail else status
-        except Exception as e:  # noqa: BLE001  (cannot start: a process limit, no memory; bad output)
-            return started, f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001  (bad output)
+            return True, f"{type(e).__name__}: {e}"
 
 
 def _signal_name(number: int) -> str:
@@ -194,17 +301,37 @@ def _read_worker(stdout, done, reported: set[int]) -> None:
             blob = stdout.read(msg["summary_bytes"])
             if len(blob) < msg["summary_bytes"]:
                 return  # died mid-summary, as above
-            res = decode(blob)
+            res = _decode(blob)
         done.put((i, res))
         reported.add(i)
 
 
+def _decode(blob: bytes):
+    from profiler.rankmap import decode
+
+    return decode(blob)
+
+
 def progress_bar(total: int, show: bool, desc: str = "analysing ranks"):
     """ranks done / total on stderr (shown on a terminal, for more than one file)."""
+    if not show:  # tqdm's import (~10-40 ms, multiprocessing and importlib.metadata with it) for no bar
+        return _NoBar()
     from tqdm import tqdm
 
     # A terminal that reports 0 columns or rows (some CI and `docker exec -t` ones) would get no bar
     # at all: tqdm hides a bar on 0 rows as on 0 columns.
     size = shutil.get_terminal_size((80, 24))
-    return tqdm(total=total, desc=desc, unit="rank", disable=not show, file=sys.stderr, ncols=min(size.columns or 80, 100),
+    return tqdm(total=total, desc=desc, unit="rank", file=sys.stderr, ncols=min(size.columns or 80, 100),
                 nrows=size.lines or 24)
+
+
+class _NoBar:
+    """A hidden progress bar: what load._map calls on one, doing nothing."""
+
+    leave = True
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -79,6 +79,8 @@ def test_batches_are_consecutive_and_capped(tmp_path, monkeypatch):
     # 2 workers, 10 files: about two batches per worker, so up to ceil(10 / 4) = 3 files a batch
     tasks = _tasks(tmp_path, [100] * 10)
     assert plan_batches(tasks, 2) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    # one batch per worker (the local pool): ceil(10 / 2) = 5 files a batch
+    assert plan_batches(tasks, 2, per_worker=1) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     # bytes: 400 + 400 fit, a third would pass 1000; a file of 600 or more is alone
     tasks = _tasks(tmp_path, [400, 400, 400, 700, 100, 100])
     assert plan_batches(tasks, 1) == [[0, 1], [2], [3], [4, 5]]

@@ -1,0 +1,226 @@
+"""The fixed cost of a cold `ptprof analyze` (issue 16): what was moved to save it still holds.
+
+- cache.py writes a just-parsed file's parquet entry in the background while its analyses run
+  (batchmap.py's `background_write`, the in-process path): whole when summarize returns, none
+  half-written after a failure or an interrupt, the frame kept in memory where the write fails;
+- pool.py starts worker processes early (before the parent's imports): the map uses them, the
+  ones it has no batch for are stopped, and `close` stops the rest;
+- `import profiler` imports neither polars nor numpy, and `profiler.collectives` stays the function;
+- a worker sends the summary bytes it has just cached instead of encoding them a second time.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import profiler.batchmap as batchmap
+import profiler.cache as cache_module
+import profiler.pool as pool
+from profiler.cache import Parsed, entry_key, lookup, settle
+from profiler.load import load_traces
+from profiler.pool import LocalEngine, uncached_count
+from profiler.rankmap import HOLD_LOG_ENV, MapOptions, RankSummary, RankTask
+from tests.conftest import REPO
+
+
+def _tiny(path: Path, rank: int) -> Path:
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1000, "dur": 900}]
+    events += [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{k % 3}", "pid": 1, "tid": 1, "ts": 1010 + 50 * k,
+                "dur": 20 + rank} for k in range(10)]
+    path.write_text(json.dumps({"distributedInfo": {"rank": rank, "world_size": 4, "backend": "gloo"}, "traceEvents": events}))
+    return path
+
+
+def _task(path: Path, cache: Path) -> RankTask:
+    return RankTask(str(path), "x", None, MapOptions(), str(cache), ident=lookup(path, cache)[1])
+
+
+# ---- the parquet entry written in the background ---------------------------------------------
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("background", [True, False], ids=["in-process", "worker"])
+def test_the_entry_is_whole_when_summarize_returns(tmp_path, batch, background, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    files = [_tiny(tmp_path / f"rank{r}.json", r) for r in range(batch)]
+    queued = []
+    real = cache_module._writer
+    monkeypatch.setattr(cache_module, "_writer", lambda: queued.append(1) or real())
+    got = batchmap.summarize_batch([_task(f, cache) for f in files], background_write=background)
+    assert len(queued) == (batch if background else 0)  # a worker process writes each entry itself
+    for f, summary in zip(files, got):
+        assert isinstance(summary, RankSummary) and summary.unstored is None
+        entry, _ = lookup(f, cache)  # served only when whole and matching its recorded digests
+        assert entry is not None and entry.parquet == summary.parquet
+    assert not list(cache.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("stop", [ValueError, KeyboardInterrupt])
+def test_a_failing_or_interrupted_analysis_leaves_no_half_entry(tmp_path, monkeypatch, stop):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    f = _tiny(tmp_path / "rank0.json", 0)
+    wrote = []
+    real = cache_module._write_entry
+
+    def slow_write(*args):  # still writing when the analysis stops
+        import time
+
+        time.sleep(0.3)
+        wrote.append(real(*args))
+        return wrote[-1]
+
+    def analysis_stops(*args, **kwargs):
+        raise stop("stopped midway")
+
+    monkeypatch.setattr(cache_module, "_write_entry", slow_write)
+    monkeypatch.setattr(batchmap, "analyze_rank", analysis_stops)
+    if stop is KeyboardInterrupt:
+        with pytest.raises(KeyboardInterrupt):
+            batchmap.summarize_one(_task(f, cache), background_write=True)
+    else:
+        assert "stopped midway" in batchmap.summarize_one(_task(f, cache), background_write=True).problem
+    # Gone from summarize only once its write was over: the entry is whole (the next load reads
+    # it), no temporary file is left, no summary was stored for the failed analysis.
+    assert wrote and lookup(f, cache)[0] is not None
+    assert sorted(p.suffix for p in cache.iterdir()) == [".json", ".parquet"]
+
+
+def test_a_background_write_that_fails_keeps_the_frame_in_memory(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    f = _tiny(tmp_path / "rank0.json", 0)
+
+    def full_disk(path, data):
+        Path(path).write_bytes(bytes(data[:6]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(cache_module, "_write_file", full_disk)
+    (parsed,) = cache_module.load_many_safe([f], cache, [None], background=True)
+    assert parsed.writing is not None
+    done = settle(parsed)
+    assert isinstance(done, Parsed) and done.parquet is None and done.unstored == "No space left on device"
+    assert done.frame is not None and done.frame.height == 11
+    assert list(cache.iterdir()) == []
+    # summarize says the same: the numbers from memory, the reason beside them
+    summary = batchmap.summarize_one(_task(f, cache), background_write=True)
+    assert summary.parquet is None and summary.unstored == "No space left on device"
+
+
+# ---- worker processes started early ----------------------------------------------------------
+
+
+def _job(folder: Path, ranks: int) -> Path:
+    folder.mkdir()
+    for r in range(ranks):
+        _tiny(folder / f"rank{r}.json", r)
+    return folder
+
+
+def test_uncached_count_counts_the_files_without_an_entry(tmp_path, monkeypatch):
+    job = _job(tmp_path / "job", 3)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(cache))
+    assert uncached_count([job]) == 3
+    assert uncached_count([job], most=2) == 2  # as many as workers are enough to know
+    load_traces(job / "rank1.json", workers=1, progress=False)  # rank 1 cached
+    assert (cache / f"{entry_key(job / 'rank1.json')}.json").exists()
+    assert uncached_count([job]) == 2
+    assert uncached_count([job], cache=False) == 3  # --no-cache parses them all
+    assert uncached_count([tmp_path / "nowhere"]) == 0  # the load itself says what is wrong
+    monkeypatch.setattr(pool, "PROBE_FILES", 1)  # rank0 first: cached, so the set is taken as warm
+    load_traces(job / "rank0.json", workers=1, progress=False)
+    assert uncached_count([job]) == 0
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_workers_started_early_do_the_map_and_the_unused_ones_are_stopped(tmp_path, monkeypatch):
+    job = _job(tmp_path / "job", 4)
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    log = tmp_path / "held.log"
+    monkeypatch.setenv(HOLD_LOG_ENV, str(log))
+    engine = LocalEngine(3)
+    engine.start_early(3)  # 4 files on 3 workers: batches of 2 and 2, so one worker is left over
+    early = [w.proc.pid for w in engine._early]
+    assert len(early) == 3 and all(_running(p) for p in early)
+    traces = load_traces(job, engine=engine, progress=False)
+    engine.close()
+    assert traces.ranks["rank"].to_list() == [0, 1, 2, 3] and not traces.problems
+    workers = {int(line.split()[1]) for line in log.read_text().splitlines()}
+    assert len(workers) == 2 and workers < set(early)  # the map ran in two of the early ones
+    assert not [p for p in early if _running(p)]  # and none outlives it
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_close_stops_early_workers_no_map_took(tmp_path):
+    engine = LocalEngine(2)
+    engine.start_early(5)
+    early = [w.proc.pid for w in engine._early]
+    assert len(early) == 2
+    engine.close()
+    assert not [p for p in early if _running(p)] and engine._early == []
+    engine = LocalEngine(2)
+    engine.start_early(1)  # one file is analysed in this process: no worker
+    assert engine._early == []
+
+
+# ---- a light `import profiler` ----------------------------------------------------------------
+
+
+def test_import_profiler_is_light_and_collectives_stays_the_function():
+    code = """
+import sys
+import profiler, profiler.cli, profiler.pool, profiler.cache
+print(sorted(m for m in ("polars", "numpy") if m in sys.modules))
+import profiler.collectives            # binds the submodule on the package: the name stays the function
+from profiler import collectives, stragglers
+print(callable(collectives) and collectives.__name__ == "collectives" and profiler.collectives is collectives)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=True).stdout.split("\n")
+    assert out[:2] == ["[]", "True"]
+
+
+# ---- a worker sends the summary it stored ------------------------------------------------------
+
+
+def test_a_worker_sends_the_summary_it_stored_and_encodes_only_without_one(tmp_path, monkeypatch):
+    import io
+
+    import profiler._worker as worker
+    from profiler.rankmap import decode, encode
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    task = _task(_tiny(tmp_path / "rank0.json", 0), cache)
+    (summary,) = batchmap.summarize_batch([task])
+    encoded = []
+    monkeypatch.setattr(worker, "encode", lambda s: encoded.append(s) or encode(s))
+
+    def sent(res) -> bytes:
+        out = io.BytesIO()
+        worker._write(out, 7, task, res)
+        head, _, blob = out.getvalue().partition(b"\n")
+        assert json.loads(head) == {"index": 7, "path": task.path, "summary_bytes": len(blob)}
+        return blob
+
+    blob = sent(summary)
+    assert encoded == [] and blob == encode(summary)  # the stored bytes, the same as encoding it
+    for p in cache.glob("*.summary"):
+        p.unlink()
+    assert decode(sent(summary)).frames.keys() == summary.frames.keys() and encoded == [summary]
