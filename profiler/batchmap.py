@@ -286,7 +286,9 @@ def _batch_events(batch: list[_Ready]) -> pl.DataFrame:
     the files' frames joined first, then labelled once (not one query per file)."""
     import numpy as np
 
-    frames = [_frame(r.parsed) for r in batch]
+    # The analysed columns of each (a just-parsed frame has them all, one read back only these).
+    columns = [c for c in analysed_columns() if c not in ("run", "rank")]
+    frames = [_frame(r.parsed).select(columns) for r in batch]
     heights = [f.height for f in frames]
     runs = pl.Series("run", [r.task.run for r in batch], dtype=pl.String).cast(pl.Categorical)
     which = pl.Series(np.repeat(np.arange(len(batch), dtype=np.int64), heights))

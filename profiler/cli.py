@@ -127,8 +127,9 @@ def _run(args: argparse.Namespace) -> int:
         from profiler.pool import LocalEngine, uncached_count
 
         engine = LocalEngine(args.workers)
-        engine.start_early(uncached_count(args.paths, cache=not args.no_cache, most=engine.workers))
     try:
+        if hasattr(engine, "start_early"):  # inside the try: a Ctrl-C while they start still stops them
+            engine.start_early(uncached_count(args.paths, cache=not args.no_cache, most=engine.workers))
         # The reduce's modules too, now: the early workers are still importing theirs (they are
         # ready ~50 ms after this process), so these cost nothing here and nothing after the map.
         with collector_paused():  # profiler.startup: ~20 ms

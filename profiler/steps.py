@@ -211,7 +211,7 @@ CUT_TAIL_PCT = 5.0
 def step_tails(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """(run, rank, step, dur_us, tail_us): each rank's last ProfilerStep of `steps` and how long its
     span runs on past the rank's last other event (any event, memory instants included; 0 when
-    one ends at or after the span).
+    one ends at or after the span; null when none ends inside it: an empty step, not a cut one).
 
     torch.profiler records a ProfilerStep as one span with its duration. A trace cut short (a
     file truncated while being written, or one cut at a size as bench_profiler.build_trace_set
@@ -228,8 +228,10 @@ def step_tails(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     return (
         steps.lazy().filter("has_profiler_steps").sort("end_us").group_by(KEYS).last()
         .join(last, on=KEYS, how="left")
-        # no other event at all: the whole span is untraced
-        .select(*KEYS, "step", "dur_us", tail_us=(pl.col("end_us") - pl.col("last_us").fill_null(pl.col("start_us"))).clip(0))
+        # From the step's last event, or none (null): a step with no event in it is empty, not cut
+        # (the step `prof.step()` opens after the loop's last iteration holds nothing, on whole traces).
+        .select(*KEYS, "step", "dur_us", tail_us=pl.when(pl.col("last_us") > pl.col("start_us"))
+                .then((pl.col("end_us") - pl.col("last_us")).clip(0)))
         .sort(KEYS)
         .collect()
     )

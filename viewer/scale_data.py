@@ -29,7 +29,8 @@ def parse_view(view: str | None) -> tuple[str, str | int] | None:
     if not isinstance(view, str) or ":" not in view:
         return None
     kind, _, value = view.partition(":")
-    if kind == "rank" and value.strip().isascii() and value.strip().isdigit():  # "²".isdigit() too
+    # "²".isdigit() too; past 10 digits no rank (Int32), and int() refuses over 4,300 digits
+    if kind == "rank" and value.strip().isascii() and value.strip().isdigit() and len(value.strip()) <= 10:
         return "rank", int(value)
     if kind == "group" and value.strip() and len(value.strip()) <= MAX_GROUP_NAME and value.strip().isprintable():
         return "group", value.strip()

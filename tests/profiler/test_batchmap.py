@@ -16,8 +16,10 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 import profiler.batchmap as batchmap
+import profiler.rankmap as rankmap
 from profiler.batchmap import plan_batches, summarize_batch
 from profiler.cache import load_one_safe
 from profiler.errors import TraceError
@@ -227,7 +229,9 @@ def test_a_deadly_file_without_a_usable_cache_is_its_own_error(tmp_path, monkeyp
     assert "nested too deeply" in res[1].problem
 
 
-def test_a_worker_s_frame_holds_only_the_analysed_columns(tmp_path):
+@pytest.mark.parametrize("read_whole_bytes", [0, 1 << 30], ids=["column by column", "in one read"])
+def test_a_worker_s_frame_holds_only_the_analysed_columns(tmp_path, monkeypatch, read_whole_bytes):
+    monkeypatch.setattr(rankmap, "READ_WHOLE_BYTES", read_whole_bytes)  # big entries are read a column at a time
     # The columns no per-rank analysis reads stay in the parquet entry, out of a worker's memory;
     # the frame read back from the entry (those columns only, one chunk each) is the one just parsed.
     from profiler.parse import SCHEMA
@@ -246,3 +250,34 @@ def test_a_worker_s_frame_holds_only_the_analysed_columns(tmp_path):
     mine = analyze_rank(read, rank_row(parsed.meta, "x", 0, str(path)), runs, step=None, top_n=15)
     assert list(mine) == list(whole) and all(mine[k].equals(whole[k]) for k in whole)
     assert whole["top_operators"].height and whole["actions"].height
+
+
+def test_a_batch_of_read_back_and_just_parsed_files_is_analysed_together(tmp_path, monkeypatch):
+    # A file whose entry exists (here: made by a load with --step 3) beside one parsed now: the
+    # frames hold different columns until both are cut to the analysed ones; the batch is then one
+    # analysis, not each file alone (a fallback that gives the same numbers, so only a spy sees it).
+    run = REPO / "traces" / "sample-ddp-2r"
+    man = json.loads((run / "run.json").read_text())
+
+    def task(r, step=None, cache=tmp_path / "a"):
+        cache.mkdir(exist_ok=True)
+        return RankTask(str(run / f"rank{r}.json.gz"), "ddp", man, MapOptions(step=step, top_n=15), cache=str(cache), rank=r)
+
+    summarize_batch([task(0, step=3)])
+    raised = []
+    together = batchmap._analyse_together
+
+    def spy(batch):
+        try:
+            return together(batch)
+        except Exception as e:
+            raised.append(e)
+            raise
+
+    monkeypatch.setattr(batchmap, "_analyse_together", spy)
+    both = summarize_batch([task(0), task(1)])
+    assert raised == [] and all(isinstance(r, RankSummary) for r in both)
+    alone = [summarize_batch([task(r, cache=tmp_path / "b")])[0] for r in (0, 1)]  # parsed afresh, each alone
+    for got, want in zip(both, alone):  # the same numbers (the entries' paths differ: two caches)
+        assert (got.rank, got.meta, list(got.frames)) == (want.rank, want.meta, list(want.frames))
+        assert all(got.frames[k].equals(want.frames[k]) for k in want.frames)

@@ -94,10 +94,13 @@ def test_step_tails_is_the_last_step_past_the_last_other_event():
                      dict(name="[memory]", kind="memory_event", ph="i", ts_us=90, dur_us=0)], rank=0),
         make_events([step(1, 0, 40), dict(name="aten::mm", kind="op", ts_us=30, dur_us=12)], rank=1),  # op ends after: 0
         make_events([dict(name="aten::mm", kind="op", ts_us=0, dur_us=5)], rank=2),  # no ProfilerStep: no row
-        make_events([step(4, 10, 30)], rank=3),  # a step and nothing else: all of it
+        make_events([step(4, 10, 30)], rank=3),  # a step and nothing else: empty, not cut (null)
+        # rank 4: the last step opens after the last event (what prof.step() after a loop leaves): empty
+        make_events([step(1, 0, 50), step(2, 60, 8), dict(name="aten::mm", kind="op", ts_us=10, dur_us=20)], rank=4),
     ])
     got = step_tails(ev, profiler_steps(ev))
-    assert got.select("rank", "step", "dur_us", "tail_us").rows() == [(0, 2, 100.0, 60.0), (1, 1, 40.0, 0.0), (3, 4, 30.0, 30.0)]
+    assert got.select("rank", "step", "dur_us", "tail_us").rows() == [
+        (0, 2, 100.0, 60.0), (1, 1, 40.0, 0.0), (3, 4, 30.0, None), (4, 2, 8.0, None)]
     alone = step_tails(ev.filter(pl.col("rank") == 0), profiler_steps(ev.filter(pl.col("rank") == 0)))
     assert alone.select("rank", "tail_us").rows() == [(0, 60.0)]  # one rank's path: the same
 
@@ -143,3 +146,13 @@ def test_a_cut_trace_says_why_its_step_outlasts_the_window(tmp_path):
     (w,) = [w for w in analyze(load_traces(tmp_path / "rank0.json", cache=False, workers=1, progress=False)).warnings
             if "before its last step" in w]
     assert "the trace of rank 0 ends 300 µs before" in w and "idle" not in w, w
+
+
+@pytest.mark.parametrize("last", [0, 8], ids=["zero-length", "empty"])
+def test_an_empty_last_step_is_not_a_cut_trace(tmp_path, last):
+    # The step opened after the loop's last event (the reviewer's trace: a ProfilerStep of 0 µs
+    # divided by zero) holds nothing: not a trace cut short, no warning, no crash.
+    _kineto(tmp_path / "rank0.json", [_step(1, 1000, 100), {"name": "aten::mm", "ts": 1010, "dur": 50},
+                                      _step(2, 1200, last)])
+    a = analyze(load_traces(tmp_path, cache=False, workers=1, progress=False))
+    assert not [w for w in a.warnings if "before its last step" in w]
