@@ -4,7 +4,7 @@
 
 A 100 MB trace used to be inflated into one 100 MB bytes object, then scanned into column
 buffers (~60 MB) beside it: the bytes were the biggest part of a worker's peak memory. Here the
-gzip is inflated 1 MiB at a time into `_kineto.Stream`, which reads the whole events each chunk
+gzip is inflated 512 KB at a time into `_kineto.Stream`, which reads the whole events each chunk
 holds and keeps only a cut one for the next; the interned strings and the few raw JSON values the
 frame needs are copied out as they are read.
 
@@ -30,7 +30,9 @@ from profiler.parse import _kineto
 
 _ISAL_ERRORS = (_isal_zlib.error,) if _isal_zlib is not None else ()  # not a zlib.error
 
-CHUNK_BYTES = 1 << 20  # JSON handed to the parser per call: small beside 60 MB of columns, ~100 calls per 100 MB
+# JSON handed to the parser per call: small beside 60 MB of columns, ~200 calls per 100 MB; under
+# glibc's mmap threshold (pool._WORKER_ENV), so each chunk reuses the heap's pages the last one freed.
+CHUNK_BYTES = 1 << 19
 MAX_HINT_RATIO = 32
 READ_BYTES = 1 << 18  # gzip read per inflate call: the inflater's unconsumed input is copied per call, so keep it short
 
