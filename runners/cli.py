@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from runners.entry import EXIT_USAGE, HANDED_OVER, exec_module
 from runners.launch import describe_failures, launch
 from runners.listing import cmd_list, find_runs
 from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv
@@ -32,7 +33,6 @@ from runners.paradigms import (DEFAULT_MODEL_CANDIDATES, PARADIGMS, check_flags,
 
 __all__ = ["describe_failures", "find_runs", "main"]
 
-EXIT_USAGE = 2  # bad arguments or an impossible request: nothing was started
 EXIT_FAILED = 1  # the run started and a rank failed
 
 
@@ -386,18 +386,6 @@ def _fmt_bytes(n: int | None) -> str:
 # ptprof analyze / view: separate packages, separate processes
 
 
-def _exec_module(module: str, args: list[str]) -> int:
-    """Replace this process with `python -m <module> ARGS` (exit status and signals pass through)."""
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None or importlib.util.find_spec(f"{module}.__main__") is None:
-        print(f"ptprof: `{args[0] if args else module}` is not yet available in this version", file=sys.stderr)
-        return EXIT_USAGE
-    sys.stdout.flush()
-    os.execv(sys.executable, [sys.executable, "-m", module, *args])
-    return 0  # not reached
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ptprof",
@@ -418,8 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # analyze/project/plan/view keep their own flags: hand them over untouched.
-    if argv and argv[0] in ("analyze", "project", "plan", "view"):
-        return _exec_module("viewer" if argv[0] == "view" else "profiler", argv)
+    if argv and argv[0] in HANDED_OVER:  # the console script (runners/entry.py) hands them over before this module
+        return exec_module(HANDED_OVER[argv[0]], argv)
     parser = build_parser()
     try:
         ns = parser.parse_args(argv)

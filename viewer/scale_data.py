@@ -31,7 +31,7 @@ def parse_view(view: str | None) -> tuple[str, str | int] | None:
     kind, _, value = view.partition(":")
     # "²".isdigit() too; past 10 digits no rank (Int32), and int() refuses over 4,300 digits
     if kind == "rank" and value.strip().isascii() and value.strip().isdigit() and len(value.strip()) <= 10:
-        return "rank", int(value)
+        return "rank", int(value.strip())  # int() strips less than str.strip() (not "\x1f")
     if kind == "group" and value.strip() and len(value.strip()) <= MAX_GROUP_NAME and value.strip().isprintable():
         return "group", value.strip()
     return None

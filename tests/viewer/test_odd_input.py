@@ -170,7 +170,7 @@ def test_timeline_takes_any_relayout(app, relayout):
     assert res.status_code in (200, 204), res.get_data(as_text=True)[-300:]
 
 
-@pytest.mark.parametrize("view", [None, 5, "rank:", "rank:-1", "rank:99999999999999999999", "rank:" + "9" * 5000, "group:",
+@pytest.mark.parametrize("view", [None, 5, "rank:", "rank:-1", "rank:99999999999999999999", "rank:" + "9" * 5000, "rank:\x1f7", "group:",
                                   "group:nope", "x:y", ["rank:1"]], ids=lambda v: repr(v)[:30])
 def test_timeline_takes_any_drill_down(app, view):
     res = dash_post(app, f"{ids.COMPARE_TIMELINE}.figure", ["sample-ddp-2r"], None, view, changed=2)
@@ -197,6 +197,7 @@ def test_a_drill_down_that_is_no_rank_or_group_says_so(pages, store, app, rank, 
 
 def test_a_readable_drill_down_is_not_refused(pages, store):
     assert pages.compare.initial_view(" 17 ") == "rank:17" and pages.compare.initial_view(group="stage1") == "group:stage1"
+    assert pages.compare.initial_view("\x1f7") == "rank:7" == pages.compare.initial_view("\x1c7\t")  # str.strip()'s blanks
     assert pages.compare.initial_view() == "" and scale_data.bad_view("") is None and scale_data.bad_view(None) is None
     fig = pages.compare.timeline_figure(store, ["sample-ddp-2r"], view="rank:1")
     assert fig.data and {y.split()[0] for t in fig.data for y in t.y} == {"r1"}

@@ -57,7 +57,8 @@ def initial_view(rank=None, group=None) -> str:
             continue
         text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
         view = f"{kind}:{text.strip()}"
-        return f"{kind}:{int(text)}" if kind == "rank" and scale_data.parse_view(view) else view[:200]
+        parsed = scale_data.parse_view(view)
+        return f"rank:{parsed[1]}" if kind == "rank" and parsed else view[:200]
     return ""
 
 
