@@ -276,7 +276,7 @@ def _analyse_together(batch: list[_Ready]) -> dict[tuple[str, int], dict[str, pl
         key = (r.task.run, r.rank)
         mine = {name: parts.get(key, frames[name].clear()) for name, parts in split.items()}
         if "steps" in mine and mine["steps"].is_empty():  # --step S that this rank lacks (as analyze_rank alone)
-            mine = {"all_steps": mine["all_steps"]}
+            mine = {"all_steps": mine["all_steps"], "empty_steps": mine["empty_steps"]}
         out[key] = mine
     return out
 

@@ -88,6 +88,10 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     have_step = [r for r in per_rank if "breakdown" in r]
     if not have_step:
         have = sorted(set(pl.concat([r["all_steps"] for r in per_rank])["step"]))
+        empty = [r["empty_steps"] for r in per_rank if "empty_steps" in r]
+        if empty and step in set(pl.concat(empty)["step"]):
+            raise ValueError(f"step {step} holds no event (the step prof.step() opens after the loop's last iteration: "
+                             f"left out of the steps); steps there: {', '.join(map(str, have)) or 'none'}")
         raise ValueError(f"step {step} is not in the traces (steps there: {', '.join(map(str, have)) or 'none'})")
     missing = [r["all_steps"] for r in per_rank if "breakdown" not in r]
     out = {k: _concat([r[k] for r in have_step]) for k in have_step[0]}
@@ -114,6 +118,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     ]
     warnings += dropped_warnings(ranks)
     warnings += cut_trace_warnings(out.get("step_tails"), ranks)
+    warnings += empty_step_warnings(_concat([r["empty_steps"] for r in per_rank if "empty_steps" in r]) if per_rank else None)
     warnings += missing_rank_warnings(ranks) if rank is None else []
     warnings += memory_notes({r: m for r, m in traces.runs.items() if r in set(ranks["run"].cast(pl.String))})
     # Never a silent CPU accounting of a device's activity: categories no rule knows are named.
@@ -225,6 +230,22 @@ def cut_trace_warnings(tails: pl.DataFrame | None, ranks: pl.DataFrame) -> list[
         out.append(f"run {run}: the trace of {who} ends {by} before its last step does ({where}step {worst['step']}, "
                    f"{fmt_pct(100 * hi / worst['dur_us'])} of its {fmt_time(worst['dur_us'])} with no event): the trace "
                    f"was cut short, or the step's end not traced. Step times count that time; {'; '.join(so)}")
+    return out
+
+
+def empty_step_warnings(empty: pl.DataFrame | None) -> list[str]:
+    """One warning per run whose ranks' last ProfilerStep holds nothing (steps.empty_last_steps):
+    left out of the steps, so the step times and windows are those of the steps that ran."""
+    if empty is None or empty.is_empty() or "step" not in empty.columns:
+        return []
+    out = []
+    for (run,), f in empty.group_by("run", maintain_order=True):
+        f = f.sort("rank")
+        who = f"rank {f['rank'][0]}" if f.height == 1 else f"{f.height:,} ranks ({_spans(f['rank'].to_list())})"
+        steps = sorted(set(f["step"]))
+        out.append(f"run {run}: the last ProfilerStep of {who} holds no event (step {', '.join(map(str, steps))}, "
+                   f"{fmt_time(f['dur_us'].max())} at most): the step prof.step() opens after the loop's last iteration; "
+                   "left out of the step times and windows")
     return out
 
 

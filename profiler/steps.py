@@ -23,20 +23,17 @@ def names_matching(events: pl.DataFrame, pattern: str) -> list[str]:
     return names.filter(names.str.contains(pattern)).to_list()
 
 
-def profiler_steps(events: pl.DataFrame) -> pl.DataFrame:
+def profiler_steps(events: pl.DataFrame, empty: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per (run, rank, step): start_us, end_us, dur_us and has_profiler_steps.
 
-    Ranks without ProfilerStep spans get a single NO_STEP window over all their events.
+    Ranks without ProfilerStep spans get a single NO_STEP window over all their events. A rank's
+    last step that holds nothing (`empty_last_steps`, or `empty` where the caller has it) is left out.
     """
     step_names = names_matching(events, PROFILER_STEP_RE)
-    marked = (
-        events.lazy()
-        .filter(pl.col("name").is_in(step_names) & (pl.col("device") == "cpu") & (pl.col("ph") == "X"))
-        .with_columns(step=pl.col("name").cast(pl.String).str.extract(PROFILER_STEP_RE, 1).cast(pl.Int64))
-        .group_by(*KEYS, "step")
-        .agg(start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max())
-        .collect()
-    )
+    marked = _marked(events, step_names)
+    if empty is None:
+        empty = _empty_last(events, marked, step_names)
+    marked = marked.join(empty.select(*KEYS, "step"), on=[*KEYS, "step"], how="anti")
     spans = events.lazy().filter(pl.col("kind") != "memory_event")
     if varying(events, KEYS):
         spans = spans.group_by(KEYS).agg(start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max())
@@ -57,6 +54,55 @@ def profiler_steps(events: pl.DataFrame) -> pl.DataFrame:
         .with_columns(dur_us=pl.col("end_us") - pl.col("start_us"))
         .select(*KEYS, "step", "start_us", "end_us", "dur_us", "has_profiler_steps")
         .sort(*KEYS, "step")
+    )
+
+
+def empty_last_steps(events: pl.DataFrame) -> pl.DataFrame:
+    """(run, rank, step, dur_us): each rank's last ProfilerStep that holds nothing: 0 µs long, or
+    no event of the rank but GPU activity (no operator, runtime call, annotation or [memory]
+    instant) runs past its start: nothing starts in it, nothing started before runs on into it.
+
+    torch.profiler's `prof.step()` at the end of each iteration opens a step that the next one
+    closes; after the loop's last iteration the step it opens holds nothing but the profiler's
+    own stop. Counted as a step, it put a 0 µs step into the mean step time (17.2 -> 11.5 ms on a
+    sample run given one) and stretched a CPU rank's window; `profiler_steps` leaves it out and
+    the report says so (report.empty_step_warnings). GPU activity does not count: a kernel
+    still running then belongs to the step that launched it (assign_steps)."""
+    step_names = names_matching(events, PROFILER_STEP_RE)
+    marked = _marked(events, step_names)
+    return _empty_last(events, marked, step_names).join(
+        marked.select(*KEYS, "step", dur_us=pl.col("end_us") - pl.col("start_us")), on=[*KEYS, "step"], how="left").sort(KEYS)
+
+
+def _marked(events: pl.DataFrame, step_names) -> pl.DataFrame:
+    """(run, rank, step, start_us, end_us) of each ProfilerStep span."""
+    return (
+        events.lazy()
+        .filter(pl.col("name").is_in(step_names) & (pl.col("device") == "cpu") & (pl.col("ph") == "X"))
+        .with_columns(step=pl.col("name").cast(pl.String).str.extract(PROFILER_STEP_RE, 1).cast(pl.Int64))
+        .group_by(*KEYS, "step")
+        .agg(start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max())
+        .collect()
+    )
+
+
+def _empty_last(events: pl.DataFrame, marked: pl.DataFrame, step_names) -> pl.DataFrame:
+    """(run, rank, step) of each rank's last marked step that holds nothing (empty_last_steps)."""
+    if marked.is_empty():
+        return marked.select(*KEYS, "step")
+    last = marked.sort("start_us", "step").group_by(KEYS, maintain_order=True).last()
+    work = events.lazy().filter((pl.col("device") != "gpu") & ~pl.col("name").is_in(step_names).fill_null(False))
+    if varying(events, KEYS):
+        ends = work.group_by(KEYS).agg(last_end_us=pl.col("end_us").max())
+    else:  # one rank: no group_by (and no row where it has no such event)
+        ends = (work.select(pl.col(KEYS).first(), last_end_us=pl.col("end_us").max(), _n=pl.len())
+                .filter(pl.col("_n") > 0).drop("_n"))
+    return (
+        last.lazy().join(ends, on=KEYS, how="left")
+        .filter((pl.col("end_us") <= pl.col("start_us")) | pl.col("last_end_us").is_null()
+                | (pl.col("last_end_us") <= pl.col("start_us")))
+        .select(*KEYS, "step")
+        .collect()
     )
 
 

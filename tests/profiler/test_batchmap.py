@@ -179,7 +179,7 @@ def test_step_that_a_rank_lacks_leaves_it_only_its_steps(tmp_path):
     tasks = [RankTask(str(tmp_path / f"rank{r}.json"), "x", None, opts, str(tmp_path / "c1"), rank=r) for r in range(2)]
     got = summarize_batch(tasks)
     alone = _summaries_alone(tasks, tmp_path / "c2")
-    assert list(got[1].frames) == ["all_steps"]
+    assert list(got[1].frames) == ["all_steps", "empty_steps"]
     for a, b in zip(got, alone):
         _same(a, b)
     assert pl.concat([got[0].frames["all_steps"], got[1].frames["all_steps"]])["step"].to_list() == [1, 2]

@@ -159,6 +159,8 @@ def test_a_rank_without_the_step_is_left_out_and_named(tmp_path):
     for rank, steps in ((0, (1, 2)), (1, (1,))):  # rank 1's trace lost step 2
         events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1,
                    "ts": 1e15 + 1000 * s, "dur": 1000} for s in steps]
+        events += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1,  # each step holds work
+                    "ts": 1e15 + 1000 * s + 10, "dur": 100} for s in steps]
         doc = {"traceEvents": events, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}}
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
     a = analyze_traces(load_traces(tmp_path), step=2)

@@ -10,14 +10,15 @@ import pytest
 from profiler import NO_STEP, assign_steps, profiler_steps, step_time_stats
 from profiler.load import load_traces
 from profiler.report import analyze
-from profiler.steps import step_tails
+from profiler.steps import empty_last_steps, step_tails
 from tests.profiler.conftest import kernel, launch, make_events, step
 
 
 def test_profiler_step_windows_per_rank():
     ev = pl.concat([
-        make_events([step(3, 0, 40), step(4, 40, 60), dict(name="aten::mm", kind="op", ts_us=5, dur_us=10)], rank=0),
-        make_events([step(3, 2, 50)], rank=1),
+        make_events([step(3, 0, 40), step(4, 40, 60), dict(name="aten::mm", kind="op", ts_us=5, dur_us=10),
+                     dict(name="aten::mm", kind="op", ts_us=45, dur_us=10)], rank=0),  # (a last step holds work)
+        make_events([step(3, 2, 50), dict(name="aten::add", kind="op", ts_us=3, dur_us=1)], rank=1),
     ])
     s = profiler_steps(ev)
     assert s.select("rank", "step", "start_us", "end_us", "dur_us").rows() == [
@@ -76,7 +77,7 @@ def test_single_step_rank_keeps_its_device_activity_in_its_step():
 
 
 def test_step_time_stats():
-    ev = make_events([step(1, 0, 10), step(2, 10, 20), step(3, 30, 60)])
+    ev = make_events([step(1, 0, 10), step(2, 10, 20), step(3, 30, 60), dict(name="aten::mm", kind="op", ts_us=31, dur_us=1)])
     row = step_time_stats(profiler_steps(ev)).row(0, named=True)
     assert (row["n_steps"], row["mean_us"], row["median_us"], row["min_us"], row["max_us"]) == (3, 30, 20, 10, 60)
     assert row["std_us"] == pytest.approx(26.457513, rel=1e-6)  # sample std of 10, 20, 60
@@ -84,6 +85,11 @@ def test_step_time_stats():
 
 # ---------------------------------------------------------------------------------------------
 # A trace cut short: its last step's span outlasts its events (steps.step_tails, report.cut_trace_warnings)
+
+
+def _marked_steps(ev: pl.DataFrame) -> pl.DataFrame:
+    """Every ProfilerStep span as a step, empty ones too (as a caller may pass them)."""
+    return profiler_steps(ev, empty=pl.DataFrame(schema={"run": pl.Categorical, "rank": pl.Int32, "step": pl.Int64}))
 
 
 def test_step_tails_is_the_last_step_past_the_last_other_event():
@@ -94,13 +100,16 @@ def test_step_tails_is_the_last_step_past_the_last_other_event():
                      dict(name="[memory]", kind="memory_event", ph="i", ts_us=90, dur_us=0)], rank=0),
         make_events([step(1, 0, 40), dict(name="aten::mm", kind="op", ts_us=30, dur_us=12)], rank=1),  # op ends after: 0
         make_events([dict(name="aten::mm", kind="op", ts_us=0, dur_us=5)], rank=2),  # no ProfilerStep: no row
-        make_events([step(4, 10, 30)], rank=3),  # a step and nothing else: empty, not cut (null)
-        # rank 4: the last step opens after the last event (what prof.step() after a loop leaves): empty
+        make_events([step(4, 10, 30)], rank=3),  # a step and nothing else: empty, left out: no step, no row
+        # rank 4: the last step opens after the last event (what prof.step() after a loop leaves): left
+        # out, so step 1 [0, 50) is the last, its operator ending at 30
         make_events([step(1, 0, 50), step(2, 60, 8), dict(name="aten::mm", kind="op", ts_us=10, dur_us=20)], rank=4),
     ])
     got = step_tails(ev, profiler_steps(ev))
-    assert got.select("rank", "step", "dur_us", "tail_us").rows() == [
-        (0, 2, 100.0, 60.0), (1, 1, 40.0, 0.0), (3, 4, 30.0, None), (4, 2, 8.0, None)]
+    assert got.select("rank", "step", "dur_us", "tail_us").rows() == [(0, 2, 100.0, 60.0), (1, 1, 40.0, 0.0), (4, 1, 50.0, 20.0)]
+    # a step of the caller's that holds no event ends nothing: null, not a tail
+    kept = make_events([step(4, 10, 30), dict(name="aten::mm", kind="op", ts_us=0, dur_us=5)], rank=3)
+    assert step_tails(kept, _marked_steps(kept)).select("tail_us").rows() == [(None,)]
     alone = step_tails(ev.filter(pl.col("rank") == 0), profiler_steps(ev.filter(pl.col("rank") == 0)))
     assert alone.select("rank", "tail_us").rows() == [(0, 60.0)]  # one rank's path: the same
 
@@ -152,7 +161,26 @@ def test_a_cut_trace_says_why_its_step_outlasts_the_window(tmp_path):
 def test_an_empty_last_step_is_not_a_cut_trace(tmp_path, last):
     # The step opened after the loop's last event (the reviewer's trace: a ProfilerStep of 0 µs
     # divided by zero) holds nothing: not a trace cut short, no warning, no crash.
-    _kineto(tmp_path / "rank0.json", [_step(1, 1000, 100), {"name": "aten::mm", "ts": 1010, "dur": 50},
-                                      _step(2, 1200, last)])
+    _kineto(tmp_path / "rank0.json", [_step(1, 1000, 100), {"name": "aten::mm", "ts": 1010, "dur": 89},
+                                      _step(2, 1200, last)])  # step 1's tail: 1 µs (1 %), a whole step
     a = analyze(load_traces(tmp_path, cache=False, workers=1, progress=False))
     assert not [w for w in a.warnings if "before its last step" in w]
+
+
+def test_an_empty_last_step_is_left_out_and_said(tmp_path):
+    # rank 0: steps 1 [0, 100) and 2 [100, 300) hold operators; step 3 opens at 300 for 0 µs (what
+    # prof.step() after the loop leaves). rank 1: the same, its step 3 [300, 350) holds nothing.
+    # Step times: (100 + 200) / 2 = 150 µs on both, not (100 + 200 + 0) / 3.
+    ops = [_step(1, 0, 100), _step(2, 100, 200), {"name": "aten::mm", "ts": 10, "dur": 80},
+           {"name": "aten::add", "ts": 110, "dur": 150}]
+    _kineto(tmp_path / "rank0.json", [*ops, _step(3, 300, 0)])
+    _kineto(tmp_path / "rank1.json", [*ops, _step(3, 300, 50)])
+    traces = load_traces(tmp_path, cache=False, workers=1, progress=False)
+    a = analyze(traces)
+    assert a.step_stats.select("rank", "n_steps", "mean_us").rows() == [(0, 2, 150.0), (1, 2, 150.0)]
+    (w,) = [w for w in a.warnings if "holds no event" in w]
+    assert w.startswith(f"run {tmp_path.name}: the last ProfilerStep of 2 ranks (0-1) holds no event (step 3, 50.0 µs at most)"), w
+    with pytest.raises(ValueError, match="step 3 holds no event .* steps there: 1, 2"):
+        analyze(traces, step=3)
+    both = empty_last_steps(pl.concat([traces.parts[0].events(), traces.parts[1].events()], how="diagonal_relaxed"))
+    assert both.select("rank", "step", "dur_us").rows() == [(0, 3, 0.0), (1, 3, 50.0)]  # a batch's frame: each rank's
