@@ -89,8 +89,11 @@ def _breakdown(intervals: dict | None, per_step: bool) -> pl.DataFrame:
     cpu = _cpu_breakdown(intervals["cpu"], per_step)
     by = [*KEYS, "step"] if per_step else KEYS
     flags = steps.group_by(by).agg(pl.col("has_profiler_steps").all())
+    both = pl.concat([gpu, cpu], how="diagonal_relaxed")
+    if not both.width:  # no interval at all (a 0 µs step asked for with --step): no row, not an error
+        return pl.DataFrame(schema=_schema(per_step))
     return (
-        pl.concat([gpu, cpu], how="diagonal_relaxed")
+        both
         .join(flags, on=by, how="left")
         .with_columns(
             exposed_comm_us=pl.col("comm_us") - pl.col("overlap_us"),

@@ -90,7 +90,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         have = sorted(set(pl.concat([r["all_steps"] for r in per_rank])["step"]))
         empty = [r["empty_steps"] for r in per_rank if "empty_steps" in r]
         if empty and step in set(pl.concat(empty)["step"]):
-            raise ValueError(f"step {step} holds no event (the step prof.step() opens after the loop's last iteration: "
+            raise ValueError(f"step {step} holds no CPU event (the step prof.step() opens after the loop's last iteration: "
                              f"left out of the steps); steps there: {', '.join(map(str, have)) or 'none'}")
         raise ValueError(f"step {step} is not in the traces (steps there: {', '.join(map(str, have)) or 'none'})")
     missing = [r["all_steps"] for r in per_rank if "breakdown" not in r]
@@ -243,9 +243,10 @@ def empty_step_warnings(empty: pl.DataFrame | None) -> list[str]:
         f = f.sort("rank")
         who = f"rank {f['rank'][0]}" if f.height == 1 else f"{f.height:,} ranks ({_spans(f['rank'].to_list())})"
         steps = sorted(set(f["step"]))
-        out.append(f"run {run}: the last ProfilerStep of {who} holds no event (step {', '.join(map(str, steps))}, "
-                   f"{fmt_time(f['dur_us'].max())} at most): the step prof.step() opens after the loop's last iteration; "
-                   "left out of the step times and windows")
+        longest = f["dur_us"].max()
+        out.append(f"run {run}: the last ProfilerStep of {who} holds no CPU event (step {', '.join(map(str, steps))}, "
+                   f"{'0 µs long' if not longest else f'at most {fmt_time(longest)} long'}): the step prof.step() opens "
+                   "after the loop's last iteration; left out of the step times and windows")
     return out
 
 

@@ -58,7 +58,7 @@ def profiler_steps(events: pl.DataFrame, empty: pl.DataFrame | None = None) -> p
 
 
 def empty_last_steps(events: pl.DataFrame) -> pl.DataFrame:
-    """(run, rank, step, dur_us): each rank's last ProfilerStep that holds nothing: 0 µs long, or
+    """(run, rank, step, dur_us): each rank's last ProfilerStep that holds nothing (of two or more): 0 µs long, or
     no event of the rank but GPU activity (no operator, runtime call, annotation or [memory]
     instant) runs past its start: nothing starts in it, nothing started before runs on into it.
 
@@ -90,7 +90,9 @@ def _empty_last(events: pl.DataFrame, marked: pl.DataFrame, step_names) -> pl.Da
     """(run, rank, step) of each rank's last marked step that holds nothing (empty_last_steps)."""
     if marked.is_empty():
         return marked.select(*KEYS, "step")
-    last = marked.sort("start_us", "step").group_by(KEYS, maintain_order=True).last()
+    # A rank's only step stays a step (left out, the rank would have none: one window over its events).
+    last = (marked.sort("start_us", "step").group_by(KEYS, maintain_order=True)
+            .agg(pl.all().last(), _n=pl.len()).filter(pl.col("_n") > 1).drop("_n"))
     work = events.lazy().filter((pl.col("device") != "gpu") & ~pl.col("name").is_in(step_names).fill_null(False))
     if varying(events, KEYS):
         ends = work.group_by(KEYS).agg(last_end_us=pl.col("end_us").max())

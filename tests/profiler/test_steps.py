@@ -100,13 +100,14 @@ def test_step_tails_is_the_last_step_past_the_last_other_event():
                      dict(name="[memory]", kind="memory_event", ph="i", ts_us=90, dur_us=0)], rank=0),
         make_events([step(1, 0, 40), dict(name="aten::mm", kind="op", ts_us=30, dur_us=12)], rank=1),  # op ends after: 0
         make_events([dict(name="aten::mm", kind="op", ts_us=0, dur_us=5)], rank=2),  # no ProfilerStep: no row
-        make_events([step(4, 10, 30)], rank=3),  # a step and nothing else: empty, left out: no step, no row
+        make_events([step(4, 10, 30)], rank=3),  # a rank's only step, empty: kept, and it ends nothing (null)
         # rank 4: the last step opens after the last event (what prof.step() after a loop leaves): left
         # out, so step 1 [0, 50) is the last, its operator ending at 30
         make_events([step(1, 0, 50), step(2, 60, 8), dict(name="aten::mm", kind="op", ts_us=10, dur_us=20)], rank=4),
     ])
     got = step_tails(ev, profiler_steps(ev))
-    assert got.select("rank", "step", "dur_us", "tail_us").rows() == [(0, 2, 100.0, 60.0), (1, 1, 40.0, 0.0), (4, 1, 50.0, 20.0)]
+    assert got.select("rank", "step", "dur_us", "tail_us").rows() == [
+        (0, 2, 100.0, 60.0), (1, 1, 40.0, 0.0), (3, 4, 30.0, None), (4, 1, 50.0, 20.0)]
     # a step of the caller's that holds no event ends nothing: null, not a tail
     kept = make_events([step(4, 10, 30), dict(name="aten::mm", kind="op", ts_us=0, dur_us=5)], rank=3)
     assert step_tails(kept, _marked_steps(kept)).select("tail_us").rows() == [(None,)]
@@ -161,10 +162,23 @@ def test_a_cut_trace_says_why_its_step_outlasts_the_window(tmp_path):
 def test_an_empty_last_step_is_not_a_cut_trace(tmp_path, last):
     # The step opened after the loop's last event (the reviewer's trace: a ProfilerStep of 0 µs
     # divided by zero) holds nothing: not a trace cut short, no warning, no crash.
-    _kineto(tmp_path / "rank0.json", [_step(1, 1000, 100), {"name": "aten::mm", "ts": 1010, "dur": 89},
-                                      _step(2, 1200, last)])  # step 1's tail: 1 µs (1 %), a whole step
+    _kineto(tmp_path / "rank0.json", [_step(1, 1000, 100), {"name": "aten::mm", "ts": 1010, "dur": 50},
+                                      _step(2, 1200, last)])
     a = analyze(load_traces(tmp_path, cache=False, workers=1, progress=False))
-    assert not [w for w in a.warnings if "before its last step" in w]
+    # step 1's 40 µs after its last operator is no cut either: a step (empty, left out) follows it
+    assert not [w for w in a.warnings if "before its last step" in w], a.warnings
+    assert [w for w in a.warnings if "holds no CPU event (step 2, " in w]
+
+
+def test_a_rank_s_only_step_stays_a_step_even_empty(tmp_path):
+    # Left out, the rank would have no step at all (one window over its events, a second warning).
+    _kineto(tmp_path / "rank0.json", [{"name": "aten::mm", "ts": 1000, "dur": 50}, _step(1, 1100, 0)])
+    traces = load_traces(tmp_path, cache=False, workers=1, progress=False)
+    a = analyze(traces)
+    assert a.step_stats.select("n_steps").rows() == [(1,)]
+    assert not [w for w in a.warnings if "holds no" in w or "no ProfilerStep" in w], a.warnings
+    # --step of it: a step with no interval at all (it raised polars' ColumnNotFoundError)
+    assert analyze(traces, step=1).step_stats.select("n_steps", "mean_us").rows() == [(1, 0.0)]
 
 
 def test_an_empty_last_step_is_left_out_and_said(tmp_path):
@@ -178,9 +192,10 @@ def test_an_empty_last_step_is_left_out_and_said(tmp_path):
     traces = load_traces(tmp_path, cache=False, workers=1, progress=False)
     a = analyze(traces)
     assert a.step_stats.select("rank", "n_steps", "mean_us").rows() == [(0, 2, 150.0), (1, 2, 150.0)]
-    (w,) = [w for w in a.warnings if "holds no event" in w]
-    assert w.startswith(f"run {tmp_path.name}: the last ProfilerStep of 2 ranks (0-1) holds no event (step 3, 50.0 µs at most)"), w
-    with pytest.raises(ValueError, match="step 3 holds no event .* steps there: 1, 2"):
+    (w,) = [w for w in a.warnings if "holds no CPU event" in w]
+    assert w.startswith(f"run {tmp_path.name}: the last ProfilerStep of 2 ranks (0-1) holds no CPU event (step 3, "
+                        "at most 50.0 µs long)"), w
+    with pytest.raises(ValueError, match="step 3 holds no CPU event .* steps there: 1, 2"):
         analyze(traces, step=3)
     both = empty_last_steps(pl.concat([traces.parts[0].events(), traces.parts[1].events()], how="diagonal_relaxed"))
     assert both.select("rank", "step", "dur_us").rows() == [(0, 3, 0.0), (1, 3, 50.0)]  # a batch's frame: each rank's
