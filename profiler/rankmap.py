@@ -36,7 +36,7 @@ from profiler.exposed import exposed_comm
 from profiler.memory import memory_curve, memory_peaks, memory_timeline
 from profiler.pipeline import pipeline_actions
 from profiler.recompute import recompute_time
-from profiler.steps import KEYS, assign_steps, empty_last_steps, profiler_steps, step_tails
+from profiler.steps import KEYS, assign_steps, step_tails, steps_and_empty
 from profiler.top_ops import top_kernels, top_operators
 
 
@@ -153,8 +153,7 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
     # 8 ms each on a 100 MB rank); aligned once here, those cost nothing (`_events` hands over
     # columns of one chunk already: rechunking here, beside the caller's frame, would copy them).
     events = events.select(analysed_columns()).rechunk()
-    empty = empty_last_steps(events)  # said in the report, left out of the steps
-    all_steps = profiler_steps(events, empty)
+    all_steps, empty = steps_and_empty(events)  # the empty last steps: left out, said in the report
     steps = all_steps if step is None else all_steps.filter(pl.col("step") == step)
     if steps.is_empty():  # --step S and this rank has no step S: nothing to analyze
         return {"all_steps": all_steps.select("run", "rank", "step"), "empty_steps": empty}

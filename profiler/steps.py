@@ -23,17 +23,22 @@ def names_matching(events: pl.DataFrame, pattern: str) -> list[str]:
     return names.filter(names.str.contains(pattern)).to_list()
 
 
-def profiler_steps(events: pl.DataFrame, empty: pl.DataFrame | None = None) -> pl.DataFrame:
+def profiler_steps(events: pl.DataFrame, *, keep_empty: bool = False) -> pl.DataFrame:
     """One row per (run, rank, step): start_us, end_us, dur_us and has_profiler_steps.
 
     Ranks without ProfilerStep spans get a single NO_STEP window over all their events. A rank's
-    last step that holds nothing (`empty_last_steps`, or `empty` where the caller has it) is left out.
+    last step that holds nothing (`empty_last_steps`) is left out, unless `keep_empty`.
     """
+    return steps_and_empty(events, keep_empty=keep_empty)[0]
+
+
+def steps_and_empty(events: pl.DataFrame, *, keep_empty: bool = False) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(`profiler_steps`, `empty_last_steps`) of the events, their ProfilerStep spans found once."""
     step_names = names_matching(events, PROFILER_STEP_RE)
     marked = _marked(events, step_names)
-    if empty is None:
-        empty = _empty_last(events, marked, step_names)
-    marked = marked.join(empty.select(*KEYS, "step"), on=[*KEYS, "step"], how="anti")
+    empty = _empty_last(events, marked, step_names)
+    if not keep_empty:
+        marked = marked.join(empty.select(*KEYS, "step"), on=[*KEYS, "step"], how="anti")
     spans = events.lazy().filter(pl.col("kind") != "memory_event")
     if varying(events, KEYS):
         spans = spans.group_by(KEYS).agg(start_us=pl.col("ts_us").min(), end_us=pl.col("end_us").max())
@@ -46,7 +51,7 @@ def profiler_steps(events: pl.DataFrame, empty: pl.DataFrame | None = None) -> p
         .with_columns(step=pl.lit(NO_STEP, pl.Int64))
         .collect()
     )
-    return (
+    steps = (
         pl.concat([
             marked.with_columns(has_profiler_steps=pl.lit(True)),
             extent.select(marked.columns).with_columns(has_profiler_steps=pl.lit(False)),
@@ -55,6 +60,7 @@ def profiler_steps(events: pl.DataFrame, empty: pl.DataFrame | None = None) -> p
         .select(*KEYS, "step", "start_us", "end_us", "dur_us", "has_profiler_steps")
         .sort(*KEYS, "step")
     )
+    return steps, empty
 
 
 def empty_last_steps(events: pl.DataFrame) -> pl.DataFrame:
@@ -69,9 +75,7 @@ def empty_last_steps(events: pl.DataFrame) -> pl.DataFrame:
     the report says so (report.empty_step_warnings). GPU activity does not count: a kernel
     still running then belongs to the step that launched it (assign_steps)."""
     step_names = names_matching(events, PROFILER_STEP_RE)
-    marked = _marked(events, step_names)
-    return _empty_last(events, marked, step_names).join(
-        marked.select(*KEYS, "step", dur_us=pl.col("end_us") - pl.col("start_us")), on=[*KEYS, "step"], how="left").sort(KEYS)
+    return _empty_last(events, _marked(events, step_names), step_names)
 
 
 def _marked(events: pl.DataFrame, step_names) -> pl.DataFrame:
@@ -87,9 +91,9 @@ def _marked(events: pl.DataFrame, step_names) -> pl.DataFrame:
 
 
 def _empty_last(events: pl.DataFrame, marked: pl.DataFrame, step_names) -> pl.DataFrame:
-    """(run, rank, step) of each rank's last marked step that holds nothing (empty_last_steps)."""
+    """(run, rank, step, dur_us) of each rank's last marked step that holds nothing (empty_last_steps)."""
     if marked.is_empty():
-        return marked.select(*KEYS, "step")
+        return marked.select(*KEYS, "step", dur_us=pl.col("end_us") - pl.col("start_us"))
     # A rank's only step stays a step (left out, the rank would have none: one window over its events).
     last = (marked.sort("start_us", "step").group_by(KEYS, maintain_order=True)
             .agg(pl.all().last(), _n=pl.len()).filter(pl.col("_n") > 1).drop("_n"))
@@ -103,7 +107,8 @@ def _empty_last(events: pl.DataFrame, marked: pl.DataFrame, step_names) -> pl.Da
         last.lazy().join(ends, on=KEYS, how="left")
         .filter((pl.col("end_us") <= pl.col("start_us")) | pl.col("last_end_us").is_null()
                 | (pl.col("last_end_us") <= pl.col("start_us")))
-        .select(*KEYS, "step")
+        .select(*KEYS, "step", dur_us=pl.col("end_us") - pl.col("start_us"))
+        .sort(KEYS)
         .collect()
     )
 

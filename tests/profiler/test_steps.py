@@ -89,7 +89,7 @@ def test_step_time_stats():
 
 def _marked_steps(ev: pl.DataFrame) -> pl.DataFrame:
     """Every ProfilerStep span as a step, empty ones too (as a caller may pass them)."""
-    return profiler_steps(ev, empty=pl.DataFrame(schema={"run": pl.Categorical, "rank": pl.Int32, "step": pl.Int64}))
+    return profiler_steps(ev, keep_empty=True)
 
 
 def test_step_tails_is_the_last_step_past_the_last_other_event():
