@@ -317,11 +317,15 @@ def _decode_header(raw: bytes | None):
 def _fast_parse(raw: bytes) -> dict | None:
     """The C parser's buffers, or None where it declines the input (msgspec then parses it)."""
     try:
-        parsed = _kineto.parse(raw)
-        # Strings with escapes come as their raw JSON text (escapes already checked), decoded here.
-        parsed["strings"] = [msgspec.json.decode(s) if isinstance(s, bytes) else s for s in parsed["strings"]]
+        return decode_strings(_kineto.parse(raw))
     except (_kineto.Fallback, UnicodeDecodeError, msgspec.DecodeError):
         return None
+
+
+def decode_strings(parsed: dict) -> dict:
+    """The C parser's dict with its escaped strings decoded: they come as their raw JSON text
+    (escapes already checked). Raises msgspec.DecodeError as msgspec does."""
+    parsed["strings"] = [msgspec.json.decode(s) if isinstance(s, bytes) else s for s in parsed["strings"]]
     return parsed
 
 

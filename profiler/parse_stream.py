@@ -26,7 +26,7 @@ from pathlib import Path
 import msgspec
 
 from profiler.damaged import INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO, _isal_zlib
-from profiler.parse import _kineto
+from profiler.parse import _kineto, decode_strings
 
 _ISAL_ERRORS = (_isal_zlib.error,) if _isal_zlib is not None else ()  # not a zlib.error
 
@@ -62,9 +62,7 @@ def scan_file(path: str | Path, *, chunk_bytes: int | None = None) -> dict | Non
                 stream = _plain(f, size, chunk_bytes)
             if stream is None:
                 return None
-            parsed = stream.finish()
-        # Strings with escapes come as their raw JSON text (escapes already checked), decoded here.
-        parsed["strings"] = [msgspec.json.decode(s) if isinstance(s, bytes) else s for s in parsed["strings"]]
+            parsed = decode_strings(stream.finish())
     except (_kineto.Fallback, UnicodeDecodeError, msgspec.DecodeError, OSError, MemoryError, zlib.error, *_ISAL_ERRORS):
         return None  # MemoryError: the whole-file path words it as it always has
     return parsed

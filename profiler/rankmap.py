@@ -36,7 +36,7 @@ from profiler.exposed import exposed_comm
 from profiler.memory import memory_curve, memory_peaks, memory_timeline
 from profiler.pipeline import pipeline_actions
 from profiler.recompute import recompute_time
-from profiler.steps import KEYS, assign_steps, step_tails, steps_and_empty
+from profiler.steps import assign_steps, step_tails, steps_and_empty
 from profiler.top_ops import top_kernels, top_operators
 
 
@@ -157,9 +157,7 @@ def analyze_rank(events: pl.DataFrame, ranks: pl.DataFrame, runs: dict[str, dict
     steps = all_steps if step is None else all_steps.filter(pl.col("step") == step)
     if steps.is_empty():  # --step S and this rank has no step S: nothing to analyze
         return {"all_steps": all_steps.select("run", "rank", "step"), "empty_steps": empty}
-    # Before --step's filter: the rank's last event, wherever it is. A rank whose last step was left
-    # out as empty has a later step: its trace was not cut.
-    tails = step_tails(events, steps).join(empty.select(*KEYS), on=KEYS, how="anti")
+    tails = step_tails(events, steps, empty)  # before --step's filter: the rank's last event, wherever it is
     # Which step each event is in, once for every analysis below (they reuse the column).
     events = assign_steps(events, steps)
     if step is not None:

@@ -261,10 +261,11 @@ def _step_at(points: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
 CUT_TAIL_PCT = 5.0
 
 
-def step_tails(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def step_tails(events: pl.DataFrame, steps: pl.DataFrame, empty: pl.DataFrame | None = None) -> pl.DataFrame:
     """(run, rank, step, dur_us, tail_us): each rank's last ProfilerStep of `steps` and how long its
     span runs on past the rank's last other event (any event, memory instants included; 0 when
     one ends at or after the span; null when none ends inside it: an empty step, not a cut one).
+    No row for a rank in `empty` (empty_last_steps): a step, left out, follows its last: not cut.
 
     torch.profiler records a ProfilerStep as one span with its duration. A trace cut short (a
     file truncated while being written, or one cut at a size as bench_profiler.build_trace_set
@@ -278,7 +279,7 @@ def step_tails(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         last = other.group_by(KEYS).agg(last_us)
     else:  # one rank: its last event, no group_by (and no row where it has none)
         last = other.select(pl.col(KEYS).first(), last_us, _n=pl.len()).filter(pl.col("_n") > 0).drop("_n")
-    return (
+    tails = (
         steps.lazy().filter("has_profiler_steps").sort("end_us").group_by(KEYS).last()
         .join(last, on=KEYS, how="left")
         # From the step's last event, or none (null): a step with no event in it is empty, not cut
@@ -288,6 +289,7 @@ def step_tails(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         .sort(KEYS)
         .collect()
     )
+    return tails if empty is None else tails.join(empty.select(KEYS), on=KEYS, how="anti")
 
 
 def step_time_stats(steps: pl.DataFrame) -> pl.DataFrame:
