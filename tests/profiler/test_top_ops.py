@@ -106,3 +106,24 @@ def test_self_times_of_many_threads_are_each_span_less_its_children(threads):
     st = self_times(make_events(rows))
     got = {(r["tid"], r["ts_us"], r["dur_us"]): r["self_us"] for r in st.iter_rows(named=True)}
     assert len(want) > 40 * threads and got == want
+
+
+
+def test_a_batch_of_ranks_with_tied_starts_gives_each_rank_its_self_times_alone():
+    # Four ranks recorded together: each holds the same spans (every start ties with the other
+    # ranks', as in a batch of copies; listed in another order on each rank), with ties of its
+    # own: identical spans (they nest in trace order) and spans starting together (the longer is
+    # the parent). A batch's sweep orders only each thread's own ties: every rank's self times
+    # and operator table must be those it has alone, and the hand-counted ones.
+    rows = [op("outer", 0, 100), op("mid", 0, 60), op("inner", 0, 20), op("twin", 70, 10), op("twin", 70, 10),
+            op("other", 0, 50, tid=2), op("leaf", 0, 50, tid=2), op("late", 55, 5, tid=2)]
+    want = [("inner", 20.0), ("late", 5.0), ("leaf", 50.0), ("mid", 40.0), ("other", 0.0), ("outer", 30.0),
+            ("twin", 0.0), ("twin", 10.0)]
+    ranks = [make_events(rows[k:] + rows[:k], rank=r) for r, k in enumerate([0, 0, 3, 5])]
+    batch = pl.concat(ranks)
+    together, ops_together = self_times(batch), top_operators(batch, n=3)
+    for r, alone in enumerate(ranks):
+        mine = self_times(alone)
+        assert sorted(mine.select("name", "self_us").rows()) == want
+        assert together.filter(pl.col("rank") == r).equals(mine)
+        assert ops_together.filter(pl.col("rank") == r).equals(top_operators(alone, n=3))
