@@ -197,19 +197,30 @@ def top_operators(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
 def top_kernels(events: pl.DataFrame, *, n: int = 20) -> pl.DataFrame:
     """Per rank, the `n` GPU kernels / copies with the most total time (a kernel's self time is its
     duration: nothing nests inside a kernel)."""
-    # Rank by rank: polars' streaming engine sums a group in morsels whose cuts depend on where
-    # the rank's rows sit in the frame, so a rank analysed beside others (the batched map,
-    # profiler/batchmap.py) would get other last digits than alone. Each rank's rows as a frame
-    # of their own give the sums of the rank alone, bit for bit.
     rows = events.select(*KEYS, "device", "kind", "name", "dur_us")
-    parts = rows.partition_by(KEYS, maintain_order=True) if varying(rows, KEYS) else [rows]
-    return pl.concat([_top_kernels(p, n) for p in parts or [rows]], how="vertical")
+    if not varying(rows, KEYS):
+        return _top_kernels(rows, n)
+    # Several ranks (a batch, profiler/batchmap.py): polars' streaming engine sums a group in
+    # morsels whose cuts depend on where the rank's rows sit in the frame (and on the thread
+    # count), so beside other ranks a rank would get other last digits than alone. Where every
+    # addition is exact, any order gives the one sum: all ranks at once (`_top_kernels_exact`);
+    # else rank by rank, each rank's rows as a frame of their own, as alone.
+    kernels = rows.filter(_IS_KERNEL).drop("device")
+    if kernels.is_empty():  # CPU ranks: one empty table (every rank's is empty)
+        return _top_kernels(rows.clear(), n)
+    exact = _top_kernels_exact(kernels, rows.select(KEYS).unique(maintain_order=True), n)
+    if exact is not None:
+        return exact
+    return pl.concat([_top_kernels(p, n) for p in rows.partition_by(KEYS, maintain_order=True)], how="vertical")
+
+
+_IS_KERNEL = (pl.col("device") == "gpu") & (pl.col("kind") != "annotation")
 
 
 def _top_kernels(events: pl.DataFrame, n: int) -> pl.DataFrame:
     return (
         events.lazy()
-        .filter((pl.col("device") == "gpu") & (pl.col("kind") != "annotation"))
+        .filter(_IS_KERNEL)
         .group_by(*KEYS, "name", "kind", maintain_order=True)  # ties: as top_operators
         .agg(count=pl.len(), total_us=pl.col("dur_us").sum(), mean_us=pl.col("dur_us").mean())
         .sort(*KEYS, "total_us", descending=[False, False, True], maintain_order=True)
@@ -217,4 +228,49 @@ def _top_kernels(events: pl.DataFrame, n: int) -> pl.DataFrame:
         .head(n)
         .with_columns(pl.col("name").cast(pl.String), pl.col("kind").cast(pl.String))
         .collect()
+    )
+
+
+# Whole numbers below this are exact in a float64, and so is every sum of them staying below it.
+EXACT_SUM = 2.0**53
+
+
+def _top_kernels_exact(kernels: pl.DataFrame, ranks: pl.DataFrame, n: int) -> pl.DataFrame | None:
+    """`_top_kernels` of each rank's kernels (run, rank, kind, name, dur_us), concatenated in the
+    order of `ranks` (run, rank), in one pass over all of them; None where an addition could
+    round: a duration that is not a whole number of µs (or not finite), or durations adding up
+    to 2^53 µs or more.
+
+    Otherwise every partial sum is a whole number below 2^53, so every addition is exact and the
+    sums (and the means, sum / count of durations) are those of any order polars adds them in:
+    bit for bit each rank's alone. Traces recorded at µs resolution take this path (ns ones have
+    fractions). Groups, their order (first appearance), the sort (total, ties in that order) and
+    the cut at n are _top_kernels' own.
+    """
+    dur = kernels.get_column("dur_us")
+    w = dur.fill_null(0.0).to_numpy()  # polars' sum adds nothing for a null duration (its count counts it)
+    if not (np.isfinite(w).all() and (w == np.floor(w)).all() and np.abs(w).sum() < EXACT_SUM):
+        return None
+    # One number per (run, rank, name, kind), in order of first appearance.
+    code = kernels.select(pl.struct(*KEYS, "name", "kind").rank("dense")).to_series().to_numpy()
+    _, first, group = np.unique(code, return_index=True, return_inverse=True)
+    by_first = np.argsort(first)
+    renumber = np.empty_like(by_first)
+    renumber[by_first] = np.arange(by_first.size)
+    group, first = renumber[group.ravel()], first[by_first]
+    total = np.bincount(group, weights=w, minlength=first.size)
+    valid = np.bincount(group, weights=dur.is_not_null().to_numpy(), minlength=first.size)  # mean's count
+    mean = np.divide(total, valid, out=np.zeros_like(total), where=valid > 0)
+    table = kernels[first].select(
+        *KEYS, pl.col("name").cast(pl.String), pl.col("kind").cast(pl.String),
+        count=pl.Series(np.bincount(group, minlength=first.size), dtype=pl.get_index_type()),
+        total_us=pl.Series(total, dtype=pl.Float64),
+        mean_us=pl.when(pl.Series(valid > 0)).then(pl.Series(mean, dtype=pl.Float64)),
+    )
+    return (
+        table.join(ranks.with_row_index("_rank_at"), on=KEYS, how="left", maintain_order="left")
+        .sort("_rank_at", "total_us", descending=[False, True], maintain_order=True)
+        .group_by("_rank_at", maintain_order=True)
+        .head(n)
+        .drop("_rank_at")
     )

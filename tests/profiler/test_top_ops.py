@@ -127,3 +127,33 @@ def test_a_batch_of_ranks_with_tied_starts_gives_each_rank_its_self_times_alone(
         assert sorted(mine.select("name", "self_us").rows()) == want
         assert together.filter(pl.col("rank") == r).equals(mine)
         assert ops_together.filter(pl.col("rank") == r).equals(top_operators(alone, n=3))
+
+
+
+@pytest.mark.parametrize("unit", [1.0, 0.1])  # whole µs: all ranks summed at once; fractions: rank by rank
+def test_a_batch_of_ranks_gives_each_rank_its_top_kernels_alone(unit, monkeypatch):
+    # Three ranks, each with kernels of equal total time (ties, listed in another order on each
+    # rank), a null duration (counted, adds nothing, not in the mean) and more kernels than n.
+    import profiler.top_ops as top_ops
+
+    def rank_rows(r: int) -> list[dict]:
+        names = ["a", "b", "c", "d"][r:] + ["a", "b", "c", "d"][:r]
+        rows = [kernel(x, "compute", 100 * i + 10 * k, 3 * unit, i) for i, x in enumerate(names) for k in range(2)]
+        rows += [kernel("e", "memory", 900, 1 * unit, 9), kernel("e", "memory", 950, 2 * unit, 10), kernel("e", "memory", 960, 4 * unit, 10)]
+        return rows + [kernel("f", "other", 990, 5 * unit, 11)]
+
+    no_dur = pl.when(pl.col("name") == "f").then(None).otherwise("dur_us").alias("dur_us")
+    ranks = [make_events(rank_rows(r), rank=r).with_columns(no_dur) for r in range(3)]
+    alone = [top_kernels(ev, n=3) for ev in ranks]
+    real, queries = top_ops._top_kernels, []
+    monkeypatch.setattr(top_ops, "_top_kernels", lambda ev, n: queries.append(n) or real(ev, n))
+    together = top_kernels(pl.concat(ranks), n=3)
+    assert len(queries) == (0 if unit == 1.0 else 3)
+    for r, mine in enumerate(alone):
+        assert together.filter(pl.col("rank") == r).equals(mine)
+        names = ["a", "b", "c", "d"][r:] + ["a", "b", "c", "d"][:r]
+        assert mine.select("name", "count").rows() == [("e", 3), (names[0], 2), (names[1], 2)]
+    whole = top_kernels(pl.concat(ranks), n=9).filter(pl.col("rank") == 0)
+    assert whole.filter(pl.col("name") == "f").select("count", "total_us", "mean_us").row(0) == (1, 0.0, None)
+    if unit == 1.0:
+        assert whole.filter(pl.col("name") == "e").select("total_us", "mean_us").row(0) == (7.0, 7 / 3)
