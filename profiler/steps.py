@@ -135,21 +135,29 @@ def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.
     # Work on a narrow copy (a few columns) and attach the result: joins on the whole frame
     # would copy every column of every event.
     narrow = events.select(*KEYS, "ts_us", "device", "kind", "correlation")
-    by_time = _step_at(narrow.select(*KEYS, "ts_us"), steps)
     # Joined on the keys that vary only: one rank's events are matched on correlation alone (a
     # join on one integer column, not three).
     keys = varying(narrow, KEYS)
+    # Several ranks, each one run of rows (a batch, profiler/batchmap.py): each rank's steps and
+    # launches found by binary search in its own rows, as for one rank (one sort of the whole
+    # batch by time, and one join, cost most of the assignment).
+    blocks = rank_blocks(narrow) if keys else None
+    by_time = _step_at(narrow.select(*KEYS, "ts_us"), steps, blocks)
     # Only device activity takes another step than its start's: those rows alone are matched.
     device = narrow.with_columns(step=by_time).with_row_index("_row").filter(pl.col("device") == "gpu")
     if keys:
-        launches = (
-            narrow.with_columns(step=by_time)
-            .filter((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
-            .group_by(*keys, "correlation")
-            .agg(launch_step=pl.col("step").first(), _launched=pl.lit(True))
-        )
-        device = (device.join(launches, on=[*keys, "correlation"], how="left", maintain_order="left")
-                  .join(_single_window(events, steps), on=KEYS, how="left", maintain_order="left"))
+        launched = _launch_of(narrow, by_time, device, blocks) if blocks is not None else None
+        if launched is not None:
+            device = device.with_columns(*launched)
+        else:
+            launches = (
+                narrow.with_columns(step=by_time)
+                .filter((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
+                .group_by(*keys, "correlation")
+                .agg(launch_step=pl.col("step").first(), _launched=pl.lit(True))
+            )
+            device = device.join(launches, on=[*keys, "correlation"], how="left", maintain_order="left")
+        device = device.join(_single_window(events, steps), on=KEYS, how="left", maintain_order="left")
     else:  # one rank: launches by binary search, and _single_window's one row (or none) as constants
         only_step, single = _single_one_rank(events, steps)
         device = device.with_columns(*_launch_of(narrow, by_time, device),
@@ -165,25 +173,52 @@ def assign_steps(events: pl.DataFrame, steps: pl.DataFrame | None = None) -> pl.
     return events.with_columns(step=step)
 
 
-def _launch_of(narrow: pl.DataFrame, by_time: pl.Series, device: pl.DataFrame) -> list[pl.Series]:
-    """One rank's `launch_step` and `_launched` of `device`'s rows: the step (by time) of the first
-    runtime call in the trace with the row's correlation, found by binary search in the runtime
-    calls' sorted correlations (what a group_by(correlation).first() and a join give)."""
+def _launch_of(narrow: pl.DataFrame, by_time: pl.Series, device: pl.DataFrame,
+               blocks: list[tuple[str, int, int, int]] | None = None) -> list[pl.Series] | None:
+    """`launch_step` and `_launched` of `device`'s rows: the step (by time) of the first runtime
+    call of the row's rank with the row's correlation, found by binary search in the runtime
+    calls' sorted correlations (what a group_by(rank, correlation).first() and a join give).
+
+    blocks: `rank_blocks(narrow)` where the frame holds several ranks, each searched among its
+    own calls (None where it holds one); None back where (block, correlation) does not fit one
+    integer (a correlation id near 2^62: the caller joins instead).
+    """
     is_call = narrow.select((pl.col("device") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("kind") == "runtime"))
     calls = np.flatnonzero(is_call.to_series().fill_null(False).to_numpy())
     corr = narrow.get_column("correlation").fill_null(0).to_numpy()[calls]
+    wanted = device.get_column("correlation")
+    value = wanted.fill_null(0).to_numpy()
+    if blocks is not None and calls.size and value.size:
+        # (block, correlation) as one integer, block by block in increasing order.
+        low, high = int(min(corr.min(), value.min())), int(max(corr.max(), value.max()))
+        span = high - low + 1
+        if span * len(blocks) >= 2**62:
+            return None
+        block = np.repeat(np.arange(len(blocks), dtype=np.int64), [n for *_, n in blocks])
+        corr = block[calls] * span + (corr - low)
+        value = block[device.get_column("_row").to_numpy()] * span + (value - low)
     order = np.argsort(corr, kind="stable")  # each correlation's calls in trace order: the first is the one
     corr = corr[order]
     first = np.ones(corr.size, bool)
     first[1:] = corr[1:] != corr[:-1]
     known, call = corr[first], calls[order[first]]
-    wanted = device.get_column("correlation")
     if not known.size or not wanted.len():
         return [pl.Series("launch_step", [None] * wanted.len(), pl.Int64), pl.Series("_launched", [None] * wanted.len(), pl.Boolean)]
-    value = wanted.fill_null(0).to_numpy()
     at = np.minimum(np.searchsorted(known, value), known.size - 1)
     hit = wanted.is_not_null().to_numpy() & (known[at] == value)
     return [by_time.gather(call[at]).alias("launch_step"), pl.Series("_launched", hit).replace(False, None)]
+
+
+def rank_blocks(frame: pl.DataFrame) -> list[tuple[str, int, int, int]] | None:
+    """(run, rank, first row, rows) of each (run, rank) of `frame` where each one's rows are one
+    run of rows (a batch's frame: its files' events one after the other), else None."""
+    runs = frame.select(pl.struct(KEYS).rle().alias("r")).unnest("r").unnest("value")  # a categorical run lists as text
+    keys = list(zip(runs.get_column("run").to_list(), runs.get_column("rank").to_list()))
+    if len(set(keys)) != len(keys) or any(run is None or rank is None for run, rank in keys):
+        return None
+    lengths = runs.get_column("len").to_list()
+    starts = np.cumsum([0, *lengths[:-1]]).tolist()
+    return [(run, rank, at, n) for (run, rank), at, n in zip(keys, starts, lengths)]
 
 
 def _single_one_rank(events: pl.DataFrame, steps: pl.DataFrame) -> tuple[int | None, bool | None]:
@@ -229,9 +264,9 @@ def _single_window(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _step_at(points: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
+def _step_at(points: pl.DataFrame, steps: pl.DataFrame, blocks: list[tuple[str, int, int, int]] | None = None) -> pl.Series:
     """`step`: for each point (in order), the step whose [start_us, end_us) holds its ts_us (steps
-    do not overlap), else null."""
+    do not overlap), else null. blocks: `rank_blocks(points)`, or None."""
     table = steps.select(*KEYS, "step", "start_us", "end_us")
     keys = varying(points, KEYS)
     if not keys and points.height:  # one rank: its own steps, then nothing to match per row
@@ -245,6 +280,9 @@ def _step_at(points: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
         hit = found & (ts < table.get_column("end_us").to_numpy()[at]) if table.height else found
         values = table.get_column("step").to_numpy()[at] if table.height else np.zeros(at.size, np.int64)
         return pl.Series("step", values, pl.Int64).scatter(np.flatnonzero(~hit), None)
+    found = _step_at_blocks(points.get_column("ts_us").to_numpy(), blocks, table) if blocks is not None else None
+    if found is not None:
+        return found
     table = table.sort("start_us")
     return (
         points.with_row_index("_row").sort("ts_us")
@@ -252,6 +290,35 @@ def _step_at(points: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
         .select("_row", step=pl.when(pl.col("ts_us") < pl.col("end_us")).then(pl.col("step")))
         .sort("_row").get_column("step")
     )
+
+
+def _step_at_blocks(ts: np.ndarray, blocks: list[tuple[str, int, int, int]], table: pl.DataFrame) -> pl.Series | None:
+    """_step_at of points of several ranks, each rank one block of rows (`rank_blocks`), by a
+    binary search in each rank's steps; None where a rank has two steps starting together (which
+    of them join_asof takes is its sort's business) or a step without its times."""
+    if any(table.get_column(c).null_count() for c in ("step", "start_us", "end_us")) or table.get_column("start_us").is_nan().any():
+        return None
+    start, end, step = (table.get_column(c).to_numpy() for c in ("start_us", "end_us", "step"))
+    own: dict[tuple[str, int], list[int]] = {}
+    for i, key in enumerate(zip(table.get_column("run").cast(pl.String).to_list(), table.get_column("rank").to_list())):
+        own.setdefault(key, []).append(i)
+    values = np.zeros(ts.size, np.int64)
+    hit = np.zeros(ts.size, bool)
+    for run, rank, first, n in blocks:
+        mine = np.array(own.get((run, rank), []), np.int64)
+        if not mine.size:
+            continue  # a rank without steps: no point in one
+        mine = mine[np.argsort(start[mine], kind="stable")]
+        starts = start[mine]
+        if (starts[1:] == starts[:-1]).any():
+            return None
+        x = ts[first:first + n]
+        at = np.searchsorted(starts, x, side="right") - 1
+        found = at >= 0
+        at = mine[np.where(found, at, 0)]
+        hit[first:first + n] = found & (x < end[at])
+        values[first:first + n] = step[at]
+    return pl.Series("step", values, pl.Int64).scatter(np.flatnonzero(~hit), None)
 
 
 # A rank's last step running on past the rank's last event by more than this share of the step:

@@ -64,6 +64,34 @@ def test_kernels_take_the_first_call_of_their_correlation_alone_or_beside_anothe
         assert got == {"gemm": 2, "late": 1, "orphan": None}
     assert alone["step"].equals(beside["step"])
 
+@pytest.mark.parametrize("layout", ["blocks", "interleaved", "tied starts"])
+def test_a_batch_of_ranks_gives_each_rank_its_steps_alone(layout):
+    # Three ranks with the same correlation ids and times (a batch of copies): rank r's kernels
+    # take the step of rank r's own call only. Rank 2 never calls correlation 3: its kernel 3 has
+    # no step, though ranks 0 and 1 launched a 3. Each rank one block of rows (a batch: binary
+    # searches per rank), the ranks' rows interleaved, or two steps starting together (both by a
+    # sort and a join): each rank's steps as alone, and the hand-made ones.
+    def rows(r: int) -> list[dict]:
+        out = [step(1, 0, 50), step(2, 50, 50), launch(60, 7), launch(10, 7), dict(name="aten::mm", kind="op", ts_us=49, dur_us=5),
+               kernel("gemm", "compute", 70, 5, 7), kernel("late", "compute", 55, 5, 3), kernel("free", "compute", 99, 2, None)]
+        out += [launch(20, 3)] if r < 2 else []
+        out += [dict(step(9, 0, 0), tid=2)] if layout == "tied starts" else []  # a 0 µs step at step 1's start
+        return out
+
+    ranks = [make_events(rows(r), rank=r) for r in range(3)]
+    batch = pl.concat(ranks)
+    if layout == "interleaved":
+        batch = batch.sort(pl.int_range(pl.len()).over("rank"), "rank")  # round robin, each rank's rows in order
+    together = assign_steps(batch)
+    for r, alone in enumerate(ranks):
+        mine = assign_steps(alone)
+        if layout != "tied starts":  # (there, which of the two steps holds time 0 is the sort's business, alone too)
+            got = dict(mine.select(pl.col("name").cast(pl.String), "step").iter_rows())
+            assert {k: got[k] for k in ("gemm", "late", "aten::mm", "free")} == {"gemm": 2, "late": 1 if r < 2 else None, "aten::mm": 1, "free": 2}
+        theirs = together.filter(pl.col("rank") == r)
+        assert theirs.sort("ts_us", "name", maintain_order=True).equals(mine.sort("ts_us", "name", maintain_order=True))
+
+
 def test_single_step_rank_keeps_its_device_activity_in_its_step():
     # HTA's rule (Trace._filter_irrelevant_gpu_kernels): with fewer than two ProfilerSteps, no
     # device activity is dropped for its launch. Per rank: rank 1 has two steps and keeps the filter.
