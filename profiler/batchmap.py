@@ -283,18 +283,20 @@ def _analyse_together(batch: list[_Ready]) -> dict[tuple[str, int], dict[str, pl
 
 def _batch_events(batch: list[_Ready]) -> pl.DataFrame:
     """The batch's events labelled (run, rank), as `rankmap._events` of each file concatenated:
-    the files' frames joined first, then labelled once (not one query per file)."""
+    each analysed column joined once from the files' (one copy, one chunk), then labelled once
+    (not one query per file: a select of each file's columns, then one of the joined frame's,
+    which copied every column again to align its chunks, were half of this)."""
     import numpy as np
 
     # The analysed columns of each (a just-parsed frame has them all, one read back only these).
-    columns = [c for c in analysed_columns() if c not in ("run", "rank")]
-    frames = [_frame(r.parsed).select(columns) for r in batch]
+    frames = [_frame(r.parsed) for r in batch]
     heights = [f.height for f in frames]
     runs = pl.Series("run", [r.task.run for r in batch], dtype=pl.String).cast(pl.Categorical)
     which = pl.Series(np.repeat(np.arange(len(batch), dtype=np.int64), heights))
-    ranks = np.repeat(np.array([r.rank for r in batch], dtype=np.int32), heights)
-    events = pl.concat(frames, how="vertical")
-    return events.with_columns(runs.gather(which), rank=pl.Series(ranks, dtype=pl.Int32)).select(analysed_columns())
+    labels = {"run": runs.gather(which),
+              "rank": pl.Series("rank", np.repeat(np.array([r.rank for r in batch], dtype=np.int32), heights), dtype=pl.Int32)}
+    return pl.DataFrame([labels[c] if c in labels else pl.concat([f.get_column(c) for f in frames], rechunk=True)
+                         for c in analysed_columns()])
 
 
 def _by_rank(frame: pl.DataFrame) -> dict[tuple[str, int], pl.DataFrame]:
