@@ -13,16 +13,20 @@ each `_kineto` dict, pickled, in an unnamed temporary file (not a pipe: a pipe w
 child until this process, busy importing, read it).
 
 A scan is taken only where it is surely of the file as it is now: the child records each file's
-stat (device, inode, size, mtime, ctime) before and after scanning it, and `take` compares both
-with the file's stat when it is asked for; anything else (the file changed, the child failed, was
+stat (device, inode, size, mtime, ctime) before and after scanning it and the SHA-256 of the bytes
+it scanned, and `take` compares both stats with the file's stat when it is asked for and the hash
+with the file's bytes then (a same-size rewrite can keep the stat on a filesystem with coarse
+timestamps); anything else (the file changed, the child failed, was
 killed, ran out of memory, or never got that far) gives None and the caller scans the file
 itself, which then words any problem exactly as it always has.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
+import signal
 import tempfile
 import threading
 from pathlib import Path
@@ -53,7 +57,12 @@ class _Prescan:
             return False, None
         if sig not in self.scans:
             return False, None
-        return True, self.scans.pop(sig)
+        parsed, digest = self.scans.pop(sig)
+        # The stat could miss a rewrite of the same size within the filesystem's timestamp
+        # granularity: the bytes the child read must be the file's bytes now (~1 ms a MB).
+        if parsed is not None and (digest is None or digest != _sha256(path)):
+            return False, None
+        return True, parsed
 
     def _read_back(self) -> dict:
         """The child's scans once it has exited cleanly; none if it did not (killed, failed)."""
@@ -66,11 +75,11 @@ class _Prescan:
             self.out.seek(0)
             while True:
                 try:
-                    before, after, parsed = pickle.load(self.out)
+                    before, after, parsed, digest = pickle.load(self.out)
                 except EOFError:
                     break
                 if before == after:  # unchanged while it was scanned
-                    scans[before] = parsed
+                    scans[before] = (parsed, digest)
         except Exception:  # noqa: BLE001  (a damaged temporary file: scan the files here instead)
             scans.clear()
         finally:
@@ -87,6 +96,17 @@ class _Prescan:
             self.pid = None
         self.out.close()
         self.scans = None
+
+
+def _sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def _reap(pid: int, *, wait: bool) -> int | None:
@@ -117,39 +137,48 @@ def start(paths: list) -> bool:
         out = tempfile.TemporaryFile()
     except OSError:
         return False
+    # SIGINT held from before the fork until the child is recorded: a Ctrl-C in between would
+    # raise here with the child running and nobody to stop it. Delivered once unblocked.
+    held = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if held:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        pid = os.fork()
-    except OSError:
-        out.close()
-        return False
-    if pid == 0:  # the child: never back into the caller's code, nor its atexit handlers or buffers
-        code = 1
         try:
-            _scan_all([str(p) for p in paths], out)
-            code = 0
-        finally:
-            os._exit(code)
-    _active = _Prescan(pid, out)
+            pid = os.fork()
+        except OSError:
+            out.close()
+            return False
+        if pid == 0:  # the child: never back into the caller's code, nor its atexit handlers or buffers
+            code = 1
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the parent stops us (stop())
+                if held:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+                _scan_all([str(p) for p in paths], out)
+                code = 0
+            finally:
+                os._exit(code)
+        _active = _Prescan(pid, out)
+    finally:
+        if held:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     return True
 
 
 def _scan_all(paths: list[str], out) -> None:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the parent stops us (stop())
-    from profiler.parse_stream import scan_file
+    from profiler.parse_stream import scan_file_hashed
 
     for path in paths:
         try:
             before = _signature(os.stat(path))
         except OSError:
             continue
-        parsed = scan_file(path, prescanned=False)
+        parsed, digest = scan_file_hashed(path)
         try:
             after = _signature(os.stat(path))
         except OSError:
             continue
-        pickle.dump((before, after, parsed), out, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.dump((before, after, parsed, digest), out, protocol=pickle.HIGHEST_PROTOCOL)
         del parsed
     out.flush()
 

@@ -93,6 +93,41 @@ print(prescan.take(path), gone(pid))
     assert got == ["(False,", "None)", "(False,", "None)", "True"]
 
 
+def test_a_same_size_rewrite_the_stat_misses_is_caught_by_the_hash(tmp_path):
+    trace, other = tmp_path / "rank0.json.gz", tmp_path / "rank1.json.gz"
+    shutil.copy(SAMPLE / "rank0.json.gz", trace)
+    shutil.copy(SAMPLE / "rank1.json.gz", other)
+    got = _run("""
+path, other = sys.argv[1:3]
+assert prescan.start([path, other])
+prescan.take(path + ".none")  # reads the child's scans back
+raw = bytearray(Path(path).read_bytes())
+raw[-8] ^= 1  # the gzip's CRC: same size, other bytes
+Path(path).write_bytes(bytes(raw))
+# A filesystem with coarse timestamps: the stat the child saw is the stat now.
+scans = prescan._active.scans
+scans[prescan._signature(os.stat(path))] = scans.pop(next(iter(scans)))
+print(prescan.take(path), prescan.take(other)[0])
+""", trace, other)
+    assert got == ["(False,", "None)", "True"]
+
+
+def test_the_hash_is_of_the_bytes_the_scan_read(tmp_path):
+    from hashlib import sha256
+
+    from profiler.parse_stream import scan_file, scan_file_hashed
+
+    plain = tmp_path / "rank0.json"
+    plain.write_bytes(gzip.decompress((SAMPLE / "rank0.json.gz").read_bytes()))
+    for path in (SAMPLE / "rank0.json.gz", plain):
+        parsed, digest = scan_file_hashed(path)
+        assert digest == sha256(path.read_bytes()).hexdigest()
+        assert parsed == scan_file(path, prescanned=False)
+    junk = tmp_path / "junk.json.gz"
+    junk.write_bytes((SAMPLE / "rank0.json.gz").read_bytes() + b"junk")  # the whole-file path's to word
+    assert scan_file_hashed(junk) == (None, None)
+
+
 def test_stop_leaves_no_process_and_start_refuses_what_it_cannot_help(tmp_path):
     big = tmp_path / "big.json"
     with open(big, "wb") as f:
@@ -110,6 +145,26 @@ t.start()
 print(prescan.start([path]))  # fork copies only this thread: not with another running
 """, SAMPLE / "rank0.json.gz", big)
     assert got == ["True", "True", "(False,", "None)", "False", "False", "False", "False"]
+
+
+def test_a_ctrl_c_at_the_fork_leaves_the_child_recorded_for_stop():
+    got = _run("""
+real_fork = os.fork
+def fork():  # Ctrl-C just after the fork, before the child is recorded
+    pid = real_fork()
+    if pid:
+        os.kill(os.getpid(), signal.SIGINT)
+    return pid
+os.fork = fork
+try:
+    prescan.start([sys.argv[1]])
+    print("not-interrupted")
+except KeyboardInterrupt:
+    pid = prescan._active.pid
+    prescan.stop()
+    print("interrupted", gone(pid))
+""", SAMPLE / "rank0.json.gz")
+    assert got == ["interrupted", "True"]
 
 
 def test_no_fork_where_another_thread_runs(monkeypatch):
