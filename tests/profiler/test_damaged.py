@@ -90,6 +90,31 @@ def test_an_eventless_trace_is_worded_by_what_it_holds(analyze, tmp_path, doc, s
     refused(analyze(f), str(f), said)
 
 
+@pytest.mark.parametrize("name, content, said", [
+    ("rank0.json", b"", "empty file"),
+    ("rank0.json", b"   \n", "holds no JSON, only whitespace (4 bytes)"),
+    ("rank0.json.gz", gzip.compress(b"", mtime=0), "empty file (inside the gzip)"),
+    ("rank0.json.gz", gzip.compress(b" \t\r\n\n", mtime=0), "holds no JSON, only whitespace (5 bytes inside the gzip)"),
+], ids=["empty", "whitespace", "empty gzip", "whitespace gzip"])
+def test_a_file_without_json_is_refused_as_such_not_as_truncated(analyze, tmp_path, name, content, said):
+    f = tmp_path / name
+    f.write_bytes(content)
+    line = refused(analyze(f), str(f), said)
+    assert "truncated" not in line, line
+
+
+def test_a_whitespace_file_in_a_folder_is_skipped_as_an_empty_one_is(analyze, tmp_path):
+    write(tmp_path / "rank0.json", trace(info={"rank": 0, "world_size": 3}))
+    (tmp_path / "rank1.json").write_bytes(b"")
+    (tmp_path / "rank2.json.gz").write_bytes(gzip.compress(b"  \n", mtime=0))
+    code, out, err, report = analyze(tmp_path)
+    assert code == 2 and [r["rank"] for r in ranks_of(report)] == [0], err  # exit 2 as for any skipped rank
+    assert err.strip().splitlines() == [
+        f"ptprof analyze: skipped {tmp_path / 'rank1.json'}: rank 1: empty file",
+        f"ptprof analyze: skipped {tmp_path / 'rank2.json.gz'}: rank 2: holds no JSON, only whitespace (3 bytes inside the gzip)"]
+    assert report["problems"] == [line.removeprefix("ptprof analyze: skipped ") for line in err.strip().splitlines()]
+
+
 # ---- impossible values: dropped, counted, the rest right ----------------------------------------
 
 
