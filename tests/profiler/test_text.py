@@ -53,6 +53,24 @@ def test_plurals():
 
     assert [plural(1, "microbatch"), plural(4, "microbatch"), plural(1, "rank"), plural(0, "rank")] == [
         "1 microbatch", "4 microbatches", "1 rank", "0 ranks"]
+    assert plural(2020, "call") == "2,020 calls"  # a count is printed with thousands separators
+
+
+def test_table_counts_have_thousands_separators(ddp):
+    from profiler.textfmt import more
+
+    assert more(1250, 12) == ["  … 1,238 more (ptprof analyze --full)"]
+    a = dataclasses.replace(ddp, collective_stats=ddp.collective_stats.with_columns(count=pl.lit(2020, pl.Int64)),
+                            alpha_beta=ddp.alpha_beta.with_columns(n_calls=pl.lit(2020, pl.Int64)),
+                            top_operators=ddp.top_operators.with_columns(count=pl.lit(2020, pl.Int64)))
+    colls = [line for line in section(format_tables(a), "Collectives") if "all_reduce" in line]
+    assert colls and all(" 2,020 " in line for line in colls), colls
+    full = [line for line in section(format_tables(a, full=True), "Collectives") if "all_reduce" in line]
+    assert full and all(" 2,020 " in line for line in full), full
+    fits = [line for line in section(format_tables(a), "Latency and bandwidth") if "all_reduce" in line]
+    assert fits and all(line.split()[3] == "2,020" for line in fits), fits
+    ops = [line for line in section(format_tables(a, full=True), "Top CPU operators") if "aten::" in line]
+    assert ops and all(line.split()[2] == "2,020" for line in ops), ops
 
 
 def test_human_units():
