@@ -403,10 +403,14 @@ def _top(a, frame: pl.DataFrame, runs: list[str], full: bool, name: str, meaning
     stats = stats.join(calls, on=["run", "name"], how="left").sort("run", "max", descending=[False, True], maintain_order=True)
     header = ["name", "ranks", "calls", "median", "max"]
 
+    # As many rows as a rank's own list holds: --top N promises N rows (ROWS caps the other tables).
+    # The union over ranks may name more; those are counted below the table.
+    shown = frame.group_by("run", "rank").len()["len"].max()
+
     def render(p: pl.DataFrame) -> list[str]:
         rows = [[r["name"], fmt_count(r["n"]), fmt_count(r["calls"]), fmt_time(r["median"]), f"{fmt_time(r['max'])} (rank {r['max_rank']})"]
-                for r in p.head(ROWS).to_dicts()]
-        return table(header, rows, "lrrrr", shrink=0) + more(p.height, ROWS)
+                for r in p.head(shown).to_dicts()]
+        return table(header, rows, "lrrrr", shrink=0) + more(p.height, shown)
 
     return out + ["  (ranks: how many ranks have it in their top list; calls, time: median over those ranks, and max)"] + per_run(runs, stats, render)
 

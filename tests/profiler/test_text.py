@@ -336,6 +336,25 @@ def test_the_cli_takes_full():
     assert len(order) == 2  # --full: each rank's order in each step
 
 
+@pytest.mark.parametrize("top", [20, None], ids=["--top 20", "default 15"])
+def test_top_n_shows_n_rows(capsys, top):
+    """--top N promises N rows of the operator table (it used to stop at 12, the other tables' cap)."""
+    import gzip
+    import json
+
+    from profiler.cli import main
+
+    sample = REPO / "traces" / "sample-ddp-2r"
+    for k in (0, 1):  # the sample has more than 20 CPU operators on each rank, counted from its JSON
+        events = json.loads(gzip.decompress((sample / f"rank{k}.json.gz").read_bytes()))["traceEvents"]
+        assert len({e["name"] for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X"}) > 20
+    assert main(["analyze", str(sample), *(["--top", str(top)] if top else [])]) == 0
+    lines = section(capsys.readouterr().out, "Top CPU operators")
+    rows = [line for line in lines[4:] if line.strip() and not line.startswith("  … ")]
+    assert len(rows) == (top or 15), lines
+    assert lines[-2].startswith("  … ") and lines[-2].endswith(" more (ptprof analyze --full)")  # the other ranks' names
+
+
 def test_hta_beside_ours_fits_and_says_each_difference():
     from profiler.hta import format_hta
 
