@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 # inflated chunks (parse_stream: 512 KB, ~200 per 100 MB file) come from the heap's top, which
 # glibc would hand back above 128 KB free, to fault it in again for the next chunk: kept up to
 # 4 MB, a 100 MB file faults ~56k pages instead of ~82k (system CPU 2.1-2.6 -> 1.3-1.4 s on
-# 8 x 100 MB, README Benchmarks; the tree's peak the same).
+# 8 x 100 MB, README Benchmarks; the tree's peak the same). A user's own value of any of them
+# wins (_worker_env), as for POLARS_MAX_THREADS: this process already runs with it.
 _WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576",
                "MALLOC_TRIM_THRESHOLD_": "4194304"}
 
@@ -136,7 +137,7 @@ def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[objec
 
 
 def _worker_env(n: int) -> dict:
-    env = {**os.environ, **_WORKER_ENV}
+    env = {**_WORKER_ENV, **os.environ}
     # n workers already fill the cores: polars' own thread pool in each would oversubscribe them
     # (measured ~15 % slower per rank with one worker per core). A user's setting wins.
     env.setdefault("POLARS_MAX_THREADS", str(max(1, (os.cpu_count() or 1) // n)))

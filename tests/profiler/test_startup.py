@@ -179,6 +179,40 @@ def test_close_stops_early_workers_no_map_took(tmp_path):
     assert engine._early == []
 
 
+def _environ(pid: int) -> dict[str, str]:
+    """The environment a process was started with."""
+    return dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypatch):
+    # pool.py's comment: jemalloc's decay 50 ms, glibc's mmap threshold 1 MB and trim threshold 4 MB
+    tuned = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576",
+             "MALLOC_TRIM_THRESHOLD_": "4194304"}
+    for name in (*tuned, "POLARS_MAX_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    engine = LocalEngine(2)
+    try:
+        engine.start_early(2)
+        envs = [_environ(w.proc.pid) for w in engine._early]
+    finally:
+        engine.close()
+    assert len(envs) == 2
+    threads = str(max(1, (os.cpu_count() or 1) // 2))  # the cores shared by the 2 workers
+    assert all({k: e.get(k) for k in (*tuned, "POLARS_MAX_THREADS")} == tuned | {"POLARS_MAX_THREADS": threads} for e in envs), envs
+    # A user's own setting wins, as for POLARS_MAX_THREADS: this process runs with it too.
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    monkeypatch.setenv("POLARS_MAX_THREADS", "1")
+    engine = LocalEngine(2)
+    try:
+        engine.start_early(2)
+        envs = [_environ(w.proc.pid) for w in engine._early]
+    finally:
+        engine.close()
+    mine = tuned | {"MALLOC_TRIM_THRESHOLD_": "131072", "POLARS_MAX_THREADS": "1"}
+    assert len(envs) == 2 and all({k: e.get(k) for k in mine} == mine for e in envs), envs
+
+
 # ---- a light `import profiler` ----------------------------------------------------------------
 
 
