@@ -21,10 +21,12 @@ die, end when their stdin does). This module imports neither polars nor the anal
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -71,11 +73,12 @@ class LocalEngine:
         if n < 2:
             return
         env = _worker_env(n)
-        try:
-            for _ in range(n - len(self._early)):
-                self._early.append(_start_worker(env))
-        except Exception:  # noqa: BLE001  (a process limit, no memory: the map starts them, or says why)
-            pass
+        with _ctrl_c_held():
+            try:
+                for _ in range(n - len(self._early)):
+                    self._early.append(_start_worker(env))
+            except Exception:  # noqa: BLE001  (a process limit, no memory: the map starts them, or says why)
+                pass
 
     def close(self) -> None:
         """Stop the workers started early that no map took (a warm load, an error, Ctrl-C)."""
@@ -134,6 +137,25 @@ def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[objec
         return [lookup(p, cache) for p in paths]
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda p: lookup(p, cache), paths))
+
+
+@contextlib.contextmanager
+def _ctrl_c_held():
+    """Ctrl-C (SIGINT) held until the block ends, then raised. A KeyboardInterrupt inside Popen,
+    while it waits for the child's exec, loses a started worker that no one would stop; held, it
+    comes once every worker is in `_early`, which `close` stops. Only where Python's own handler
+    is installed (the main thread, no handler of the caller's)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    got = []
+    signal.signal(signal.SIGINT, lambda *_: got.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if got:
+        raise KeyboardInterrupt
 
 
 def _worker_env(n: int) -> dict:
@@ -277,8 +299,6 @@ def _run_worker(tasks: list[RankTask], chunk: list[list[int]], env: dict, done: 
 
 
 def _signal_name(number: int) -> str:
-    import signal
-
     try:
         return signal.Signals(number).name  # SIGKILL: most often the kernel's out-of-memory killer
     except ValueError:

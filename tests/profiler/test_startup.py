@@ -213,6 +213,62 @@ def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypa
     assert len(envs) == 2 and all({k: e.get(k) for k in mine} == mine for e in envs), envs
 
 
+def _ctrl_c_while_workers_start(tmp_path, monkeypatch, capsys, popen_then_interrupt) -> tuple[int, str, list]:
+    """`ptprof analyze` of 3 uncached files on 3 workers, `popen_then_interrupt(real_popen, n)`
+    standing in for the n-th worker's Popen: (exit status, stderr, the Popen objects made)."""
+    from profiler.cli import main
+
+    job = _job(tmp_path / "job", 3)
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    real, made = pool.subprocess.Popen, []
+
+    def popen(*args, **kwargs):
+        def start():
+            made.append(real(*args, **kwargs))  # kept here, whatever happens next, to be checked below
+            return made[-1]
+        return popen_then_interrupt(start, len(made) + 1)
+
+    monkeypatch.setattr(pool.subprocess, "Popen", popen)
+    try:
+        code = main(["analyze", str(job), "--workers", "3", "--quiet"])
+    finally:
+        monkeypatch.undo()
+        alive = [p.pid for p in made if _running(p.pid)]
+        for p in made:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert not alive, f"workers left running: {alive}"
+    return code, capsys.readouterr().err, made
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_ctrl_c_between_two_workers_starting_stops_the_started_one(tmp_path, monkeypatch, capsys):
+    def popen(start, n):
+        if n == 2:
+            raise KeyboardInterrupt  # Ctrl-C before the second worker's fork
+        return start()
+
+    code, err, made = _ctrl_c_while_workers_start(tmp_path, monkeypatch, capsys, popen)
+    assert len(made) == 1 and code == 130 and err == "ptprof analyze: interrupted\n", err  # the CLI's Ctrl-C: one line
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_ctrl_c_while_popen_waits_for_the_exec_loses_no_worker(tmp_path, monkeypatch, capsys):
+    import signal
+    import time
+
+    def popen(start, n):
+        proc = start()
+        if n == 2:  # the child exists, Popen has not returned it yet (it waits for the exec): a real Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # where the KeyboardInterrupt is raised, unless held until the worker is kept
+        return proc
+
+    code, err, made = _ctrl_c_while_workers_start(tmp_path, monkeypatch, capsys, popen)
+    assert len(made) >= 2 and code == 130 and err == "ptprof analyze: interrupted\n", err
+
+
 # ---- a light `import profiler` ----------------------------------------------------------------
 
 
