@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "tcp://scheduler:8786; the traces must be on a filesystem the workers share (same paths). Without "
                         "it, local worker processes do the same work (one per core, --workers)")
     p.add_argument("--workers", type=_whole_number(1, 4096), metavar="N",
-                   help="local worker processes (default: one per CPU core)")
+                   help="local worker processes (default: one per CPU core, or none for a set small enough that "
+                        "this process is quicker alone)")
     p.add_argument("--quiet", action="store_true", help="no tables on stdout (with --json FILE; alone, it only checks the traces and, when they are fine, warns on stderr that nothing was written)")
     return p
 
@@ -125,12 +126,12 @@ def _run(args: argparse.Namespace) -> int:
 
         engine = DaskEngine(args.cluster)
     else:
-        from profiler.pool import LocalEngine, uncached_count
+        from profiler.pool import LocalEngine, uncached_files
 
         engine = LocalEngine(args.workers)
     try:
         if hasattr(engine, "start_early"):  # inside the try: a Ctrl-C while they start still stops them
-            engine.start_early(uncached_count(args.paths, cache=not args.no_cache, most=engine.workers))
+            engine.start_early(uncached_files(args.paths, cache=not args.no_cache))
         # The reduce's modules too, now: the early workers are still importing theirs (they are
         # ready ~50 ms after this process), so these cost nothing here and nothing after the map.
         with collector_paused():  # profiler.startup: ~20 ms

@@ -25,8 +25,12 @@ from pathlib import Path
 
 import msgspec
 
-from profiler.damaged import INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO, _isal_zlib
-from profiler.parse import _kineto, decode_strings
+from profiler.gzip_limits import INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO, _isal_zlib
+
+try:  # the C parser, built by `pip install` where a C compiler exists (pyproject.toml)
+    from profiler import _kineto
+except ImportError:
+    _kineto = None
 
 _ISAL_ERRORS = (_isal_zlib.error,) if _isal_zlib is not None else ()  # not a zlib.error
 
@@ -37,12 +41,19 @@ MAX_HINT_RATIO = 32
 READ_BYTES = 1 << 18  # gzip read per inflate call: the inflater's unconsumed input is copied per call, so keep it short
 
 
-def scan_file(path: str | Path, *, chunk_bytes: int | None = None) -> dict | None:
+def scan_file(path: str | Path, *, chunk_bytes: int | None = None, prescanned: bool = True) -> dict | None:
     """The C parser's dict for the file (as `parse._fast_parse` gives it), or None where the
-    whole-file path must run (see the module docstring). Never raises for the file's content."""
+    whole-file path must run (see the module docstring). Never raises for the file's content.
+    prescanned: take prescan.py's scan of the file where its child made one."""
     chunk_bytes = chunk_bytes or CHUNK_BYTES
     if _kineto is None:
         return None
+    if prescanned:
+        from profiler import prescan
+
+        found, parsed = prescan.take(path)
+        if found:
+            return parsed
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not wait for a writer
     except OSError:
@@ -121,3 +132,10 @@ def _gunzipped(f, size: int, head: bytes, chunk_bytes: int):
     if total == 0:
         return None
     return stream
+
+
+def decode_strings(parsed: dict) -> dict:
+    """The C parser's dict with its escaped strings decoded: they come as their raw JSON text
+    (escapes already checked). Raises msgspec.DecodeError as msgspec does."""
+    parsed["strings"] = [msgspec.json.decode(s) if isinstance(s, bytes) else s for s in parsed["strings"]]
+    return parsed

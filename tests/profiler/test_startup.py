@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import os
 import subprocess
@@ -25,7 +26,7 @@ import profiler.cache as cache_module
 import profiler.pool as pool
 from profiler.cache import Parsed, entry_key, lookup, settle
 from profiler.load import load_traces
-from profiler.pool import LocalEngine, uncached_count
+from profiler.pool import LocalEngine, uncached_count, uncached_files
 from profiler.rankmap import HOLD_LOG_ENV, MapOptions, RankSummary, RankTask
 from tests.conftest import REPO
 
@@ -130,10 +131,12 @@ def test_uncached_count_counts_the_files_without_an_entry(tmp_path, monkeypatch)
     cache = tmp_path / "cache"
     monkeypatch.setenv("PTPROF_CACHE_DIR", str(cache))
     assert uncached_count([job]) == 3
+    assert [Path(f).name for f in uncached_files([job])] == ["rank0.json", "rank1.json", "rank2.json"]
     assert uncached_count([job], most=2) == 2  # as many as workers are enough to know
     load_traces(job / "rank1.json", workers=1, progress=False)  # rank 1 cached
     assert (cache / f"{entry_key(job / 'rank1.json')}.json").exists()
     assert uncached_count([job]) == 2
+    assert [Path(f).name for f in uncached_files([job])] == ["rank0.json", "rank2.json"]
     assert uncached_count([job], cache=False) == 3  # --no-cache parses them all
     assert uncached_count([tmp_path / "nowhere"]) == 0  # the load itself says what is wrong
     monkeypatch.setattr(pool, "PROBE_FILES", 1)  # rank0 first: cached, so the set is taken as warm
@@ -155,7 +158,7 @@ def test_workers_started_early_do_the_map_and_the_unused_ones_are_stopped(tmp_pa
     log = tmp_path / "held.log"
     monkeypatch.setenv(HOLD_LOG_ENV, str(log))
     engine = LocalEngine(3)
-    engine.start_early(3)  # 4 files on 3 workers: batches of 2 and 2, so one worker is left over
+    engine.start_early(sorted(job.glob("*.json"))[:3])  # 4 files on 3 workers: batches of 2 and 2, so one worker is left over
     early = [w.proc.pid for w in engine._early]
     assert len(early) == 3 and all(_running(p) for p in early)
     traces = load_traces(job, engine=engine, progress=False)
@@ -169,14 +172,14 @@ def test_workers_started_early_do_the_map_and_the_unused_ones_are_stopped(tmp_pa
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_close_stops_early_workers_no_map_took(tmp_path):
     engine = LocalEngine(2)
-    engine.start_early(5)
+    engine.start_early([tmp_path / f"rank{r}.json" for r in range(5)])
     early = [w.proc.pid for w in engine._early]
     assert len(early) == 2
     engine.close()
     assert not [p for p in early if _running(p)] and engine._early == []
     engine = LocalEngine(2)
-    engine.start_early(1)  # one file is analysed in this process: no worker
-    assert engine._early == []
+    engine.start_early([tmp_path / "rank0.json"])  # one file is analysed in this process: no worker
+    assert engine._early == []  # (prescan: tests/profiler/test_prescan.py)
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -193,7 +196,7 @@ def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypa
         monkeypatch.delenv(name, raising=False)
     engine = LocalEngine(2)
     try:
-        engine.start_early(2)
+        engine.start_early(["rank0.json", "rank1.json"])  # two files to analyse: two workers
         envs = [_environ(w.proc.pid) for w in engine._early]
     finally:
         engine.close()
@@ -205,7 +208,7 @@ def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypa
     monkeypatch.setenv("POLARS_MAX_THREADS", "1")
     engine = LocalEngine(2)
     try:
-        engine.start_early(2)
+        engine.start_early(["rank0.json", "rank1.json"])  # two files to analyse: two workers
         envs = [_environ(w.proc.pid) for w in engine._early]
     finally:
         engine.close()
@@ -314,3 +317,49 @@ def test_a_worker_sends_the_summary_it_stored_and_encodes_only_without_one(tmp_p
     for p in cache.glob("*.summary"):
         p.unlink()
     assert decode(sent(summary)).frames.keys() == summary.frames.keys() and encoded == [summary]
+
+
+# ---- a small map is done in this process -------------------------------------------------------
+
+
+def test_json_bytes_reads_a_gzips_trailer_and_caps_it(tmp_path):
+    body = b'{"traceEvents": [], "x": "%s"}' % os.urandom(9_486).hex().encode()  # inflates ~2x, under the cap
+    (tmp_path / "a.json.gz").write_bytes(gzip.compress(body))
+    (tmp_path / "a.json").write_bytes(body)
+    assert pool.json_bytes(tmp_path / "a.json.gz") == len(body) == 19_000
+    assert pool.json_bytes(tmp_path / "a.json") == 19_000
+    damaged = gzip.compress(body)[:-4] + (2**32 - 1).to_bytes(4, "little")  # a trailer of any 4 bytes
+    (tmp_path / "b.json.gz").write_bytes(damaged)
+    assert pool.json_bytes(tmp_path / "b.json.gz") == 100 * len(damaged)
+
+
+def test_in_process_is_quicker_below_the_pools_worth(tmp_path):
+    def files(n: int, mb: float) -> list[Path]:
+        out = []
+        for i in range(n):
+            p = tmp_path / f"{n}-{mb}-{i}.json"
+            with open(p, "wb") as f:
+                f.truncate(int(mb * 1e6))  # sparse: only the size is read
+            out.append(p)
+        return out
+
+    # Hand-computed at 7 ms a file and 7 ms a MB against 0.3 s: 8 x 1 MB 0.112 s; one 40 MB
+    # 0.287 s; one 42 MB 0.301 s; 21 x 1 MB 0.294 s; 22 x 1 MB 0.308 s.
+    assert pool.in_process_is_quicker(files(8, 1))
+    assert pool.in_process_is_quicker(files(1, 40)) and not pool.in_process_is_quicker(files(1, 42))
+    assert pool.in_process_is_quicker(files(21, 1)) and not pool.in_process_is_quicker(files(22, 1))
+    assert not pool.in_process_is_quicker(files(65, 0.001))  # past what is probed: the pool
+    assert not pool.in_process_is_quicker([tmp_path / "missing.json"])
+
+
+def test_a_small_map_runs_here_unless_workers_are_asked_for(tmp_path, monkeypatch):
+    job = _job(tmp_path / "job", 3)
+    log = tmp_path / "held.log"
+    monkeypatch.setenv(HOLD_LOG_ENV, str(log))
+    for workers, here in ((None, True), (2, False)):
+        monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / f"cache-{workers}"))
+        log.unlink(missing_ok=True)
+        traces = load_traces(job, engine=LocalEngine(workers), progress=False)
+        assert traces.ranks["rank"].to_list() == [0, 1, 2] and not traces.problems
+        pids = {int(line.split()[1]) for line in log.read_text().splitlines()}
+        assert (pids == {os.getpid()}) is here and len(pids) == (1 if here else 2)
