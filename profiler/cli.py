@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank-from-filename", action="store_true",
                    help="take ranks from file names (rank<R>...) even where distributedInfo has one")
     p.add_argument("--top", type=_whole_number(1, MAX_TOP), default=15, metavar="N",
-                   help="rows of the top operator/kernel tables (default 15)")
+                   help="rows of the top operator/kernel tables (default 15): each rank's N largest, and N rows in the "
+                        "table over ranks (the other long tables stop at 12)")
     p.add_argument("--full", action="store_true",
                    help="every rank as a row (and every step, and each collective's message sizes and dtypes) instead "
                         "of min / median / max over ranks naming the ranks at each end; operator tables keep --top rows per rank")

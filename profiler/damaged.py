@@ -37,6 +37,9 @@ DAMAGED = {
     "bad_step": "ProfilerStep#N spans whose N does not fit 64 bits",
 }
 
+_ONLY_WHITESPACE = re.compile(rb"[ \t\n\r]*")  # JSON's whitespace
+
+
 def read_bytes(path: Path) -> bytes:
     """The file's bytes (gunzipped where gzip); TraceError for what is not a readable, non-empty regular file."""
     try:
@@ -55,10 +58,13 @@ def read_bytes(path: Path) -> bytes:
             raise TraceError(path, f"cannot read: {e.strerror or e}") from None
     if not raw:
         raise TraceError(path, "empty file")
+    inside = ""
     if raw[:2] == b"\x1f\x8b":
-        raw = gunzip(raw, path)
+        raw, inside = gunzip(raw, path), " inside the gzip"
         if not raw:
             raise TraceError(path, "empty file (inside the gzip)")
+    if _ONLY_WHITESPACE.fullmatch(raw):  # stops at the first other byte; else msgspec says "truncated"
+        raise TraceError(path, f"holds no JSON, only whitespace ({len(raw):,} bytes{inside})")
     return raw
 
 

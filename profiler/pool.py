@@ -21,10 +21,12 @@ die, end when their stdin does). This module imports neither polars nor the anal
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,7 +51,8 @@ if TYPE_CHECKING:
 # inflated chunks (parse_stream: 512 KB, ~200 per 100 MB file) come from the heap's top, which
 # glibc would hand back above 128 KB free, to fault it in again for the next chunk: kept up to
 # 4 MB, a 100 MB file faults ~56k pages instead of ~82k (system CPU 2.1-2.6 -> 1.3-1.4 s on
-# 8 x 100 MB, README Benchmarks; the tree's peak the same).
+# 8 x 100 MB, README Benchmarks; the tree's peak the same). A user's own value of any of them
+# wins (_worker_env), as for POLARS_MAX_THREADS: this process already runs with it.
 _WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576",
                "MALLOC_TRIM_THRESHOLD_": "4194304"}
 
@@ -77,11 +80,12 @@ class LocalEngine:
             prescan.start(files)
             return
         env = _worker_env(n)
-        try:
-            for _ in range(n - len(self._early)):
-                self._early.append(_start_worker(env))
-        except Exception:  # noqa: BLE001  (a process limit, no memory: the map starts them, or says why)
-            pass
+        with _ctrl_c_held():
+            try:
+                for _ in range(n - len(self._early)):
+                    self._early.append(_start_worker(env))
+            except Exception:  # noqa: BLE001  (a process limit, no memory: the map starts them, or says why)
+                pass
 
     def close(self) -> None:
         """Stop what start_early started and no map took (a warm load, an error, Ctrl-C)."""
@@ -194,8 +198,27 @@ def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[objec
         return list(pool.map(lambda p: lookup(p, cache), paths))
 
 
+@contextlib.contextmanager
+def _ctrl_c_held():
+    """Ctrl-C (SIGINT) held until the block ends, then raised. A KeyboardInterrupt inside Popen,
+    while it waits for the child's exec, loses a started worker that no one would stop; held, it
+    comes once every worker is in `_early`, which `close` stops. Only where Python's own handler
+    is installed (the main thread, no handler of the caller's)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    got = []
+    signal.signal(signal.SIGINT, lambda *_: got.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if got:
+        raise KeyboardInterrupt
+
+
 def _worker_env(n: int) -> dict:
-    env = {**os.environ, **_WORKER_ENV}
+    env = {**_WORKER_ENV, **os.environ}
     # n workers already fill the cores: polars' own thread pool in each would oversubscribe them
     # (measured ~15 % slower per rank with one worker per core). A user's setting wins.
     env.setdefault("POLARS_MAX_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
@@ -335,8 +358,6 @@ def _run_worker(tasks: list[RankTask], chunk: list[list[int]], env: dict, done: 
 
 
 def _signal_name(number: int) -> str:
-    import signal
-
     try:
         return signal.Signals(number).name  # SIGKILL: most often the kernel's out-of-memory killer
     except ValueError:

@@ -182,6 +182,96 @@ def test_close_stops_early_workers_no_map_took(tmp_path):
     assert engine._early == []  # (prescan: tests/profiler/test_prescan.py)
 
 
+def _environ(pid: int) -> dict[str, str]:
+    """The environment a process was started with."""
+    return dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypatch):
+    # pool.py's comment: jemalloc's decay 50 ms, glibc's mmap threshold 1 MB and trim threshold 4 MB
+    tuned = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576",
+             "MALLOC_TRIM_THRESHOLD_": "4194304"}
+    for name in (*tuned, "POLARS_MAX_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    engine = LocalEngine(2)
+    try:
+        engine.start_early(["rank0.json", "rank1.json"])  # two files to analyse: two workers
+        envs = [_environ(w.proc.pid) for w in engine._early]
+    finally:
+        engine.close()
+    assert len(envs) == 2
+    threads = str(max(1, (os.cpu_count() or 1) // 2))  # the cores shared by the 2 workers
+    assert all({k: e.get(k) for k in (*tuned, "POLARS_MAX_THREADS")} == tuned | {"POLARS_MAX_THREADS": threads} for e in envs), envs
+    # A user's own setting wins, as for POLARS_MAX_THREADS: this process runs with it too.
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    monkeypatch.setenv("POLARS_MAX_THREADS", "1")
+    engine = LocalEngine(2)
+    try:
+        engine.start_early(["rank0.json", "rank1.json"])  # two files to analyse: two workers
+        envs = [_environ(w.proc.pid) for w in engine._early]
+    finally:
+        engine.close()
+    mine = tuned | {"MALLOC_TRIM_THRESHOLD_": "131072", "POLARS_MAX_THREADS": "1"}
+    assert len(envs) == 2 and all({k: e.get(k) for k in mine} == mine for e in envs), envs
+
+
+def _ctrl_c_while_workers_start(tmp_path, monkeypatch, capsys, popen_then_interrupt) -> tuple[int, str, list]:
+    """`ptprof analyze` of 3 uncached files on 3 workers, `popen_then_interrupt(real_popen, n)`
+    standing in for the n-th worker's Popen: (exit status, stderr, the Popen objects made)."""
+    from profiler.cli import main
+
+    job = _job(tmp_path / "job", 3)
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    real, made = pool.subprocess.Popen, []
+
+    def popen(*args, **kwargs):
+        def start():
+            made.append(real(*args, **kwargs))  # kept here, whatever happens next, to be checked below
+            return made[-1]
+        return popen_then_interrupt(start, len(made) + 1)
+
+    monkeypatch.setattr(pool.subprocess, "Popen", popen)
+    try:
+        code = main(["analyze", str(job), "--workers", "3", "--quiet"])
+    finally:
+        monkeypatch.undo()
+        alive = [p.pid for p in made if _running(p.pid)]
+        for p in made:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert not alive, f"workers left running: {alive}"
+    return code, capsys.readouterr().err, made
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_ctrl_c_between_two_workers_starting_stops_the_started_one(tmp_path, monkeypatch, capsys):
+    def popen(start, n):
+        if n == 2:
+            raise KeyboardInterrupt  # Ctrl-C before the second worker's fork
+        return start()
+
+    code, err, made = _ctrl_c_while_workers_start(tmp_path, monkeypatch, capsys, popen)
+    assert len(made) == 1 and code == 130 and err == "ptprof analyze: interrupted\n", err  # the CLI's Ctrl-C: one line
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_ctrl_c_while_popen_waits_for_the_exec_loses_no_worker(tmp_path, monkeypatch, capsys):
+    import signal
+    import time
+
+    def popen(start, n):
+        proc = start()
+        if n == 2:  # the child exists, Popen has not returned it yet (it waits for the exec): a real Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # where the KeyboardInterrupt is raised, unless held until the worker is kept
+        return proc
+
+    code, err, made = _ctrl_c_while_workers_start(tmp_path, monkeypatch, capsys, popen)
+    assert len(made) >= 2 and code == 130 and err == "ptprof analyze: interrupted\n", err
+
+
 # ---- a light `import profiler` ----------------------------------------------------------------
 
 
