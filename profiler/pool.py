@@ -109,11 +109,21 @@ class LocalEngine:
         n = min(workers, len(batches))
         early, self._early = (self._early[:n], self._early[n:]) if n > 1 else ([], self._early)
         self._stop_early()  # more than this map has batches for
+        if n <= 1 and _prescan_crashed():  # the same crash here would end ptprof with no word of the file
+            batches = plan_batches(tasks, self.workers, per_worker=1)
+            yield from _run_workers(tasks, batches, min(self.workers, len(batches)), [])
+            return
         if n <= 1:  # in this process: its parquet entries written while the analyses run (batchmap)
             for batch in batches:
                 yield from zip(batch, summarize_batch([tasks[i] for i in batch], background_write=True))
             return
         yield from _run_workers(tasks, batches, n, early)
+
+
+def _prescan_crashed() -> bool:
+    from profiler import prescan
+
+    return prescan.crashed()
 
 
 # A map whose work in this process would take less than starting worker processes saves is done

@@ -44,7 +44,7 @@ def _signature(st: os.stat_result) -> tuple:
 
 class _Prescan:
     def __init__(self, pid: int, out):
-        self.pid, self.out = pid, out
+        self.pid, self.out, self.exit = pid, out, -1
         self.scans: dict[tuple, dict | None] | None = None  # by signature, once read back
 
     def take(self, path) -> tuple[bool, dict | None]:
@@ -64,12 +64,16 @@ class _Prescan:
             return False, None
         return True, parsed
 
+    def status(self) -> int:
+        """The child's exit status once it has ended (negative: killed by that signal); waits for it."""
+        if self.pid is not None:
+            self.exit, self.pid = _reap(self.pid, wait=True), None
+        return self.exit
+
     def _read_back(self) -> dict:
         """The child's scans once it has exited cleanly; none if it did not (killed, failed)."""
-        status = _reap(self.pid, wait=True)
-        self.pid = None
         scans: dict = {}
-        if status != 0:
+        if self.status() != 0:
             return scans
         try:
             self.out.seek(0)
@@ -89,7 +93,7 @@ class _Prescan:
     def stop(self) -> None:
         if self.pid is not None:
             try:
-                os.kill(self.pid, 9)
+                os.kill(self.pid, signal.SIGKILL)
             except OSError:
                 pass
             _reap(self.pid, wait=True)
@@ -192,6 +196,16 @@ def take(path) -> tuple[bool, dict | None]:
         return _active.take(Path(path))
     except Exception:  # noqa: BLE001  (never the reason a file fails: it is scanned here instead)
         return False, None
+
+
+def crashed() -> bool:
+    """Whether the child was killed by a signal (a crash in the C parser, the out-of-memory
+    killer) scanning the files: then this process would meet the same end, with no word of which
+    file; worker processes name it (pool.LocalEngine.map). Waits for the child to end."""
+    try:
+        return _active is not None and _active.status() < 0
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def stop() -> None:

@@ -194,3 +194,29 @@ print(code, taken)
         reports[mode] = json.loads((tmp_path / f"{mode}.json").read_text())
         assert out == (["0", "[True]"] if mode == "on" else ["0", "[]"])
     assert reports["on"] == reports["off"]
+
+
+def test_a_child_that_crashes_sends_the_files_to_worker_processes(tmp_path):
+    """Where the prescan child dies of a signal (a crash in the C parser, say), the same file
+    would kill `ptprof analyze` itself, with no word of which; worker processes name it."""
+    held = tmp_path / "held.log"
+    code = """
+import json
+from profiler import cli
+from profiler.rankmap import HOLD_LOG_ENV
+os.environ[HOLD_LOG_ENV] = sys.argv[3]
+prescan._scan_all = lambda paths, out: os.kill(os.getpid(), signal.SIGSEGV)
+print(cli.main(["analyze", sys.argv[1], "--json", sys.argv[2], "--quiet"]))
+pids = {int(line.split()[1]) for line in Path(sys.argv[3]).read_text().splitlines()}
+print(len(pids), os.getpid() in pids, sorted(r["rank"] for r in json.loads(Path(sys.argv[2]).read_text())["runs"][0]["ranks"]))
+"""
+    for target, ranks in ((SAMPLE, "[0, 1]"), (SAMPLE / "rank1.json.gz", "[1]")):
+        held.unlink(missing_ok=True)
+        os.environ["PTPROF_CACHE_DIR"] = str(tmp_path / f"cache-{ranks}")
+        try:
+            got = _run(code, target, tmp_path / "r.json", held)
+        finally:
+            del os.environ["PTPROF_CACHE_DIR"]
+        # Analysed, all of it, and not in ptprof's own process (a 2-rank sample and one file alike).
+        assert got[0] == "0" and got[2] == "False" and " ".join(got[3:]) == ranks, got
+
