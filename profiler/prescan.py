@@ -133,7 +133,7 @@ def start(paths: list) -> bool:
     lock another held stays held), nor without os.fork, nor for nothing to scan."""
     global _active
     stop()
-    if not paths or not hasattr(os, "fork") or threading.active_count() > 1:
+    if not paths or not hasattr(os, "fork") or _threads() > 1:
         return False
     try:
         if sum(os.stat(p).st_size for p in paths) > MAX_FILE_BYTES:
@@ -158,6 +158,7 @@ def start(paths: list) -> bool:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the parent stops us (stop())
                 if held:
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+                _detach_stdio()
                 _scan_all([str(p) for p in paths], out)
                 code = 0
             finally:
@@ -167,6 +168,24 @@ def start(paths: list) -> bool:
         if held:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     return True
+
+
+def _threads() -> int:
+    """This process's threads: native ones too where /proc tells (numpy's BLAS and polars start
+    theirs at import; a lock one of them holds would stay held in the child)."""
+    try:
+        return max(len(os.listdir("/proc/self/task")), threading.active_count())
+    except OSError:
+        return threading.active_count()
+
+
+def _detach_stdio() -> None:
+    """Not the parent's stdin, stdout or stderr: a caller reading them to their end (a pipe)
+    would otherwise wait for this child too. It prints nothing."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
 
 
 def _scan_all(paths: list[str], out) -> None:

@@ -13,15 +13,18 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from profiler import prescan
 from profiler.parse import _kineto
+from profiler.rankmap import HOLD_LOG_ENV
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.skipif(_kineto is None, reason="the C parser is not built"),
@@ -170,6 +173,28 @@ except KeyboardInterrupt:
 def test_no_fork_where_another_thread_runs(monkeypatch):
     monkeypatch.setattr(threading, "active_count", lambda: 2)
     assert prescan.start([SAMPLE / "rank0.json.gz"]) is False and prescan._active is None
+    got = _run("""
+import numpy  # its BLAS starts native threads, which threading does not count
+print(prescan.start([sys.argv[1]]), prescan._threads() > 1)
+""", SAMPLE / "rank0.json.gz")
+    assert got == ["False", "True"]
+
+
+def test_the_child_keeps_no_pipe_of_the_caller_open():
+    """A caller reading ptprof's output to its end must not wait for the child: here the parent
+    ends at once and its child would scan for 30 s."""
+    code = PRELUDE + """
+prescan._scan_all = lambda paths, out: time.sleep(30)
+assert prescan.start([sys.argv[1]])
+print(prescan._active.pid, flush=True)
+os._exit(0)
+"""
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code, str(SAMPLE / "rank0.json.gz")], capture_output=True, text=True,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    took = time.monotonic() - start
+    os.kill(int(out.stdout), signal.SIGKILL)  # the orphan, reaped by init
+    assert out.returncode == 0 and took < 20
 
 
 def test_a_cold_analyze_of_one_file_takes_the_scan_and_reports_the_same(tmp_path):
@@ -203,8 +228,7 @@ def test_a_child_that_crashes_sends_the_files_to_worker_processes(tmp_path):
     code = """
 import json
 from profiler import cli
-from profiler.rankmap import HOLD_LOG_ENV
-os.environ[HOLD_LOG_ENV] = sys.argv[3]
+os.environ[sys.argv[4]] = sys.argv[3]  # rankmap.HOLD_LOG_ENV (rankmap itself would import polars: threads)
 prescan._scan_all = lambda paths, out: os.kill(os.getpid(), signal.SIGSEGV)
 print(cli.main(["analyze", sys.argv[1], "--json", sys.argv[2], "--quiet"]))
 pids = {int(line.split()[1]) for line in Path(sys.argv[3]).read_text().splitlines()}
@@ -214,7 +238,7 @@ print(len(pids), os.getpid() in pids, sorted(r["rank"] for r in json.loads(Path(
         held.unlink(missing_ok=True)
         os.environ["PTPROF_CACHE_DIR"] = str(tmp_path / f"cache-{ranks}")
         try:
-            got = _run(code, target, tmp_path / "r.json", held)
+            got = _run(code, target, tmp_path / "r.json", held, HOLD_LOG_ENV)
         finally:
             del os.environ["PTPROF_CACHE_DIR"]
         # Analysed, all of it, and not in ptprof's own process (a 2-rank sample and one file alike).
