@@ -89,9 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def analyze_main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        return _run(build_parser().parse_args(argv))
     except (TraceError, ValueError) as e:  # ValueError: --rank / --step not in the traces
         _print_line(f"ptprof analyze: error: {e}", sys.stderr)
         return EXIT_BAD_INPUT

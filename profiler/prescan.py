@@ -5,8 +5,8 @@
     parse_stream.scan_file(path)   # takes the child's scan of `path` where there is one
     prescan.stop()          # the child killed and reaped if still running, its file closed
 
-Where a load analyses its files in this process (one file; pool.LocalEngine.map), a cold
-`ptprof analyze` did its work in series on one core: ~0.3 s of imports, then the C scan (~0.2 s
+Where a load analyses its files in this process (one file, or a set too small to pay for worker
+processes: pool.LocalEngine), a cold `ptprof analyze` did its work in series on one core: ~0.3 s of imports, then the C scan (~0.2 s
 for a 54 MB trace), then the analyses; the other core idled. The scan needs only the C parser and
 zlib, so a child forked before the imports scans the files on the other core meanwhile and leaves
 each `_kineto` dict, pickled, in an unnamed temporary file (not a pipe: a pipe would stall the
