@@ -14,7 +14,9 @@ The cut falls inside a step, whose ProfilerStep span stays whole: the report war
 was cut short (at 1 MB the set holds one step, longer than its profiled window; README, Odd input).
 
 Each tool runs in a fresh process: ptprof cold (empty parquet cache: parses every file), ptprof
-warm (the cache the cold run left), ptprof cold with the C parser off (PTPROF_PURE_PARSER=1:
+warm (the cache the cold run left), `ptprof analyze` cold as a user runs it (`python -m profiler
+analyze SET --json FILE --quiet`: every analysis and the report built and written), ptprof cold
+with the C parser off (PTPROF_PURE_PARSER=1:
 msgspec only, what a machine without a C compiler gets), then HTA (its default parser; its own
 multiprocessing pool).
 Wall time, CPU time of the process tree (user + sys, so a busy shared machine shows up as wall
@@ -230,6 +232,11 @@ def main() -> None:
         warm = measure(PTPROF, folder, cache)
     print(cold[3])
     rows += [("ptprof cold (parse, no cache)", cold), ("ptprof warm (parquet cache)", warm)]
+    # What a user runs: the command, its report built and written too (more than the code above);
+    # it also starts its workers, or its scan of a small set, before its own imports (pool.py).
+    with tempfile.TemporaryDirectory() as cache:
+        argv = ["-m", "profiler", "analyze", str(folder), "--json", str(Path(cache) / "report.json"), "--quiet"]
+        rows.append(("ptprof analyze cold (command)", measure(None, folder, cache, argv=argv)))
     if not args.skip_pure:
         # The same cold load with the C parser switched off: what the C parser buys, in this run.
         with tempfile.TemporaryDirectory() as cache:

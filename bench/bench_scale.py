@@ -15,7 +15,14 @@ peak RSS of the tree sampled every 50 ms):
   warm   the same with the cache the cold run left;
   floor  the least any reader must do: gunzip + JSON decode of every file, each parsed then
          dropped, on a 2-process pool, wall time (isal's gunzip and orjson.loads where installed,
-         else gzip and msgspec.json.decode: the note under the table names them).
+         else gzip and msgspec.json.decode: the note under the table names them), timed inside
+         this already started process;
+  floor command  the same floor as a command of its own (`python -c`, timed by `measure` as
+         `ptprof analyze` is): Python's start and the floor's imports included, which any
+         command pays and which the in-process floor leaves out (~0.05 s: at 8 x 1 MB the floor
+         itself is ~0.08 s, and importing polars and numpy alone takes ~0.24 s).
+--repeat N measures cold, warm and the floor command N times each (a fresh cache for each cold
+run) and reports the medians.
 Goals (issue 16): cold within 3x the floor at every size (time linear in bytes, the per-rank fixed
 cost a few ms) and peak RSS flat, at most 2 GB at 1,024 ranks.
 
@@ -70,6 +77,30 @@ def _floor_tools():
     except ImportError:
         from msgspec.json import decode as loads
     return decompress, loads
+
+
+# _floor_tools and _parse_one, restated so that the command imports only what the floor needs.
+FLOOR_COMMAND = """
+import multiprocessing, sys
+from pathlib import Path
+try:
+    from isal.igzip import decompress
+except ImportError:
+    from gzip import decompress
+try:
+    from orjson import loads
+except ImportError:
+    from msgspec.json import decode as loads
+
+def parse_one(path):
+    raw = decompress(Path(path).read_bytes())
+    loads(raw)
+    return len(raw)
+
+files = sorted(str(p) for p in Path(sys.argv[1]).glob("rank*.json.gz"))
+with multiprocessing.get_context("fork").Pool(2) as pool:
+    print(sum(pool.imap_unordered(parse_one, files, chunksize=1)))
+"""
 
 
 def _parse_one(path: str) -> int:
@@ -137,15 +168,34 @@ def _tree_rss_mb(proc: psutil.Process) -> float:
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
 
 
-def bench_set(folder: Path, ranks: int, mb: float, dask: bool) -> dict:
+def _median(runs: list[tuple]) -> tuple:
+    """The run of median wall time (its CPU and RSS with it)."""
+    return sorted(runs)[len(runs) // 2]
+
+
+def floor_command(folder: Path, json_bytes: int) -> tuple[float, float]:
+    """(wall s, CPU s) of the floor as a command of its own (FLOOR_COMMAND), timed by `measure`."""
+    with tempfile.TemporaryDirectory(prefix="ptprof-scale-floor-") as scratch:
+        wall, cpu, _, out, _ = measure(FLOOR_COMMAND, folder, scratch)
+    if int(out.split()[-1]) != json_bytes:
+        raise SystemExit(f"{folder}: the floor command read {out.split()[-1]} bytes, not {json_bytes}")
+    return wall, cpu
+
+
+def bench_set(folder: Path, ranks: int, mb: float, dask: bool, repeat: int = 1) -> dict:
     floor, floor_cpu, json_bytes = parse_floor(folder)
     row = {"ranks": ranks, "mb": mb, "json_mb": json_bytes / 1e6, "floor": floor, "floor_cpu": floor_cpu}
-    print(f"  floor {floor:.1f} s, CPU {floor_cpu:.1f} s ({json_bytes / 1e6:,.0f} MB of JSON)", flush=True)
-    with tempfile.TemporaryDirectory(prefix="ptprof-scale-cache-") as cache:
-        row["cold"] = run_analyze(folder, ranks, cache)
-        print(f"  cold  {row['cold'][0]:.1f} s, CPU {row['cold'][1]:.1f} s, {row['cold'][2]:,.0f} MB", flush=True)
-        row["warm"] = run_analyze(folder, ranks, cache)
-        print(f"  warm  {row['warm'][0]:.1f} s, CPU {row['warm'][1]:.1f} s, {row['warm'][2]:,.0f} MB", flush=True)
+    print(f"  floor {floor:.2f} s, CPU {floor_cpu:.2f} s ({json_bytes / 1e6:,.0f} MB of JSON)", flush=True)
+    row["floor_cmd"] = _median([floor_command(folder, json_bytes) for _ in range(repeat)])
+    print(f"  floor command {row['floor_cmd'][0]:.2f} s, CPU {row['floor_cmd'][1]:.2f} s", flush=True)
+    colds, warms = [], []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory(prefix="ptprof-scale-cache-") as cache:
+            colds.append(run_analyze(folder, ranks, cache))
+            print(f"  cold  {colds[-1][0]:.2f} s, CPU {colds[-1][1]:.2f} s, {colds[-1][2]:,.0f} MB", flush=True)
+            warms.append(run_analyze(folder, ranks, cache))
+            print(f"  warm  {warms[-1][0]:.2f} s, CPU {warms[-1][1]:.2f} s, {warms[-1][2]:,.0f} MB", flush=True)
+    row["cold"], row["warm"] = _median(colds), _median(warms)
     if dask:
         with tempfile.TemporaryDirectory(prefix="ptprof-scale-cache-") as cache:
             proc, address = start_cluster(cache)
@@ -180,7 +230,7 @@ def fixed_cost(rows: list[dict]) -> list[str]:
 
 
 HEAD = ["ranks", "MB/rank", "JSON MB", "cold wall (CPU)", "warm wall (CPU)", "floor wall (CPU)", "cold/floor wall (CPU)",
-        "cold MB/s", "(cold-floor)/rank wall (CPU)", "peak RSS cold / warm", "<= 3x floor (wall / CPU)", "RSS <= 2 GB"]
+        "floor command wall", "cold/floor command", "cold MB/s", "(cold-floor)/rank wall (CPU)", "peak RSS cold / warm", "<= 3x floor (wall / CPU)", "RSS <= 2 GB"]
 
 
 def table_rows(rows: list[dict]) -> list[list[str]]:
@@ -190,9 +240,9 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
         ratio = cw / r["floor"]
         rss_ok = "yes" if max(cr, wr) <= GOAL_RSS_MB else "NO"
         cpu_ratio = cc / r["floor_cpu"] if r["floor_cpu"] >= 0.05 else None  # too small to divide by
-        out.append([f"{r['ranks']:,}", f"{r['mb']:g}", f"{r['json_mb']:,.0f}", f"{cw:.1f} s ({cc:.1f})",
-                    f"{ww:.1f} s ({wc:.1f})", f"{r['floor']:.1f} s ({r['floor_cpu']:.1f})", f"{ratio:.1f}x ({'-' if cpu_ratio is None else f'{cpu_ratio:.1f}x'})",
-                    f"{r['json_mb'] / cw:,.0f}", f"{(cw - r['floor']) / r['ranks'] * 1e3:.0f} ms ({(cc - r['floor_cpu']) / r['ranks'] * 1e3:.0f})", f"{cr:,.0f} / {wr:,.0f} MB",
+        out.append([f"{r['ranks']:,}", f"{r['mb']:g}", f"{r['json_mb']:,.0f}", f"{cw:.2f} s ({cc:.2f})",
+                    f"{ww:.1f} s ({wc:.1f})", f"{r['floor']:.2f} s ({r['floor_cpu']:.2f})", f"{ratio:.1f}x ({'-' if cpu_ratio is None else f'{cpu_ratio:.1f}x'})",
+                    f"{r['floor_cmd'][0]:.2f} s", f"{cw / r['floor_cmd'][0]:.1f}x", f"{r['json_mb'] / cw:,.0f}", f"{(cw - r['floor']) / r['ranks'] * 1e3:.0f} ms ({(cc - r['floor_cpu']) / r['ranks'] * 1e3:.0f})", f"{cr:,.0f} / {wr:,.0f} MB",
                     " / ".join("-" if x is None else "yes" if x <= GOAL_FLOOR_RATIO else "NO" for x in (ratio, cpu_ratio)),
                     rss_ok + ("" if r["ranks"] >= GOAL_RSS_RANKS else " (goal at 1,024)")])
     return out
@@ -231,6 +281,7 @@ def main() -> None:
     p.add_argument("--skip-build", action="store_true", help="use only sets already built (skip the others)")
     p.add_argument("--skip-dask", action="store_true", help="no LocalCluster runs")
     p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the tables as Markdown here")
+    p.add_argument("--repeat", type=int, default=1, metavar="N", help="cold, warm and the floor command N times each: medians (default 1)")
     args = p.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
     mbs = [float(m) for m in args.mb.split(",")]
@@ -247,7 +298,7 @@ def main() -> None:
             t0 = time.perf_counter()
             build_trace_set(folder, r, mb)
             print(f"{r:,} ranks x {mb:g} MB ({folder}, ready in {time.perf_counter() - t0:.0f} s)", flush=True)
-            rows.append(bench_set(folder, r, mb, r in dask_ranks))
+            rows.append(bench_set(folder, r, mb, r in dask_ranks, max(1, args.repeat)))
     if not rows:
         raise SystemExit("no trace set to measure")
     load = os.getloadavg()

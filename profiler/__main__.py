@@ -4,10 +4,17 @@ import gc
 import os
 import sys
 
-from profiler.cli import main
-
 try:
+    from profiler.cli import main
+
     status = main()
+except KeyboardInterrupt:
+    # A Ctrl-C before the command's own handling began (this import, its arguments): one line, as
+    # any later one gives. One during Python's own start, before this file runs, still shows
+    # CPython's traceback.
+    command = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in ("analyze", "project", "plan") else ""
+    print(f"ptprof{' ' + command if command else ''}: interrupted", file=sys.stderr)
+    status = 130
 except BrokenPipeError:
     # The reader closed the pipe (`ptprof analyze RUN | head`): stop quietly, as Unix tools do,
     # with stdout pointed at /dev/null so the interpreter's final flush cannot raise again.

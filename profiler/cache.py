@@ -100,7 +100,7 @@ _UNCACHED = f"parsed traces are not cached (set ${CACHE_ENV} to a folder of your
 
 def unstored_note(folder: Path, reasons: list[str], total: int) -> str:
     """The one warning for files whose frames could not be written to `folder` (a full disk)."""
-    return (f"{len(reasons)} of {total} parsed trace files could not be written to {folder} ({reasons[0]}); "
+    return (f"{len(reasons):,} of {total:,} parsed trace files could not be written to {folder} ({reasons[0]}); "
             "they were analysed from memory, without caching")
 
 

@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank-from-filename", action="store_true",
                    help="take ranks from file names (rank<R>...) even where distributedInfo has one")
     p.add_argument("--top", type=_whole_number(1, MAX_TOP), default=15, metavar="N",
-                   help="rows of the top operator/kernel tables (default 15)")
+                   help="rows of the top operator/kernel tables (default 15): each rank's N largest, and N rows in the "
+                        "table over ranks (the other long tables stop at 12)")
     p.add_argument("--full", action="store_true",
                    help="every rank as a row (and every step, and each collective's message sizes and dtypes) instead "
                         "of min / median / max over ranks naming the ranks at each end; operator tables keep --top rows per rank")
@@ -81,15 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "tcp://scheduler:8786; the traces must be on a filesystem the workers share (same paths). Without "
                         "it, local worker processes do the same work (one per core, --workers)")
     p.add_argument("--workers", type=_whole_number(1, 4096), metavar="N",
-                   help="local worker processes (default: one per CPU core)")
+                   help="local worker processes (default: one per CPU core, or none for a set small enough that "
+                        "this process is quicker alone)")
     p.add_argument("--quiet", action="store_true", help="no tables on stdout (with --json FILE; alone, it only checks the traces and, when they are fine, warns on stderr that nothing was written)")
     return p
 
 
 def analyze_main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        return _run(build_parser().parse_args(argv))
     except (TraceError, ValueError) as e:  # ValueError: --rank / --step not in the traces
         _print_line(f"ptprof analyze: error: {e}", sys.stderr)
         return EXIT_BAD_INPUT
@@ -124,12 +125,12 @@ def _run(args: argparse.Namespace) -> int:
 
         engine = DaskEngine(args.cluster)
     else:
-        from profiler.pool import LocalEngine, uncached_count
+        from profiler.pool import LocalEngine, uncached_files
 
         engine = LocalEngine(args.workers)
     try:
         if hasattr(engine, "start_early"):  # inside the try: a Ctrl-C while they start still stops them
-            engine.start_early(uncached_count(args.paths, cache=not args.no_cache, most=engine.workers))
+            engine.start_early(uncached_files(args.paths, cache=not args.no_cache))
         # The reduce's modules too, now: the early workers are still importing theirs (they are
         # ready ~50 ms after this process), so these cost nothing here and nothing after the map.
         with collector_paused():  # profiler.startup: ~20 ms

@@ -15,20 +15,15 @@ import stat
 import zlib
 from pathlib import Path
 
-try:  # python-isal: ISA-L's inflate, ~1.7x zlib's; zlib where it is not installed
-    from isal import isal_zlib as _isal_zlib
-except ImportError:
-    _isal_zlib = None
-
 import msgspec
 import polars as pl
 
 from profiler.errors import TraceError
+from profiler.gzip_limits import INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO, _isal_zlib
 from profiler.steps import PROFILER_STEP_RE, names_matching
 
 # Limits on damaged or hostile input (docs/profiler.md, "Odd input"). Real Kineto JSON gzips 10-30x.
-MAX_INFLATE_RATIO = 100  # a gzip may hold at most 100x its size in JSON ...
-INFLATE_FLOOR_BYTES = 64 << 20  # ... or 64 MiB, whichever is more; past that it is refused as a bomb
+# MAX_INFLATE_RATIO and INFLATE_FLOOR_BYTES (the gzip bomb limit): gzip_limits.py.
 MAX_TEXT_BYTES = 1 << 20  # one name, category or other text value: 1 MiB (kernel names run to ~10 KB)
 MAX_TS_US = 2.0**53  # past this float64 no longer holds whole µs; Kineto's clock is epoch µs (~1.7e15 in 2023), 2**53 µs is ~year 2255
 MAX_DUR_US = 7 * 24 * 3600 * 1e6  # one week: no profiled span lasts longer
@@ -41,6 +36,9 @@ DAMAGED = {
     "bad_dur": "with a dur that is negative, NaN, infinite or over a week",
     "bad_step": "ProfilerStep#N spans whose N does not fit 64 bits",
 }
+
+_ONLY_WHITESPACE = re.compile(rb"[ \t\n\r]*")  # JSON's whitespace
+
 
 def read_bytes(path: Path) -> bytes:
     """The file's bytes (gunzipped where gzip); TraceError for what is not a readable, non-empty regular file."""
@@ -60,10 +58,13 @@ def read_bytes(path: Path) -> bytes:
             raise TraceError(path, f"cannot read: {e.strerror or e}") from None
     if not raw:
         raise TraceError(path, "empty file")
+    inside = ""
     if raw[:2] == b"\x1f\x8b":
-        raw = gunzip(raw, path)
+        raw, inside = gunzip(raw, path), " inside the gzip"
         if not raw:
             raise TraceError(path, "empty file (inside the gzip)")
+    if _ONLY_WHITESPACE.fullmatch(raw):  # stops at the first other byte; else msgspec says "truncated"
+        raise TraceError(path, f"holds no JSON, only whitespace ({len(raw):,} bytes{inside})")
     return raw
 
 

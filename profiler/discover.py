@@ -53,17 +53,18 @@ def _trace_files_in(folder: Path) -> list[Path]:
 
 
 def not_a_regular_file(p: Path) -> str | None:
-    """Why `p` (found in a folder) is no trace file to open, or None for a regular file: never opened."""
+    """Why `p` (found in a folder) is no trace file to open, or None for a regular file: never opened.
+    The load lists it as skipped (`skipped: FILE: rank N: why`): the why does not say it again."""
     try:
         mode = p.stat().st_mode
     except FileNotFoundError:
-        return "not a regular file (a link to nothing); skipped"
+        return "not a regular file (a link to nothing)"
     except OSError as e:
-        return f"cannot open: {e.strerror or e}; skipped"
+        return f"cannot open: {e.strerror or e}"
     if stat.S_ISREG(mode):
         return None
     kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
-    return f"not a regular file ({kind}{', through a link' if p.is_symlink() else ''}); skipped"
+    return f"not a regular file ({kind}{', through a link' if p.is_symlink() else ''})"
 
 
 def _run_name(folder: Path) -> str:

@@ -74,7 +74,7 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
         step_list = rank_steps["step"].to_list() if rank_steps is not None else []
         text = (f"Communication with no compute under it takes {pct(share)} of rank {rank}'s step time "
                 f"({ms(exp_us)} of {ms(win_us)} over {steps_text(step_list)})")
-        evidence = f"run {run}, rank {rank}" + (f" (the worst of {n_ranks})" if n_ranks > 1 else "") + f", {steps_text(step_list)}"
+        evidence = f"run {run}, rank {rank}" + (f" (the worst of {n_ranks:,})" if n_ranks > 1 else "") + f", {steps_text(step_list)}"
         kind, phase, once = None, None, False
         if exposed is not None and not exposed.is_empty():
             by = (exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank))
@@ -84,7 +84,7 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                 kind, phase, top_us, comm_us, calls = by.row(0)
                 top_pct = 100 * top_us / exp_us
                 text += (f"; {'most of it' if top_pct >= 50 else 'the largest part'} is {kind} {phase_text(phase)}: "
-                         f"{ms(top_us)}, {pct(top_pct)} of the exposed time, in {calls} calls")
+                         f"{ms(top_us)}, {pct(top_pct)} of the exposed time, in {calls:,} calls")
                 # A collective in fewer profiled steps than the rank ran is no per-step cost (DDP's bucket
                 # rebuild broadcasts once, in step 1): say where it happened, never "every step".
                 mine = exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank) & (pl.col("collective") == kind)
@@ -238,11 +238,11 @@ def straggler_rule(a: "Analysis") -> list[Row]:
         text = (f"Ranks of group {group} start their collectives {ms(spread / n)} apart on average: "
                 f"over {steps_text(step_list)}, for {ms(wait)} in all at least one rank is waiting for a later one "
                 f"(not always the same rank), {pct(share)} of that time")
-        evidence = (f"run {run}, group {group}, {n} collectives; the widest: {worst['collective']} #{worst['seq']}, "
+        evidence = (f"run {run}, group {group}, {n:,} collectives; the widest: {worst['collective']} #{worst['seq']}, "
                     f"{ms(worst['spread_us'])}, last rank {worst['last_rank']}")
         if named.height:
             rank, times, share_last = named.select("rank", "times_last", "share_pct").row(0)
-            text += f"; rank {rank} is the last to start in {pct(share_last)} of them ({times} of {n})"
+            text += f"; rank {rank} is the last to start in {pct(share_last)} of them ({times:,} of {n:,})"
             change = (f"look at what rank {rank} does before its collectives that the others do not (data loading, "
                       "logging or checkpointing on that rank, a slower device or a busy host); give it less work")
         else:
@@ -251,7 +251,7 @@ def straggler_rule(a: "Analysis") -> list[Row]:
             if top.height and top["share_pct"][0] >= STRAGGLER_MIN_SHARE_PCT:
                 # Consistent, but over fewer collectives than a straggler verdict needs: said as it is.
                 r, times = top.select("rank", "times_last").row(0)
-                text += (f"; rank {r} is the last to start in {times} of {n}, too few collectives "
+                text += (f"; rank {r} is the last to start in {times:,} of {n:,}, too few collectives "
                          f"(< {STRAGGLER_MIN_TIMES}) to call it a straggler")
             else:
                 text += "; no one rank is last consistently"
@@ -298,7 +298,7 @@ def comm_volume_rule(a: "Analysis") -> list[Row]:
         fmt = bytes_text if "byte" in unit.lower() else (lambda v: f"{num(v)} {unit}".strip())
         where = f"on rank {row['rank']}" if row["rank"] is not None else "per rank"
         text = (f"{row['quantity']} {where} is {fmt(m)}, {num(row['ratio'])}× the textbook {fmt(p)}"
-                f" ({rc.height} of {n_checked} communication quantities differ; communication is {pct(comm_share)} of the step)")
+                f" ({rc.height:,} of {n_checked:,} communication quantities differ; communication is {pct(comm_share)} of the step)")
         evidence = f"run {run}, quantity {row['quantity']}" + (f", rank {row['rank']}" if row["rank"] is not None else "") + (
             f"; {row['note']}" if row["note"] else "")
         change = ("find the traffic the formula does not count (an extra parameter broadcast, unfused or padded buckets, "
@@ -353,11 +353,11 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
         if best is None:
             continue
         score, latency, f = best
-        text = (f"{f['collective']} on {f['group_size']} ranks reaches {num(f['achieved_gbps'])} GB/s over its {f['calls']} calls, "
+        text = (f"{f['collective']} on {f['group_size']} ranks reaches {num(f['achieved_gbps'])} GB/s over its {f['calls']:,} calls, "
                 f"{pct(100 * f['achieved_gbps'] / f['beta_gbps'])} of its fitted β {num(f['beta_gbps'])} GB/s")
         if latency:
             text += (f": the per-call latency α = {ms(f['alpha_us'])} is {pct(f['alpha_pct'])} of the time α + n/β predicts "
-                     f"for them (median message {bytes_text(f['median_bytes'])}); {f['calls']} calls × α are {pct(score)} of the step")
+                     f"for them (median message {bytes_text(f['median_bytes'])}); {f['calls']:,} calls × α are {pct(score)} of the step")
             change = ("send fewer, larger messages: bigger buckets (DDP bucket_cap_mb), larger FSDP units, "
                       "coalesced collectives; each call pays α once")
         else:
@@ -367,8 +367,8 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
                      f"{ms(f['excess_us'])} beyond the fit, {pct(score)} of the step")
             change = ("find what the calls wait for: a rank that starts them late (see the straggler finding) or other "
                       "traffic on the same link (concurrent collectives, a shared NIC); overlap them with compute to hide the wait")
-        evidence = (f"run {run}, {f['backend']} {f['collective']}, group size {f['group_size']}: {f['calls']} calls in the "
-                    f"profiled steps; fit (fastest call of each size) over {f['n_calls']} calls of {f['n_sizes']} sizes, "
+        evidence = (f"run {run}, {f['backend']} {f['collective']}, group size {f['group_size']}: {f['calls']:,} calls in the "
+                    f"profiled steps; fit (fastest call of each size) over {f['n_calls']:,} calls of {f['n_sizes']:,} sizes, "
                     f"R² {num(f['r2'])}")
         out.append(_row("bandwidth", run, None, score, text + ".", evidence, change))
     return out
@@ -397,7 +397,7 @@ def idle_rule(a: "Analysis") -> list[Row]:
                if top is not None and "self_us" in top.columns else None)
         text = (f"The GPU of rank {rank} has nothing to run for {pct(share)} of its profiled window "
                 f"({ms(idle_us)} of {ms(win_us)}): the step waits on the host")
-        evidence = f"run {run}, rank {rank}" + (f" (the worst of {rb.height})" if rb.height > 1 else "")
+        evidence = f"run {run}, rank {rank}" + (f" (the worst of {rb.height:,})" if rb.height > 1 else "")
         if ops is not None and ops.height:
             evidence += "; top CPU operators by self time: " + ", ".join(
                 f"{name} {ms(us)}" for name, us in ops.select("name", "self_us").iter_rows())

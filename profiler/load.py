@@ -252,7 +252,7 @@ def load_traces(
             "world_size": _as_int(info.get("world_size")), "has_gpu": meta["has_gpu"], "device_kind": meta["device_kind"],
             "device_name": meta.get("device_name"), "pg_config": json.dumps(info.get("pg_config")) if info.get("pg_config") else None,
             "n_events": meta["n_events"], "dropped": {k: meta["dropped"].get(k, 0) for k in DAMAGED},
-            "unknown_categories": ", ".join(f"{c} ({n})" for c, n in meta["unknown_categories"].items()) or None,
+            "unknown_categories": ", ".join(f"{c} ({n:,})" for c, n in meta["unknown_categories"].items()) or None,
         })
         kept.append((i, rank))
     if not kept:

@@ -29,11 +29,7 @@ from profiler.classify import classify, device_kind, unknown_categories
 from profiler.damaged import (DAMAGED, MAX_DUR_US, MAX_TEXT_BYTES, MAX_TS_US, bad_step_names, check_text_sizes,
                               checked_distributed_info, json_hint, nothing_usable, read_bytes, what_json)
 from profiler.errors import TraceError
-
-try:  # the C parser, built by `pip install` where a C compiler exists (pyproject.toml)
-    from profiler import _kineto
-except ImportError:
-    _kineto = None
+from profiler.parse_stream import _kineto, decode_strings, scan_file  # the C parser (None where it is not built)
 
 PURE_PARSER_ENV = "PTPROF_PURE_PARSER"  # set (to anything) to parse with msgspec only
 
@@ -244,8 +240,6 @@ def parse_trace_file(path: str | Path, *, fast: bool | None = None) -> tuple[pl.
         fast = not os.environ.get(PURE_PARSER_ENV)
     fast = fast and _kineto is not None
     if fast:
-        from profiler.parse_stream import scan_file
-
         parsed, raw = scan_file(path), None  # read as it is inflated: the JSON is never whole in memory
     if not fast or parsed is None:  # anything odd: the whole file read, its problems worded below
         raw = read_bytes(path)
@@ -321,12 +315,6 @@ def _fast_parse(raw: bytes) -> dict | None:
     except (_kineto.Fallback, UnicodeDecodeError, msgspec.DecodeError):
         return None
 
-
-def decode_strings(parsed: dict) -> dict:
-    """The C parser's dict with its escaped strings decoded: they come as their raw JSON text
-    (escapes already checked). Raises msgspec.DecodeError as msgspec does."""
-    parsed["strings"] = [msgspec.json.decode(s) if isinstance(s, bytes) else s for s in parsed["strings"]]
-    return parsed
 
 
 def _python_columns(raw: bytes, path: Path):

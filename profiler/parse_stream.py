@@ -17,6 +17,7 @@ parses what the C parser declines with msgspec. So a file gives the same frame e
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import struct
@@ -25,8 +26,12 @@ from pathlib import Path
 
 import msgspec
 
-from profiler.damaged import INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO, _isal_zlib
-from profiler.parse import _kineto, decode_strings
+from profiler.gzip_limits import INFLATE_FLOOR_BYTES, MAX_INFLATE_RATIO, _isal_zlib
+
+try:  # the C parser, built by `pip install` where a C compiler exists (pyproject.toml)
+    from profiler import _kineto
+except ImportError:
+    _kineto = None
 
 _ISAL_ERRORS = (_isal_zlib.error,) if _isal_zlib is not None else ()  # not a zlib.error
 
@@ -37,23 +42,42 @@ MAX_HINT_RATIO = 32
 READ_BYTES = 1 << 18  # gzip read per inflate call: the inflater's unconsumed input is copied per call, so keep it short
 
 
-def scan_file(path: str | Path, *, chunk_bytes: int | None = None) -> dict | None:
+def scan_file(path: str | Path, *, chunk_bytes: int | None = None, prescanned: bool = True) -> dict | None:
     """The C parser's dict for the file (as `parse._fast_parse` gives it), or None where the
-    whole-file path must run (see the module docstring). Never raises for the file's content."""
-    chunk_bytes = chunk_bytes or CHUNK_BYTES
+    whole-file path must run (see the module docstring). Never raises for the file's content.
+    prescanned: take prescan.py's scan of the file where its child made one."""
     if _kineto is None:
         return None
+    if prescanned:
+        from profiler import prescan
+
+        found, parsed = prescan.take(path)
+        if found:
+            return parsed
+    return _scan(path, chunk_bytes or CHUNK_BYTES, None)[0]
+
+
+def scan_file_hashed(path: str | Path) -> tuple[dict | None, str | None]:
+    """scan_file(path, prescanned=False), and the SHA-256 of the bytes that scan read (None
+    unless it read the whole file, in order): what prescan.py's child hands its parent."""
+    if _kineto is None:
+        return None, None
+    return _scan(path, CHUNK_BYTES, hashlib.sha256())
+
+
+def _scan(path, chunk_bytes: int, hasher) -> tuple[dict | None, str | None]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not wait for a writer
     except OSError:
-        return None
+        return None, None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0:  # before open(fd): it raises on a directory
             os.close(fd)
-            return None
+            return None, None
         size = st.st_size
-        with open(fd, "rb") as f:
+        with open(fd, "rb") as raw:
+            f = raw if hasher is None else _Hashed(raw, hasher)
             head = f.read(4)
             f.seek(0)
             if head[:2] == b"\x1f\x8b":
@@ -61,11 +85,32 @@ def scan_file(path: str | Path, *, chunk_bytes: int | None = None) -> dict | Non
             else:
                 stream = _plain(f, size, chunk_bytes)
             if stream is None:
-                return None
+                return None, None
             parsed = decode_strings(stream.finish())
+            whole = hasher is not None and f.hashed == size and not raw.read(1)
     except (_kineto.Fallback, UnicodeDecodeError, msgspec.DecodeError, OSError, MemoryError, zlib.error, *_ISAL_ERRORS):
-        return None  # MemoryError: the whole-file path words it as it always has
-    return parsed
+        return None, None  # MemoryError: the whole-file path words it as it always has
+    return parsed, hasher.hexdigest() if whole else None
+
+
+class _Hashed:
+    """A file whose bytes go through `hasher` as they are first read, in order from the start
+    (read again after a seek back, or read ahead of that order after a seek forward: not twice,
+    and the ones skipped not at all; `hashed` says how far the hash goes)."""
+
+    def __init__(self, f, hasher):
+        self.f, self.hasher, self.hashed = f, hasher, 0
+
+    def read(self, n: int = -1) -> bytes:
+        at = self.f.tell()
+        data = self.f.read(n)
+        if at <= self.hashed < at + len(data):
+            self.hasher.update(memoryview(data)[self.hashed - at:])
+            self.hashed = at + len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.f.seek(offset, whence)
 
 
 def _plain(f, size: int, chunk_bytes: int):
@@ -121,3 +166,10 @@ def _gunzipped(f, size: int, head: bytes, chunk_bytes: int):
     if total == 0:
         return None
     return stream
+
+
+def decode_strings(parsed: dict) -> dict:
+    """The C parser's dict with its escaped strings decoded: they come as their raw JSON text
+    (escapes already checked). Raises msgspec.DecodeError as msgspec does."""
+    parsed["strings"] = [msgspec.json.decode(s) if isinstance(s, bytes) else s for s in parsed["strings"]]
+    return parsed

@@ -21,10 +21,12 @@ die, end when their stdin does). This module imports neither polars nor the anal
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,35 +51,50 @@ if TYPE_CHECKING:
 # inflated chunks (parse_stream: 512 KB, ~200 per 100 MB file) come from the heap's top, which
 # glibc would hand back above 128 KB free, to fault it in again for the next chunk: kept up to
 # 4 MB, a 100 MB file faults ~56k pages instead of ~82k (system CPU 2.1-2.6 -> 1.3-1.4 s on
-# 8 x 100 MB, README Benchmarks; the tree's peak the same).
+# 8 x 100 MB, README Benchmarks; the tree's peak the same). A user's own value of any of them
+# wins (_worker_env), as for POLARS_MAX_THREADS: this process already runs with it.
 _WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576",
                "MALLOC_TRIM_THRESHOLD_": "4194304"}
 
 
 class LocalEngine:
-    """`summarize` in up to `workers` local processes (default: one per core); in this process for one task."""
+    """`summarize` in up to `workers` local processes (default: one per core); in this process for
+    one task, and, where `workers` is not given, for a map too small to pay for them."""
 
     def __init__(self, workers: int | None = None):
         self.workers = max(1, workers or os.cpu_count() or 1)
+        self.auto = not workers  # a small map is then done in this process (in_process_is_quicker)
         self._early: list[_Worker] = []  # started by start_early, taken by the next map
 
-    def start_early(self, files: int) -> None:
-        """Start the worker processes a map of `files` files will use (none for one file, which
-        is analysed in this process), so that they import while this process does."""
+    def start_early(self, files: list) -> None:
+        """Start what a map of `files` (the files the cache lacks: uncached_files) will use, so
+        that it works while this process imports: the worker processes, which import side by
+        side with it; or, for files analysed in this process (one file, one worker), a child
+        that scans them meanwhile (prescan.py)."""
         # One a file up to `workers`: the batches of that many files are as many, but for a few
         # counts (5 files on 4 workers: batches of 2, 2 and 1) where `map` stops the one left over.
-        n = min(self.workers, files)
-        if n < 2:
+        n = min(self.workers, len(files))
+        if n < 2 or (self.auto and in_process_is_quicker(files)):
+            from profiler import prescan
+
+            prescan.start(files)
             return
         env = _worker_env(n)
-        try:
-            for _ in range(n - len(self._early)):
-                self._early.append(_start_worker(env))
-        except Exception:  # noqa: BLE001  (a process limit, no memory: the map starts them, or says why)
-            pass
+        with _ctrl_c_held():
+            try:
+                for _ in range(n - len(self._early)):
+                    self._early.append(_start_worker(env))
+            except Exception:  # noqa: BLE001  (a process limit, no memory: the map starts them, or says why)
+                pass
 
     def close(self) -> None:
-        """Stop the workers started early that no map took (a warm load, an error, Ctrl-C)."""
+        """Stop what start_early started and no map took (a warm load, an error, Ctrl-C)."""
+        from profiler import prescan
+
+        self._stop_early()
+        prescan.stop()
+
+    def _stop_early(self) -> None:
         early, self._early = self._early, []
         for w in early:
             w.stop()
@@ -87,10 +104,15 @@ class LocalEngine:
 
         # One batch per worker: each worker takes its share of the batches in advance (below), so
         # more batches would balance nothing and cost each its fixed ~50 ms (plan_batches).
-        batches = plan_batches(tasks, self.workers, per_worker=1)
-        n = min(self.workers, len(batches))
+        workers = 1 if self.auto and in_process_is_quicker([t.path for t in tasks]) else self.workers
+        batches = plan_batches(tasks, workers, per_worker=1)
+        n = min(workers, len(batches))
         early, self._early = (self._early[:n], self._early[n:]) if n > 1 else ([], self._early)
-        self.close()  # more than this map has batches for
+        self._stop_early()  # more than this map has batches for
+        if n <= 1 and _prescan_crashed():  # the same crash here would end ptprof with no word of the file
+            batches = plan_batches(tasks, self.workers, per_worker=1)
+            yield from _run_workers(tasks, batches, min(self.workers, len(batches)), [])
+            return
         if n <= 1:  # in this process: its parquet entries written while the analyses run (batchmap)
             for batch in batches:
                 yield from zip(batch, summarize_batch([tasks[i] for i in batch], background_write=True))
@@ -98,16 +120,61 @@ class LocalEngine:
         yield from _run_workers(tasks, batches, n, early)
 
 
+def _prescan_crashed() -> bool:
+    from profiler import prescan
+
+    return prescan.crashed()
+
+
+# A map whose work in this process would take less than starting worker processes saves is done
+# here (with prescan.py's child scanning the files while this process imports). Each worker costs
+# ~0.25 s of CPU to import polars and the analyses, side by side with this process's imports on 2
+# cores, and then halves the work: in-process wins below ~0.3 s of work. The work per file and per
+# MB of JSON were measured cold, in one process, on bench_scale's sets (8 and 64 x 1 MB, 8 x 10 MB)
+# and the real 54 MB trace: ~7 ms a file (the batch's analyses, the cache entry) and ~7 ms a MB
+# (columns and analyses; the scan itself is the prescan's, beside the imports).
+POOL_WORTH_S = 0.3
+IN_PROCESS_FILE_S = 0.007
+IN_PROCESS_JSON_MB_S = 0.007
+
+
+def in_process_is_quicker(paths: list) -> bool:
+    """Whether these files (a map's, all uncached) are done sooner in this process than on
+    worker processes (POOL_WORTH_S). A gzip's JSON size is read from its trailer; any doubt
+    (more files than PROBE_FILES, a file that does not stat): False, the pool as before."""
+    if len(paths) > PROBE_FILES:
+        return False
+    seconds = IN_PROCESS_FILE_S * len(paths)
+    for p in paths:
+        if seconds > POOL_WORTH_S:
+            return False
+        try:
+            seconds += IN_PROCESS_JSON_MB_S * json_bytes(p) / 1e6
+        except OSError:
+            return False
+    return seconds <= POOL_WORTH_S
+
+
+def json_bytes(path) -> int:
+    """The JSON a trace file holds: a gzip's trailer (its last member's size mod 2**32, at most
+    100x the file: the bomb limit), else the file's size."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if f.read(2) != b"\x1f\x8b" or size < 18:
+            return size
+        f.seek(-4, os.SEEK_END)
+        return min(int.from_bytes(f.read(4), "little"), 100 * size)
+
+
 PROBE_FILES = 64  # uncached_count looks at no more files than this: a warm 1,024-rank load would pay ~40 ms
 
 
-def uncached_count(paths: list, *, cache: bool = True, most: int | None = None) -> int:
-    """How many of the trace files under `paths` have no parquet entry in the cache (all of them
-    without the cache): the files a load will parse, give or take a stale entry. Counts up to
-    `most`, and looks at the first PROBE_FILES files only (a set whose first files are cached is
-    taken as warm: its workers, if any are needed, start with the map as they would anyway).
-    Cheap (a stat per file looked at) and never raises: 0 where the paths are bad (the load
-    itself says why)."""
+def uncached_files(paths: list, *, cache: bool = True, most: int | None = None) -> list[str]:
+    """The trace files under `paths` that have no parquet entry in the cache (all of them without
+    the cache): the files a load will parse, give or take a stale entry. Up to `most` of them,
+    from the first PROBE_FILES files only (a set whose first files are cached is taken as warm:
+    its workers, if any are needed, start with the map as they would anyway). Cheap (a stat per
+    file looked at) and never raises: none where the paths are bad (the load itself says why)."""
     from profiler.cache import cache_dir, entry_key
     from profiler.discover import find_sources, not_a_regular_file
 
@@ -115,16 +182,22 @@ def uncached_count(paths: list, *, cache: bool = True, most: int | None = None) 
     try:
         files = [s.path for s in find_sources(list(paths))[:PROBE_FILES] if not not_a_regular_file(s.path)]
         if not cache:
-            return min(most, len(files))
+            return files[:most]
         folder = cache_dir()
-        found = 0
+        found = []
         for f in files:
-            found += not (folder / f"{entry_key(f)}.json").exists()
-            if found >= most:
-                break
+            if not (folder / f"{entry_key(f)}.json").exists():
+                found.append(f)
+                if len(found) >= most:
+                    break
         return found
     except Exception:  # noqa: BLE001  (TraceError, CacheUnusable, OSError: the load reports them)
-        return 0
+        return []
+
+
+def uncached_count(paths: list, *, cache: bool = True, most: int | None = None) -> int:
+    """len(uncached_files(...))."""
+    return len(uncached_files(paths, cache=cache, most=most))
 
 
 def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[object, Identity | None]]:
@@ -135,8 +208,27 @@ def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[objec
         return list(pool.map(lambda p: lookup(p, cache), paths))
 
 
+@contextlib.contextmanager
+def _ctrl_c_held():
+    """Ctrl-C (SIGINT) held until the block ends, then raised. A KeyboardInterrupt inside Popen,
+    while it waits for the child's exec, loses a started worker that no one would stop; held, it
+    comes once every worker is in `_early`, which `close` stops. Only where Python's own handler
+    is installed (the main thread, no handler of the caller's)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    got = []
+    signal.signal(signal.SIGINT, lambda *_: got.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if got:
+        raise KeyboardInterrupt
+
+
 def _worker_env(n: int) -> dict:
-    env = {**os.environ, **_WORKER_ENV}
+    env = {**_WORKER_ENV, **os.environ}
     # n workers already fill the cores: polars' own thread pool in each would oversubscribe them
     # (measured ~15 % slower per rank with one worker per core). A user's setting wins.
     env.setdefault("POLARS_MAX_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
@@ -276,8 +368,6 @@ def _run_worker(tasks: list[RankTask], chunk: list[list[int]], env: dict, done: 
 
 
 def _signal_name(number: int) -> str:
-    import signal
-
     try:
         return signal.Signals(number).name  # SIGKILL: most often the kernel's out-of-memory killer
     except ValueError:

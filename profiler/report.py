@@ -204,7 +204,7 @@ def _spans(ranks: list[int], most: int = 6) -> str:
         else:
             spans.append([r, r])
     text = [f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:most]]
-    return ", ".join(text) + (f" and {len(spans) - most} more spans" if len(spans) > most else "")
+    return ", ".join(text) + (f" and {len(spans) - most:,} more spans" if len(spans) > most else "")
 
 
 def cut_trace_warnings(tails: pl.DataFrame | None, ranks: pl.DataFrame) -> list[str]:

@@ -58,9 +58,9 @@ def _overview(a, full: bool) -> list[str]:
         r = a.ranks.filter(pl.col("run").cast(pl.String) == run)
         manifest = a.runs.get(run) if isinstance(a.runs.get(run), dict) else {}
         files = r["file"].to_list()
-        where = files[0] if len(files) == 1 else _common_folder(files) + f"/ ({len(files)} files)"
+        where = files[0] if len(files) == 1 else _common_folder(files) + f"/ ({len(files):,} files)"
         device = ", ".join(sorted({d for d in r["device_kind"].to_list() if d}))
-        rows.append([run, paradigm_label(manifest) or "(foreign)", str(r.height),
+        rows.append([run, paradigm_label(manifest) or "(foreign)", fmt_count(r.height),
                      "/".join(sorted({b for b in r["backend"].to_list() if b})) or NONE, device or NONE,
                      str(steps.get(run, NONE)), where])
     out = [title("Runs", "what was loaded (+sp, +lp loss parallel, +offload, +rc recompute; steps: profiled)")]
@@ -118,7 +118,7 @@ def _theory_check(a, runs: list[str], full: bool) -> list[str]:
             cells = _check_cells(worst)
             n, agree = g.height, (g["verdict"] == worst["verdict"]).sum()
             if n > 1 and agree < n:
-                cells[4] += f" ({agree} of {n})"
+                cells[4] += f" ({agree:,} of {n:,})"
             same = g.select(pl.col("predicted", "measured").n_unique()).row(0) == (1, 1)
             rank = NONE if worst["rank"] is None else f"rank {worst['rank']}"
             rows.append(cells + ["every rank" if n > 1 and same else rank])
@@ -203,7 +203,7 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
     if full:
         header = ["rank", "collective", "group", "dtype", "size", "calls", "total", "per call", "algbw", "busbw"]
         render = lambda p: table(header, [  # noqa: E731
-            [str(r["rank"]), r["collective"], r["group"] or NONE, r["dtype"] or NONE, fmt_bytes(r["size_bytes"]), str(r["count"]),
+            [str(r["rank"]), r["collective"], r["group"] or NONE, r["dtype"] or NONE, fmt_bytes(r["size_bytes"]), fmt_count(r["count"]),
              fmt_time(r["total_us"]), fmt_time(r["mean_us"]), fmt_bw(r["algbw_gbps"]), fmt_bw(r["busbw_gbps"])]
             for r in p.sort("rank", pl.col("total_us"), descending=[False, True]).to_dicts()], "rlllrrrrrr", shrink=(2, 3))
         return out + per_run(runs, stats, render)
@@ -227,7 +227,7 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
         header = ["collective (ranks)", "size", "calls", *(["time"] if lone else ["time: min", "median", "max"]), "busbw"]
         rows = []
         for r in p.head(ROWS).to_dicts():
-            calls = str(r["calls_hi"]) if r["calls_lo"] == r["calls_hi"] else f"{r['calls_lo']}–{r['calls_hi']}"
+            calls = fmt_count(r["calls_hi"]) if r["calls_lo"] == r["calls_hi"] else f"{fmt_count(r['calls_lo'])}–{fmt_count(r['calls_hi'])}"
             rows.append([f"{r['collective'] or NONE} ({r['group_size'] or '?'})", fmt_range(r["lo"], r["hi"], fmt_bytes),
                          calls, *min_median_max(r, fmt_time)[:1 if lone else 3], fmt_bw(r["busbw"])])
         return table(header, rows, "lrrrrrr", shrink=0) + more(p.height, ROWS)
@@ -339,7 +339,7 @@ def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
     notes = fit["note"].is_not_null().any()
     header = ["backend", "collective", "ranks", "calls", "sizes", "α", "β", "r²", *(["note"] if notes else [])]
     return out + per_run(runs, fit, lambda p: table(header, [
-        [r["backend"] or NONE, r["collective"] or NONE, str(r["group_size"] or "?"), str(r["n_calls"]), str(r["n_sizes"]),
+        [r["backend"] or NONE, r["collective"] or NONE, str(r["group_size"] or "?"), fmt_count(r["n_calls"]), fmt_count(r["n_sizes"]),
          fmt_time(r["alpha_us"]), fmt_bw(r["beta_gbps"]), sig3(r["r2"]), *([r["note"] or ""] if notes else [])]
         for r in p.to_dicts()], "llrrrrrrl", shrink=(8, 1) if notes else 1))
 
@@ -396,17 +396,21 @@ def _top(a, frame: pl.DataFrame, runs: list[str], full: bool, name: str, meaning
     if full:
         header = ["rank", "name", "calls", *[h for h, _ in extra]]
         return out + per_run(runs, frame, lambda p: table(header, [
-            [str(r["rank"]), r["name"], str(r["count"]), *[fmt_time(r[c]) for _, c in extra]] for r in p.to_dicts()],
+            [str(r["rank"]), r["name"], fmt_count(r["count"]), *[fmt_time(r[c]) for _, c in extra]] for r in p.to_dicts()],
             "rlr" + "r" * len(extra), shrink=1))
     stats = collapse(frame, [value], keys=["run", "name"])
     calls = frame.group_by("run", "name").agg(calls=pl.col("count").median())
     stats = stats.join(calls, on=["run", "name"], how="left").sort("run", "max", descending=[False, True], maintain_order=True)
     header = ["name", "ranks", "calls", "median", "max"]
 
+    # As many rows as a rank's own list holds: --top N promises N rows (ROWS caps the other tables).
+    # The union over ranks may name more; those are counted below the table.
+    shown = frame.group_by("run", "rank").len()["len"].max()
+
     def render(p: pl.DataFrame) -> list[str]:
-        rows = [[r["name"], str(r["n"]), fmt_count(r["calls"]), fmt_time(r["median"]), f"{fmt_time(r['max'])} (rank {r['max_rank']})"]
-                for r in p.head(ROWS).to_dicts()]
-        return table(header, rows, "lrrrr", shrink=0) + more(p.height, ROWS)
+        rows = [[r["name"], fmt_count(r["n"]), fmt_count(r["calls"]), fmt_time(r["median"]), f"{fmt_time(r['max'])} (rank {r['max_rank']})"]
+                for r in p.head(shown).to_dicts()]
+        return table(header, rows, "lrrrr", shrink=0) + more(p.height, shown)
 
     return out + ["  (ranks: how many ranks have it in their top list; calls, time: median over those ranks, and max)"] + per_run(runs, stats, render)
 

@@ -144,10 +144,10 @@ def title(name: str, meaning: str) -> str:
 
 
 def plural(n, noun: str) -> str:
-    """"1 microbatch", "4 microbatches", "1 rank", "2 ranks" (n a whole number)."""
+    """"1 microbatch", "4 microbatches", "1 rank", "2,048 ranks" (n a whole number)."""
     if n == 1:
         return f"1 {noun}"
-    return f"{n} {noun}{'es' if noun.endswith(('s', 'sh', 'ch', 'x')) else 's'}"
+    return f"{n:,} {noun}{'es' if noun.endswith(('s', 'sh', 'ch', 'x')) else 's'}"
 
 
 def wrap(text: str, first: str, rest: str) -> list[str]:
@@ -250,4 +250,4 @@ def strings(frame: pl.DataFrame) -> pl.DataFrame:
 
 def more(n: int, shown: int) -> list[str]:
     """The line saying how many rows a collapsed table left out."""
-    return [f"  … {n - shown} more (ptprof analyze --full)"] if n > shown else []
+    return [f"  … {n - shown:,} more (ptprof analyze --full)"] if n > shown else []

@@ -15,18 +15,33 @@ import sys
 
 EXIT_USAGE = 2  # bad arguments or an impossible request: nothing was started
 HANDED_OVER = {"analyze": "profiler", "project": "profiler", "plan": "profiler", "view": "viewer"}
+# Run as `python -m profiler` would, in this process: a second interpreter's start (~35 ms with an
+# editable install's import hook) saved, and with it a second window in which a Ctrl-C could only
+# give CPython's traceback. The viewer is exec'd: Dash's reloader restarts from sys.argv.
+IN_PROCESS = {"analyze", "project", "plan"}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv and argv[0] in HANDED_OVER:  # they keep their own flags: handed over untouched
+        if argv and argv[0] in IN_PROCESS:  # they keep their own flags: handed over untouched
+            return run_module(HANDED_OVER[argv[0]], argv)
+        if argv and argv[0] in HANDED_OVER:
             return exec_module(HANDED_OVER[argv[0]], argv)
         from runners.cli import main as cli_main
     except KeyboardInterrupt:
         print("ptprof: interrupted", file=sys.stderr)
         return 130
     return cli_main(argv)
+
+
+def run_module(module: str, args: list[str]) -> int:
+    """`python -m <module> ARGS` in this process (its __main__ ends with sys.exit: SystemExit carries the status)."""
+    import runpy
+
+    sys.argv = [sys.argv[0], *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0  # a __main__ that returns without sys.exit
 
 
 def exec_module(module: str, args: list[str]) -> int:

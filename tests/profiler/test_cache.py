@@ -182,6 +182,11 @@ def test_a_full_disk_analyses_from_memory_with_one_warning(tmp_path, monkeypatch
     assert note in analysis.warnings and analysis.problems == []
 
 
+def test_the_full_disk_note_counts_with_thousands_separators():
+    note = cache_module.unstored_note(Path("/c"), ["No space left on device"] * 1200, 1024 + 1200)
+    assert note.startswith("1,200 of 2,224 parsed trace files could not be written to /c (No space left on device);")
+
+
 def test_a_full_disk_is_a_warning_not_a_failure_in_the_cli(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(cache_module, "_write_file", _enospc_write)

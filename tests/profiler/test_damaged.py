@@ -90,6 +90,31 @@ def test_an_eventless_trace_is_worded_by_what_it_holds(analyze, tmp_path, doc, s
     refused(analyze(f), str(f), said)
 
 
+@pytest.mark.parametrize("name, content, said", [
+    ("rank0.json", b"", "empty file"),
+    ("rank0.json", b"   \n", "holds no JSON, only whitespace (4 bytes)"),
+    ("rank0.json.gz", gzip.compress(b"", mtime=0), "empty file (inside the gzip)"),
+    ("rank0.json.gz", gzip.compress(b" \t\r\n\n", mtime=0), "holds no JSON, only whitespace (5 bytes inside the gzip)"),
+], ids=["empty", "whitespace", "empty gzip", "whitespace gzip"])
+def test_a_file_without_json_is_refused_as_such_not_as_truncated(analyze, tmp_path, name, content, said):
+    f = tmp_path / name
+    f.write_bytes(content)
+    line = refused(analyze(f), str(f), said)
+    assert "truncated" not in line, line
+
+
+def test_a_whitespace_file_in_a_folder_is_skipped_as_an_empty_one_is(analyze, tmp_path):
+    write(tmp_path / "rank0.json", trace(info={"rank": 0, "world_size": 3}))
+    (tmp_path / "rank1.json").write_bytes(b"")
+    (tmp_path / "rank2.json.gz").write_bytes(gzip.compress(b"  \n", mtime=0))
+    code, out, err, report = analyze(tmp_path)
+    assert code == 2 and [r["rank"] for r in ranks_of(report)] == [0], err  # exit 2 as for any skipped rank
+    assert err.strip().splitlines() == [
+        f"ptprof analyze: skipped {tmp_path / 'rank1.json'}: rank 1: empty file",
+        f"ptprof analyze: skipped {tmp_path / 'rank2.json.gz'}: rank 2: holds no JSON, only whitespace (3 bytes inside the gzip)"]
+    assert report["problems"] == [line.removeprefix("ptprof analyze: skipped ") for line in err.strip().splitlines()]
+
+
 # ---- impossible values: dropped, counted, the rest right ----------------------------------------
 
 
@@ -436,11 +461,14 @@ def test_trace_named_entries_that_are_not_files_are_named_not_skipped_in_silence
     write(tmp_path / "rank0.json", trace(info={"rank": 0, "world_size": 3}))
     os.mkfifo(tmp_path / "rank1.json")
     (tmp_path / "rank2.json").symlink_to(tmp_path / "gone.json")
+    (tmp_path / "rank3.json").symlink_to(tmp_path / "rank3.json")  # a loop: stat fails
     res = cli_subprocess(tmp_path, "--quiet", timeout=60)  # the FIFO is never opened: no hang
     lines = res.stderr.decode().strip().splitlines()
-    assert res.returncode == 2 and len(lines) == 2, lines  # exit 2 as for any skipped rank; rank 0 analysed
-    assert lines[0].startswith(f"ptprof analyze: skipped {tmp_path / 'rank1.json'}: rank 1: not a regular file (a FIFO)")
-    assert lines[1].startswith(f"ptprof analyze: skipped {tmp_path / 'rank2.json'}: rank 2: not a regular file (a link to nothing)")
+    assert res.returncode == 2 and len(lines) == 3, lines  # exit 2 as for any skipped rank; rank 0 analysed
+    # each said skipped once (the line's prefix), not again at its end
+    assert lines == [f"ptprof analyze: skipped {tmp_path / 'rank1.json'}: rank 1: not a regular file (a FIFO)",
+                     f"ptprof analyze: skipped {tmp_path / 'rank2.json'}: rank 2: not a regular file (a link to nothing)",
+                     f"ptprof analyze: skipped {tmp_path / 'rank3.json'}: rank 3: cannot open: Too many levels of symbolic links"]
 
 
 @pytest.mark.parametrize("args", [["--top", "x"], ["--rank", "-1"], ["--bogus"]], ids=["not a number", "negative", "unknown"])

@@ -347,12 +347,12 @@ def test_comm_volume_is_silent_below_its_threshold():
 # = 9.90 ms beyond the fit, 9.90 % of a 100 ms step.
 
 def bandwidth_case(window: float = 10_000.0, r2: float = 0.99, alpha: float = 100.0, size: int = 1000,
-                   dur: float = 101.0) -> SimpleNamespace:
-    fit = frame([{"run": "A", "backend": "gloo", "collective": "all_reduce", "group_size": 2, "n_calls": 10, "n_sizes": 3,
+                   dur: float = 101.0, n: int = 10) -> SimpleNamespace:
+    fit = frame([{"run": "A", "backend": "gloo", "collective": "all_reduce", "group_size": 2, "n_calls": n, "n_sizes": 3,
                   "alpha_us": alpha, "beta_gbps": 1.0, "r2": r2}], FIT_COLUMNS)
     calls = [{"run": "A", "rank": 0, "step": 1, "seq": i, "backend": "gloo", "collective": "all_reduce", "group_size": 2,
               "size_bytes": size, "dur_us": dur, "predicted_us": alpha + size / 1000, "beta_gbps": 1.0,
-              "algbw_gbps": size / dur / 1e3, "bw_vs_beta": size / dur / 1e3} for i in range(10)]
+              "algbw_gbps": size / dur / 1e3, "bw_vs_beta": size / dur / 1e3} for i in range(n)]
     calls.append(calls[0] | {"step": None, "seq": 99, "dur_us": 1e9})  # outside the profiled steps: left out
     steps = frame([{"run": "A", "rank": 0, "step": 1, "window_us": window}], BREAKDOWN | {"step": pl.Int64})
     return fake(alpha_beta=fit, alpha_beta_calls=frame(calls, PREDICT_COLUMNS), breakdown_steps=steps)
@@ -382,6 +382,36 @@ def test_bandwidth_is_silent_below_its_threshold_and_on_a_poor_fit():
     assert F.bandwidth_rule(bandwidth_case(r2=0.5)) == []
     # 10 calls of 1 MB in 1001 µs: 99.9 % of β, nothing lost
     assert F.bandwidth_rule(bandwidth_case(alpha=1.0, size=1_000_000, dur=1001.0)) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Counts in a finding's sentences are printed with thousands separators ("2,020 calls"), as
+# fmt_count prints them in the tables.
+
+def test_exposed_comm_counts_calls_with_thousands_separators():
+    e = exposed_case()
+    e.exposed = e.exposed.with_columns(calls=pl.Series([2020, 2]))
+    assert "75.0 % of the exposed time, in 2,020 calls" in only(F.exposed_comm_rule(e))["text"]
+
+
+def test_bandwidth_counts_calls_with_thousands_separators():
+    # bandwidth_case's latency case with 1200 calls, the window 120x: still 1200 x 100 µs = 10 % of the step
+    f = only(F.bandwidth_rule(bandwidth_case(window=1_200_000.0, n=1200)))
+    assert f["text"].startswith("all_reduce on 2 ranks reaches 0.00990 GB/s over its 1,200 calls,")
+    assert "1,200 calls × α are 10.0 % of the step" in f["text"]
+    assert "1,200 calls in the profiled steps" in f["evidence"] and "over 1,200 calls of 3 sizes" in f["evidence"]
+
+
+def test_straggler_counts_collectives_with_thousands_separators():
+    # straggler_case's 5 collectives 250 times over (1,250, 5 ms apart): 250 x 600 µs against a 1 s window, 15 %;
+    # rank 3 last in 1,000 of 1,250 (80 %)
+    e = straggler_case(window=1e6, times_3=1000)
+    e.skew = pl.concat([e.skew.with_columns(seq=pl.col("seq") + 5 * k, first_start_us=pl.col("first_start_us") + 5e3 * k)
+                        for k in range(250)])
+    e.stragglers = e.stragglers.with_columns(times_last=pl.Series([1000, 250], dtype=pl.UInt32))
+    f = only(F.straggler_rule(e))
+    assert f["score"] == pytest.approx(15.0) and "rank 3 is the last to start in 80.0 % of them (1,000 of 1,250)" in f["text"]
+    assert f["evidence"].startswith("run A, group [0, 1, 2, 3], 1,250 collectives;")
 
 
 # ---------------------------------------------------------------------------------------------

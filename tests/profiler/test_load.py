@@ -163,6 +163,13 @@ def test_partial_load_names_the_bad_rank(tmp_path):
     assert "rank1.json.gz: rank 1: empty file" in str(traces.problems[0])  # the rank its name gives, then why
 
 
+def test_unknown_categories_are_counted_with_thousands_separators(tmp_path):
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 5}]
+    events += [{"ph": "X", "cat": "hpu_op", "name": "matmul", "pid": 7, "tid": 2, "ts": 10 + k, "dur": 1} for k in range(1200)]
+    f = _write(tmp_path / "rank0.json", msgspec.json.encode({"traceEvents": events}))
+    assert load_traces(f, progress=False).ranks["unknown_categories"].to_list() == ["hpu_op (1,200)"]
+
+
 def test_rank_from_filename_and_chrome_array_form(tmp_path):
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5},
               {"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 12, "s": "t"},

@@ -112,6 +112,10 @@ def test_missing_rank_spans_are_counted_by_hand():
     ranks = pl.DataFrame({"run": ["a"] * 4 + ["b"] * 2, "rank": [0, 3, 4, 9, 0, 1], "world_size": [12] * 4 + [2] * 2})
     (line,) = missing_rank_warnings(ranks)  # run b has both of its 2 ranks: no warning
     assert line.startswith("run a: 4 of 12 ranks loaded") and "missing 1-2, 5-8, 10-11:" in line
+    # every other rank of 4,096 loaded: 2,048 one-rank spans missing, 6 named, the rest counted
+    ranks = pl.DataFrame({"run": "a", "rank": range(0, 4096, 2), "world_size": 4096})
+    (line,) = missing_rank_warnings(ranks)
+    assert line.startswith("run a: 2,048 of 4,096 ranks loaded") and "missing 1, 3, 5, 7, 9, 11 and 2,042 more spans:" in line
 
 
 def test_a_run_without_the_chosen_step_is_left_out_not_a_crash():

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import os
 import subprocess
@@ -25,7 +26,7 @@ import profiler.cache as cache_module
 import profiler.pool as pool
 from profiler.cache import Parsed, entry_key, lookup, settle
 from profiler.load import load_traces
-from profiler.pool import LocalEngine, uncached_count
+from profiler.pool import LocalEngine, uncached_count, uncached_files
 from profiler.rankmap import HOLD_LOG_ENV, MapOptions, RankSummary, RankTask
 from tests.conftest import REPO
 
@@ -130,10 +131,12 @@ def test_uncached_count_counts_the_files_without_an_entry(tmp_path, monkeypatch)
     cache = tmp_path / "cache"
     monkeypatch.setenv("PTPROF_CACHE_DIR", str(cache))
     assert uncached_count([job]) == 3
+    assert [Path(f).name for f in uncached_files([job])] == ["rank0.json", "rank1.json", "rank2.json"]
     assert uncached_count([job], most=2) == 2  # as many as workers are enough to know
     load_traces(job / "rank1.json", workers=1, progress=False)  # rank 1 cached
     assert (cache / f"{entry_key(job / 'rank1.json')}.json").exists()
     assert uncached_count([job]) == 2
+    assert [Path(f).name for f in uncached_files([job])] == ["rank0.json", "rank2.json"]
     assert uncached_count([job], cache=False) == 3  # --no-cache parses them all
     assert uncached_count([tmp_path / "nowhere"]) == 0  # the load itself says what is wrong
     monkeypatch.setattr(pool, "PROBE_FILES", 1)  # rank0 first: cached, so the set is taken as warm
@@ -155,7 +158,7 @@ def test_workers_started_early_do_the_map_and_the_unused_ones_are_stopped(tmp_pa
     log = tmp_path / "held.log"
     monkeypatch.setenv(HOLD_LOG_ENV, str(log))
     engine = LocalEngine(3)
-    engine.start_early(3)  # 4 files on 3 workers: batches of 2 and 2, so one worker is left over
+    engine.start_early(sorted(job.glob("*.json"))[:3])  # 4 files on 3 workers: batches of 2 and 2, so one worker is left over
     early = [w.proc.pid for w in engine._early]
     assert len(early) == 3 and all(_running(p) for p in early)
     traces = load_traces(job, engine=engine, progress=False)
@@ -169,14 +172,104 @@ def test_workers_started_early_do_the_map_and_the_unused_ones_are_stopped(tmp_pa
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_close_stops_early_workers_no_map_took(tmp_path):
     engine = LocalEngine(2)
-    engine.start_early(5)
+    engine.start_early([tmp_path / f"rank{r}.json" for r in range(5)])
     early = [w.proc.pid for w in engine._early]
     assert len(early) == 2
     engine.close()
     assert not [p for p in early if _running(p)] and engine._early == []
     engine = LocalEngine(2)
-    engine.start_early(1)  # one file is analysed in this process: no worker
-    assert engine._early == []
+    engine.start_early([tmp_path / "rank0.json"])  # one file is analysed in this process: no worker
+    assert engine._early == []  # (prescan: tests/profiler/test_prescan.py)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment a process was started with."""
+    return dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypatch):
+    # pool.py's comment: jemalloc's decay 50 ms, glibc's mmap threshold 1 MB and trim threshold 4 MB
+    tuned = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576",
+             "MALLOC_TRIM_THRESHOLD_": "4194304"}
+    for name in (*tuned, "POLARS_MAX_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    engine = LocalEngine(2)
+    try:
+        engine.start_early(["rank0.json", "rank1.json"])  # two files to analyse: two workers
+        envs = [_environ(w.proc.pid) for w in engine._early]
+    finally:
+        engine.close()
+    assert len(envs) == 2
+    threads = str(max(1, (os.cpu_count() or 1) // 2))  # the cores shared by the 2 workers
+    assert all({k: e.get(k) for k in (*tuned, "POLARS_MAX_THREADS")} == tuned | {"POLARS_MAX_THREADS": threads} for e in envs), envs
+    # A user's own setting wins, as for POLARS_MAX_THREADS: this process runs with it too.
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    monkeypatch.setenv("POLARS_MAX_THREADS", "1")
+    engine = LocalEngine(2)
+    try:
+        engine.start_early(["rank0.json", "rank1.json"])  # two files to analyse: two workers
+        envs = [_environ(w.proc.pid) for w in engine._early]
+    finally:
+        engine.close()
+    mine = tuned | {"MALLOC_TRIM_THRESHOLD_": "131072", "POLARS_MAX_THREADS": "1"}
+    assert len(envs) == 2 and all({k: e.get(k) for k in mine} == mine for e in envs), envs
+
+
+def _ctrl_c_while_workers_start(tmp_path, monkeypatch, capsys, popen_then_interrupt) -> tuple[int, str, list]:
+    """`ptprof analyze` of 3 uncached files on 3 workers, `popen_then_interrupt(real_popen, n)`
+    standing in for the n-th worker's Popen: (exit status, stderr, the Popen objects made)."""
+    from profiler.cli import main
+
+    job = _job(tmp_path / "job", 3)
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    real, made = pool.subprocess.Popen, []
+
+    def popen(*args, **kwargs):
+        def start():
+            made.append(real(*args, **kwargs))  # kept here, whatever happens next, to be checked below
+            return made[-1]
+        return popen_then_interrupt(start, len(made) + 1)
+
+    monkeypatch.setattr(pool.subprocess, "Popen", popen)
+    try:
+        code = main(["analyze", str(job), "--workers", "3", "--quiet"])
+    finally:
+        monkeypatch.undo()
+        alive = [p.pid for p in made if _running(p.pid)]
+        for p in made:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert not alive, f"workers left running: {alive}"
+    return code, capsys.readouterr().err, made
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_ctrl_c_between_two_workers_starting_stops_the_started_one(tmp_path, monkeypatch, capsys):
+    def popen(start, n):
+        if n == 2:
+            raise KeyboardInterrupt  # Ctrl-C before the second worker's fork
+        return start()
+
+    code, err, made = _ctrl_c_while_workers_start(tmp_path, monkeypatch, capsys, popen)
+    assert len(made) == 1 and code == 130 and err == "ptprof analyze: interrupted\n", err  # the CLI's Ctrl-C: one line
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_ctrl_c_while_popen_waits_for_the_exec_loses_no_worker(tmp_path, monkeypatch, capsys):
+    import signal
+    import time
+
+    def popen(start, n):
+        proc = start()
+        if n == 2:  # the child exists, Popen has not returned it yet (it waits for the exec): a real Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # where the KeyboardInterrupt is raised, unless held until the worker is kept
+        return proc
+
+    code, err, made = _ctrl_c_while_workers_start(tmp_path, monkeypatch, capsys, popen)
+    assert len(made) >= 2 and code == 130 and err == "ptprof analyze: interrupted\n", err
 
 
 # ---- a light `import profiler` ----------------------------------------------------------------
@@ -224,3 +317,49 @@ def test_a_worker_sends_the_summary_it_stored_and_encodes_only_without_one(tmp_p
     for p in cache.glob("*.summary"):
         p.unlink()
     assert decode(sent(summary)).frames.keys() == summary.frames.keys() and encoded == [summary]
+
+
+# ---- a small map is done in this process -------------------------------------------------------
+
+
+def test_json_bytes_reads_a_gzips_trailer_and_caps_it(tmp_path):
+    body = b'{"traceEvents": [], "x": "%s"}' % os.urandom(9_486).hex().encode()  # inflates ~2x, under the cap
+    (tmp_path / "a.json.gz").write_bytes(gzip.compress(body))
+    (tmp_path / "a.json").write_bytes(body)
+    assert pool.json_bytes(tmp_path / "a.json.gz") == len(body) == 19_000
+    assert pool.json_bytes(tmp_path / "a.json") == 19_000
+    damaged = gzip.compress(body)[:-4] + (2**32 - 1).to_bytes(4, "little")  # a trailer of any 4 bytes
+    (tmp_path / "b.json.gz").write_bytes(damaged)
+    assert pool.json_bytes(tmp_path / "b.json.gz") == 100 * len(damaged)
+
+
+def test_in_process_is_quicker_below_the_pools_worth(tmp_path):
+    def files(n: int, mb: float) -> list[Path]:
+        out = []
+        for i in range(n):
+            p = tmp_path / f"{n}-{mb}-{i}.json"
+            with open(p, "wb") as f:
+                f.truncate(int(mb * 1e6))  # sparse: only the size is read
+            out.append(p)
+        return out
+
+    # Hand-computed at 7 ms a file and 7 ms a MB against 0.3 s: 8 x 1 MB 0.112 s; one 40 MB
+    # 0.287 s; one 42 MB 0.301 s; 21 x 1 MB 0.294 s; 22 x 1 MB 0.308 s.
+    assert pool.in_process_is_quicker(files(8, 1))
+    assert pool.in_process_is_quicker(files(1, 40)) and not pool.in_process_is_quicker(files(1, 42))
+    assert pool.in_process_is_quicker(files(21, 1)) and not pool.in_process_is_quicker(files(22, 1))
+    assert not pool.in_process_is_quicker(files(65, 0.001))  # past what is probed: the pool
+    assert not pool.in_process_is_quicker([tmp_path / "missing.json"])
+
+
+def test_a_small_map_runs_here_unless_workers_are_asked_for(tmp_path, monkeypatch):
+    job = _job(tmp_path / "job", 3)
+    log = tmp_path / "held.log"
+    monkeypatch.setenv(HOLD_LOG_ENV, str(log))
+    for workers, here in ((None, True), (2, False)):
+        monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / f"cache-{workers}"))
+        log.unlink(missing_ok=True)
+        traces = load_traces(job, engine=LocalEngine(workers), progress=False)
+        assert traces.ranks["rank"].to_list() == [0, 1, 2] and not traces.problems
+        pids = {int(line.split()[1]) for line in log.read_text().splitlines()}
+        assert (pids == {os.getpid()}) is here and len(pids) == (1 if here else 2)

@@ -53,6 +53,24 @@ def test_plurals():
 
     assert [plural(1, "microbatch"), plural(4, "microbatch"), plural(1, "rank"), plural(0, "rank")] == [
         "1 microbatch", "4 microbatches", "1 rank", "0 ranks"]
+    assert plural(2020, "call") == "2,020 calls"  # a count is printed with thousands separators
+
+
+def test_table_counts_have_thousands_separators(ddp):
+    from profiler.textfmt import more
+
+    assert more(1250, 12) == ["  … 1,238 more (ptprof analyze --full)"]
+    a = dataclasses.replace(ddp, collective_stats=ddp.collective_stats.with_columns(count=pl.lit(2020, pl.Int64)),
+                            alpha_beta=ddp.alpha_beta.with_columns(n_calls=pl.lit(2020, pl.Int64)),
+                            top_operators=ddp.top_operators.with_columns(count=pl.lit(2020, pl.Int64)))
+    colls = [line for line in section(format_tables(a), "Collectives") if "all_reduce" in line]
+    assert colls and all(" 2,020 " in line for line in colls), colls
+    full = [line for line in section(format_tables(a, full=True), "Collectives") if "all_reduce" in line]
+    assert full and all(" 2,020 " in line for line in full), full
+    fits = [line for line in section(format_tables(a), "Latency and bandwidth") if "all_reduce" in line]
+    assert fits and all(line.split()[3] == "2,020" for line in fits), fits
+    ops = [line for line in section(format_tables(a, full=True), "Top CPU operators") if "aten::" in line]
+    assert ops and all(line.split()[2] == "2,020" for line in ops), ops
 
 
 def test_human_units():
@@ -316,6 +334,25 @@ def test_the_cli_takes_full():
     assert not too_wide(res.stdout)
     order = [line for line in res.stdout.split("\n") if line.startswith("  rank 0 step ")]
     assert len(order) == 2  # --full: each rank's order in each step
+
+
+@pytest.mark.parametrize("top", [20, None], ids=["--top 20", "default 15"])
+def test_top_n_shows_n_rows(capsys, top):
+    """--top N promises N rows of the operator table (it used to stop at 12, the other tables' cap)."""
+    import gzip
+    import json
+
+    from profiler.cli import main
+
+    sample = REPO / "traces" / "sample-ddp-2r"
+    for k in (0, 1):  # the sample has more than 20 CPU operators on each rank, counted from its JSON
+        events = json.loads(gzip.decompress((sample / f"rank{k}.json.gz").read_bytes()))["traceEvents"]
+        assert len({e["name"] for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X"}) > 20
+    assert main(["analyze", str(sample), *(["--top", str(top)] if top else [])]) == 0
+    lines = section(capsys.readouterr().out, "Top CPU operators")
+    rows = [line for line in lines[4:] if line.strip() and not line.startswith("  … ")]
+    assert len(rows) == (top or 15), lines
+    assert lines[-2].startswith("  … ") and lines[-2].endswith(" more (ptprof analyze --full)")  # the other ranks' names
 
 
 def test_hta_beside_ours_fits_and_says_each_difference():

@@ -9,9 +9,11 @@ import sys
 from tests.conftest import REPO
 
 HANDOVER = """
-import os, sys
+import os, runpy, sys
 import runners.entry as e
 os.execv = lambda exe, args: (print("EXEC", *args[1:4], "cli imported:", "runners.cli" in sys.modules), sys.exit(0))
+runpy.run_module = lambda module, run_name, alter_sys: (
+    print("RUN", module, run_name, *sys.argv[1:2], "cli imported:", "runners.cli" in sys.modules), sys.exit(0))
 e.main(sys.argv[1:])
 """
 
@@ -32,11 +34,39 @@ def _python(code: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_analyze_is_handed_over_without_the_runners_modules():
-    for command, module in (("analyze", "profiler"), ("plan", "profiler"), ("view", "viewer")):
+    # analyze/project/plan run as `python -m profiler` in this process; the viewer is exec'd.
+    for command in ("analyze", "project", "plan"):
         res = _python(HANDOVER, command, "x")
-        assert res.stdout.split() == ["EXEC", "-m", module, command, "cli", "imported:", "False"], res.stdout + res.stderr
+        assert res.stdout.split() == ["RUN", "profiler", "__main__", command, "cli", "imported:", "False"], res.stdout + res.stderr
+    res = _python(HANDOVER, "view", "x")
+    assert res.stdout.split() == ["EXEC", "-m", "viewer", "view", "cli", "imported:", "False"], res.stdout + res.stderr
+
+
+def test_the_console_script_gives_python_m_profilers_status_and_output(tmp_path):
+    """In-process, exit statuses and streams are those of `python -m profiler`."""
+    script = "import sys\nfrom runners.entry import main\nsys.exit(main())"
+    for args, status in ((["analyze", str(tmp_path / "missing")], 2), (["analyze", "--help"], 0), (["plan"], 2)):
+        ours = _python(script, *args)
+        theirs = subprocess.run([sys.executable, "-m", "profiler", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert (ours.returncode, ours.stdout, ours.stderr) == (theirs.returncode, theirs.stdout, theirs.stderr)
+        assert ours.returncode == status
 
 
 def test_a_ctrl_c_while_run_or_list_imports_is_one_line():
     res = _python(INTERRUPTED)
     assert res.returncode == 130 and res.stderr == "ptprof: interrupted\n", res.stderr
+
+
+def test_a_ctrl_c_while_python_m_profiler_imports_is_one_line():
+    code = """
+import runpy, sys
+class Stop:  # a Ctrl-C while profiler.cli is imported, before the command's own handling
+    def find_spec(self, name, path=None, target=None):
+        if name == "profiler.cli":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Stop())
+sys.argv = ["ptprof", "analyze", "x"]
+runpy.run_module("profiler", run_name="__main__", alter_sys=True)
+"""
+    res = _python(code)
+    assert res.returncode == 130 and res.stderr == "ptprof analyze: interrupted\n", res.stderr

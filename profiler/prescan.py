@@ -1,0 +1,235 @@
+"""A cold load's files scanned by a forked child while this process imports polars and the analyses.
+
+    prescan.start(paths)    # first thing, before any heavy import; no-op where it cannot help
+    ...                     # import polars, numpy, the analyses (~0.3 s on one core)
+    parse_stream.scan_file(path)   # takes the child's scan of `path` where there is one
+    prescan.stop()          # the child killed and reaped if still running, its file closed
+
+Where a load analyses its files in this process (one file, or a set too small to pay for worker
+processes: pool.LocalEngine), a cold `ptprof analyze` did its work in series on one core: ~0.3 s of imports, then the C scan (~0.2 s
+for a 54 MB trace), then the analyses; the other core idled. The scan needs only the C parser and
+zlib, so a child forked before the imports scans the files on the other core meanwhile and leaves
+each `_kineto` dict, pickled, in an unnamed temporary file (not a pipe: a pipe would stall the
+child until this process, busy importing, read it).
+
+A scan is taken only where it is surely of the file as it is now: the child records each file's
+stat (device, inode, size, mtime, ctime) before and after scanning it and the SHA-256 of the bytes
+it scanned, and `take` compares both stats with the file's stat when it is asked for and the hash
+with the file's bytes then (a same-size rewrite can keep the stat on a filesystem with coarse
+timestamps); anything else (the file changed, the child failed, was
+killed, ran out of memory, or never got that far) gives None and the caller scans the file
+itself, which then words any problem exactly as it always has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import signal
+import tempfile
+import threading
+from pathlib import Path
+
+# The child's scans are held in one temporary file (~0.6 of the JSON) and read back whole: only
+# sets this small are scanned ahead. Past it the scan outlasts the imports anyway (~0.5 s).
+MAX_FILE_BYTES = 16 << 20
+
+_active: _Prescan | None = None
+
+
+def _signature(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class _Prescan:
+    def __init__(self, pid: int, out):
+        self.pid, self.out, self.exit = pid, out, -1
+        self.scans: dict[tuple, dict | None] | None = None  # by signature, once read back
+
+    def take(self, path) -> tuple[bool, dict | None]:
+        """(found, the scan) of `path` as the file is now."""
+        if self.scans is None:
+            self.scans = self._read_back()
+        try:
+            sig = _signature(os.stat(path))
+        except OSError:
+            return False, None
+        if sig not in self.scans:
+            return False, None
+        parsed, digest = self.scans.pop(sig)
+        # The stat could miss a rewrite of the same size within the filesystem's timestamp
+        # granularity: the bytes the child read must be the file's bytes now (~1 ms a MB).
+        if parsed is not None and (digest is None or digest != _sha256(path)):
+            return False, None
+        return True, parsed
+
+    def status(self) -> int:
+        """The child's exit status once it has ended (negative: killed by that signal); waits for it."""
+        if self.pid is not None:
+            self.exit, self.pid = _reap(self.pid, wait=True), None
+        return self.exit
+
+    def _read_back(self) -> dict:
+        """The child's scans once it has exited cleanly; none if it did not (killed, failed)."""
+        scans: dict = {}
+        if self.status() != 0:
+            return scans
+        try:
+            self.out.seek(0)
+            while True:
+                try:
+                    before, after, parsed, digest = pickle.load(self.out)
+                except EOFError:
+                    break
+                if before == after:  # unchanged while it was scanned
+                    scans[before] = (parsed, digest)
+        except Exception:  # noqa: BLE001  (a damaged temporary file: scan the files here instead)
+            scans.clear()
+        finally:
+            self.out.close()
+        return scans
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            _reap(self.pid, wait=True)
+            self.pid = None
+        self.out.close()
+        self.scans = None
+
+
+def _sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _reap(pid: int, *, wait: bool) -> int | None:
+    """The child's exit status (negative: killed by that signal); None while it runs (wait=False)."""
+    while True:
+        try:
+            got, status = os.waitpid(pid, 0 if wait else os.WNOHANG)
+        except ChildProcessError:
+            return -1  # reaped elsewhere: its scans are not to be trusted
+        except InterruptedError:
+            continue
+        if got == 0:
+            return None
+        return os.waitstatus_to_exitcode(status)
+
+
+def start(paths: list) -> bool:
+    """Fork a child that scans `paths` (regular files, at most MAX_FILE_BYTES in all, in this
+    order); whether it started. Not where another thread runs (fork copies only this one, and a
+    lock another held stays held), nor without os.fork, nor for nothing to scan."""
+    global _active
+    stop()
+    if not paths or not hasattr(os, "fork") or _threads() > 1:
+        return False
+    try:
+        if sum(os.stat(p).st_size for p in paths) > MAX_FILE_BYTES:
+            return False
+        out = tempfile.TemporaryFile()
+    except OSError:
+        return False
+    # SIGINT held from before the fork until the child is recorded: a Ctrl-C in between would
+    # raise here with the child running and nobody to stop it. Delivered once unblocked.
+    held = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if held:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        try:
+            pid = os.fork()
+        except OSError:
+            out.close()
+            return False
+        if pid == 0:  # the child: never back into the caller's code, nor its atexit handlers or buffers
+            code = 1
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the parent stops us (stop())
+                if held:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+                _detach_stdio()
+                _scan_all([str(p) for p in paths], out)
+                code = 0
+            finally:
+                os._exit(code)
+        _active = _Prescan(pid, out)
+    finally:
+        if held:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return True
+
+
+def _threads() -> int:
+    """This process's threads: native ones too where /proc tells (numpy's BLAS and polars start
+    theirs at import; a lock one of them holds would stay held in the child)."""
+    try:
+        return max(len(os.listdir("/proc/self/task")), threading.active_count())
+    except OSError:
+        return threading.active_count()
+
+
+def _detach_stdio() -> None:
+    """Not the parent's stdin, stdout or stderr: a caller reading them to their end (a pipe)
+    would otherwise wait for this child too. It prints nothing."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def _scan_all(paths: list[str], out) -> None:
+    from profiler.parse_stream import scan_file_hashed
+
+    for path in paths:
+        try:
+            before = _signature(os.stat(path))
+        except OSError:
+            continue
+        parsed, digest = scan_file_hashed(path)
+        try:
+            after = _signature(os.stat(path))
+        except OSError:
+            continue
+        pickle.dump((before, after, parsed, digest), out, protocol=pickle.HIGHEST_PROTOCOL)
+        del parsed
+    out.flush()
+
+
+def take(path) -> tuple[bool, dict | None]:
+    """(True, the child's scan of `path`) where it scanned the file as it is now, else (False, None).
+    The first call waits for the child to finish."""
+    if _active is None:
+        return False, None
+    try:
+        return _active.take(Path(path))
+    except Exception:  # noqa: BLE001  (never the reason a file fails: it is scanned here instead)
+        return False, None
+
+
+def crashed() -> bool:
+    """Whether the child was killed by a signal (a crash in the C parser, the out-of-memory
+    killer) scanning the files: then this process would meet the same end, with no word of which
+    file; worker processes name it (pool.LocalEngine.map). Waits for the child to end."""
+    try:
+        return _active is not None and _active.status() < 0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def stop() -> None:
+    """Stop the child (if still running), drop what it left. Safe to call at any time."""
+    global _active
+    active, _active = _active, None
+    if active is not None:
+        active.stop()
