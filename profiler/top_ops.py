@@ -238,8 +238,8 @@ EXACT_SUM = 2.0**53
 def _top_kernels_exact(kernels: pl.DataFrame, ranks: pl.DataFrame, n: int) -> pl.DataFrame | None:
     """`_top_kernels` of each rank's kernels (run, rank, kind, name, dur_us), concatenated in the
     order of `ranks` (run, rank), in one pass over all of them; None where an addition could
-    round: a duration that is not a whole number of µs (or not finite), or durations adding up
-    to 2^53 µs or more.
+    round: a duration that is not a whole number of µs (or not finite), or so many so long that
+    their sum could reach 2^53 µs (their count times the longest).
 
     Otherwise every partial sum is a whole number below 2^53, so every addition is exact and the
     sums (and the means, sum / count of durations) are those of any order polars adds them in:
@@ -249,7 +249,8 @@ def _top_kernels_exact(kernels: pl.DataFrame, ranks: pl.DataFrame, n: int) -> pl
     """
     dur = kernels.get_column("dur_us")
     w = dur.fill_null(0.0).to_numpy()  # polars' sum adds nothing for a null duration (its count counts it)
-    if not (np.isfinite(w).all() and (w == np.floor(w)).all() and np.abs(w).sum() < EXACT_SUM):
+    # (n times the largest duration bounds every partial sum without adding anything up.)
+    if not (np.isfinite(w).all() and (w == np.floor(w)).all() and np.abs(w).max(initial=0.0) * w.size < EXACT_SUM):
         return None
     # One number per (run, rank, name, kind), in order of first appearance.
     code = kernels.select(pl.struct(*KEYS, "name", "kind").rank("dense")).to_series().to_numpy()
