@@ -33,6 +33,7 @@ import polars as pl
 from polars.exceptions import PanicException
 
 from profiler.errors import TraceError, path_text
+from profiler.gzip_limits import json_bytes
 from profiler.rankmap import (RankSummary, RankTask, _events, _frame, _parse_uncached, analysed_columns, analyze_rank,
                               holding_events, rank_row, rank_rows, worker_rank)
 
@@ -76,17 +77,11 @@ def plan_batches(tasks: list[RankTask], workers: int, per_worker: int = 2) -> li
 
 
 def _size(path: str) -> int:
-    """The trace's bytes of JSON: a gzip file's own record of them (its last 4 bytes, modulo 4 GiB;
-    never less than the compressed size, so a file of 4 GiB or more is still large), else its size."""
+    """The trace's bytes of JSON (gzip_limits.json_bytes); 0 where it does not read (the worker names it)."""
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if path.endswith(".gz") and size >= 18:
-                f.seek(-4, os.SEEK_END)
-                return max(size, int.from_bytes(f.read(4), "little"))
-            return size
+        return json_bytes(path)
     except OSError:
-        return 0  # it fails on its own in the worker, named
+        return 0
 
 
 @dataclasses.dataclass

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from profiler.cache import Identity, lookup
 from profiler.errors import TraceError
+from profiler.gzip_limits import json_bytes
 
 if TYPE_CHECKING:
     from profiler.rankmap import RankSummary, RankTask
@@ -74,7 +75,7 @@ class LocalEngine:
         # One a file up to `workers`: the batches of that many files are as many, but for a few
         # counts (5 files on 4 workers: batches of 2, 2 and 1) where `map` stops the one left over.
         n = min(self.workers, len(files))
-        if n < 2 or (self.auto and in_process_is_quicker(files)):
+        if n < 2 or (self.auto and in_process_is_quicker(files, self.workers)):
             from profiler import prescan
 
             prescan.start(files)
@@ -104,7 +105,7 @@ class LocalEngine:
 
         # One batch per worker: each worker takes its share of the batches in advance (below), so
         # more batches would balance nothing and cost each its fixed ~50 ms (plan_batches).
-        workers = 1 if self.auto and in_process_is_quicker([t.path for t in tasks]) else self.workers
+        workers = 1 if self.auto and in_process_is_quicker([t.path for t in tasks], self.workers) else self.workers
         batches = plan_batches(tasks, workers, per_worker=1)
         n = min(workers, len(batches))
         early, self._early = (self._early[:n], self._early[n:]) if n > 1 else ([], self._early)
@@ -126,44 +127,39 @@ def _prescan_crashed() -> bool:
     return prescan.crashed()
 
 
-# A map whose work in this process would take less than starting worker processes saves is done
-# here (with prescan.py's child scanning the files while this process imports). Each worker costs
-# ~0.25 s of CPU to import polars and the analyses, side by side with this process's imports on 2
-# cores, and then halves the work: in-process wins below ~0.3 s of work. The work per file and per
-# MB of JSON were measured cold, in one process, on bench_scale's sets (8 and 64 x 1 MB, 8 x 10 MB)
-# and the real 54 MB trace: ~7 ms a file (the batch's analyses, the cache entry) and ~7 ms a MB
-# (columns and analyses; the scan itself is the prescan's, beside the imports).
-POOL_WORTH_S = 0.3
-IN_PROCESS_FILE_S = 0.007
-IN_PROCESS_JSON_MB_S = 0.007
+# A map whose work in this process would take less than worker processes save is done here (with
+# prescan.py's child scanning the files while this process imports). Workers start side by side
+# with this process's imports, each importing polars and the analyses (~0.25 s of CPU), and then
+# share the work: on w workers, W seconds of work done here cost W, on the pool about
+# WORKER_START_S + W / w, so the pool pays below W = WORKER_START_S * w / (w - 1) (0.7 s on two
+# cores). W is estimated as ~1.5 ms a file and ~9 ms a MB of JSON: the cold in-process work over
+# the start-up, fitted to bench_scale's sets of 8 to 64 x 1 MB, 2 to 8 x 10 MB and 2 x 27 MB run
+# both ways on this 2-core machine (README, Benchmarks: in-process was quicker up to 64 MB of JSON,
+# the pool from 80 MB).
+WORKER_START_S = 0.35
+IN_PROCESS_FILE_S = 0.0015
+IN_PROCESS_JSON_MB_S = 0.009
 
 
-def in_process_is_quicker(paths: list) -> bool:
+def in_process_is_quicker(paths: list, workers: int) -> bool:
     """Whether these files (a map's, all uncached) are done sooner in this process than on
-    worker processes (POOL_WORTH_S). A gzip's JSON size is read from its trailer; any doubt
+    `workers` worker processes (see above). A gzip's JSON size is read from its trailer; any doubt
     (more files than PROBE_FILES, a file that does not stat): False, the pool as before."""
+    workers = min(workers, len(paths))
+    if workers < 2:
+        return True
     if len(paths) > PROBE_FILES:
         return False
+    worth = WORKER_START_S * workers / (workers - 1)
     seconds = IN_PROCESS_FILE_S * len(paths)
     for p in paths:
-        if seconds > POOL_WORTH_S:
+        if seconds > worth:
             return False
         try:
             seconds += IN_PROCESS_JSON_MB_S * json_bytes(p) / 1e6
         except OSError:
             return False
-    return seconds <= POOL_WORTH_S
-
-
-def json_bytes(path) -> int:
-    """The JSON a trace file holds: a gzip's trailer (its last member's size mod 2**32, at most
-    100x the file: the bomb limit), else the file's size."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if f.read(2) != b"\x1f\x8b" or size < 18:
-            return size
-        f.seek(-4, os.SEEK_END)
-        return min(int.from_bytes(f.read(4), "little"), 100 * size)
+    return seconds <= worth
 
 
 PROBE_FILES = 64  # uncached_count looks at no more files than this: a warm 1,024-rank load would pay ~40 ms

@@ -174,8 +174,11 @@ def test_no_fork_where_another_thread_runs(monkeypatch):
     monkeypatch.setattr(threading, "active_count", lambda: 2)
     assert prescan.start([SAMPLE / "rank0.json.gz"]) is False and prescan._active is None
     got = _run("""
-import numpy  # its BLAS starts native threads, which threading does not count
-print(prescan.start([sys.argv[1]]), prescan._threads() > 1)
+import _thread, threading
+# A thread threading does not count, as numpy's BLAS and polars start theirs at import.
+_thread.start_new_thread(time.sleep, (5,))
+time.sleep(0.1)
+print(prescan.start([sys.argv[1]]), threading.active_count() == 1 and prescan._threads() > 1)
 """, SAMPLE / "rank0.json.gz")
     assert got == ["False", "True"]
 

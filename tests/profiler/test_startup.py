@@ -331,6 +331,9 @@ def test_json_bytes_reads_a_gzips_trailer_and_caps_it(tmp_path):
     damaged = gzip.compress(body)[:-4] + (2**32 - 1).to_bytes(4, "little")  # a trailer of any 4 bytes
     (tmp_path / "b.json.gz").write_bytes(damaged)
     assert pool.json_bytes(tmp_path / "b.json.gz") == 100 * len(damaged)
+    wrapped = gzip.compress(body)[:-4] + (5).to_bytes(4, "little")  # 4 GiB + 5 bytes, mod 4 GiB
+    (tmp_path / "c.json.gz").write_bytes(wrapped)
+    assert pool.json_bytes(tmp_path / "c.json.gz") == len(wrapped)  # never less than the file
 
 
 def test_in_process_is_quicker_below_the_pools_worth(tmp_path):
@@ -343,13 +346,17 @@ def test_in_process_is_quicker_below_the_pools_worth(tmp_path):
             out.append(p)
         return out
 
-    # Hand-computed at 7 ms a file and 7 ms a MB against 0.3 s: 8 x 1 MB 0.112 s; one 40 MB
-    # 0.287 s; one 42 MB 0.301 s; 21 x 1 MB 0.294 s; 22 x 1 MB 0.308 s.
-    assert pool.in_process_is_quicker(files(8, 1))
-    assert pool.in_process_is_quicker(files(1, 40)) and not pool.in_process_is_quicker(files(1, 42))
-    assert pool.in_process_is_quicker(files(21, 1)) and not pool.in_process_is_quicker(files(22, 1))
-    assert not pool.in_process_is_quicker(files(65, 0.001))  # past what is probed: the pool
-    assert not pool.in_process_is_quicker([tmp_path / "missing.json"])
+    # Hand-computed at 1.5 ms a file and 9 ms a MB against 0.35 s x w / (w - 1): 0.7 s on 2
+    # workers, 0.4 s on 8. 64 x 1 MB: 0.672 s; 8 x 10 MB: 0.732 s; one 77 MB: 0.6945 s; one
+    # 78 MB: 0.7035 s (one file alone: always here, whatever its size).
+    assert pool.in_process_is_quicker(files(64, 1), 2) and not pool.in_process_is_quicker(files(8, 10), 2)
+    assert pool.in_process_is_quicker(files(1, 77) + files(1, 0), 2)  # 0.6945 + 0.0015 = 0.696
+    assert not pool.in_process_is_quicker(files(1, 78) + files(1, 0), 2)  # 0.705
+    assert not pool.in_process_is_quicker(files(64, 1), 8)  # more workers pay sooner: 0.4 s
+    assert pool.in_process_is_quicker(files(4, 10), 8)  # 0.366 s; and on 4 workers (0.467 s)
+    assert pool.in_process_is_quicker(files(1, 500), 2)  # one file: no one to share it with
+    assert not pool.in_process_is_quicker(files(65, 0.001), 2)  # past what is probed: the pool
+    assert not pool.in_process_is_quicker([tmp_path / "missing.json"] * 2, 2)
 
 
 def test_a_small_map_runs_here_unless_workers_are_asked_for(tmp_path, monkeypatch):
