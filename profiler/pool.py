@@ -56,6 +56,11 @@ if TYPE_CHECKING:
 # wins (_worker_env), as for POLARS_MAX_THREADS: this process already runs with it.
 _WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576",
                "MALLOC_TRIM_THRESHOLD_": "4194304"}
+# What `import polars` writes into _RJEM_MALLOC_CONF before a user's own value (polars/__init__.py:
+# its defaults, then ",thp:always,metadata_thp:always" under POLARS_THP=1, then "," + the value it
+# found). Once this process has imported polars (the Python API, the viewer), that is no user's
+# setting: the workers get ours, then whatever the user's was (jemalloc takes the last of a key).
+_POLARS_JEMALLOC = ("dirty_decay_ms:500,muzzy_decay_ms:1000", ",thp:always,metadata_thp:always")
 
 
 class LocalEngine:
@@ -225,10 +230,24 @@ def _ctrl_c_held():
 
 def _worker_env(n: int) -> dict:
     env = {**_WORKER_ENV, **os.environ}
+    user = _user_jemalloc_conf(os.environ.get("_RJEM_MALLOC_CONF"))
+    env["_RJEM_MALLOC_CONF"] = _WORKER_ENV["_RJEM_MALLOC_CONF"] + ("," + user if user else "")
     # n workers already fill the cores: polars' own thread pool in each would oversubscribe them
     # (measured ~15 % slower per rank with one worker per core). A user's setting wins.
     env.setdefault("POLARS_MAX_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     return env
+
+
+def _user_jemalloc_conf(value: str | None) -> str:
+    """The user's part of a _RJEM_MALLOC_CONF value: without what `import polars` put before it."""
+    if not value:
+        return ""
+    default, thp = _POLARS_JEMALLOC
+    if value == default or value.startswith(default + ","):
+        value = value[len(default):]
+        value = value[len(thp):] if value.startswith(thp) else value
+        value = value[1:] if value.startswith(",") else value
+    return value
 
 
 class _Worker:

@@ -212,8 +212,40 @@ def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypa
         envs = [_environ(w.proc.pid) for w in engine._early]
     finally:
         engine.close()
+    monkeypatch.setenv("_RJEM_MALLOC_CONF", "narenas:2")
+    engine = LocalEngine(2)
+    try:
+        engine.start_early(["rank0.json", "rank1.json"])
+        envs += [_environ(w.proc.pid) for w in engine._early]
+    finally:
+        engine.close()
+    # jemalloc takes the last value of a key: the user's after ours.
     mine = tuned | {"MALLOC_TRIM_THRESHOLD_": "131072", "POLARS_MAX_THREADS": "1"}
+    assert len(envs) == 4 and envs[2]["_RJEM_MALLOC_CONF"] == "dirty_decay_ms:50,muzzy_decay_ms:0,narenas:2", envs
+    envs = envs[:2]
     assert len(envs) == 2 and all({k: e.get(k) for k in mine} == mine for e in envs), envs
+
+
+def test_polars_own_jemalloc_setting_is_not_taken_for_the_users():
+    """`import polars` writes its defaults into _RJEM_MALLOC_CONF (before a user's value): once
+    this process has imported it (the Python API, the viewer), the workers still get our decay,
+    then the user's own value if there was one (jemalloc takes the last of a key)."""
+    code = """
+import os, sys
+import polars  # writes _RJEM_MALLOC_CONF
+from profiler.pool import _worker_env
+print(os.environ["_RJEM_MALLOC_CONF"])
+print(_worker_env(2)["_RJEM_MALLOC_CONF"])
+"""
+    ours = "dirty_decay_ms:50,muzzy_decay_ms:0"
+    for user, thp, want in ((None, None, ours), ("narenas:2", None, ours + ",narenas:2"),
+                            (None, "1", ours), ("dirty_decay_ms:7", "1", ours + ",dirty_decay_ms:7")):
+        env = {k: v for k, v in os.environ.items() if k not in ("_RJEM_MALLOC_CONF", "POLARS_THP")}
+        env.update({"PYTHONPATH": str(REPO), **({"_RJEM_MALLOC_CONF": user} if user else {}),
+                    **({"POLARS_THP": thp} if thp else {})})
+        polars_wrote, worker = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                                              env=env, check=True).stdout.split()
+        assert polars_wrote != (user or "") and worker == want, (polars_wrote, worker)
 
 
 def _ctrl_c_while_workers_start(tmp_path, monkeypatch, capsys, popen_then_interrupt) -> tuple[int, str, list]:
