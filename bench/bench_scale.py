@@ -256,7 +256,7 @@ def dask_rows(rows: list[dict]) -> list[list[str]]:
     for r in rows:
         if "dask_cold" not in r:
             continue
-        for label, cold, warm in (("local (2 worker processes)", r["cold"], r["warm"]),
+        for label, cold, warm in (("local (default: in-process or 2 workers)", r["cold"], r["warm"]),
                                   ("LocalCluster 2x1 (client + cluster)", r["dask_cold"], r["dask_warm"])):
             out.append([f"{r['ranks']:,}", f"{r['mb']:g}", label, f"{cold[0]:.1f} s ({cold[1]:.1f})",
                         f"{warm[0]:.1f} s ({warm[1]:.1f})", f"{cold[2]:,.0f} / {warm[2]:,.0f} MB"])

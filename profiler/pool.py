@@ -80,10 +80,14 @@ class LocalEngine:
         # One a file up to `workers`: the batches of that many files are as many, but for a few
         # counts (5 files on 4 workers: batches of 2, 2 and 1) where `map` stops the one left over.
         n = min(self.workers, len(files))
-        if n < 2 or (self.auto and in_process_is_quicker(files, self.workers)):
+        # Past the files looked at (a set of more than PROBE_FILES), the map takes the pool.
+        more = getattr(files, "more", False)
+        if not more and (n < 2 or (self.auto and in_process_is_quicker(files, self.workers))):
             from profiler import prescan
 
             prescan.start(files)
+            return
+        if n < 2:  # a set whose first files are cached: taken as warm
             return
         env = _worker_env(n)
         with _ctrl_c_held():
@@ -170,22 +174,32 @@ def in_process_is_quicker(paths: list, workers: int) -> bool:
 PROBE_FILES = 64  # uncached_count looks at no more files than this: a warm 1,024-rank load would pay ~40 ms
 
 
-def uncached_files(paths: list, *, cache: bool = True, most: int | None = None) -> list[str]:
+class Uncached(list):
+    """uncached_files' answer: the files, and whether the set holds more than were looked at."""
+
+    more = False
+
+
+def uncached_files(paths: list, *, cache: bool = True, most: int | None = None) -> Uncached:
     """The trace files under `paths` that have no parquet entry in the cache (all of them without
     the cache): the files a load will parse, give or take a stale entry. Up to `most` of them,
     from the first PROBE_FILES files only (a set whose first files are cached is taken as warm:
-    its workers, if any are needed, start with the map as they would anyway). Cheap (a stat per
-    file looked at) and never raises: none where the paths are bad (the load itself says why)."""
+    its workers, if any are needed, start with the map as they would anyway; `.more`: the set has
+    files past those). Cheap (a stat per file looked at) and never raises: none where the paths
+    are bad (the load itself says why)."""
     from profiler.cache import cache_dir, entry_key
     from profiler.discover import find_sources, not_a_regular_file
 
     most = most or 1 << 62
+    found = Uncached()
     try:
-        files = [s.path for s in find_sources(list(paths))[:PROBE_FILES] if not not_a_regular_file(s.path)]
+        sources = find_sources(list(paths))
+        found.more = len(sources) > PROBE_FILES
+        files = [s.path for s in sources[:PROBE_FILES] if not not_a_regular_file(s.path)]
         if not cache:
-            return files[:most]
+            found.extend(files[:most])
+            return found
         folder = cache_dir()
-        found = []
         for f in files:
             if not (folder / f"{entry_key(f)}.json").exists():
                 found.append(f)
@@ -193,7 +207,7 @@ def uncached_files(paths: list, *, cache: bool = True, most: int | None = None) 
                     break
         return found
     except Exception:  # noqa: BLE001  (TraceError, CacheUnusable, OSError: the load reports them)
-        return []
+        return Uncached()
 
 
 def uncached_count(paths: list, *, cache: bool = True, most: int | None = None) -> int:

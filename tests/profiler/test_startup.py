@@ -391,6 +391,27 @@ def test_in_process_is_quicker_below_the_pools_worth(tmp_path):
     assert not pool.in_process_is_quicker([tmp_path / "missing.json"] * 2, 2)
 
 
+def test_a_set_larger_than_the_probe_starts_its_workers_early(tmp_path, monkeypatch):
+    """64 small files alone would be analysed here; past the 64 files looked at, the map takes
+    the pool, so start_early starts its workers (and no prescan child)."""
+    from profiler import prescan
+
+    monkeypatch.setattr(pool, "PROBE_FILES", 3)
+    monkeypatch.setattr(prescan, "start", lambda paths: pytest.fail("no prescan for a set past the probe"))
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    job = _job(tmp_path / "job", 4)
+    files = uncached_files([job])
+    assert len(files) == 3 and files.more
+    engine = LocalEngine()
+    try:
+        engine.start_early(files)
+        assert len(engine._early) == min(engine.workers, 3) or engine.workers < 2
+    finally:
+        engine.close()
+    small = uncached_files([job / "rank0.json", job / "rank1.json"])
+    assert not small.more and len(small) == 2
+
+
 def test_a_small_map_runs_here_unless_workers_are_asked_for(tmp_path, monkeypatch):
     job = _job(tmp_path / "job", 3)
     log = tmp_path / "held.log"
