@@ -29,9 +29,8 @@ from profiler.classify import classify, device_kind, unknown_categories
 from profiler.damaged import (DAMAGED, MAX_DUR_US, MAX_TEXT_BYTES, MAX_TS_US, bad_step_names, check_text_sizes,
                               checked_distributed_info, json_hint, nothing_usable, read_bytes, what_json)
 from profiler.errors import TraceError
-from profiler.parse_stream import _kineto, decode_strings, scan_file  # the C parser (None where it is not built)
+from profiler.parse_stream import PURE_PARSER_ENV, _kineto, decode_strings, scan_file  # the C parser (None where it is not built)
 
-PURE_PARSER_ENV = "PTPROF_PURE_PARSER"  # set (to anything) to parse with msgspec only
 
 # The event frame. Order here is the column order of `Traces.events`.
 SCHEMA: dict[str, pl.DataType] = {

@@ -33,6 +33,8 @@ try:  # the C parser, built by `pip install` where a C compiler exists (pyprojec
 except ImportError:
     _kineto = None
 
+PURE_PARSER_ENV = "PTPROF_PURE_PARSER"  # set (to anything) to parse with msgspec only (parse.py)
+
 _ISAL_ERRORS = (_isal_zlib.error,) if _isal_zlib is not None else ()  # not a zlib.error
 
 # JSON handed to the parser per call: small beside 60 MB of columns, ~200 calls per 100 MB; under

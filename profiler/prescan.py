@@ -31,9 +31,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-# The child's scans are held in one temporary file (~0.6 of the JSON) and read back whole: only
-# sets this small are scanned ahead. Past it the scan outlasts the imports anyway (~0.5 s).
-MAX_FILE_BYTES = 16 << 20
+# The child's scans wait in one temporary file (~0.6 of their JSON) and are read back one at a
+# time, as each is taken: only sets this small are scanned ahead (the in-process path takes up to
+# ~77 MB of JSON on two cores: pool.in_process_is_quicker). Past it the scan outlasts the imports.
+MAX_JSON_BYTES = 128 << 20
 
 _active: _Prescan | None = None
 
@@ -45,24 +46,25 @@ def _signature(st: os.stat_result) -> tuple:
 class _Prescan:
     def __init__(self, pid: int, out):
         self.pid, self.out, self.exit = pid, out, -1
-        self.scans: dict[tuple, dict | None] | None = None  # by signature, once read back
+        self.index: dict[tuple, tuple] | None = None  # signature -> (offset of the scan, digest), once read back
 
     def take(self, path) -> tuple[bool, dict | None]:
         """(found, the scan) of `path` as the file is now."""
-        if self.scans is None:
-            self.scans = self._read_back()
+        if self.index is None:
+            self.index = self._read_index()
         try:
             sig = _signature(os.stat(path))
         except OSError:
             return False, None
-        if sig not in self.scans:
+        if sig not in self.index:
             return False, None
-        parsed, digest = self.scans.pop(sig)
+        at, digest = self.index.pop(sig)
         # The stat could miss a rewrite of the same size within the filesystem's timestamp
         # granularity: the bytes the child read must be the file's bytes now (~1 ms a MB).
-        if parsed is not None and (digest is None or digest != _sha256(path)):
+        if digest is None or digest != _sha256(path):
             return False, None
-        return True, parsed
+        self.out.seek(at)
+        return True, pickle.load(self.out)
 
     def status(self) -> int:
         """The child's exit status once it has ended (negative: killed by that signal); waits for it."""
@@ -70,25 +72,19 @@ class _Prescan:
             self.exit, self.pid = _reap(self.pid, wait=True), None
         return self.exit
 
-    def _read_back(self) -> dict:
-        """The child's scans once it has exited cleanly; none if it did not (killed, failed)."""
-        scans: dict = {}
+    def _read_index(self) -> dict:
+        """Where each file's scan lies in the temporary file, once the child has exited cleanly
+        (none if it did not: killed, failed). Scans the child could not make (the whole-file path
+        must read the file) are left out: this process scans those files itself."""
         if self.status() != 0:
-            return scans
+            return {}
         try:
-            self.out.seek(0)
-            while True:
-                try:
-                    before, after, parsed, digest = pickle.load(self.out)
-                except EOFError:
-                    break
-                if before == after:  # unchanged while it was scanned
-                    scans[before] = (parsed, digest)
+            self.out.seek(-8, os.SEEK_END)
+            self.out.seek(int.from_bytes(self.out.read(8), "little"))
+            entries = pickle.load(self.out)
         except Exception:  # noqa: BLE001  (a damaged temporary file: scan the files here instead)
-            scans.clear()
-        finally:
-            self.out.close()
-        return scans
+            return {}
+        return {before: (at, digest) for before, after, at, digest in entries if before == after and at is not None}
 
     def stop(self) -> None:
         if self.pid is not None:
@@ -99,7 +95,7 @@ class _Prescan:
             _reap(self.pid, wait=True)
             self.pid = None
         self.out.close()
-        self.scans = None
+        self.index = None
 
 
 def _sha256(path: Path) -> str | None:
@@ -128,25 +124,30 @@ def _reap(pid: int, *, wait: bool) -> int | None:
 
 
 def start(paths: list) -> bool:
-    """Fork a child that scans `paths` (regular files, at most MAX_FILE_BYTES in all, in this
-    order); whether it started. Not where another thread runs (fork copies only this one, and a
+    """Fork a child that scans `paths` (regular files, at most MAX_JSON_BYTES of JSON in all, in
+    this order); whether it started. Not with the C parser off ($PTPROF_PURE_PARSER). Not where another thread runs (fork copies only this one, and a
     lock another held stays held), nor without os.fork, nor for nothing to scan."""
     global _active
     stop()
-    if not paths or not hasattr(os, "fork") or _threads() > 1:
+    from profiler.gzip_limits import json_bytes
+    from profiler.parse_stream import PURE_PARSER_ENV
+
+    if not paths or not hasattr(os, "fork") or _threads() > 1 or os.environ.get(PURE_PARSER_ENV):
         return False
     try:
-        if sum(os.stat(p).st_size for p in paths) > MAX_FILE_BYTES:
+        if sum(json_bytes(p) for p in paths) > MAX_JSON_BYTES:
             return False
         out = tempfile.TemporaryFile()
     except OSError:
         return False
+    parent = os.getpid()
     # SIGINT held from before the fork until the child is recorded: a Ctrl-C in between would
-    # raise here with the child running and nobody to stop it. Delivered once unblocked.
+    # raise here with the child running and nobody to stop it. Delivered once unblocked (in the
+    # finally: a SIGINT pending as it is blocked raises on the block's return, inside the try).
     held = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
-    if held:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
+        if held:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             pid = os.fork()
         except OSError:
@@ -159,7 +160,8 @@ def start(paths: list) -> bool:
                 if held:
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
                 _detach_stdio()
-                _scan_all([str(p) for p in paths], out)
+                _die_with_parent(parent)
+                _scan_all([str(p) for p in paths], out, parent)
                 code = 0
             finally:
                 os._exit(code)
@@ -188,10 +190,15 @@ def _detach_stdio() -> None:
     os.close(null)
 
 
-def _scan_all(paths: list[str], out) -> None:
+def _scan_all(paths: list[str], out, parent: int) -> None:
+    """Each file's scan pickled into `out`, then the index of them (signature before and after,
+    offset or None, digest), then the index's offset in the last 8 bytes."""
     from profiler.parse_stream import scan_file_hashed
 
+    entries = []
     for path in paths:
+        if os.getppid() != parent:  # the parent died (SIGKILL, SIGTERM): nobody to scan for
+            return
         try:
             before = _signature(os.stat(path))
         except OSError:
@@ -201,9 +208,29 @@ def _scan_all(paths: list[str], out) -> None:
             after = _signature(os.stat(path))
         except OSError:
             continue
-        pickle.dump((before, after, parsed, digest), out, protocol=pickle.HIGHEST_PROTOCOL)
+        at = None
+        if parsed is not None:
+            at = out.tell()
+            pickle.dump(parsed, out, protocol=pickle.HIGHEST_PROTOCOL)
+        entries.append((before, after, at, digest))
         del parsed
+    index_at = out.tell()
+    pickle.dump(entries, out, protocol=pickle.HIGHEST_PROTOCOL)
+    out.write(index_at.to_bytes(8, "little"))
     out.flush()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel kills this child when the parent dies (PR_SET_PDEATHSIG), so a killed
+    `ptprof analyze` leaves no scan running. Elsewhere _scan_all checks between files."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001  (no prctl: the check between files)
+        pass
+    if os.getppid() != parent:  # it died before the kernel was told: nobody to scan for
+        os._exit(0)
 
 
 def take(path) -> tuple[bool, dict | None]:

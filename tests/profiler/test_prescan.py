@@ -50,6 +50,13 @@ def exited(pid):  # ended, not yet reaped
 """
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _run(code: str, *args) -> list[str]:
     out = subprocess.run([sys.executable, "-c", PRELUDE + code, *map(str, args)], capture_output=True, text=True,
                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
@@ -66,16 +73,18 @@ def test_the_childs_scan_is_the_parents_own_and_taken_once(tmp_path):
 a, b, empty = sys.argv[1:4]
 assert prescan.start([a, b, empty])
 pid = prescan._active.pid
-found, parsed = prescan.take(a)  # waits for the child
-print(found, gone(pid), parsed == scan_file(a, prescanned=False), parsed["n"] > 1000)
-found, parsed = prescan.take(b)  # a plain JSON file: the same scan
-print(found, parsed == scan_file(b, prescanned=False))
+found, parsed = prescan.take(b)  # waits for the child; a plain JSON file, taken before the gzip
+print(found, gone(pid), parsed == scan_file(b, prescanned=False), parsed["n"] > 1000)
+# Read back one at a time, as taken: the gzip's scan is still only an offset into the file.
+print([type(v[0]).__name__ for v in prescan._active.index.values()])
+found, parsed = prescan.take(a)
+print(found, parsed == scan_file(a, prescanned=False))
 print(prescan.take(a)[0])  # taken once: a second load of the file scans it again
-print(prescan.take(empty))  # scanned as "read it whole": the whole-file path words the problem
+print(prescan.take(empty))  # the child could not scan it: this process reads it (and words the problem)
 print(prescan.take(a + ".other")[0])  # never asked of the child
 prescan.stop()
 """, SAMPLE / "rank0.json.gz", plain, empty)
-    assert got == ["True", "True", "True", "True", "True", "True", "False", "(True,", "None)", "False"]
+    assert got == ["True", "True", "True", "True", "['int']", "True", "True", "False", "(False,", "None)", "False"]
 
 
 def test_a_file_changed_since_its_scan_or_a_killed_child_gives_nothing(tmp_path):
@@ -103,13 +112,14 @@ def test_a_same_size_rewrite_the_stat_misses_is_caught_by_the_hash(tmp_path):
     got = _run("""
 path, other = sys.argv[1:3]
 assert prescan.start([path, other])
-prescan.take(path + ".none")  # reads the child's scans back
+prescan.take(path + ".none")  # reads the child's index back
+before = prescan._signature(os.stat(path))
 raw = bytearray(Path(path).read_bytes())
 raw[-8] ^= 1  # the gzip's CRC: same size, other bytes
 Path(path).write_bytes(bytes(raw))
 # A filesystem with coarse timestamps: the stat the child saw is the stat now.
-scans = prescan._active.scans
-scans[prescan._signature(os.stat(path))] = scans.pop(next(iter(scans)))
+index = prescan._active.index
+index[prescan._signature(os.stat(path))] = index.pop(before)
 print(prescan.take(path), prescan.take(other)[0])
 """, trace, other)
     assert got == ["(False,", "None)", "True"]
@@ -134,7 +144,7 @@ def test_the_hash_is_of_the_bytes_the_scan_read(tmp_path):
 def test_stop_leaves_no_process_and_start_refuses_what_it_cannot_help(tmp_path):
     big = tmp_path / "big.json"
     with open(big, "wb") as f:
-        f.truncate(prescan.MAX_FILE_BYTES + 1)  # sparse: only its size is read
+        f.truncate(prescan.MAX_JSON_BYTES + 1)  # sparse: only its size is read
     got = _run("""
 import threading
 path, big = sys.argv[1:3]
@@ -170,6 +180,29 @@ except KeyboardInterrupt:
     assert got == ["interrupted", "True"]
 
 
+def test_no_scan_ahead_with_the_c_parser_off(monkeypatch):
+    monkeypatch.setenv("PTPROF_PURE_PARSER", "1")
+    monkeypatch.setattr(prescan, "_threads", lambda: 1)
+    assert prescan.start([SAMPLE / "rank0.json.gz"]) is False and prescan._active is None
+
+
+def test_a_ctrl_c_as_sigint_is_blocked_leaves_it_unblocked():
+    got = _run("""
+real = signal.pthread_sigmask
+def mask(how, sigs):  # a SIGINT pending as it is blocked: raised as the call returns
+    old = real(how, sigs)
+    if how == signal.SIG_BLOCK and signal.SIGINT in set(sigs):
+        raise KeyboardInterrupt
+    return old
+signal.pthread_sigmask = mask
+try:
+    prescan.start([sys.argv[1]])
+except KeyboardInterrupt:
+    print("interrupted", signal.SIGINT in real(signal.SIG_BLOCK, []), prescan._active is None)
+""", SAMPLE / "rank0.json.gz")
+    assert got == ["interrupted", "False", "True"]
+
+
 def test_no_fork_where_another_thread_runs(monkeypatch):
     monkeypatch.setattr(threading, "active_count", lambda: 2)
     assert prescan.start([SAMPLE / "rank0.json.gz"]) is False and prescan._active is None
@@ -187,7 +220,7 @@ def test_the_child_keeps_no_pipe_of_the_caller_open():
     """A caller reading ptprof's output to its end must not wait for the child: here the parent
     ends at once and its child would scan for 30 s."""
     code = PRELUDE + """
-prescan._scan_all = lambda paths, out: time.sleep(30)
+prescan._scan_all = lambda *args: time.sleep(30)
 assert prescan.start([sys.argv[1]])
 print(prescan._active.pid, flush=True)
 os._exit(0)
@@ -196,8 +229,15 @@ os._exit(0)
     out = subprocess.run([sys.executable, "-c", code, str(SAMPLE / "rank0.json.gz")], capture_output=True, text=True,
                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     took = time.monotonic() - start
-    os.kill(int(out.stdout), signal.SIGKILL)  # the orphan, reaped by init
     assert out.returncode == 0 and took < 20
+    # And the kernel ends the child with its parent (PR_SET_PDEATHSIG): no scan left running.
+    for _ in range(500):
+        if not _alive(int(out.stdout)):  # gone, or a zombie left for init to reap
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(int(out.stdout), signal.SIGKILL)
+        pytest.fail("the child outlived its parent")
 
 
 def test_a_cold_analyze_of_one_file_takes_the_scan_and_reports_the_same(tmp_path):
@@ -232,7 +272,7 @@ def test_a_child_that_crashes_sends_the_files_to_worker_processes(tmp_path):
 import json
 from profiler import cli
 os.environ[sys.argv[4]] = sys.argv[3]  # rankmap.HOLD_LOG_ENV (rankmap itself would import polars: threads)
-prescan._scan_all = lambda paths, out: os.kill(os.getpid(), signal.SIGSEGV)
+prescan._scan_all = lambda *args: os.kill(os.getpid(), signal.SIGSEGV)
 print(cli.main(["analyze", sys.argv[1], "--json", sys.argv[2], "--quiet"]))
 pids = {int(line.split()[1]) for line in Path(sys.argv[3]).read_text().splitlines()}
 print(len(pids), os.getpid() in pids, sorted(r["rank"] for r in json.loads(Path(sys.argv[2]).read_text())["runs"][0]["ranks"]))
