@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from profiler.errors import TraceError, printable
-from profiler.startup import collector_paused
+from profiler.startup import collector_paused, ctrl_c_held
 
 # polars, numpy and the analyses (~0.2 s of imports) are imported in _run, after the worker
 # processes the load will need are started (pool.LocalEngine.start_early), so both import at once.
@@ -129,18 +129,21 @@ def _run(args: argparse.Namespace) -> int:
 
         engine = LocalEngine(args.workers)
     try:
-        if hasattr(engine, "start_early"):  # inside the try: a Ctrl-C while they start still stops them
-            engine.start_early(uncached_files(args.paths, cache=not args.no_cache))
-        # The reduce's modules too, now: the early workers are still importing theirs (they are
-        # ready ~50 ms after this process), so these cost nothing here and nothing after the map.
-        with collector_paused():  # profiler.startup: ~20 ms
-            import polars as pl
+        # A Ctrl-C in here comes at the block's end (startup.ctrl_c_held): one while the imports run
+        # could land in a callback of Python's import machinery, which drops it and goes on.
+        with ctrl_c_held():
+            if hasattr(engine, "start_early"):  # inside the try: a Ctrl-C while they start still stops them
+                engine.start_early(uncached_files(args.paths, cache=not args.no_cache))
+            # The reduce's modules too, now: the early workers are still importing theirs (they are
+            # ready ~50 ms after this process), so these cost nothing here and nothing after the map.
+            with collector_paused():  # profiler.startup: ~20 ms
+                import polars as pl
 
-            from profiler import jsonfile
-            from profiler.load import load_traces
-            from profiler.rankmap import MapOptions
-            from profiler.report import analyze, build_report
-            from profiler.text import format_tables
+                from profiler import jsonfile
+                from profiler.load import load_traces
+                from profiler.rankmap import MapOptions
+                from profiler.report import analyze, build_report
+                from profiler.text import format_tables
 
         traces = load_traces(args.paths, default_rank=args.trace_rank, rank_from_filename_first=args.rank_from_filename,
                              cache=not args.no_cache, options=MapOptions(step=args.step, top_n=args.top), engine=engine)

@@ -135,6 +135,36 @@ def find_sources(paths: list[str | Path]) -> list[Source]:
     return sources
 
 
+def same_files(sources: list[Source]) -> tuple[list[Source], list[str]]:
+    """The sources with each file read once, and a note on the files named again: the same path
+    given twice, a symlink to a file already named, a hard link (one device and inode). Read
+    twice, a file would be its own duplicate rank (load.py refuses duplicate ranks, with a hint
+    that cannot help there)."""
+    kept: list[Source] = []
+    first: dict[tuple[int, int], Source] = {}
+    again: list[str] = []
+    for s in sources:
+        try:
+            st = os.stat(s.path)
+        except OSError:  # the load names it
+            kept.append(s)
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key not in first:
+            first[key] = s
+            kept.append(s)
+            continue
+        same = Path(os.path.abspath(s.path)) == Path(os.path.abspath(first[key].path))
+        again.append(f"{path_text(s.path)} named twice" if same else
+                     f"{path_text(s.path)} is {path_text(first[key].path)} (a link to the same file)")
+    if not again:
+        return kept, []
+    if len(again) == 1:
+        return kept, [f"{again[0]}: read once"]
+    return kept, [f"{len(again):,} files named again (the same path twice, or a link to a file already named), each "
+                  f"read once: {again[0]}, ..."]
+
+
 @dataclasses.dataclass(frozen=True)
 class JobFacts:
     """What tells one job's trace files from another's: distributedInfo's backend and world size,

@@ -23,7 +23,7 @@ import polars as pl
 
 from profiler.cache import CacheUnusable, cache_dir, remove_stale_tmp, unstored_note
 from profiler.damaged import DAMAGED, MAX_RANK
-from profiler.discover import JobFacts, find_sources, not_a_regular_file, read_manifest, split_jobs
+from profiler.discover import JobFacts, find_sources, not_a_regular_file, read_manifest, same_files, split_jobs
 from profiler.errors import TraceError, path_text
 from profiler.parse import SCHEMA, _as_int
 from profiler.pool import LocalEngine, lookup_all, progress_bar
@@ -169,8 +169,7 @@ def load_traces(
     options = options or MapOptions()
     engine = engine or LocalEngine(workers)
     remote = getattr(engine, "remote", False)  # a Dask cluster: workers parse into their own caches
-    sources = find_sources(paths)
-    notes: list[str] = []
+    sources, notes = same_files(find_sources(paths))
     cache_path = None
     if cache and not remote:
         try:

@@ -21,7 +21,6 @@ die, end when their stdin does). This module imports neither polars nor the anal
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Iterator
 from profiler.cache import Identity, lookup
 from profiler.errors import TraceError
 from profiler.gzip_limits import json_bytes
+from profiler.startup import ctrl_c_held
 
 if TYPE_CHECKING:
     from profiler.rankmap import RankSummary, RankTask
@@ -90,7 +90,9 @@ class LocalEngine:
         if n < 2:  # a set whose first files are cached: taken as warm
             return
         env = _worker_env(n)
-        with _ctrl_c_held():
+        # A KeyboardInterrupt inside Popen, while it waits for the child's exec, would lose a
+        # started worker no one stops: held, it comes once every worker is in `_early` (`close`).
+        with ctrl_c_held():
             try:
                 for _ in range(n - len(self._early)):
                     self._early.append(_start_worker(env))
@@ -221,25 +223,6 @@ def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[objec
         return [lookup(p, cache) for p in paths]
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda p: lookup(p, cache), paths))
-
-
-@contextlib.contextmanager
-def _ctrl_c_held():
-    """Ctrl-C (SIGINT) held until the block ends, then raised. A KeyboardInterrupt inside Popen,
-    while it waits for the child's exec, loses a started worker that no one would stop; held, it
-    comes once every worker is in `_early`, which `close` stops. Only where Python's own handler
-    is installed (the main thread, no handler of the caller's)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    got = []
-    signal.signal(signal.SIGINT, lambda *_: got.append(True))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if got:
-        raise KeyboardInterrupt
 
 
 def _worker_env(n: int) -> dict:

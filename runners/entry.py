@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in HANDED_OVER:
             return exec_module(HANDED_OVER[argv[0]], argv)
         from runners.cli import main as cli_main
-    except KeyboardInterrupt:
-        print("ptprof: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # `ptprof analyze: interrupted`, as the command itself says it
+        print(f"ptprof{' ' + argv[0] if argv and argv[0] in HANDED_OVER else ''}: interrupted", file=sys.stderr)
         return 130
     return cli_main(argv)
 

@@ -253,3 +253,28 @@ def test_a_parser_crash_names_the_file(tmp_path, monkeypatch):
     with pytest.raises(TraceError) as err:
         load_traces(f, cache=False)
     assert "rank0.json.gz" in str(err.value) and "RuntimeError: unexpected shape" in str(err.value)
+
+
+def test_a_file_named_twice_or_linked_is_read_once_with_a_note(tmp_path, monkeypatch):
+    """Read twice, a file was its own duplicate rank: refused, with a hint (--rank-from-filename)
+    that could not help. The same path twice, a symlinked folder, a hard link: one file, read once."""
+    from tests.conftest import REPO
+
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    sample = REPO / "traces" / "sample-ddp-2r"
+    once = load_traces(sample, progress=False)
+    twice = load_traces([sample, sample], progress=False)
+    assert not twice.problems and twice.ranks["rank"].to_list() == once.ranks["rank"].to_list() == [0, 1]
+    assert twice.notes == [f"2 files named again (the same path twice, or a link to a file already named), each read "
+                           f"once: {sample / 'rank0.json.gz'} named twice, ..."]
+    (tmp_path / "link").symlink_to(sample)
+    linked = load_traces([sample / "rank1.json.gz", tmp_path / "link" / "rank1.json.gz"], progress=False)
+    assert not linked.problems and linked.ranks["rank"].to_list() == [1]
+    assert linked.notes == [f"{tmp_path / 'link' / 'rank1.json.gz'} is {sample / 'rank1.json.gz'} (a link to the same "
+                            f"file): read once"]
+    hard = tmp_path / "hard"
+    hard.mkdir()
+    shutil.copy(sample / "rank0.json.gz", hard / "rank0.json.gz")
+    (hard / "rank1.json.gz").hardlink_to(hard / "rank0.json.gz")
+    got = load_traces(hard, progress=False)
+    assert not got.problems and got.ranks["rank"].to_list() == [0] and "(a link to the same file): read once" in got.notes[0]

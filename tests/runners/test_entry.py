@@ -70,3 +70,46 @@ runpy.run_module("profiler", run_name="__main__", alter_sys=True)
 """
     res = _python(code)
     assert res.returncode == 130 and res.stderr == "ptprof analyze: interrupted\n", res.stderr
+
+
+def test_a_ctrl_c_while_the_console_script_hands_analyze_over_names_the_command():
+    code = """
+import sys
+class Stop:  # a Ctrl-C while runpy finds python -m profiler
+    def find_spec(self, name, path=None, target=None):
+        if name == "profiler.__main__":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Stop())
+import runners.entry as e
+sys.exit(e.main(["analyze", "x"]))
+"""
+    res = _python(code)
+    assert res.returncode == 130 and res.stderr == "ptprof analyze: interrupted\n", res.stderr
+
+
+def test_a_ctrl_c_python_would_drop_during_analyzes_imports_still_stops_it():
+    """Python prints a KeyboardInterrupt raised in a weakref callback (its import machinery uses
+    them) as "Exception ignored" and goes on: `ptprof analyze` ran to the end and exited 0. The
+    imports run with Ctrl-C held (profiler.startup.ctrl_c_held): it stops the command after them."""
+    code = """
+import contextlib, gc, os, signal, sys, time, weakref
+import profiler.cli as cli
+
+@contextlib.contextmanager
+def imports():
+    class Lock:
+        pass
+    def callback(_):  # as importlib's module-lock callback: the Ctrl-C lands in here
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):
+            time.sleep(0.001)  # the signal's handler runs here, inside the callback
+    lock = Lock()
+    ref = weakref.ref(lock, callback)
+    del lock
+    yield
+
+cli.collector_paused = imports
+sys.exit(cli.main(["analyze", sys.argv[1], "--quiet"]))
+"""
+    res = _python(code, str(REPO / "traces" / "sample-ddp-2r" / "rank0.json.gz"))
+    assert res.returncode == 130 and res.stderr == "ptprof analyze: interrupted\n", (res.returncode, res.stderr)
