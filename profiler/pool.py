@@ -13,10 +13,12 @@ its worker (it cannot start, dies, or prints something unexpected), so a load ne
 
 A worker's imports (polars, numpy, the analyses: ~0.25 s) would follow the parent's own (~0.2 s)
 if it were started at the map. `ptprof analyze` therefore counts the files the cache lacks
-(`uncached_count`) and starts that many workers (up to `workers`) before importing anything
+(`uncached_files`) and starts that many workers (up to `workers`) before importing anything
 heavy itself (`LocalEngine.start_early`): the processes import side by side, and a worker waits
 for its tasks on stdin. Workers that no map takes are stopped by `close` (or, should the parent
-die, end when their stdin does). This module imports neither polars nor the analyses itself.
+die, end when their stdin does). A map too small to pay for workers is done in this process
+(`in_process_is_quicker`), its files scanned meanwhile by a forked child (prescan.py). This
+module imports neither polars nor the analyses itself.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ def in_process_is_quicker(paths: list, workers: int) -> bool:
     return seconds <= worth
 
 
-PROBE_FILES = 64  # uncached_count looks at no more files than this: a warm 1,024-rank load would pay ~40 ms
+PROBE_FILES = 64  # uncached_files looks at no more files than this: a warm 1,024-rank load would pay ~40 ms
 
 
 class Uncached(list):
@@ -210,11 +212,6 @@ def uncached_files(paths: list, *, cache: bool = True, most: int | None = None) 
         return found
     except Exception:  # noqa: BLE001  (TraceError, CacheUnusable, OSError: the load reports them)
         return Uncached()
-
-
-def uncached_count(paths: list, *, cache: bool = True, most: int | None = None) -> int:
-    """len(uncached_files(...))."""
-    return len(uncached_files(paths, cache=cache, most=most))
 
 
 def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[object, Identity | None]]:

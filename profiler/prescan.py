@@ -23,7 +23,6 @@ itself, which then words any problem exactly as it always has.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import signal
@@ -99,14 +98,12 @@ class _Prescan:
 
 
 def _sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
+    from profiler.cache import _file_sha256  # the cache's own hash of a trace's bytes
+
     try:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
+        return _file_sha256(path)
     except OSError:
         return None
-    return digest.hexdigest()
 
 
 def _reap(pid: int, *, wait: bool) -> int | None:

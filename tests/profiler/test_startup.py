@@ -26,7 +26,7 @@ import profiler.cache as cache_module
 import profiler.pool as pool
 from profiler.cache import Parsed, entry_key, lookup, settle
 from profiler.load import load_traces
-from profiler.pool import LocalEngine, uncached_count, uncached_files
+from profiler.pool import LocalEngine, uncached_files
 from profiler.rankmap import HOLD_LOG_ENV, MapOptions, RankSummary, RankTask
 from tests.conftest import REPO
 
@@ -126,22 +126,22 @@ def _job(folder: Path, ranks: int) -> Path:
     return folder
 
 
-def test_uncached_count_counts_the_files_without_an_entry(tmp_path, monkeypatch):
+def test_uncached_files_are_the_files_without_an_entry(tmp_path, monkeypatch):
     job = _job(tmp_path / "job", 3)
     cache = tmp_path / "cache"
     monkeypatch.setenv("PTPROF_CACHE_DIR", str(cache))
-    assert uncached_count([job]) == 3
+    assert len(uncached_files([job])) == 3
     assert [Path(f).name for f in uncached_files([job])] == ["rank0.json", "rank1.json", "rank2.json"]
-    assert uncached_count([job], most=2) == 2  # as many as workers are enough to know
+    assert len(uncached_files([job], most=2)) == 2  # as many as workers are enough to know
     load_traces(job / "rank1.json", workers=1, progress=False)  # rank 1 cached
     assert (cache / f"{entry_key(job / 'rank1.json')}.json").exists()
-    assert uncached_count([job]) == 2
+    assert len(uncached_files([job])) == 2
     assert [Path(f).name for f in uncached_files([job])] == ["rank0.json", "rank2.json"]
-    assert uncached_count([job], cache=False) == 3  # --no-cache parses them all
-    assert uncached_count([tmp_path / "nowhere"]) == 0  # the load itself says what is wrong
+    assert len(uncached_files([job], cache=False)) == 3  # --no-cache parses them all
+    assert len(uncached_files([tmp_path / "nowhere"])) == 0  # the load itself says what is wrong
     monkeypatch.setattr(pool, "PROBE_FILES", 1)  # rank0 first: cached, so the set is taken as warm
     load_traces(job / "rank0.json", workers=1, progress=False)
-    assert uncached_count([job]) == 0
+    assert len(uncached_files([job])) == 0
 
 
 def _running(pid: int) -> bool:
@@ -187,6 +187,16 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
 
 
+def _early_worker_envs() -> list[dict[str, str]]:
+    """The environments of the workers LocalEngine(2).start_early starts for two files."""
+    engine = LocalEngine(2)
+    try:
+        engine.start_early(["rank0.json", "rank1.json"])  # two files to analyse: two workers
+        return [_environ(w.proc.pid) for w in engine._early]
+    finally:
+        engine.close()
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypatch):
     # pool.py's comment: jemalloc's decay 50 ms, glibc's mmap threshold 1 MB and trim threshold 4 MB
@@ -194,31 +204,16 @@ def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypa
              "MALLOC_TRIM_THRESHOLD_": "4194304"}
     for name in (*tuned, "POLARS_MAX_THREADS"):
         monkeypatch.delenv(name, raising=False)
-    engine = LocalEngine(2)
-    try:
-        engine.start_early(["rank0.json", "rank1.json"])  # two files to analyse: two workers
-        envs = [_environ(w.proc.pid) for w in engine._early]
-    finally:
-        engine.close()
+    envs = _early_worker_envs()
     assert len(envs) == 2
     threads = str(max(1, (os.cpu_count() or 1) // 2))  # the cores shared by the 2 workers
     assert all({k: e.get(k) for k in (*tuned, "POLARS_MAX_THREADS")} == tuned | {"POLARS_MAX_THREADS": threads} for e in envs), envs
     # A user's own setting wins, as for POLARS_MAX_THREADS: this process runs with it too.
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     monkeypatch.setenv("POLARS_MAX_THREADS", "1")
-    engine = LocalEngine(2)
-    try:
-        engine.start_early(["rank0.json", "rank1.json"])  # two files to analyse: two workers
-        envs = [_environ(w.proc.pid) for w in engine._early]
-    finally:
-        engine.close()
+    envs = _early_worker_envs()
     monkeypatch.setenv("_RJEM_MALLOC_CONF", "narenas:2")
-    engine = LocalEngine(2)
-    try:
-        engine.start_early(["rank0.json", "rank1.json"])
-        envs += [_environ(w.proc.pid) for w in engine._early]
-    finally:
-        engine.close()
+    envs += _early_worker_envs()
     # jemalloc takes the last value of a key: the user's after ours.
     mine = tuned | {"MALLOC_TRIM_THRESHOLD_": "131072", "POLARS_MAX_THREADS": "1"}
     assert len(envs) == 4 and envs[2]["_RJEM_MALLOC_CONF"] == "dirty_decay_ms:50,muzzy_decay_ms:0,narenas:2", envs
