@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import sys
 import tempfile
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
-from profiler.cache import CacheUnusable, cache_dir, remove_stale_tmp, unstored_note
+from profiler.cache import CACHE_ENV, CacheUnusable, cache_dir, remove_stale_tmp, unstored_note
 from profiler.damaged import DAMAGED, MAX_RANK
 from profiler.discover import JobFacts, find_sources, not_a_regular_file, read_manifest, same_files, split_jobs
 from profiler.errors import TraceError, path_text
@@ -176,6 +177,10 @@ def load_traces(
             cache_path = cache_dir()
         except CacheUnusable as e:
             notes.append(str(e))
+        asked = os.environ.get(CACHE_ENV)
+        if cache_path is not None and asked and Path(asked) != cache_path:  # said: the user chose another place
+            notes.append(f"${CACHE_ENV} ({path_text(asked)}) is not a folder this user can write: the parse cache is "
+                         f"{path_text(cache_path)}")
     # Without the cache, files are parsed into a private folder that lives as long as the Traces,
     # so every load is analyzed one rank at a time from parquet either way.
     scratch = None if cache_path or remote else tempfile.TemporaryDirectory(prefix="ptprof-nocache-")

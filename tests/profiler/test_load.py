@@ -278,3 +278,18 @@ def test_a_file_named_twice_or_linked_is_read_once_with_a_note(tmp_path, monkeyp
     (hard / "rank1.json.gz").hardlink_to(hard / "rank0.json.gz")
     got = load_traces(hard, progress=False)
     assert not got.problems and got.ranks["rank"].to_list() == [0] and "(a link to the same file): read once" in got.notes[0]
+
+
+def test_an_unusable_cache_dir_is_said_and_the_fallback_named(tmp_path, monkeypatch):
+    from profiler.cache import cache_dir
+    from tests.conftest import REPO
+
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(not_a_folder))
+    got = load_traces(REPO / "traces" / "sample-ddp-2r", progress=False)
+    assert not got.problems and got.ranks["rank"].to_list() == [0, 1]
+    assert got.notes == [f"$PTPROF_CACHE_DIR ({not_a_folder}) is not a folder this user can write: the parse cache is "
+                         f"{cache_dir()}"]
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "fine"))
+    assert load_traces(REPO / "traces" / "sample-ddp-2r", progress=False).notes == []
