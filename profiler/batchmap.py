@@ -25,7 +25,6 @@ other workers, and the write would hold the file's whole frame beside the analys
 from __future__ import annotations
 
 import dataclasses
-import os
 import tempfile
 from pathlib import Path
 

@@ -132,7 +132,6 @@ _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 BATCH_EVENTS = 20_000  # events decoded at once: bounds a worker's memory to the bytes plus one batch
 
 
-
 def _decode(raw: bytes, path: Path) -> _Doc:
     """Chrome traces are either {"traceEvents": [...], ...} or a bare array of events."""
     try:
@@ -313,7 +312,6 @@ def _fast_parse(raw: bytes) -> dict | None:
         return decode_strings(_kineto.parse(raw))
     except (_kineto.Fallback, UnicodeDecodeError, msgspec.DecodeError):
         return None
-
 
 
 def _python_columns(raw: bytes, path: Path):

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+from profiler import prescan
 from profiler.cache import Identity, lookup
 from profiler.errors import TraceError
 from profiler.gzip_limits import json_bytes
@@ -85,8 +86,6 @@ class LocalEngine:
         # Past the files looked at (a set of more than PROBE_FILES), the map takes the pool.
         more = getattr(files, "more", False)
         if not more and (n < 2 or (self.auto and in_process_is_quicker(files, self.workers))):
-            from profiler import prescan
-
             prescan.start(files)
             return
         if n < 2:  # a set whose first files are cached: taken as warm
@@ -103,8 +102,6 @@ class LocalEngine:
 
     def close(self) -> None:
         """Stop what start_early started and no map took (a warm load, an error, Ctrl-C)."""
-        from profiler import prescan
-
         self._stop_early()
         prescan.stop()
 
@@ -123,7 +120,7 @@ class LocalEngine:
         n = min(workers, len(batches))
         early, self._early = (self._early[:n], self._early[n:]) if n > 1 else ([], self._early)
         self._stop_early()  # more than this map has batches for
-        if n <= 1 and _prescan_crashed():  # the same crash here would end ptprof with no word of the file
+        if n <= 1 and prescan.crashed():  # the same crash here would end ptprof with no word of the file
             batches = plan_batches(tasks, self.workers, per_worker=1)
             yield from _run_workers(tasks, batches, min(self.workers, len(batches)), [])
             return
@@ -132,12 +129,6 @@ class LocalEngine:
                 yield from zip(batch, summarize_batch([tasks[i] for i in batch], background_write=True))
             return
         yield from _run_workers(tasks, batches, n, early)
-
-
-def _prescan_crashed() -> bool:
-    from profiler import prescan
-
-    return prescan.crashed()
 
 
 # A map whose work in this process would take less than worker processes save is done here (with

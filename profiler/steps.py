@@ -271,14 +271,8 @@ def _step_at(points: pl.DataFrame, steps: pl.DataFrame, blocks: list[tuple[str, 
     keys = varying(points, KEYS)
     if not keys and points.height:  # one rank: its own steps, then nothing to match per row
         table = table.join(points.select(KEYS).head(1), on=KEYS, how="semi").drop(KEYS).sort("start_us")
-        # join_asof's backward match, by binary search in the few steps: the last start at or
-        # before the point (the last of equal starts, as join_asof takes it), if it ends after it.
-        ts = points.get_column("ts_us").to_numpy()
-        at = np.searchsorted(table.get_column("start_us").to_numpy(), ts, side="right") - 1
-        found = at >= 0
-        at = np.where(found, at, 0)
-        hit = found & (ts < table.get_column("end_us").to_numpy()[at]) if table.height else found
-        values = table.get_column("step").to_numpy()[at] if table.height else np.zeros(at.size, np.int64)
+        values, hit = _search_steps(points.get_column("ts_us").to_numpy(),
+                                    *(table.get_column(c).to_numpy() for c in ("start_us", "end_us", "step")))
         return pl.Series("step", values, pl.Int64).scatter(np.flatnonzero(~hit), None)
     found = _step_at_blocks(points.get_column("ts_us").to_numpy(), blocks, table) if blocks is not None else None
     if found is not None:
@@ -309,16 +303,22 @@ def _step_at_blocks(ts: np.ndarray, blocks: list[tuple[str, int, int, int]], tab
         if not mine.size:
             continue  # a rank without steps: no point in one
         mine = mine[np.argsort(start[mine], kind="stable")]
-        starts = start[mine]
-        if (starts[1:] == starts[:-1]).any():
+        if (start[mine][1:] == start[mine][:-1]).any():
             return None
-        x = ts[first:first + n]
-        at = np.searchsorted(starts, x, side="right") - 1
-        found = at >= 0
-        at = mine[np.where(found, at, 0)]
-        hit[first:first + n] = found & (x < end[at])
-        values[first:first + n] = step[at]
+        values[first:first + n], hit[first:first + n] = _search_steps(ts[first:first + n], start[mine], end[mine], step[mine])
     return pl.Series("step", values, pl.Int64).scatter(np.flatnonzero(~hit), None)
+
+
+def _search_steps(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(step, hit) of each point of one rank among its steps sorted by start: join_asof's backward
+    match by binary search (the last start at or before the point, the last of equal starts as
+    join_asof takes it), a hit where that step ends after the point."""
+    at = np.searchsorted(starts, ts, side="right") - 1
+    found = at >= 0
+    if not starts.size:
+        return np.zeros(ts.size, np.int64), found
+    at = np.where(found, at, 0)
+    return steps[at], found & (ts < ends[at])
 
 
 # A rank's last step running on past the rank's last event by more than this share of the step:
