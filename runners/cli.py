@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from runners.entry import EXIT_USAGE, HANDED_OVER, exec_module
+from runners.entry import EXIT_USAGE, HANDED_OVER, hand_over
 from runners.launch import describe_failures, launch
 from runners.listing import cmd_list, find_runs
 from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # analyze/project/plan/view keep their own flags: hand them over untouched.
     if argv and argv[0] in HANDED_OVER:  # the console script (runners/entry.py) hands them over before this module
-        return exec_module(HANDED_OVER[argv[0]], argv)
+        return hand_over(argv)
     parser = build_parser()
     try:
         ns = parser.parse_args(argv)

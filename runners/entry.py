@@ -24,15 +24,19 @@ IN_PROCESS = {"analyze", "project", "plan"}
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv and argv[0] in IN_PROCESS:  # they keep their own flags: handed over untouched
-            return run_module(HANDED_OVER[argv[0]], argv)
-        if argv and argv[0] in HANDED_OVER:
-            return exec_module(HANDED_OVER[argv[0]], argv)
+        if argv and argv[0] in HANDED_OVER:  # they keep their own flags: handed over untouched
+            return hand_over(argv)
         from runners.cli import main as cli_main
     except KeyboardInterrupt:  # `ptprof analyze: interrupted`, as the command itself says it
         print(f"ptprof{' ' + argv[0] if argv and argv[0] in HANDED_OVER else ''}: interrupted", file=sys.stderr)
         return 130
     return cli_main(argv)
+
+
+def hand_over(argv: list[str]) -> int:
+    """Run `ptprof analyze|project|plan|view ARGS` as `python -m profiler|viewer` would."""
+    module = HANDED_OVER[argv[0]]
+    return run_module(module, argv) if argv[0] in IN_PROCESS else exec_module(module, argv)
 
 
 def run_module(module: str, args: list[str]) -> int:
