@@ -21,8 +21,10 @@ msgspec only, what a machine without a C compiler gets), then HTA (its default p
 multiprocessing pool).
 Wall time, CPU time of the process tree (user + sys, so a busy shared machine shows up as wall
 above CPU) and peak memory, sampled every 50 ms as the largest sum over the process tree of RSS
-and of PSS. RSS counts a page once per process that maps it: ptprof's parent and two workers
-each map polars' 50 MB library, so their RSS sum counts it three times. PSS (proportional set
+and of PSS. Each row is two runs: times and RSS from one that samples RSS only, PSS from a second
+that samples both (reading PSS slows the measured processes: `measure`). RSS counts a page once
+per process that maps it: ptprof's parent and two workers each map polars' 50 MB library, so
+their RSS sum counts it three times. PSS (proportional set
 size, /proc/PID/smaps_rollup) splits each shared page between the processes that map it: the
 tree's PSS sum is the memory it really holds. For one process (HTA's parent) the two are close.
 """
@@ -142,11 +144,14 @@ def build_trace_set(out: Path, ranks: int, mb: float) -> Path:
 
 
 def measure(code: str | None, folder: Path, cache_dir: str, extra_env: dict | None = None, *,
-            argv: list[str] | None = None, also: list[psutil.Process] = ()) -> tuple[float, float, float, str, float]:
+            argv: list[str] | None = None, also: list[psutil.Process] = (), pss: bool = True) -> tuple[float, float, float, str, float]:
     """(wall s, CPU s of the process tree, peak RSS of the tree in MB, stdout, peak PSS of the tree
     in MB) of `python -c code folder`,
     or of `python ARGV...` where argv is given. `also`: processes started elsewhere (a Dask cluster's
-    scheduler and workers) whose CPU and RSS count with the tree's (their children included)."""
+    scheduler and workers) whose CPU and RSS count with the tree's (their children included).
+    pss=False samples RSS only (PSS is then 0): reading /proc/PID/smaps_rollup walks the process's
+    page tables under its memory lock every 50 ms, and slowed ptprof's cold 8 x 100 MB run by
+    0.3-0.45 s (10-13 %) on 2 cores where sampling RSS alone cost nothing measurable."""
     env = {"PTPROF_CACHE_DIR": cache_dir, "PATH": "/usr/bin:/bin", **(extra_env or {})}
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     others0 = _tree_cpu(also)
@@ -165,7 +170,8 @@ def measure(code: str | None, folder: Path, cache_dir: str, extra_env: dict | No
                 for other in also:
                     tree += [other, *other.children(recursive=True)]
                 peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
-                peak_pss = max(peak_pss, sum(_pss_bytes(p.pid) for p in tree))
+                if pss:
+                    peak_pss = max(peak_pss, sum(_pss_bytes(p.pid) for p in tree))
             except psutil.Error:
                 pass
             time.sleep(0.05)
@@ -226,23 +232,28 @@ def main() -> None:
 
     if load._kineto is None:
         print("note: profiler._kineto is not built; every ptprof load below parses with msgspec")
+    # Every row is two runs: its times (and RSS) from one without the PSS sampler, its PSS from
+    # another with it (measure's pss): the sampler slows what it measures.
     rows = []
     with tempfile.TemporaryDirectory() as cache:
-        cold = measure(PTPROF, folder, cache)
-        warm = measure(PTPROF, folder, cache)
+        cold = measure(PTPROF, folder, cache, pss=False)
+        warm = measure(PTPROF, folder, cache, pss=False)
+        warm = (*warm[:4], measure(PTPROF, folder, cache)[4])
+    with tempfile.TemporaryDirectory() as cache:
+        cold = (*cold[:4], measure(PTPROF, folder, cache)[4])
     print(cold[3])
     rows += [("ptprof cold (parse, no cache)", cold), ("ptprof warm (parquet cache)", warm)]
     # What a user runs: the command, its report built and written too (more than the code above);
     # it also starts its workers, or its scan of a small set, before its own imports (pool.py).
-    with tempfile.TemporaryDirectory() as cache:
-        argv = ["-m", "profiler", "analyze", str(folder), "--json", str(Path(cache) / "report.json"), "--quiet"]
-        rows.append(("ptprof analyze cold (command)", measure(None, folder, cache, argv=argv)))
+    rows.append(("ptprof analyze cold (command)", _twice(lambda cache, pss: measure(
+        None, folder, cache, argv=["-m", "profiler", "analyze", str(folder), "--json", str(Path(cache) / "report.json"),
+                                   "--quiet"], pss=pss))))
     if not args.skip_pure:
         # The same cold load with the C parser switched off: what the C parser buys, in this run.
-        with tempfile.TemporaryDirectory() as cache:
-            rows.append(("ptprof cold, msgspec parser only", measure(PTPROF, folder, cache, {load.PURE_PARSER_ENV: "1"})))
+        rows.append(("ptprof cold, msgspec parser only",
+                     _twice(lambda cache, pss: measure(PTPROF, folder, cache, {load.PURE_PARSER_ENV: "1"}, pss=pss))))
     if not args.skip_hta:
-        hta = measure(HTA, folder, "")
+        hta = _twice(lambda cache, pss: measure(HTA, folder, "", pss=pss))
         print(hta[3])
         seen = int(hta[3].split("HTA_RANKS")[-1].split()[0])
         if seen != args.ranks:
@@ -260,6 +271,16 @@ def main() -> None:
         worst = max(abs(ours[r][c] - theirs[r][c]) / theirs[r]["window_us"] * 100 for r in theirs for c in ("compute_us", "idle_us"))
         worst_ov = max(abs(ours[r]["overlap_pct"] - theirs[r]["overlap_pct"]) for r in theirs)
         print(f"agreement with HTA: compute/idle within {worst:.2f} % of the window, overlap within {worst_ov:.2f} points")
+
+
+def _twice(run) -> tuple[float, float, float, str, float]:
+    """run(cache, pss) in a fresh cache folder twice: times, RSS and stdout of the run without the
+    PSS sampler, PSS of the run with it."""
+    with tempfile.TemporaryDirectory() as cache:
+        timed = run(cache, False)
+    with tempfile.TemporaryDirectory() as cache:
+        sampled = run(cache, True)
+    return (*timed[:4], sampled[4])
 
 
 def _numbers(stdout: str) -> dict[int, dict]:

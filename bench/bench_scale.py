@@ -134,7 +134,7 @@ def _checked(out_json: Path, ranks: int) -> None:
 def run_analyze(folder: Path, ranks: int, cache: str, extra: list[str] = (), also=()) -> tuple[float, float, float]:
     out_json = Path(cache) / "report.json"
     argv = ["-m", "profiler", "analyze", str(folder), "--json", str(out_json), "--quiet", *extra]
-    wall, cpu, rss, _, _ = measure(None, folder, cache, argv=argv, also=list(also))
+    wall, cpu, rss, _, _ = measure(None, folder, cache, argv=argv, also=list(also), pss=False)
     _checked(out_json, ranks)
     out_json.unlink()
     return wall, cpu, rss
@@ -176,7 +176,7 @@ def _median(runs: list[tuple]) -> tuple:
 def floor_command(folder: Path, json_bytes: int) -> tuple[float, float]:
     """(wall s, CPU s) of the floor as a command of its own (FLOOR_COMMAND), timed by `measure`."""
     with tempfile.TemporaryDirectory(prefix="ptprof-scale-floor-") as scratch:
-        wall, cpu, _, out, _ = measure(FLOOR_COMMAND, folder, scratch)
+        wall, cpu, _, out, _ = measure(FLOOR_COMMAND, folder, scratch, pss=False)
     if int(out.split()[-1]) != json_bytes:
         raise SystemExit(f"{folder}: the floor command read {out.split()[-1]} bytes, not {json_bytes}")
     return wall, cpu

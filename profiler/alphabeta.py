@@ -84,7 +84,7 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame, *, fastest_pe
     )
     slope, alpha = pl.col("slope"), pl.col("mean_t") - pl.col("slope") * pl.col("mean_n")
     note = (
-        pl.when(pl.col("n_sizes") < 2).then(pl.format("one message size ({} B): α and β need at least 2 distinct sizes", "min_size_bytes"))
+        pl.when(pl.col("n_sizes") < 2).then(pl.format("one size ({} B): fitting needs 2 sizes", "min_size_bytes"))
         .when(slope.is_null() | ~slope.is_finite() | (slope <= 0))
         .then(pl.lit("times do not grow with size (slope ≤ 0): no positive β"))
         .when(alpha < 0).then(pl.format("fitted α < 0 ({} µs): the sizes do not pin the latency", alpha.round(3)))

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_whole_number(1, 4096), metavar="N",
                    help="local worker processes (default: one per CPU core, or none for a set small enough that "
                         "this process is quicker alone)")
-    p.add_argument("--quiet", action="store_true", help="no tables on stdout (with --json FILE; alone, it only checks the traces and, when they are fine, warns on stderr that nothing was written)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no tables on stdout (with --json FILE; alone, it only checks the traces and, when they are fine, warns on stderr that nothing was written)")
     return p
 
 
@@ -166,8 +166,9 @@ def _run(args: argparse.Namespace) -> int:
     for entry in report.get("hta", []):  # said with --quiet too: the run has no HTA column
         if entry.get("error", "").startswith(HTA_SKIPPED):
             _print_line(f"ptprof analyze: note: run {entry['run']}: {entry['error']}", sys.stderr)
-    for note in traces.notes:  # on stderr too, so that --quiet still says what was assumed
-        _print_line(f"ptprof analyze: note: {note}", sys.stderr)
+    if args.quiet:  # else the tables' warnings say them, wrapped: a second, unwrapped copy was noise
+        for note in traces.notes:  # with --quiet on stderr, so that it still says what was assumed
+            _print_line(f"ptprof analyze: note: {note}", sys.stderr)
     for problem in traces.problems:
         _print_line(f"ptprof analyze: skipped {problem}", sys.stderr)
     if args.json:

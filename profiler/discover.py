@@ -341,9 +341,15 @@ _FIELDS = {
 }
 _RANK_FIELDS = {
     "rank": (lambda v: _is_whole(v, 0), "a whole number ≥ 0"),
-    "memory": (lambda v: isinstance(v, dict) and all(x is None or _is_whole(x, 0) for x in v.values()),
-               "an object of byte counts (whole numbers ≥ 0 or null)"),
+    "memory": (lambda v: isinstance(v, dict), "an object of byte counts"),  # each field: manifest_problem
 }
+
+
+def _is_byte_count(key: str, v) -> bool:
+    # `max_memory_allocated_by_gpu_bytes` is a list, one peak per GPU the process drives (CUDA runs).
+    if key == "max_memory_allocated_by_gpu_bytes" and isinstance(v, list):
+        return all(_is_whole(x, 0) for x in v)
+    return v is None or _is_whole(v, 0)
 
 
 def manifest_problem(manifest: dict) -> str | None:
@@ -357,11 +363,21 @@ def manifest_problem(manifest: dict) -> str | None:
         for key, (ok, what) in _RANK_FIELDS.items():
             if r.get(key) is not None and not ok(r[key]):
                 return f"`ranks[{i}].{key}` is {_shown(r[key])}, not {what}"
+        memory = r.get("memory")
+        for key, v in (memory.items() if isinstance(memory, dict) else ()):
+            if not _is_byte_count(key, v):  # the field itself, where the block is an object
+                what = ("a list of byte counts, one per GPU (whole numbers ≥ 0)" if key == "max_memory_allocated_by_gpu_bytes"
+                        else "a byte count (a whole number ≥ 0) or null")
+                return f"`ranks[{i}].memory.{key}` is {_shown(v)}, not {what}"
     return None
 
 
 def _shown(v) -> str:
-    if isinstance(v, (dict, list)):
-        return f"a JSON {'object' if isinstance(v, dict) else 'list'} of {len(v)}"
-    text = json.dumps(v)
+    """A value as the user wrote it where it is short ([1, "x"], -5), else what it is."""
+    try:
+        text = json.dumps(v)
+    except (ValueError, RecursionError):  # nested too deeply to write back
+        text = None
+    if isinstance(v, (dict, list)) and (text is None or len(text) > 40):
+        return f"a JSON object of {len(v)} keys" if isinstance(v, dict) else f"a JSON list of {len(v)}"
     return text if len(text) <= 40 else text[:40] + "..."

@@ -54,6 +54,15 @@ def findings(a: "Analysis") -> pl.DataFrame:
 # 1. Exposed communication
 
 
+def worst_of(shares: pl.Series) -> str:
+    """" (the worst of N)" beside the rank a finding names, " (all N ranks alike)" where every rank's
+    share is the same to 0.1 % points (ten copies of one trace: no rank is the worst), "" for one rank."""
+    if shares.len() < 2:
+        return ""
+    return (f" (all {shares.len():,} ranks alike)" if shares.max() - shares.min() < 0.1
+            else f" (the worst of {shares.len():,})")
+
+
 def exposed_comm_rule(a: "Analysis") -> list[Row]:
     """Communication with no compute under it, as a share of the step, and its main collective and phase."""
     b = _str_run(a.breakdown)
@@ -65,16 +74,17 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
     steps = _str_run(a.breakdown_steps)
     out = []
     for run in _runs(a):
-        worst = b.filter(pl.col("run") == run).sort("share_pct", descending=True).head(1)
+        rb = b.filter(pl.col("run") == run)
+        worst = rb.sort("share_pct", "rank", descending=[True, False]).head(1)  # ties: the lowest rank
         if worst.is_empty() or worst["share_pct"][0] < EXPOSED_COMM_MIN_PCT:
             continue
         rank, share, exp_us, win_us = worst.select("rank", "share_pct", "exposed_comm_us", "window_us").row(0)
-        n_ranks = b.filter(pl.col("run") == run).height
+        n_ranks = rb.height
         rank_steps = steps.filter((pl.col("run") == run) & (pl.col("rank") == rank)) if steps is not None else None
         step_list = rank_steps["step"].to_list() if rank_steps is not None else []
         text = (f"Communication with no compute under it takes {pct(share)} of rank {rank}'s step time "
                 f"({ms(exp_us)} of {ms(win_us)} over {steps_text(step_list)})")
-        evidence = f"run {run}, rank {rank}" + (f" (the worst of {n_ranks:,})" if n_ranks > 1 else "") + f", {steps_text(step_list)}"
+        evidence = f"run {run}, rank {rank}" + worst_of(rb["share_pct"]) + f", {steps_text(step_list)}"
         kind, phase, once = None, None, False
         if exposed is not None and not exposed.is_empty():
             by = (exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank))
@@ -388,7 +398,7 @@ def idle_rule(a: "Analysis") -> list[Row]:
     b = b.with_columns(share_pct=100 * pl.col("idle_us") / pl.col("window_us"))
     out = []
     for run in b["run"].unique(maintain_order=True).to_list():
-        rb = b.filter(pl.col("run") == run).sort("share_pct", descending=True)
+        rb = b.filter(pl.col("run") == run).sort("share_pct", "rank", descending=[True, False])  # ties: the lowest rank
         rank, share, idle_us, win_us = rb.select("rank", "share_pct", "idle_us", "window_us").row(0)
         if not _finite(share) or share < IDLE_MIN_PCT:
             continue
@@ -397,7 +407,7 @@ def idle_rule(a: "Analysis") -> list[Row]:
                if top is not None and "self_us" in top.columns else None)
         text = (f"The GPU of rank {rank} has nothing to run for {pct(share)} of its profiled window "
                 f"({ms(idle_us)} of {ms(win_us)}): the step waits on the host")
-        evidence = f"run {run}, rank {rank}" + (f" (the worst of {rb.height:,})" if rb.height > 1 else "")
+        evidence = f"run {run}, rank {rank}" + worst_of(rb["share_pct"])
         if ops is not None and ops.height:
             evidence += "; top CPU operators by self time: " + ", ".join(
                 f"{name} {ms(us)}" for name, us in ops.select("name", "self_us").iter_rows())

@@ -110,7 +110,9 @@ def activation_memory_rule(a: "Analysis") -> list[Row]:
                 else "parameters, gradients and optimizer state")  # pipedream's stashes are persistent there
         text = (f"Activations and temporaries are {pct(row['activation_pct'])} of rank {row['rank']}'s memory at its peak "
                 f"({bytes_text(row['activation_bytes'])} of {bytes_text(row['footprint_bytes'])} on {row['mem_device']}; "
-                f"{held} hold {bytes_text(row['persistent_bytes'])})")
+                f"{held} hold {bytes_text(row['persistent_bytes'])}"
+                + (f"; {bytes_text(row['other_bytes'])} more is held all step besides them: workspaces, the batch"
+                   if row.get("other_bytes") else "") + ")")
         evidence = f"run {run}, rank {row['rank']}, {row['mem_device']}" + (f"; {row['basis']}" if row.get("basis") else "")
         if recompute_on((getattr(a, "runs", None) or {}).get(run) or {}):
             # Already checkpointed: what is left is block inputs, one block's activations, the head and loss.

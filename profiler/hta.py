@@ -13,6 +13,7 @@ ours with HTA's rounding, so a difference from HTA can be told apart as the roun
 from __future__ import annotations
 
 import logging
+import traceback
 import warnings
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def hta_breakdown(trace_files: dict[int, str | Path]) -> pl.DataFrame:
             tb = ta.get_temporal_breakdown(visualize=False)
             ov = ta.get_comm_comp_overlap(visualize=False)
     except Exception as e:  # HTA raises anything from KeyError to AssertionError on traces it cannot read
-        raise TraceError(folder, f"HTA failed: {type(e).__name__}: {e}") from None
+        raise TraceError(folder, f"HTA failed: {_where(e)}") from None
     finally:
         logging.disable(previous)
     frame = pl.from_pandas(tb.merge(ov, on="rank"))
@@ -69,6 +70,21 @@ def hta_breakdown(trace_files: dict[int, str | Path]) -> pl.DataFrame:
         idle_us=pl.col("idle_time(us)").cast(pl.Float64),
         overlap_pct=pl.col("comp_comm_overlap_pctg").cast(pl.Float64),
     )
+
+
+def _where(e: Exception) -> str:
+    """The exception in words; with no message of its own (HTA's bare asserts), where in HTA it
+    was raised and the line: "AssertionError at hta/analyzers/breakdown_analysis.py:668 (assert
+    non_compute_time >= 0)", so a user sees it is HTA's check that failed, not ptprof's."""
+    if str(e):
+        return f"{type(e).__name__}: {e}"
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return type(e).__name__
+    last = frames[-1]
+    path = Path(last.filename).as_posix()
+    path = path[path.rindex("hta/"):] if "hta/" in path else Path(path).name
+    return f"{type(e).__name__} at {path}:{last.lineno}" + (f" ({last.line.strip()})" if last.line else "")
 
 
 def hta_rounding(events: pl.DataFrame) -> pl.DataFrame:

@@ -181,16 +181,23 @@ def _theory(runs: dict[str, dict | None], ranks: pl.DataFrame, colls: pl.DataFra
 
 
 def missing_rank_warnings(ranks: pl.DataFrame) -> list[str]:
-    """One warning per run with fewer ranks loaded than its traces' world size (distributedInfo):
-    at scale an incomplete folder is the usual case, and skew, stragglers and groups then cover
-    only the ranks that are there."""
+    """Per run, a warning where the ranks loaded do not fit its traces' world size (distributedInfo):
+    fewer (at scale an incomplete folder is the usual case, and skew, stragglers and groups then
+    cover only the ranks that are there), or ranks at or past it (ranks taken from file names,
+    --rank-from-filename, over copies or files of several jobs: then no single job is described)."""
     out = []
     for run, have, world in ranks.group_by("run", maintain_order=True).agg(
             have=pl.col("rank").unique().sort(), world=pl.col("world_size").max()).iter_rows():
-        missing = sorted(set(range(world)) - set(have)) if world is not None else []
+        if world is None:
+            continue
+        if beyond := [r for r in have if r >= world]:
+            out.append(f"run {run}: {len(beyond):,} of the {len(have):,} ranks loaded ({_spans(beyond)}) are at or past "
+                       f"its traces' world size, {world:,}: ranks from file names over copies or several jobs' files? "
+                       "cross-rank numbers treat them as one job")
+        missing = sorted(set(range(world)) - set(have))
         if not missing:  # (a world of 4 with ranks 0, 1, 2, 7 still misses rank 3)
             continue
-        out.append(f"run {run}: {len(have):,} of {world:,} ranks loaded (its traces' world size); missing "
+        out.append(f"run {run}: {len(have) - len(beyond):,} of {world:,} ranks loaded (its traces' world size); missing "
                    f"{_spans(missing)}: cross-rank numbers (skew, stragglers, groups) cover the loaded ranks only")
     return out
 

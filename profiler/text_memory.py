@@ -22,6 +22,8 @@ def memory_sections(a, runs: list[str], full: bool) -> list[str]:
     peaks = a.memory_peaks
     if not peaks.is_empty():
         out.append(title("Memory peaks", "the most allocated at once ([memory] events), and when"))
+        if (peaks["mem_device"] == "cpu").any():  # torch's CPU [memory] events start with the profiler
+            out.append("  (cpu: only allocations made while profiling ran, not host memory held from before)")
         at = _since_step(strings(peaks), a.steps, "peak_ts_us", "peak_step")
         if full:
             header = ["rank", "device", "peak allocated", "peak reserved", "when"]
@@ -90,22 +92,27 @@ def _activation(a, runs: list[str], full: bool) -> list[str]:
     act = getattr(a, "activation", None)
     if act is None or act.is_empty() or act["activation_bytes"].is_null().all():
         return []
-    out = [title("Activations at the peak", "what the memory peak holds beyond parameters, grads, optimizer")]
+    # "memory held all step" only where a device's is subtracted (a CPU counter sees none of it).
+    all_step = " and memory held all step" if act["other_bytes"].is_not_null().any() else ""
+    out = [title("Activations at the peak", f"the peak beyond params, grads, optimizer{all_step}")]
     act = strings(act)
     if full:
-        header = ["rank", "device", "peak", "persistent", "activations", "share"]
+        header = ["rank", "device", "peak", "persistent", "other", "activations", "share"]
         return out + per_run(runs, act, lambda p: table(header, [
             [str(r["rank"]), r["mem_device"], fmt_bytes(r["peak_allocated_bytes"]), fmt_bytes(r["persistent_bytes"]),
-             fmt_bytes(r["activation_bytes"]), fmt_pct(r["activation_pct"])] for r in p.sort("rank", "mem_device").to_dicts()],
-            "rlrrrr", shrink=1))
+             fmt_bytes(r["other_bytes"]), fmt_bytes(r["activation_bytes"]), fmt_pct(r["activation_pct"])]
+            for r in p.sort("rank", "mem_device").to_dicts()], "rlrrrrr", shrink=1))
 
     def render(p: pl.DataFrame) -> list[str]:
         lines = []
         for (dev,), g in p.group_by("mem_device", maintain_order=True):
-            stats = collapse(g, ["activation_bytes", "activation_pct"])
+            # A device's other memory (held all step besides the model's state: workspaces, the batch).
+            cols = ["activation_bytes", "activation_pct"] + (["other_bytes"] if g["other_bytes"].is_not_null().any() else [])
+            stats = collapse(g, cols)
             lines += collapsed_table(stats, {"activation_bytes": f"{dev or NONE} activations",
-                                             "activation_pct": f"{dev or NONE} share of the peak"},
-                                     {"activation_bytes": fmt_bytes, "activation_pct": fmt_pct})
+                                             "activation_pct": f"{dev or NONE} share of the peak",
+                                             "other_bytes": f"{dev or NONE} other, held all step"},
+                                     {"activation_bytes": fmt_bytes, "activation_pct": fmt_pct, "other_bytes": fmt_bytes})
         return lines
 
     return out + per_run(runs, act, render)

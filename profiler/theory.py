@@ -72,6 +72,10 @@ def predict_comm(runs: dict[str, dict | None]) -> pl.DataFrame:
     for kind, f in RING_FACTOR.items():
         factor = pl.when(pl.col("collective") == kind).then(f(n)).otherwise(factor)
     weight = pl.when(pl.col("collective") == "all_reduce").then(2.0).otherwise(1.0)
+    # A group of one rank sends nothing (a world-1 run's DDP still calls its all-reduce): no
+    # traffic, no share of the textbook's volume, whatever the collective.
+    alone = pl.col("group_size") == 1
+    factor, weight = pl.when(alone).then(0.0).otherwise(factor), pl.when(alone).then(0.0).otherwise(weight)
     mine = pl.col("_given").not_()
     return (out.join(pl.DataFrame(phi, schema={"run": pl.String, "_phi_bytes": pl.Int64}), on="run", how="left")
             .with_columns(traffic_bytes=pl.when(mine).then(pl.col("bytes") * factor).otherwise(pl.col("_traffic")),

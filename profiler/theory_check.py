@@ -37,8 +37,11 @@ def comm_check(runs: dict[str, dict | None], comm: pl.DataFrame, collectives: pl
     for (run, rank), pred in comm.partition_by("run", "rank", as_dict=True).items() if comm.height else []:
         if (run, rank) not in seen:
             for kind in sorted(set(pred["collective"])):
-                out.append(_check(run, rank, f"{kind} bytes/step", "bytes", None, None, "no measurement",
-                                  "no collective of this rank in the profiled steps loaded"))
+                rows = pred.filter(pl.col("collective") == kind)
+                # A world-1 run: NCCL launches no kernel for a group of one, so the trace has nothing to size.
+                why = ("a group of one rank: no collective kernel ran, nothing moved" if (rows["group_size"] == 1).all()
+                       else "no collective of this rank in the profiled steps loaded")
+                out.append(_check(run, rank, f"{kind} bytes/step", "bytes", None, None, "no measurement", why))
     return pl.DataFrame(out, schema=CHECK_COLUMNS, orient="row") if out else pl.DataFrame(schema=CHECK_COLUMNS)
 
 

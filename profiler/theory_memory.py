@@ -43,8 +43,8 @@ WHATIF_COLUMNS = {
 # Per (run, rank, mem_device): the activation (transient) share of the allocated-memory peak.
 ACTIVATION_COLUMNS = {
     "run": pl.String, "rank": pl.Int32, "mem_device": pl.String, "peak_allocated_bytes": pl.Int64,
-    "persistent_bytes": pl.Int64, "footprint_bytes": pl.Int64, "activation_bytes": pl.Int64, "activation_pct": pl.Float64,
-    "basis": pl.String, "note": pl.String,
+    "persistent_bytes": pl.Int64, "other_bytes": pl.Int64, "footprint_bytes": pl.Int64, "activation_bytes": pl.Int64,
+    "activation_pct": pl.Float64, "basis": pl.String, "note": pl.String,
 }
 
 LAYOUTS = ["ddp", "zero1", "zero2", "fsdp"]  # replicated, ZeRO-1, ZeRO-2, ZeRO-3 (ptprof's paradigm names)
@@ -342,8 +342,9 @@ def memory_check(memory: pl.DataFrame, persistent: pl.DataFrame) -> pl.DataFrame
 
 
 # Paradigms whose gradients are views of DDP's buckets (gradient_as_bucket_view=True), allocated
-# when the model is wrapped: never freed by zero_grad, so never in a CPU curve.
-BUCKETED_GRADS = ("ddp", "zero1", "ring")
+# when the model is wrapped: never freed by zero_grad, so never in a CPU curve, and held at rest
+# on a device (runners/ddp.py, ring.py, ulysses.py wrap their model in DDP so).
+BUCKETED_GRADS = ("ddp", "zero1", "ring", "ulysses")
 
 
 def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict[str, dict | None]) -> pl.DataFrame:
@@ -351,7 +352,13 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
 
     The rule depends on what the `[memory]` counter sees (profiler/memory.py):
     - a device (CUDA, ...): the caching allocator's counter includes everything, so
-      activation = peak − persistent (params + grads + optimizer, predicted), footprint = peak;
+      activation = peak − persistent (params + grads + optimizer, predicted) − other, footprint = peak.
+      `other` is what the device holds all through the steps besides the model's state: the floor
+      (memory_peaks: the level every step comes back down to) less what is held at rest then
+      (parameters at rest, optimizer state, DDP's gradient buckets): cuBLAS's workspaces (64 MiB
+      on an H100), the batch, caches.
+      Without it a small model's "activations" were mostly cuBLAS's workspace (an H100, the
+      tiny model: 66.9 MiB of a 68.9 MiB peak, of which 64 MiB workspace);
     - CPU: the counter only sees allocations made while profiling ran. Parameters, optimizer state
       and DDP's gradient buckets were allocated before and are not in the curve; what each step
       allocates again is (gradients freed by zero_grad(set_to_none=True), FSDP2's gathered
@@ -366,8 +373,9 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
     """
     if memory_peaks.is_empty():
         return pl.DataFrame(schema=ACTIVATION_COLUMNS)
-    peaks = memory_peaks.select("run", "rank", "mem_device", "peak_allocated_bytes").cast(
-        {"run": pl.String, "rank": pl.Int32, "peak_allocated_bytes": pl.Int64})
+    floor = pl.col("floor_allocated_bytes") if "floor_allocated_bytes" in memory_peaks.columns else pl.lit(None)
+    peaks = memory_peaks.select("run", "rank", "mem_device", "peak_allocated_bytes", floor.alias("floor_bytes")).cast(
+        {"run": pl.String, "rank": pl.Int32, "peak_allocated_bytes": pl.Int64, "floor_bytes": pl.Int64})
     # A rank with a device curve: its cpu curve is host memory, not where the model lives.
     on_device = peaks.filter(pl.col("mem_device") != "cpu").select("run", "rank").unique()
     peaks = pl.concat([peaks.filter(pl.col("mem_device") != "cpu"),
@@ -376,10 +384,10 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
     on_host = {run for run, m in runs.items() if isinstance(m, dict) and state_on_host(m)}
     pred = {(r["run"], r["rank"]): r for r in memory.iter_rows(named=True)}
     rows = []
-    for run, rank, device, peak in peaks.sort("run", "rank", "mem_device").iter_rows():
+    for run, rank, device, peak, floor_bytes in peaks.sort("run", "rank", "mem_device").iter_rows():
         p = pred.get((run, rank))
         row = {"run": run, "rank": rank, "mem_device": device, "peak_allocated_bytes": peak, "persistent_bytes": None,
-               "footprint_bytes": None, "activation_bytes": None, "activation_pct": None, "basis": None, "note": None}
+               "other_bytes": None, "footprint_bytes": None, "activation_bytes": None, "activation_pct": None, "basis": None, "note": None}
         if p is None or peak is None or peak <= 0:
             row["note"] = ("no persistent-memory theory for this rank (no run.json dims): no activation share"
                            if p is None else "no allocation peak")
@@ -388,17 +396,24 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
         stashed = p.get("stashed_params_bytes") or 0  # pipedream's weight stashing, else 0
         persistent = p["params_bytes"] + p["grads_bytes"] + p["optimizer_bytes"] + stashed
         with_stash = " + stashed weights" if stashed else ""
-        if device != "cpu" and run in on_host:  # fsdp --offload: none of it is on the device
+        bucketed = paradigm.get(run) in BUCKETED_GRADS
+        offloaded = device != "cpu" and run in on_host  # fsdp --offload: none of the state is on the device
+        if offloaded:
             persistent = 0
-            row["basis"] = ("device counter (includes everything); persistent state in host memory (--offload): "
-                            "activation = peak (with the units' gathered parameters and gradients)")
-            transient, footprint = peak, peak
-        elif device != "cpu":
-            row["basis"] = ("device counter (includes everything): activation = peak − persistent "
-                            f"(params + grads + optimizer{with_stash})")
-            transient, footprint = peak - persistent, peak
+        if device != "cpu":
+            # The model's state held at the floor (between steps); the rest of the floor is other. pipedream's
+            # stashes count as held (its most at once): where fewer are, other is smaller and activations err high.
+            at_rest = 0 if offloaded else (p["params_at_rest_bytes"] + p["optimizer_bytes"]
+                                           + (p["grads_bytes"] if bucketed else 0) + stashed)
+            other = max(floor_bytes - at_rest, 0) if floor_bytes is not None else None
+            held = " − other (held all step: lowest level − model state at rest)" if other is not None else ""
+            row["basis"] = (("device counter (includes everything); persistent state in host memory (--offload): "
+                             f"activation = peak{held} (with the units' gathered parameters and gradients)") if offloaded
+                            else ("device counter (includes everything): activation = peak − persistent "
+                                  f"(params + grads + optimizer{with_stash}){held}"))
+            transient, footprint = peak - persistent - (other or 0), peak
         else:
-            bucketed = paradigm.get(run) in BUCKETED_GRADS
+            other = None
             again = (0 if bucketed else p["grads_bytes"]) + (p["params_bytes"] - p["params_at_rest_bytes"]) + stashed
             before = persistent - again
             row["basis"] = ("cpu counter (allocations since profiling started): activation = peak − per-step "
@@ -406,9 +421,11 @@ def activation_peak(memory_peaks: pl.DataFrame, memory: pl.DataFrame, runs: dict
                             "allocated before")
             transient, footprint = peak - again, peak + before
         if transient < 0:
-            row["note"] = f"peak below the persistent bytes it should hold ({-transient} B short): activation share 0"
+            held_all_step = " and what it holds all step" if other else ""
+            row["note"] = (f"peak below the persistent bytes{held_all_step} it should hold ({-transient} B short): "
+                           "activation share 0")
             transient = 0
-        row.update(persistent_bytes=persistent, footprint_bytes=footprint, activation_bytes=transient,
+        row.update(persistent_bytes=persistent, other_bytes=other, footprint_bytes=footprint, activation_bytes=transient,
                    activation_pct=100.0 * transient / footprint if footprint > 0 else None)
         row["note"] = "; ".join(x for x in (row["note"], _recompute_note(runs.get(run))) if x) or None
         rows.append(row)

@@ -28,8 +28,8 @@ from runners.entry import EXIT_USAGE, HANDED_OVER, hand_over
 from runners.launch import describe_failures, launch
 from runners.listing import cmd_list, find_runs
 from runners.options import RunOptions, add_run_arguments, options_from_namespace, options_to_argv
-from runners.paradigms import (DEFAULT_MODEL_CANDIDATES, PARADIGMS, check_flags, default_model, given_fields,
-                               gpu_only_reason, problem_with)
+from runners.paradigms import (DEFAULT_MODEL_CANDIDATES, PARADIGMS, PIPELINE_SCHEDULES, check_flags, default_model,
+                               given_fields, gpu_only_reason, problem_with)
 
 __all__ = ["describe_failures", "find_runs", "main"]
 
@@ -131,7 +131,32 @@ def _check_request(ns: argparse.Namespace) -> tuple[RunOptions, str, bool]:
         raise UsageError("--out is empty: give the folder that receives <run-id>/ (default traces)")
     _check_out(Path(opts.out), name)
     device = device or _pick_device(ns.device, ns.gpus)
+    import torch
+
+    if problem := v_schedule_problem(opts, device, torch.__version__):
+        raise UsageError(problem)
     return dataclasses.replace(opts, device=device), device, chosen
+
+
+def v_pipelines_on_gloo(torch_version: str) -> bool:
+    """Whether this torch ("2.11.0+cu130") runs V-shaped pipelines on gloo ranks: 2.13 and later (an
+    unreadable version is taken as able). tests/conftest.py skips the tests that launch them by it."""
+    major_minor = re.match(r"(\d+)\.(\d+)", torch_version)
+    return major_minor is None or tuple(map(int, major_minor.groups())) >= (2, 13)
+
+
+def v_schedule_problem(opts: RunOptions, device: str, torch_version: str) -> str | None:
+    """A V-shaped pipeline (zbv, dualpipev; hybrid --schedule either) on gloo ranks with torch before
+    2.13. The last rank holds two adjacent stages, and torch 2.11's pipelining warm-up sends between
+    them through the process group: to its own rank, which gloo refuses ("Pair is not connected";
+    seen on torch 2.11, the last rank's first step). Torch 2.13 runs them; NCCL takes the self-send."""
+    name = (opts.paradigm if opts.paradigm in PIPELINE_SCHEDULES
+            else opts.schedule if opts.paradigm == "hybrid" and (opts.pp or 1) > 1 else None)
+    if (device != "cpu" or name is None or PIPELINE_SCHEDULES[name].placement != "v"
+            or v_pipelines_on_gloo(torch_version)):
+        return None
+    return (f"{name} on gloo ranks needs torch 2.13 or later (this is {torch_version}): its pipelining "
+            "warm-up sends between the two stages of the last rank, which gloo refuses; upgrade torch or run on GPUs")
 
 
 _ADVICE = re.compile(r"[:;] use ")  # "...: use --gpus 2 or 4": a problem that names its own fix

@@ -110,7 +110,8 @@ def apply_ep(model: nn.Module, ctx: harness.Context) -> harness.Parallel:
                 p.grad.div_(world)
         probe.after_backward(model)
         routing_local.append(torch.stack([
-            torch.cat([m.tokens_per_expert, torch.tensor([m.dropped_tokens])]) for m in moe_layers.values()
+            torch.cat([m.tokens_per_expert, m.tokens_per_expert.new_tensor([m.dropped_tokens])])  # same device
+            for m in moe_layers.values()
         ]))
         return lm
 

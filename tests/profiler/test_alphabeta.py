@@ -106,7 +106,7 @@ def test_refuses_a_single_size_a_falling_slope_and_a_negative_alpha():
             + [("reduce_scatter", n, n / 10 - 50) for n in (1000, 2000, 3000)])
     fit = fit_alpha_beta(calls(rows), RANKS)
     notes = {r["collective"]: r for r in fit.iter_rows(named=True)}
-    assert "2 distinct sizes" in notes["broadcast"]["note"]
+    assert "fitting needs 2 sizes" in notes["broadcast"]["note"]
     assert "do not grow with size" in notes["all_to_all"]["note"]
     assert "α < 0" in notes["reduce_scatter"]["note"]
     assert fit["alpha_us"].is_null().all() and fit["beta_gbps"].is_null().all() and fit["r2"].is_null().all()

@@ -209,10 +209,21 @@ def test_impossible_options_are_refused(capsys, tmp_path, args, fragment):
 @pytest.mark.parametrize("manifest, fragment", [
     ("[1, 2]", "is a JSON list, not an object"),
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    ('{"pipeline": [1]}', "`pipeline` is a JSON list of 1, not an object"),
+    ('{"pipeline": [1]}', "`pipeline` is [1], not an object"),
+    ('{"pipeline": [' + "1, " * 30 + '1]}', "`pipeline` is a JSON list of 31, not an object"),
     ('{"ranks": 5}', "`ranks` is 5, not a list of objects"),
     ('{"world_size": "two"}', '`world_size` is "two"'),
-    ('{"ranks": [{"rank": 0, "memory": {"params_bytes": "big"}}]}', "`ranks[0].memory`"),
+    ('{"ranks": [{"rank": 0, "memory": {"params_bytes": "big"}}]}',
+     '`ranks[0].memory.params_bytes` is "big", not a byte count (a whole number ≥ 0) or null'),
+    ('{"ranks": [{"rank": 0, "memory": [5]}]}', "`ranks[0].memory` is [5], not an object of byte counts"),
+    # The per-GPU peaks are a list of byte counts (CUDA runs); anything else in it is refused,
+    # and a list is accepted for that field only.
+    ('{"ranks": [{"rank": 0, "memory": {"max_memory_allocated_by_gpu_bytes": [1, -2]}}]}',
+     "`ranks[0].memory.max_memory_allocated_by_gpu_bytes` is [1, -2], not a list of byte counts, one per GPU"),
+    ('{"ranks": [{"rank": 0, "memory": {"max_memory_allocated_by_gpu_bytes": [1, "x"]}}]}',
+     '`ranks[0].memory.max_memory_allocated_by_gpu_bytes` is [1, "x"]'),
+    ('{"ranks": [{"rank": 0, "memory": {"grads_bytes": -5}}]}', "`ranks[0].memory.grads_bytes` is -5, not a byte count"),
+    ('{"ranks": [{"rank": 0, "memory": {"params_bytes": [1]}}]}', "`ranks[0].memory.params_bytes` is [1], not a byte count"),
     ('{"pipeline": {"ideal_order": [[["F", 0]]]}}', "`pipeline.ideal_order`"),
 ])
 def test_damaged_run_json_is_refused(analyze, tmp_path, manifest, fragment):

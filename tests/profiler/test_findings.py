@@ -93,6 +93,14 @@ def test_exposed_comm_names_the_worst_rank_collective_and_phase():
     assert "forward_prefetch" in f["change"]
 
 
+def test_ranks_that_tie_name_the_lowest_and_say_they_are_alike():
+    # Two ranks with the same 20 %: neither is the worst (copies of one trace); rank 0 is named.
+    f = only(F.exposed_comm_rule(exposed_case(exposed_0=200.0, exposed_1=200.0)))
+    assert f["rank"] == 0 and "rank 0 (all 2 ranks alike)" in f["evidence"] and "worst" not in f["evidence"]
+    assert F.worst_of(pl.Series([5.0])) == "" and F.worst_of(pl.Series([5.0, 5.05, 5.0])) == " (all 3 ranks alike)"
+    assert F.worst_of(pl.Series([5.0, 6.0])) == " (the worst of 2)"
+
+
 def test_exposed_comm_on_one_rank_names_no_worst():
     e = exposed_case()
     e.breakdown = e.breakdown.filter(pl.col("rank") == 0)

@@ -38,6 +38,31 @@ def test_peaks_say_when():
     assert (rows["cpu"]["peak_allocated_bytes"], rows["cpu"]["peak_ts_us"]) == (64, 30.0)
 
 
+def test_the_floor_is_the_level_every_step_comes_back_down_to():
+    # cuda:0 starts at 0 (100 - 100) in step 1, but step 2 never goes below 200: the floor is 200.
+    rows = {r["mem_device"]: r for r in memory_peaks(memory_timeline(EVENTS)).iter_rows(named=True)}
+    assert (rows["cuda:0"]["floor_allocated_bytes"], rows["cpu"]["floor_allocated_bytes"]) == (200, 0)
+    # A device holding 64 MiB all along (cuBLAS's workspace) that frees 30 B first: the level before
+    # that free is no floor; the lowest level is after it.
+    base = 64 << 20
+    held = make_events([step(1, 0, 100), mem(10, -30, base + 970), mem(20, 500, base + 1470), mem(30, -600, base + 870)])
+    (row,) = memory_peaks(memory_timeline(held)).iter_rows(named=True)
+    assert (row["floor_allocated_bytes"], row["peak_allocated_bytes"]) == (base + 870, base + 1470)
+    # A first event that allocates: the level before it is the floor.
+    first = make_events([step(1, 0, 100), mem(10, 40, base + 40), mem(20, -10, base + 30)])
+    assert memory_peaks(memory_timeline(first))["floor_allocated_bytes"].to_list() == [base]
+    # One step's dip (DDP frees and remakes a 500 B bucket in step 2) is no floor: steps 1 and 3
+    # never go below base + 1000.
+    dip = make_events([step(1, 0, 100), step(2, 100, 100), step(3, 200, 100),
+                       mem(10, 300, base + 1300), mem(20, -300, base + 1000),
+                       mem(110, -500, base + 500), mem(120, 500, base + 1000), mem(130, 300, base + 1300),
+                       mem(210, -300, base + 1000)])
+    assert memory_peaks(memory_timeline(dip))["floor_allocated_bytes"].to_list() == [base + 1000]
+    # Events outside any step: the span's lowest level.
+    loose = make_events([mem(10, 300, base + 1300), mem(20, -300, base + 1000)])
+    assert memory_peaks(memory_timeline(loose))["floor_allocated_bytes"].to_list() == [base + 1000]
+
+
 def test_no_memory_events_is_an_empty_timeline():
     tl = memory_timeline(make_events([step(1, 0, 10)]))
     assert tl.is_empty() and "allocated_bytes" in tl.columns

@@ -118,6 +118,20 @@ def test_missing_rank_spans_are_counted_by_hand():
     assert line.startswith("run a: 2,048 of 4,096 ranks loaded") and "missing 1, 3, 5, 7, 9, 11 and 2,042 more spans:" in line
 
 
+def test_ranks_past_the_world_size_are_said():
+    # --rank-from-filename over 100 copies of a 2-rank job's trace: ranks 2-99 cannot be of that job.
+    from profiler.report import missing_rank_warnings
+
+    (line,) = missing_rank_warnings(pl.DataFrame({"run": "a", "rank": range(100), "world_size": 2}))
+    assert line.startswith("run a: 98 of the 100 ranks loaded (2-99) are at or past its traces' world size, 2:")
+    # Both at once: ranks 0 and 5 of a world of 4 (1-3 missing, 5 past it).
+    lines = missing_rank_warnings(pl.DataFrame({"run": "b", "rank": [0, 5], "world_size": 4}))
+    assert len(lines) == 2 and lines[0].startswith("run b: 1 of the 2 ranks loaded (5) are at or past its traces' world size, 4:")
+    assert lines[1].startswith("run b: 1 of 4 ranks loaded (its traces' world size); missing 1-3:")
+    assert not missing_rank_warnings(pl.DataFrame({"run": "c", "rank": [0, 1], "world_size": [None, None]},
+                                                  schema_overrides={"world_size": pl.Int64}))
+
+
 def test_a_run_without_the_chosen_step_is_left_out_not_a_crash():
     # --step S where run B has no step S: B keeps its ranks but has no breakdown row to compare.
     a = two_runs()

@@ -248,7 +248,8 @@ def test_the_memory_peak_is_timed_from_its_step(ddp):
                           "end_us": [T0 + 100_000.0, T0 + 200_000.0], "dur_us": [100_000.0] * 2, "has_profiler_steps": [True] * 2}
                          ).cast({"run": pl.Categorical, "rank": pl.Int32})
     peaks = pl.DataFrame({"run": [run], "rank": [0], "mem_device": ["cpu"], "peak_allocated_bytes": [1536 * 1024],
-                          "peak_ts_us": [T0 + 105_300.0], "peak_step": [3], "peak_reserved_bytes": [0], "n_events": [9]},
+                          "peak_ts_us": [T0 + 105_300.0], "peak_step": [3], "peak_reserved_bytes": [0], "n_events": [9],
+                          "floor_allocated_bytes": [0]},
                          schema=ddp.memory_peaks.schema)
     a = dataclasses.replace(ddp, steps=steps, memory_peaks=peaks)
     (line,) = [line for line in section(format_tables(a), "Memory peaks") if line.startswith("  cpu")]

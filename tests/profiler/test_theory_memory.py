@@ -227,6 +227,51 @@ def test_activation_peak_rules():
     assert by["foreign"]["activation_pct"] is None and "no persistent-memory theory" in by["foreign"]["note"]
 
 
+def test_activation_peak_leaves_out_what_a_device_holds_all_step():
+    # A device's counter also holds what is there all along besides the model: cuBLAS's workspaces
+    # (64 MiB on an H100), the batch. Its share is the floor less the model's state at rest then.
+    ws = 64 << 20
+    mem = pl.DataFrame({"run": ["ddp", "fsdp", "low", "off"], "rank": [0] * 4, "params_bytes": [100, 150, 100, 150],
+                        "params_at_rest_bytes": [100, 100, 100, 100], "grads_bytes": [100] * 4,
+                        "optimizer_bytes": [200] * 4})
+    peaks = pl.DataFrame({"run": ["ddp", "fsdp", "low", "off"], "rank": [0] * 4, "mem_device": ["cuda:0"] * 4,
+                          "peak_allocated_bytes": [ws + 1000, ws + 2000, 1000, ws + 4000],
+                          # ddp holds its gradient buckets at rest (100 + 100 + 200); fsdp's gradients
+                          # are freed by zero_grad (100 + 200); fsdp --offload holds none of its state.
+                          "floor_allocated_bytes": [ws + 400, ws + 300, 300, ws]})
+    runs = {"ddp": {"paradigm": "ddp"}, "fsdp": {"paradigm": "fsdp"}, "low": {"paradigm": "ddp"},
+            "off": {"paradigm": "fsdp", "offload": {"state_device": "cpu"}}}
+    by = {r["run"]: r for r in activation_peak(peaks, mem, runs).iter_rows(named=True)}
+    # ddp: (ws + 1000) - 400 persistent - ws other = 600, of the whole peak.
+    assert (by["ddp"]["other_bytes"], by["ddp"]["activation_bytes"]) == (ws, 600)
+    assert by["ddp"]["activation_pct"] == pytest.approx(100 * 600 / (ws + 1000))
+    # fsdp: persistent 150 + 100 + 200 = 450; other = (ws + 300) - 300 at rest = ws; 2000 - 450 = 1550.
+    assert (by["fsdp"]["persistent_bytes"], by["fsdp"]["other_bytes"], by["fsdp"]["activation_bytes"]) == (450, ws, 1550)
+    # A floor below the state at rest leaves nothing other, never a negative.
+    assert (by["low"]["other_bytes"], by["low"]["activation_bytes"]) == (0, 600)
+    # --offload: the floor is all other; the gathered units are in the 4000 above it.
+    assert (by["off"]["persistent_bytes"], by["off"]["other_bytes"], by["off"]["activation_bytes"]) == (0, ws, 4000)
+    assert all("lowest level" in r["basis"] for r in by.values())
+
+
+def test_ulysses_keeps_its_gradients_in_ddps_buckets_like_ddp():
+    # runners/ulysses.py wraps its model in DDP (gradient_as_bucket_view): its gradients are held
+    # at rest, in the floor on a device and never re-allocated on CPU. Same numbers, same answer as ddp.
+    ws = 64 << 20
+    mem = pl.DataFrame({"run": ["ddp", "ulysses", "ddp-cpu", "ulysses-cpu"], "rank": [0] * 4, "params_bytes": [100] * 4,
+                        "params_at_rest_bytes": [100] * 4, "grads_bytes": [100] * 4, "optimizer_bytes": [200] * 4})
+    peaks = pl.DataFrame({"run": ["ddp", "ulysses", "ddp-cpu", "ulysses-cpu"], "rank": [0] * 4,
+                          "mem_device": ["cuda:0", "cuda:0", "cpu", "cpu"], "peak_allocated_bytes": [ws + 1000, ws + 1000, 300, 300],
+                          "floor_allocated_bytes": [ws + 400, ws + 400, 0, 0]})
+    runs = {"ddp": {"paradigm": "ddp"}, "ulysses": {"paradigm": "ulysses"},
+            "ddp-cpu": {"paradigm": "ddp"}, "ulysses-cpu": {"paradigm": "ulysses"}}
+    by = {r["run"]: r for r in activation_peak(peaks, mem, runs).iter_rows(named=True)}
+    # Device: (ws + 1000) − 400 − ws = 600 (the gradients not subtracted twice: 500 before the fix).
+    assert by["ulysses"]["activation_bytes"] == by["ddp"]["activation_bytes"] == 600
+    # CPU: nothing is re-allocated each step: the whole 300 B peak (200 before the fix).
+    assert by["ulysses-cpu"]["activation_bytes"] == by["ddp-cpu"]["activation_bytes"] == 300
+
+
 def test_activation_peak_leaves_out_pipedreams_stashed_weights():
     # pipedream stage 0 holds 2 stashed copies of its 100 B of weights (predicted 200 B): persistent
     # on a device, and on CPU re-allocated by each profiled forward, so not activations in either.

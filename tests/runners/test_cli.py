@@ -91,9 +91,14 @@ def test_default_model_is_the_smallest_that_fits_every_pipeline():
             assert problem_with(RunOptions(paradigm=name, gpus=ranks, model=chosen)) is None
 
 
-def test_run_needs_only_gpus_and_steps(tmp_path):
+def test_run_needs_only_gpus_and_steps(tmp_path, monkeypatch):
     """Every paradigm is accepted with --gpus 2 (and 4) alone; any --steps >= 1 fits the profiler defaults."""
+    import torch
+
     from runners.cli import _check_request, build_parser
+
+    # As on a torch that runs every paradigm on gloo (V pipelines before 2.13: the test below).
+    monkeypatch.setattr(torch, "__version__", "2.13.0")
     from runners.paradigms import PARADIGMS
 
     def check(*args):
@@ -112,9 +117,36 @@ def test_run_needs_only_gpus_and_steps(tmp_path):
     assert opts.model == "small" and not chosen
 
 
-def test_every_paradigm_runs_on_8_ranks_with_only_gpus(tmp_path):
+def test_v_pipelines_on_gloo_need_torch_2_13():
+    # Seen on an H100 machine's torch 2.11 (gloo ranks, GPUs hidden): zbv and dualpipev failed in
+    # torch's pipelining warm-up, the last rank sending to itself ("Pair is not connected").
+    from runners.cli import v_schedule_problem
+    from runners.options import RunOptions
+
+    def problem(version, paradigm, device="cpu", **kw):
+        return v_schedule_problem(RunOptions(paradigm=paradigm, gpus=2, **kw), device, version)
+
+    line = problem("2.11.0+cu130", "zbv")
+    assert line == ("zbv on gloo ranks needs torch 2.13 or later (this is 2.11.0+cu130): its pipelining warm-up "
+                    "sends between the two stages of the last rank, which gloo refuses; upgrade torch or run on GPUs")
+    assert problem("2.12.1", "dualpipev").startswith("dualpipev on gloo ranks needs torch 2.13")
+    assert problem("2.6.0", "hybrid", pp=2, schedule="zbv").startswith("zbv on gloo")
+    # Allowed: torch 2.13 and later (2.13.0a0 dev builds too), NCCL, looped schedules, hybrid without a pipeline.
+    for version, paradigm, device, kw in [("2.13.0", "zbv", "cpu", {}), ("2.13.0a0+git1234", "dualpipev", "cpu", {}),
+                                          ("2.14.1", "zbv", "cpu", {}), ("2.11.0", "zbv", "cuda", {}),
+                                          ("2.11.0", "interleaved-1f1b", "cpu", {}), ("2.11.0", "1f1b", "cpu", {}),
+                                          ("2.11.0", "hybrid", "cpu", {"pp": 1, "schedule": "zbv"}),
+                                          ("2.11.0", "ddp", "cpu", {})]:
+        assert problem(version, paradigm, device, **kw) is None, (version, paradigm, device, kw)
+
+
+def test_every_paradigm_runs_on_8_ranks_with_only_gpus(tmp_path, monkeypatch):
     """At 8 ranks too: ep gets 8 experts (one per rank; the old default 4 did not split over 8)."""
+    import torch
+
     from runners.cli import UsageError, _check_request, build_parser
+
+    monkeypatch.setattr(torch, "__version__", "2.13.0")  # as above
     from runners.paradigms import PARADIGMS
 
     def check(*args):
