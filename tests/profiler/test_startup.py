@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -184,7 +185,12 @@ def test_close_stops_early_workers_no_map_took(tmp_path):
 
 def _environ(pid: int) -> dict[str, str]:
     """The environment a process was started with."""
-    return dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+    # Popen returns once exec closed the child's error pipe, which the kernel does before it
+    # lays out the new stack: for a moment /proc/PID/environ still reads empty (CI saw `{}`).
+    deadline = time.monotonic() + 10
+    while not (text := Path(f"/proc/{pid}/environ").read_text()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return dict(kv.split("=", 1) for kv in text.split("\0") if "=" in kv)
 
 
 def _early_worker_envs() -> list[dict[str, str]]:
@@ -305,6 +311,7 @@ def test_ctrl_c_while_popen_waits_for_the_exec_loses_no_worker(tmp_path, monkeyp
 def test_import_profiler_is_light_and_collectives_stays_the_function():
     code = """
 import sys
+import time
 import profiler, profiler.cli, profiler.pool, profiler.cache
 print(sorted(m for m in ("polars", "numpy") if m in sys.modules))
 import profiler.collectives            # binds the submodule on the package: the name stays the function
