@@ -63,6 +63,12 @@ def worst_of(shares: pl.Series) -> str:
             else f" (the worst of {shares.len():,})")
 
 
+def _pipeline_run(a: "Analysis", run: str) -> bool:
+    """Whether `run` has pipeline action spans (`ptprof/pp/...`): its sends and receives are stage transfers."""
+    actions = getattr(a, "pipeline_actions", None)
+    return actions is not None and actions.height > 0 and (actions["run"].cast(pl.String) == run).any()
+
+
 def exposed_comm_rule(a: "Analysis") -> list[Row]:
     """Communication with no compute under it, as a share of the step, and its main collective and phase."""
     b = _str_run(a.breakdown)
@@ -86,6 +92,7 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                 f"({ms(exp_us)} of {ms(win_us)} over {steps_text(step_list)})")
         evidence = f"run {run}, rank {rank}" + worst_of(rb["share_pct"]) + f", {steps_text(step_list)}"
         kind, phase, once = None, None, False
+        pipeline = _pipeline_run(a, run)
         if exposed is not None and not exposed.is_empty():
             by = (exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank))
                   .group_by("collective", "phase").agg(pl.col("exposed_us", "comm_us", "calls").sum())
@@ -93,7 +100,7 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
             if by.height and by["exposed_us"][0] > 0:
                 kind, phase, top_us, comm_us, calls = by.row(0)
                 top_pct = 100 * top_us / exp_us
-                text += (f"; {'most of it' if top_pct >= 50 else 'the largest part'} is {kind} {phase_text(phase)}: "
+                text += (f"; {'most of it' if top_pct >= 50 else 'the largest part'} is {kind} {phase_text(phase, kind, pipeline)}: "
                          f"{ms(top_us)}, {pct(top_pct)} of the exposed time, in {calls:,} calls")
                 # A collective in fewer profiled steps than the rank ran is no per-step cost (DDP's bucket
                 # rebuild broadcasts once, in step 1): say where it happened, never "every step".
@@ -105,7 +112,9 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                     text += f", only in {steps_text(seen)} of {steps_text(step_list)}"
                 evidence += "; exposed by collective: " + ", ".join(
                     # c sums the calls' durations: overlapping calls count each, so it is no wall time
-                    f"{k} {phase_text(p)} {ms(e)} of {ms(c)} summed call time" for k, p, e, c, _ in by.head(3).iter_rows())
+                    # and may exceed the window: said as a sum over the calls, never beside the window.
+                    f"{k} {phase_text(p, k, pipeline)} {ms(e)} exposed of {ms(c)} summed over its calls"
+                    for k, p, e, c, _ in by.head(3).iter_rows())
         paradigm = manifest_field((getattr(a, "runs", None) or {}).get(run), "paradigm")
         change = collective_change(kind, phase, paradigm)
         if kind is not None and once:

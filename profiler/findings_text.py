@@ -49,9 +49,13 @@ def steps_text(steps: list) -> str:
     return f"steps {', '.join(map(str, steps))}"
 
 
-def phase_text(phase: str | None) -> str:
-    """`in forward`, or `(phase unknown)` where the collective's phase is not known."""
-    return f"in {phase}" if phase else "(phase unknown)"
+def phase_text(phase: str | None, kind: str | None = None, pipeline: bool = False) -> str:
+    """`in forward`, or where the collective's phase is not known: for a send or receive of a
+    pipeline run (its transfers sit between the action spans, none holds them) `between pipeline
+    actions`, else `(phase unknown)`."""
+    if phase:
+        return f"in {phase}"
+    return "between pipeline actions" if pipeline and kind in ("send", "recv", "send_recv") else "(phase unknown)"
 
 
 # What to try, by (collective, phase); phase None matches any phase.

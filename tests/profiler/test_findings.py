@@ -89,7 +89,7 @@ def test_exposed_comm_names_the_worst_rank_collective_and_phase():
     assert "most of it is all_gather in forward: 150 µs, 75.0 % of the exposed time, in 3 calls" in f["text"]
     assert "rank 0 (the worst of 2)" in f["evidence"]
     # comm_us sums the calls' durations (overlapping calls each count): not a wall time
-    assert "reduce_scatter in backward 50.0 µs of 100 µs summed call time" in f["evidence"]
+    assert "reduce_scatter in backward 50.0 µs exposed of 100 µs summed over its calls" in f["evidence"]
     assert "forward_prefetch" in f["change"]
 
 
@@ -111,6 +111,22 @@ def test_exposed_comm_on_one_rank_names_no_worst():
 def test_exposed_comm_without_a_phase_says_so():
     f = only(F.exposed_comm_rule(exposed_case(phase=None)))
     assert "all_gather (phase unknown)" in f["text"]
+
+
+def test_a_pipeline_runs_transfers_are_between_its_actions_not_of_unknown_phase():
+    # Sends and receives of a run with pipeline action spans sit between those spans: no phase,
+    # but they are known stage transfers. The same rows in a run without actions stay unknown.
+    e = exposed_case(phase=None)
+    e.exposed = e.exposed.with_columns(collective=pl.Series(["recv", "send"]), phase=pl.lit(None, pl.String))
+    plain = only(F.exposed_comm_rule(e))
+    assert "recv (phase unknown): 150 µs" in plain["text"] and "send (phase unknown) 50.0 µs" in plain["evidence"]
+    e.pipeline_actions = frame([{"run": "A", "rank": 0, "step": 1, "action": "F", "stage": 0, "microbatch": 0}],
+                               ACTION_COLUMNS | {"run": pl.String})
+    f = only(F.exposed_comm_rule(e))
+    assert "most of it is recv between pipeline actions: 150 µs" in f["text"] and "unknown" not in f["text"] + f["evidence"]
+    assert "send between pipeline actions 50.0 µs exposed" in f["evidence"] and "more microbatches" in f["change"]
+    e.pipeline_actions = e.pipeline_actions.with_columns(run=pl.lit("B"))  # another run's actions say nothing of A
+    assert "recv (phase unknown)" in only(F.exposed_comm_rule(e))["text"]
 
 
 def test_all_to_all_advice_is_moe_only_for_an_expert_parallel_run():
