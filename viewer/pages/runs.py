@@ -7,6 +7,8 @@ finish, with a progress line, until none is left.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dash
 from dash import Input, Output, State, callback, ctx, dash_table, dcc, html
 
@@ -23,6 +25,13 @@ COLUMN_NAMES = {
     "peak_mib": "peak MiB (max rank)", "peak_mib_per_rank": "peak MiB per rank", "status": "status",
 }
 NUMERIC = {"ranks", "steps", "step_ms", "exposed_comm_pct", "overlap_pct", "bubble_pct", "peak_mib"}
+# A run name or status is read in full: those two columns wrap (long paths break anywhere) instead
+# of ending in an ellipsis, which hid what tells two runs apart (a name's end, `...-run-0042`) and
+# what went wrong (the file name and the error after a path). A status cut past STATUS_CELL_CHARS
+# keeps rows a few lines high (a run skipping 1,000 files), the whole text in its tooltip.
+WRAPPED = {"run": "300px", "status": "360px"}  # column -> min width, so wrapping never squeezes it narrow
+STATUS_CELL_CHARS = 200
+STATUS_TIP_CHARS = 800
 
 
 def layout(**_query):
@@ -53,6 +62,10 @@ def layout(**_query):
             style_table={"overflowX": "auto"},
             style_cell={"fontFamily": FONT, "fontSize": "0.85rem", "padding": "3px 6px", "textAlign": "left",
                         "maxWidth": "380px", "overflow": "hidden", "textOverflow": "ellipsis"},
+            style_cell_conditional=[
+                {"if": {"column_id": c}, "minWidth": w, "whiteSpace": "normal", "height": "auto", "overflowWrap": "anywhere"}
+                for c, w in WRAPPED.items()
+            ],
             style_header={"fontWeight": "600", "backgroundColor": "#f3f4f6"},
             style_data_conditional=[
                 {"if": {"filter_query": '{status} != "ok"', "column_id": "status"}, "color": "#b91c1c"},
@@ -83,8 +96,44 @@ def runs_table_rows(store: RunStore) -> tuple[list[dict], list[str]]:
             row = manifest_row(r, None, str(e))
         except Exception as e:  # noqa: BLE001 -- one odd folder shows its error in its row, never a 500
             row = manifest_row(r, None, f"{type(e).__name__}: {e}")
+        row["status"] = relative_paths(row["status"], store.root / r)
         rows.append({**row, "id": r})
     return rows, pending
+
+
+def relative_paths(text: str | None, folder: Path) -> str | None:
+    """`text` with the run folder's own path dropped from the paths in it: errors name files by
+    their absolute server path, and `/data/traces/run/rank1.json: not valid JSON` reads as
+    `rank1.json: not valid JSON` (the file and the problem first, the root not shown)."""
+    if not text:
+        return text
+    try:
+        folders = {str(folder), str(folder.resolve())}
+    except (OSError, RuntimeError):  # a link loop: leave the text as it is
+        folders = {str(folder)}
+    for f in sorted(folders, key=len, reverse=True):
+        text = text.replace(f.rstrip("/") + "/", "")
+    return text
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def table_cells(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(data, tooltip_data) of the table for runs_table_rows' rows: a status longer than
+    STATUS_CELL_CHARS cut in its cell, whole (up to STATUS_TIP_CHARS) in its tooltip; no tooltip
+    where the cell already shows all."""
+    data, tips = [], []
+    for r in rows:
+        status = r["status"]
+        if isinstance(status, str) and len(status) > STATUS_CELL_CHARS:
+            data.append({**r, "status": _cut(status, STATUS_CELL_CHARS)})
+            tips.append({"status": {"value": _cut(status, STATUS_TIP_CHARS), "type": "text"}})
+        else:
+            data.append(r)
+            tips.append({})
+    return data, tips
 
 
 def progress_line(rows: list[dict], pending: list[str]) -> str:
@@ -119,8 +168,8 @@ def fill_table(_clicks, _ticks, shown):
         # Nothing finished since the last poll: leave the table alone (re-rendering it would
         # flicker and could swallow a click on a row).
         return dash.no_update, dash.no_update, dash.no_update, False, dash.no_update
-    tips = [{"status": {"value": str(r["status"]), "type": "text"}} for r in rows]
-    return rows, tips, progress_line(rows, pending), not pending, state
+    data, tips = table_cells(rows)
+    return data, tips, progress_line(rows, pending), not pending, state
 
 
 @callback(Output(ids.RUNS_COMPARE_LINK, "href"), Output(ids.RUNS_COMPARE_LINK, "className"), Output(ids.RUNS_HINT, "children"),

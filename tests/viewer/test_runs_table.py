@@ -1,0 +1,65 @@
+"""The Runs table shows what identifies a run and its problem: long run names and statuses wrap
+instead of ending in an ellipsis, paths in a status are relative to the run's folder (the file
+name first, not the server's traces root), and a very long status is cut in its cell with the
+whole text in its tooltip, so no row grows huge."""
+
+from __future__ import annotations
+
+import shutil
+
+from dash import dash_table
+
+from viewer import data
+
+BAD_FILE = "rank1-worker-host-a100-node-07.1717171717171.pt.trace.json"
+
+
+def _table(component) -> dash_table.DataTable | None:
+    if isinstance(component, dash_table.DataTable):
+        return component
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, list) else [children]:
+        if child is not None and not isinstance(child, str) and (found := _table(child)) is not None:
+            return found
+    return None
+
+
+def test_run_and_status_columns_wrap_instead_of_hiding_their_end(pages):
+    table = _table(pages.runs.layout())
+    wrapped = {s["if"]["column_id"]: s for s in getattr(table, "style_cell_conditional", None) or [] if "column_id" in s.get("if", {})}
+    for column in ("run", "status"):
+        style = {**table.style_cell, **wrapped.get(column, {})}
+        assert style.get("whiteSpace") == "normal" and style.get("height") == "auto", (column, style)
+        assert style.get("overflowWrap") == "anywhere", (column, style)  # a path with no spaces breaks too
+
+
+def test_a_broken_trace_reads_file_name_first(tmp_path, traces_root, pages):
+    broken = tmp_path / "broken-run"
+    broken.mkdir()
+    shutil.copy(traces_root / "sample-ddp-2r" / "run.json", broken / "run.json")
+    (broken / BAD_FILE).write_text('{"traceEvents": [')  # truncated JSON
+    store = data.RunStore(tmp_path)
+    _, pending = pages.runs.runs_table_rows(store)
+    store.load_in_background(pending)
+    assert store.wait_idle(timeout=300)
+    rows = {r["run"]: r for r in pages.runs.runs_table_rows(store)[0]}
+    status = rows["broken-run"]["status"]
+    assert status.startswith(BAD_FILE) and "JSON" in status, status
+    assert str(tmp_path) not in status
+    shown, tips = pages.runs.table_cells(list(rows.values()))
+    assert (shown, tips) == ([rows["broken-run"]], [{}])  # short enough: all of it in the cell, no tooltip
+
+
+def test_a_long_status_is_cut_in_its_cell_and_whole_in_its_tooltip(pages):
+    runs = pages.runs
+    problems = "; ".join(f"rank{i}-worker.pt.trace.json: rank {i}: not valid JSON (truncated?)" for i in range(1000))
+    status = f"1000 file(s) skipped: {problems}"
+    rows = [{"run": "many", "status": status, "id": "many"}, {"run": "fine", "status": "ok", "id": "fine"},
+            {"run": "new", "status": None, "id": "new"}]
+    shown, tips = runs.table_cells(rows)
+    assert len(shown[0]["status"]) <= runs.STATUS_CELL_CHARS and shown[0]["status"].endswith("…")
+    assert shown[0]["status"].startswith("1000 file(s) skipped: rank0-worker.pt.trace.json: rank 0: not valid JSON")
+    tip = tips[0]["status"]["value"]
+    assert tip.startswith(status[:runs.STATUS_CELL_CHARS]) and len(tip) <= runs.STATUS_TIP_CHARS
+    assert shown[1:] == rows[1:] and tips[1:] == [{}, {}]
+    assert rows[0]["status"] == status  # the rows themselves are left whole
