@@ -34,7 +34,8 @@ FINDING_COLUMNS = {
 from profiler.findings_base import (  # noqa: F401  (thresholds re-exported: docs/findings.md names them here)
     ACTIVATION_MIN_PCT, ALPHA_MIN_SHARE_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT, IDLE_MIN_PCT,
     FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_COMPARISON_FINDINGS, MAX_FINDINGS, MEMORY_SAVING_MIN_PCT,
-    SKEW_MIN_PCT, STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, VOLUME_MIN_PCT, Row, _finite, _row, _runs, _step_us, _str_run)
+    SKEW_MIN_PCT, STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, VOLUME_MIN_PCT, Row, _finite, _pipeline_run, _row, _runs, _step_us,
+    _str_run)
 from profiler.findings_memory import activation_memory_rule, persistent_memory_rule  # noqa: F401
 from profiler.findings_recompute import recompute_comparison_rule, recompute_rule  # noqa: F401
 from profiler.findings_compare import comparison_rule  # noqa: F401
@@ -61,12 +62,6 @@ def worst_of(shares: pl.Series) -> str:
         return ""
     return (f" (all {shares.len():,} ranks alike)" if shares.max() - shares.min() < 0.1
             else f" (the worst of {shares.len():,})")
-
-
-def _pipeline_run(a: "Analysis", run: str) -> bool:
-    """Whether `run` has pipeline action spans (`ptprof/pp/...`): its sends and receives are stage transfers."""
-    actions = getattr(a, "pipeline_actions", None)
-    return actions is not None and actions.height > 0 and (actions["run"].cast(pl.String) == run).any()
 
 
 def exposed_comm_rule(a: "Analysis") -> list[Row]:
@@ -118,7 +113,7 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
         paradigm = manifest_field((getattr(a, "runs", None) or {}).get(run), "paradigm")
         change = collective_change(kind, phase, paradigm)
         if kind is not None and once:
-            change = one_time_change(kind, phase)
+            change = one_time_change(kind, phase, pipeline)
         out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, change))
     return out
 

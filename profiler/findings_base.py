@@ -48,6 +48,12 @@ def _runs(a: "Analysis") -> list[str]:
     return a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
 
 
+def _pipeline_run(a: "Analysis", run: str) -> bool:
+    """Whether `run` has pipeline action spans (`ptprof/pp/...`): its sends and receives are stage transfers."""
+    actions = getattr(a, "pipeline_actions", None)
+    return actions is not None and actions.height > 0 and (actions["run"].cast(pl.String) == run).any()
+
+
 def _str_run(frame: pl.DataFrame | None) -> pl.DataFrame | None:
     if frame is None or "run" not in frame.columns:
         return frame

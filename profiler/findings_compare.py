@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from profiler.discover import manifest_field
-from profiler.findings_base import COMPARE_MIN_PCT, MAX_COMPARISON_FINDINGS, Row, _finite, _row, _runs, _str_run
+from profiler.findings_base import (COMPARE_MIN_PCT, MAX_COMPARISON_FINDINGS, Row, _finite, _pipeline_run, _row, _runs,
+                                    _str_run)
 from profiler.findings_text import collective_change, ms, num, pct, phase_text
 
 if TYPE_CHECKING:
@@ -79,8 +80,9 @@ def _step_parts(a: "Analysis", run: str) -> tuple[float, dict[str, float]] | Non
     by_coll: dict[str, float] = {}
     if exposed is not None and exposed.height:
         e = exposed.join(b.select("run", pl.col("rank").cast(exposed.schema["rank"]), "step"), on=["run", "rank", "step"], how="semi")
+        pipeline = _pipeline_run(a, run)
         for kind, phase, us in e.group_by("collective", "phase").agg(pl.col("exposed_us").sum()).iter_rows():
-            by_coll[f"{kind} exposed {phase_text(phase)}"] = us / n
+            by_coll[f"{kind} exposed {phase_text(phase, kind, pipeline)}"] = us / n
     if by_coll:
         parts |= by_coll
         exp_total = sum(by_coll.values())
@@ -99,6 +101,6 @@ def _cause_change(cause: str, paradigm: str | None = None) -> str:
     if cause == "idle":
         return "idle time: waits on other ranks, the host or data loading; see the straggler and pipeline findings"
     if " exposed " in cause:
-        kind, phase = cause.split(" exposed ", 1)
-        return collective_change(kind, None if phase == "(phase unknown)" else phase.removeprefix("in "), paradigm)
+        kind, where = cause.split(" exposed ", 1)  # phase_text's words: "in forward", or no phase known
+        return collective_change(kind, where.removeprefix("in ") if where.startswith("in ") else None, paradigm)
     return "memory copies and unclassified kernels: pinned memory, fewer host-device transfers"

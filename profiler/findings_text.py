@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from profiler.collectives import POINT_TO_POINT
+
 
 def num(x: float) -> str:
     """x to 3 significant digits, without exponent: 0.0123, 1.23, 12.3, 123, 1235."""
@@ -55,7 +57,7 @@ def phase_text(phase: str | None, kind: str | None = None, pipeline: bool = Fals
     actions`, else `(phase unknown)`."""
     if phase:
         return f"in {phase}"
-    return "between pipeline actions" if pipeline and kind in ("send", "recv", "send_recv") else "(phase unknown)"
+    return "between pipeline actions" if pipeline and kind in POINT_TO_POINT else "(phase unknown)"
 
 
 # What to try, by (collective, phase); phase None matches any phase.
@@ -102,9 +104,9 @@ RECOMPUTE_CHANGE = ("these are the recomputed forward's collectives (--recompute
                     "or drop --recompute where activation memory allows")
 
 
-def one_time_change(kind: str, phase: str | None) -> str:
+def one_time_change(kind: str, phase: str | None, pipeline: bool = False) -> str:
     """The change for exposed communication seen in only some profiled steps: a one-time cost."""
-    return (f"this {kind} {phase_text(phase)} is no per-step cost: it ran in some profiled steps only (DDP rebuilds its "
+    return (f"this {kind} {phase_text(phase, kind, pipeline)} is no per-step cost: it ran in some profiled steps only (DDP rebuilds its "
             "buckets and broadcasts their order once, in step 1: docs/theory.md); it fades in a long run, so profile "
             "later steps (ptprof run --warmup 2 or more) to see the steady state before acting on it")
 

@@ -112,7 +112,16 @@ def truncate(text: str, n: int, *, tail: bool = False) -> str:
         return text
     if n <= 1:
         return "…"[:n]
-    return "…" + text[-(n - 1):] if tail else text[:n - 1] + "…"
+    if not tail:
+        return text[:n - 1] + "…"
+    kept = text[-(n - 1):]
+    # A path cut at its start restarts at a separator ("…/traces/x.json", not "…aces/x.json"),
+    # where a name follows it and at least half of what fits is left: a long folder name cut
+    # short stays rather than leave "…/x.json", and a folder's "…/ (2 files)" never loses its name.
+    sep = kept.find("/")
+    if sep > 0 and kept[sep + 1:sep + 2].strip() and len(kept) - sep >= (n - 1) // 2:
+        kept = kept[sep:]
+    return "…" + kept
 
 
 def table(header: list[str], rows: list[list[str]], align: str, *, shrink: int | tuple[int, ...] | None = 0,
@@ -129,6 +138,7 @@ def table(header: list[str], rows: list[list[str]], align: str, *, shrink: int |
             widths[col] = max(min(len(cells[0][col]), widths[col]), floor, widths[col] - over)
             cells = [[truncate(c, widths[col], tail=tail) if i == col else c for i, c in enumerate(r)]
                      for r in cells]
+            widths[col] = max(len(r[col]) for r in cells)  # a path cut at a separator is shorter
     lines = []
     for k, row in enumerate(cells):
         parts = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)]

@@ -183,12 +183,14 @@ def test_close_stops_early_workers_no_map_took(tmp_path):
     assert engine._early == []  # (prescan: tests/profiler/test_prescan.py)
 
 
-def _environ(pid: int) -> dict[str, str]:
-    """The environment a process was started with."""
+def _environ(proc: subprocess.Popen) -> dict[str, str]:
+    """The environment a running process was started with."""
     # Popen returns once exec closed the child's error pipe, which the kernel does before it
     # lays out the new stack: for a moment /proc/PID/environ still reads empty (CI saw `{}`).
+    # A process that has exited reads empty too: that is said, not waited on.
     deadline = time.monotonic() + 10
-    while not (text := Path(f"/proc/{pid}/environ").read_text()) and time.monotonic() < deadline:
+    while not (text := Path(f"/proc/{proc.pid}/environ").read_text()) and time.monotonic() < deadline:
+        assert proc.poll() is None, f"worker {proc.pid} exited with {proc.returncode}"
         time.sleep(0.01)
     return dict(kv.split("=", 1) for kv in text.split("\0") if "=" in kv)
 
@@ -198,7 +200,7 @@ def _early_worker_envs() -> list[dict[str, str]]:
     engine = LocalEngine(2)
     try:
         engine.start_early(["rank0.json", "rank1.json"])  # two files to analyse: two workers
-        return [_environ(w.proc.pid) for w in engine._early]
+        return [_environ(w.proc) for w in engine._early]
     finally:
         engine.close()
 
@@ -311,7 +313,6 @@ def test_ctrl_c_while_popen_waits_for_the_exec_loses_no_worker(tmp_path, monkeyp
 def test_import_profiler_is_light_and_collectives_stays_the_function():
     code = """
 import sys
-import time
 import profiler, profiler.cli, profiler.pool, profiler.cache
 print(sorted(m for m in ("polars", "numpy") if m in sys.modules))
 import profiler.collectives            # binds the submodule on the package: the name stays the function

@@ -14,6 +14,7 @@ from profiler.memory import CURVE_COLUMNS, memory_curve
 from profiler.text import (
     WIDTH, collapse, fmt_bw, fmt_bytes, fmt_pct, fmt_since, fmt_time, format_tables, sig3, sparkline,
 )
+from profiler.textfmt import table, truncate
 from profiler.theory import CHECK_COLUMNS
 from tests.conftest import REPO, SHARED_TRACES
 
@@ -113,6 +114,24 @@ def four_ranks(a):
     stats = a.step_stats.row(0, named=True)
     step_stats = pl.DataFrame([{**stats, "rank": r} for r in range(4)], schema=a.step_stats.schema)
     return dataclasses.replace(a, breakdown=breakdown, step_stats=step_stats)
+
+
+def test_a_path_cut_at_its_start_restarts_at_a_separator():
+    # The Runs table's traces column keeps a path's end; it was cut mid-name ("…ed/traces/...").
+    path = "/work/shared/traces/single/v100_nccl_memory_rank1.json.gz"  # 57 characters
+    assert truncate(path, 40, tail=True) == "…/single/v100_nccl_memory_rank1.json.gz"  # 39: "…aces" dropped
+    assert truncate(path, 57, tail=True) == path and truncate(path, 56, tail=True).startswith("…/")
+    # Never down to a bare separator: a folder's "(N files)" or a short tail keeps the cut name.
+    folder = "/data/traces/gpu_nccl_2_of_128/ (2 files)"
+    assert truncate(folder, 20, tail=True) == "…2_of_128/ (2 files)"  # not "…/ (2 files)"
+    assert truncate(folder, 31, tail=True) == "…/gpu_nccl_2_of_128/ (2 files)"  # 30: "…traces" dropped
+    assert truncate("/a/bb/x.json", 9, tail=True) == "…/x.json"  # a fragment "b" dropped
+    # "…/x.json" would drop most of what fits (a long folder name): the cut name stays.
+    assert truncate("/data/a_very_long_folder_name/x.json", 20, tail=True) == "…_folder_name/x.json"
+    assert truncate("abcdefghijk", 5, tail=True) == "…hijk" and truncate("abcdefghijk", 5) == "abcd…"
+    lines = table(["run", "traces"], [["a", path]], "ll", shrink=1, tail=True, width=44)
+    assert lines[2] == "  a    …/v100_nccl_memory_rank1.json.gz"  # 37 fit: "…ngle" dropped
+    assert len(lines[1]) == len(lines[2])  # the rule under the header is as wide as the cut column
 
 
 def test_the_collapsed_table_names_the_worst_rank(ddp):

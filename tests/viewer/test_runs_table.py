@@ -6,6 +6,7 @@ whole text in its tooltip, so no row grows huge."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from dash import dash_table
 
@@ -63,3 +64,12 @@ def test_a_long_status_is_cut_in_its_cell_and_whole_in_its_tooltip(pages):
     assert tip.startswith(status[:runs.STATUS_CELL_CHARS]) and len(tip) <= runs.STATUS_TIP_CHARS
     assert shown[1:] == rows[1:] and tips[1:] == [{}, {}]
     assert rows[0]["status"] == status  # the rows themselves are left whole
+
+
+def test_only_paths_that_start_with_the_run_folder_are_shortened(pages):
+    rel = pages.runs.relative_paths
+    folder = Path("/x/run")
+    assert rel("/x/run/a.json: bad; 2 skipped: '/x/run/b.json' (/x/run/c.json)", folder) == "a.json: bad; 2 skipped: 'b.json' (c.json)"
+    assert rel("/backup/x/run/a.json: bad", folder) == "/backup/x/run/a.json: bad"  # another path that holds it
+    assert rel("/x/run2/a.json: bad", folder) == "/x/run2/a.json: bad"  # a sibling folder
+    assert rel("no traces in /x/run", folder) == "no traces in /x/run" and rel(None, folder) is None

@@ -7,6 +7,7 @@ finish, with a progress line, until none is left.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import dash
@@ -104,7 +105,8 @@ def runs_table_rows(store: RunStore) -> tuple[list[dict], list[str]]:
 def relative_paths(text: str | None, folder: Path) -> str | None:
     """`text` with the run folder's own path dropped from the paths in it: errors name files by
     their absolute server path, and `/data/traces/run/rank1.json: not valid JSON` reads as
-    `rank1.json: not valid JSON` (the file and the problem first, the root not shown)."""
+    `rank1.json: not valid JSON` (the file and the problem first). The folder itself, named
+    without a file after it, stays as it is."""
     if not text:
         return text
     try:
@@ -112,7 +114,9 @@ def relative_paths(text: str | None, folder: Path) -> str | None:
     except (OSError, RuntimeError):  # a link loop: leave the text as it is
         folders = {str(folder)}
     for f in sorted(folders, key=len, reverse=True):
-        text = text.replace(f.rstrip("/") + "/", "")
+        # Only where a path starts (the text's start, after a space, quote or bracket): the same
+        # characters inside another path (/backup/x/run/a.json) are left alone.
+        text = re.sub(r"(?<![^\s'\"(\[])" + re.escape(f.rstrip("/") + "/"), "", text)
     return text
 
 
