@@ -751,3 +751,15 @@ def test_missing_or_impossible_numbers_give_no_finding(bad):
                                      pl.col("^.*_bytes$").cast(pl.Int64) * pl.lit(None, pl.Int64))
                       if isinstance(v, pl.DataFrame) else v) for k, v in vars(case).items()}
         assert findings(SimpleNamespace(**spoilt)).is_empty(), case
+
+
+def test_pipeline_transfers_keep_their_words_in_the_one_time_change_and_in_comparisons():
+    from profiler.findings_compare import _cause_change
+    from profiler.findings_text import one_time_change
+
+    assert "this send between pipeline actions is no per-step cost" in one_time_change("send", None, pipeline=True)
+    assert "this send (phase unknown) is no per-step cost" in one_time_change("send", None)
+    # A comparison's cause is phase_text's words: any but "in <phase>" is no phase, and the change is the kind's.
+    for where in ("between pipeline actions", "(phase unknown)"):
+        assert "more microbatches" in _cause_change(f"recv exposed {where}", "1f1b")
+    assert "forward_prefetch" in _cause_change("all_gather exposed in forward", "fsdp")
