@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                "Parsed traces are cached under $PTPROF_CACHE_DIR (default ~/.cache/ptprof).",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace files or run folders")
-    p.add_argument("--json", metavar="FILE", help="write the JSON report (schema ptprof.report/1, docs/report.md) here")
+    p.add_argument("--json", metavar="FILE", help="write the JSON report (schema ptprof.report/1, docs/report.md) here; "
+                                                  "- for standard output (then no tables)")
     p.add_argument("--rank", type=_whole_number(0, MAX_RANK), metavar="R", help="analyze only rank R")
     p.add_argument("--step", type=_whole_number(-1, 2**63 - 1), metavar="S",
                    help="analyze only ProfilerStep#S (-1: the single window of a trace without steps)")
@@ -111,9 +112,12 @@ def _print_table(text: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.json and not Path(args.json).resolve().parent.is_dir():  # before the work, not after it
+    to_stdout = args.json == "-"
+    if to_stdout:  # stdout carries the JSON alone: no tables; notes and warnings on stderr, as with --quiet
+        args.quiet = True
+    if args.json and not to_stdout and not Path(args.json).resolve().parent.is_dir():  # before the work, not after it
         raise TraceError(Path(args.json), "--json: its folder does not exist")
-    if args.json and Path(args.json).is_dir():
+    if args.json and not to_stdout and Path(args.json).is_dir():
         raise TraceError(Path(args.json), "--json: this is a folder; name the report file (e.g. report.json)")
     if args.cluster is not None and args.workers:
         raise TraceError(None, "--workers counts local worker processes; with --cluster the cluster's workers do the work "
@@ -171,7 +175,11 @@ def _run(args: argparse.Namespace) -> int:
             _print_line(f"ptprof analyze: note: {note}", sys.stderr)
     for problem in traces.problems:
         _print_line(f"ptprof analyze: skipped {problem}", sys.stderr)
-    if args.json:
+    if to_stdout:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(jsonfile.dumps(report) + b"\n")
+        sys.stdout.flush()
+    elif args.json:
         try:
             Path(args.json).write_bytes(jsonfile.dumps(report))
         except OSError as e:

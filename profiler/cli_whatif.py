@@ -64,7 +64,8 @@ def build_project_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", metavar="SPEC",
                    help="dp=..,tp=..,pp=..[,zero=,mb=,m=,schedule=,v=,recompute=,sp=], or a layout as plan prints "
                         "it ('dp=2 tp=2 pp=2 z1 mb=1x8 i1f1b v=2 rc=sel sp') (default: the run's own)")
-    p.add_argument("--json", metavar="FILE", help="write the projection as JSON (schema ptprof.projection/1)")
+    p.add_argument("--json", metavar="FILE", help="write the projection as JSON (schema ptprof.projection/1); "
+                                                  "- for standard output (then no text)")
     p.add_argument("--save-cluster", metavar="FILE.json",
                    help="write the cluster used (e.g. the one calibrated from a run folder) as JSON, loadable by --cluster")
     return p
@@ -94,7 +95,8 @@ def build_plan_parser() -> argparse.ArgumentParser:
                    help="fused attention (FlashAttention): no attention scores kept, cheaper memory traffic "
                         "(default off, as the Megatron papers' accounting)")
     p.add_argument("--top", type=_whole_number(1, 1000), default=10, help="layouts to print and write (default 10)")
-    p.add_argument("--json", metavar="FILE", help="write the plan as JSON (schema ptprof.plan/1)")
+    p.add_argument("--json", metavar="FILE", help="write the plan as JSON (schema ptprof.plan/1); "
+                                                  "- for standard output (then no text)")
     return p
 
 
@@ -117,6 +119,12 @@ def project_main(argv: list[str] | None = None) -> int:
         d = project_details(args.run, cluster, nodes=args.nodes, layout=args.layout, work=cal_work if same else None)
         if args.save_cluster and same:
             save_cluster(with_host_note(cluster, d["estimate"].breakdown_s.get("other", 0.0)), args.save_cluster)
+        if args.json == STDOUT:  # the JSON alone on stdout
+            json.dump(projection_dict(d, cluster, how, args.run), sys.stdout, indent=2)
+            print()
+            if args.save_cluster:
+                _print_line(f"cluster: {args.save_cluster}", sys.stderr)
+            return 0
         if args.json:
             try:
                 with open(json_path, "w") as f:
@@ -167,9 +175,12 @@ def _check_params(spec, given: int | None) -> str:
     return f" (--params {given / 1e9:,.2f} B: {off_pct:.1f} % off)"
 
 
+STDOUT = "-"  # --json -: the JSON on standard output, and nothing else there
+
+
 def _check_json_path(path: str | None) -> Path | None:
     # before the work, not after it (as profiler/cli.py)
-    if path is None:
+    if path is None or path == STDOUT:
         return None
     out = Path(path)
     if not out.resolve().parent.is_dir():
@@ -208,6 +219,12 @@ def plan_main(argv: list[str] | None = None) -> int:
             raise ValueError(f"nothing fits: the smallest memory need of any layout is "
                              f"{result.min_memory_bytes / 2**30:,.1f} GiB per GPU, over the "
                              f"{cluster.usable_hbm_bytes / 2**30:.1f} GiB usable of the {cluster.hbm_gib:g} GiB HBM of {cluster.name} (more GPUs, a smaller model or a smaller global batch)")
+        if args.json == STDOUT:  # the JSON alone on stdout
+            report = plan_json(spec, args.gpus, cluster_to_dict(cluster), result, args.top, cluster)
+            sys.stdout.flush()
+            sys.stdout.buffer.write(jsonfile.dumps(report) + b"\n")
+            sys.stdout.flush()
+            return 0
         print(format_plan(spec, args.gpus, cluster, result, args.top, params_note))
         if json_path is not None:
             report = plan_json(spec, args.gpus, cluster_to_dict(cluster), result, args.top, cluster)

@@ -188,3 +188,14 @@ def test_a_closed_pipe_stops_quietly():
             os.close(write)
         assert res.returncode == 141, (args, res.stderr)
         assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
+
+
+def test_json_dash_is_standard_output_and_the_same_report(tmp_path):
+    # `--json -` is the JSON alone on stdout (it wrote a file named "-" in the current folder).
+    out = tmp_path / "report.json"
+    assert analyze(REPO / "traces" / "sample-ddp-2r", "--json", out, "--quiet").returncode == 0
+    res = subprocess.run([sys.executable, "-m", "profiler", "analyze", REPO / "traces" / "sample-ddp-2r", "--json", "-"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == json.loads(out.read_text())  # no table around it
+    assert not (tmp_path / "-").exists()

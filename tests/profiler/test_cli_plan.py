@@ -246,3 +246,13 @@ def test_an_empty_cluster_is_named_empty_not_a_folder(capsys):
                     "--gpus", "2", "--cluster", ""])
     err = capsys.readouterr().err
     assert rc == 2 and "give a preset" in err and "a folder" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_json_dash_is_the_plan_alone_on_stdout(capsys, tmp_path):
+    argv = [*MODEL, "--gpus", "8", "--cluster", "h100"]
+    code, _, _ = _run(capsys, [*argv, "--json", str(tmp_path / "plan.json")])
+    assert code == 0
+    code, out, err = _run(capsys, [*argv, "--json", "-"])
+    stdout, written = json.loads(out), json.loads((tmp_path / "plan.json").read_text())
+    assert code == 0 and stdout.pop("seconds") > 0 and written.pop("seconds") > 0, err  # the search's own time
+    assert stdout == written

@@ -274,3 +274,11 @@ def test_wave_quantization_is_claimed_only_with_an_sm_count(works):
     assert "without wave quantization (no SM count: a CPU or an unknown GPU)" in cpu
     h100 = project_details(work.run_dir, load_cluster("h100"), work=work)["estimate"].assumptions[0]
     assert "with wave quantization over 132 SMs" in h100  # H100 SXM5: 132 SMs (NVIDIA H100 whitepaper)
+
+
+def test_json_dash_is_the_projection_alone_on_stdout(capsys, tmp_path):
+    run = str(SAMPLES / "sample-ddp-2r")
+    assert project_main([run, "--cluster", "h100", "--json", str(tmp_path / "p.json")]) == 0
+    capsys.readouterr()
+    assert project_main([run, "--cluster", "h100", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads((tmp_path / "p.json").read_text())
