@@ -262,7 +262,7 @@ def load_traces(
     if not kept:
         if len(problems) == 1:
             raise problems[0]
-        raise TraceError(None, "no usable traces: " + "; ".join(str(p) for p in problems))  # one line (cli prints it so)
+        raise TraceError(None, "no usable traces: " + "; ".join(_merged(problems)))  # one line (cli prints it so)
     for i in _redo_mismatched(engine, sources, results, kept, runs, options, cache_path, made_with,
                               no_cache=remote and not cache):
         made_with[i] = (sources[i].run, _manifest_key(runs.get(sources[i].run)))
@@ -296,6 +296,22 @@ class _Manifests(dict):
             except TraceError as e:
                 self[run_dir] = e
         return self[run_dir]
+
+
+def _merged(problems: list[TraceError]) -> list[str]:
+    """The problems, one per (file, problem): a run.json every rank of the run reads is said once,
+    for all of them (`run.json: ranks 0, 1: unreadable run manifest: ...`), not once a rank."""
+    by: dict[tuple, list[str]] = {}
+    for p in problems:
+        m = re.match(r"rank (\d+): (.*)", p.problem, re.S)
+        rank, problem = (m.group(1), m.group(2)) if m else (None, p.problem)
+        by.setdefault((p.path, problem), []).append(rank)
+    out = []
+    for (path, problem), ranks in by.items():
+        named = [r for r in ranks if r is not None]
+        lead = f"{'ranks' if len(named) > 1 else 'rank'} {', '.join(named)}: " if named else ""
+        out.append(f"{path}: {lead}{problem}" if path else lead + problem)
+    return out
 
 
 def _naming_rank(e: TraceError, path: Path) -> TraceError:

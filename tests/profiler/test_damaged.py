@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zlib
@@ -532,3 +533,11 @@ def test_gunzip_reads_every_member_with_or_without_isal(tmp_path, monkeypatch, i
     assert damaged.gunzip(data, tmp_path / "t.json.gz") == b"".join(parts)
     with pytest.raises(TraceError, match="incorrect data check"):  # zlib's wording, with ISA-L too
         damaged.gunzip(data[:-72] + bytes([data[-72] ^ 1]) + data[-71:], tmp_path / "t.json.gz")
+
+
+def test_a_bad_run_json_is_said_once_for_every_rank_that_reads_it(analyze, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "traces" / "sample-ddp-2r", run)
+    (run / "run.json").write_text("{bad")
+    line = refused(analyze(run), "run.json: ranks 0, 1: unreadable run manifest: Expecting property name")
+    assert line.count("unreadable run manifest") == 1, line  # it was said once a rank
