@@ -310,6 +310,16 @@ def test_the_runs_table_names_the_variant_flags(ddp):
     assert section(format_tables(ddp), "Runs")[3].split()[1] == "ddp"
 
 
+def test_the_runs_table_names_the_model_and_a_comparison_says_when_models_differ():
+    # sample-1f1b-2r trained `tiny` (run.json: 133,760 parameters), sample-zbv-2r `tiny8` (430,208).
+    text = format_tables(analyze(load_traces([REPO / "traces" / "sample-1f1b-2r", REPO / "traces" / "sample-zbv-2r"])))
+    rows = {line.split()[0]: line.split() for line in section(text, "Runs")[3:5]}
+    assert rows["sample-1f1b-2r"][2:4] == ["tiny", "134k"] and rows["sample-zbv-2r"][2:4] == ["tiny8", "430k"]
+    assert "note: models differ (sample-1f1b-2r: tiny 134k, sample-zbv-2r: tiny8 430k)" in text
+    same = format_tables(analyze(load_traces([REPO / "traces" / "sample-ddp-2r", REPO / "traces" / "sample-fsdp-2r"])))
+    assert "models differ" not in same
+
+
 def test_two_runs_side_by_side_in_human_units():
     a = analyze(load_traces([REPO / "traces" / "sample-ddp-2r", REPO / "traces" / "sample-fsdp-2r"]))
     text = format_tables(a)
