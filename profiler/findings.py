@@ -185,12 +185,22 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
             "comm": "overlap the stage-boundary sends and receives with compute (post irecv early, batch_isend_irecv), "
                     "or put pipeline neighbours on the fastest link",
         }
+        if _cpu_run(a, run):  # gloo ranks as processes: no link to speak of, and cores shared with the neighbour
+            remedies["comm"] = ("on CPU ranks this wait is mostly for the neighbouring rank (processes sharing cores, "
+                                "gloo's own latency), not a link's bandwidth: measure on the target devices before "
+                                "acting on it")
         # Every part worth acting on, largest first (at least the largest).
         ranked = sorted([(v, k) for k, v in (("schedule", sched), ("imbalance", imb), ("comm", wait)) if _finite(v)], reverse=True)
         chosen = [k for i, (v, k) in enumerate(ranked) if i == 0 or v >= BUBBLE_PART_MIN_PCT] or ["schedule"]
         change = "; then ".join(remedies[k] for k in chosen)
         out.append(_row("pipeline-bubble", run, slow_rank, bubble, text, evidence, change))
     return out
+
+
+def _cpu_run(a: "Analysis", run: str) -> bool:
+    """Whether every rank of `run` ran on the CPU (device_kind cpu: gloo ranks as processes)."""
+    kinds = a.ranks.filter(pl.col("run").cast(pl.String) == run)["device_kind"] if "device_kind" in a.ranks.columns else None
+    return kinds is not None and kinds.len() > 0 and (kinds == "cpu").all()
 
 
 # The textbook bubble's formula by schedule (profiler.pipeline.schedule_theory_pct computes it).

@@ -223,6 +223,18 @@ def test_pipeline_bubble_uses_the_split_columns_when_there():
     assert "move layers off stage 1" in f["change"]
 
 
+def test_a_cpu_pipelines_communication_wait_is_not_blamed_on_a_link():
+    # The wait is the largest part (20 of 34 %): its remedy comes first. On gloo ranks as CPU
+    # processes it is a wait for the neighbour (shared cores), no link's bandwidth.
+    case = pipeline_case(split=(8.0, 6.0, 20.0))
+    for kinds, said, unsaid in ((["cuda", "cuda"], "fastest link", "on CPU ranks"),
+                                (["cpu", "cpu"], "on CPU ranks this wait is mostly for the neighbouring rank", "fastest link"),
+                                (["cpu", "cuda"], "fastest link", "on CPU ranks")):
+        case.ranks = case.ranks.with_columns(device_kind=pl.Series(kinds))
+        change = only(F.pipeline_bubble_rule(case))["change"]
+        assert said in change and unsaid not in change, (kinds, change)
+
+
 def test_pipeline_bubble_is_silent_below_its_threshold():
     assert F.pipeline_bubble_rule(pipeline_case(bubbles=(8.0, 6.0))) == []
     assert F.pipeline_bubble_rule(fake()) == []  # no pipeline
