@@ -10,7 +10,9 @@ CPU ranks (gloo): the window is the ProfilerStep span. Compute is operator time 
 own threads (main and autograd) outside the collective enqueues (`c10d::<op>`); communication is
 the `gloo:<op>` spans, which gloo records on its worker threads for collectives and on the main
 thread for point-to-point send/recv (pipelines); a worker thread's operators are part of its
-collective, not compute. Idle is time with neither, which on the main thread includes the blocking
+collective, not compute. A send or receive is asynchronous: its span runs from the post to the
+wait that completes it, so the part inside a pipeline action span (`ptprof/pp/...`, the rank
+running that action) is not communication time (`cpu_comm`). Idle is time with neither, which on the main thread includes the blocking
 waits for collectives (gloo records those only as gaps).
 
 Both: `comm_us` is the union of communication, `overlap_us` its part under compute,
@@ -28,10 +30,10 @@ from __future__ import annotations
 import polars as pl
 
 from profiler.intervals import clip, sweep, varying
-from profiler.steps import KEYS, PROFILER_STEP_RE, assign_steps, names_matching, profiler_steps
+from profiler.steps import GLOO_P2P_RE, KEYS, PP_ACTION_RE, PROFILER_STEP_RE, assign_steps, names_matching, profiler_steps
 
 GPU_LABELS = ["compute", "comm", "memory", "other"]
-CPU_LABELS = ["op", "enqueue", "comm", "window"]
+CPU_LABELS = ["op", "enqueue", "comm", "p2p", "action", "window"]
 THREAD = [*KEYS, "pid", "tid"]
 
 
@@ -173,12 +175,33 @@ def _cpu_intervals(events: pl.DataFrame, steps: pl.DataFrame, gloo_threads: pl.D
         events.lazy().filter(pl.col("ph") == "X").select(*THREAD, "kind", "ts_us", "end_us").collect()
         .join(gloo_worker_threads(events) if gloo_threads is None else gloo_threads, on=THREAD, how="anti")
     )
+    comm = events.filter(pl.col("kind") == "comm")
+    p2p = pl.col("name").is_in(names_matching(comm, GLOO_P2P_RE))
     labelled = pl.concat([
         ops.filter(pl.col("kind") == "op").select(*KEYS, label=pl.lit("op"), start_us="ts_us", end_us="end_us"),
         ops.filter(pl.col("kind") == "enqueue").select(*KEYS, label=pl.lit("enqueue"), start_us="ts_us", end_us="end_us"),
-        events.filter(pl.col("kind") == "comm").select(*KEYS, label=pl.lit("comm"), start_us="ts_us", end_us="end_us"),
+        comm.filter(~p2p).select(*KEYS, label=pl.lit("comm"), start_us="ts_us", end_us="end_us"),
+        comm.filter(p2p).select(*KEYS, label=pl.lit("p2p"), start_us="ts_us", end_us="end_us"),
+        pipeline_actions_spans(events).select(*KEYS, label=pl.lit("action"), start_us="ts_us", end_us="end_us"),
     ])
     return {"windows": windows, "labelled": labelled}
+
+
+def pipeline_actions_spans(events: pl.DataFrame) -> pl.DataFrame:
+    """The CPU ranks' pipeline action spans (`ptprof/pp/...`, steps.PP_ACTION_RE) as (KEYS, ts_us, end_us)."""
+    actions = events.filter((pl.col("kind") == "annotation") & (pl.col("ph") == "X"))
+    return actions.filter(pl.col("name").is_in(names_matching(actions, PP_ACTION_RE))).select(*KEYS, "ts_us", "end_us")
+
+
+def cpu_comm() -> pl.Expr:
+    """A CPU rank's communication in a sweep's segment: a collective's gloo span, or a send or
+    receive outside the pipeline's actions. gloo's send and recv are asynchronous (isend/irecv):
+    a span runs from the post to the wait that completes it while the rank goes on; inside an
+    action span the rank is running that action (operators, and the Python between them), not
+    waiting, so the open transfer there is no communication time. Between actions it is: the
+    rank waits for it, or for the peer that sends it."""
+    c = pl.col
+    return c("comm") | (c("p2p") & ~c("action"))
 
 
 def _cpu_breakdown(intervals: dict | None, per_step: bool) -> pl.DataFrame:
@@ -195,7 +218,7 @@ def _cpu_breakdown(intervals: dict | None, per_step: bool) -> pl.DataFrame:
     c = pl.col
     compute = c("op") & ~c("enqueue")
     return _totals(
-        segments, by, compute=compute, comm=c("comm"), busy=compute | c("comm"), memory=pl.lit(False),
+        segments, by, compute=compute, comm=cpu_comm(), busy=compute | cpu_comm(), memory=pl.lit(False),
     ).with_columns(device=pl.lit("cpu"))
 
 

@@ -10,7 +10,9 @@ Each collective row of profiler.collectives (one per comm kernel or gloo span, w
 end_us) gets the part of its interval with no compute under it. A sweep over every communication
 and compute bound of a rank counts, between two bounds, the calls running and whether compute
 runs; an instant with calls and no compute is exposed and split evenly between the calls running
-in it (two streams, two gloo workers). Its running total W(t) at each bound gives a call's
+in it (two streams, two gloo workers). gloo's sends and receives are asynchronous: inside a
+pipeline action span they do not run (breakdown.cpu_comm), and an instant goes to a send only where
+no collective or receive runs (`_exposed_weight`). Its running total W(t) at each bound gives a call's
 exposed time as W(end) - W(start): no pairing of calls with segments, so it stays linear in the
 number of events. A rank's exposed_us summed over its collectives is therefore the union of its
 exposed communication: the breakdown's exposed_comm_us, up to communication that crosses a step
@@ -24,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from profiler.breakdown import THREAD, gloo_worker_threads, multi_gpu_ranks
+from profiler.breakdown import THREAD, gloo_worker_threads, multi_gpu_ranks, pipeline_actions_spans
+from profiler.collectives import POINT_TO_POINT
 from profiler.intervals import last_at_instant, over, sweep, varying
 from profiler.steps import KEYS
 
@@ -53,10 +56,20 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFra
     )
     compute = pl.concat([_gpu_compute(events, calls), _cpu_compute(events, calls, gloo_threads)], how="vertical_relaxed")
     key_types = {"run": pl.String, "rank": pl.Int64}
-    calls_k = calls.with_columns(pl.col("run").cast(pl.String), pl.col("rank").cast(pl.Int64))
+    # gloo's sends and receives are asynchronous: inside a pipeline action span they are no
+    # communication time (breakdown.cpu_comm), so they count apart and the actions bound them.
+    gloo = pl.col("source") == "gloo"
+    calls_k = calls.with_columns(pl.col("run").cast(pl.String), pl.col("rank").cast(pl.Int64),
+                                 _class=pl.when(gloo & (pl.col("collective") == "send")).then(pl.lit("send"))
+                                 .when(gloo & pl.col("collective").is_in(POINT_TO_POINT)).then(pl.lit("recv"))
+                                 .otherwise(pl.lit("coll")))
+    actions = _cpu_actions(events, calls_k)
+    one, zero = pl.lit(1, pl.Int32), pl.lit(0, pl.Int32)
+    is_ = lambda k: (pl.col("_class") == k).cast(pl.Int32)  # noqa: E731
     bounds = pl.concat([
-        compute.select(*KEYS, "start_us", "end_us", comp=pl.lit(1, pl.Int32), comm=pl.lit(0, pl.Int32)).cast(key_types),
-        calls_k.select(*KEYS, "start_us", "end_us", comp=pl.lit(0, pl.Int32), comm=pl.lit(1, pl.Int32)),
+        compute.select(*KEYS, "start_us", "end_us", comp=one, coll=zero, recv=zero, send=zero, act=zero).cast(key_types),
+        calls_k.select(*KEYS, "start_us", "end_us", comp=zero, coll=is_("coll"), recv=is_("recv"), send=is_("send"), act=zero),
+        actions.select(*KEYS, "start_us", "end_us", comp=zero, coll=zero, recv=zero, send=zero, act=one).cast(key_types),
     ]).filter(pl.col("end_us") > pl.col("start_us"))
     # The bounds are the calls' and the compute of the calls' ranks: the keys that vary among the
     # calls are the only ones that can vary among the bounds (sorting or windowing by one that
@@ -65,15 +78,22 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFra
     weight = _exposed_weight(bounds, keys)
     # W(t): exposed time, shared among the calls running, up to instant t. Every call's ends are
     # sweep bounds, so a call's exposed time is W(end) - W(start), two exact look-ups.
+    # Each class of call has its own running total (_exposed_weight): W_coll, W_recv, W_send.
     if not keys:  # one rank: by binary search in W's instants (strictly increasing)
-        t_w, w_cum = weight.get_column("t").to_numpy(), weight.get_column("w_cum").to_numpy()
-        at = lambda t: _look_up(t_w, w_cum, calls_k.get_column(t).to_numpy())  # noqa: E731
-        pairs = pl.DataFrame({"_call": calls_k.get_column("_call"), "exposed_us": at("end_us") - at("start_us")})
+        t_w = weight.get_column("t").to_numpy()
+        kind = calls_k.get_column("_class").to_numpy()
+        exposed = np.zeros(calls_k.height)
+        for k in CLASSES:
+            w_cum = weight.get_column(f"w_{k}").to_numpy()
+            at = lambda t: _look_up(t_w, w_cum, calls_k.get_column(t).to_numpy())  # noqa: E731
+            exposed += np.where(kind == k, at("end_us") - at("start_us"), 0.0)
+        pairs = pl.DataFrame({"_call": calls_k.get_column("_call"), "exposed_us": exposed})
     else:
-        at = lambda t: calls_k.select("_call", *KEYS, t=t).sort("t").join_asof(  # noqa: E731
+        mine = pl.coalesce([pl.when(pl.col("_class") == k).then(f"w_{k}") for k in CLASSES])
+        at = lambda t: calls_k.select("_call", *KEYS, "_class", t=t).sort("t").join_asof(  # noqa: E731
             weight, left_on="t", right_on="t", by=KEYS, strategy="backward", check_sortedness=False
-        ).select("_call", pl.col("w_cum").fill_null(0.0))
-        pairs = (at("start_us").rename({"w_cum": "w0"}).join(at("end_us").rename({"w_cum": "w1"}), on="_call")
+        ).select("_call", w=mine.fill_null(0.0))
+        pairs = (at("start_us").rename({"w": "w0"}).join(at("end_us").rename({"w": "w1"}), on="_call")
                  .select("_call", exposed_us=pl.col("w1") - pl.col("w0")))
     return (
         calls.join(pairs, on="_call", how="left")
@@ -95,24 +115,42 @@ def _look_up(t_w: np.ndarray, w_cum: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.where(at >= 0, w_cum[np.maximum(at, 0)], 0.0)
 
 
+CLASSES = ("coll", "recv", "send")
+
+
 def _exposed_weight(bounds: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """(run, rank, t, w_cum): at each bound t, the exposed time before t, each instant divided by
-    the number of calls running in it (a labelled sweep that counts, intervals.sweep's idea)."""
+    """(run, rank, t, w_coll, w_recv, w_send): at each bound t, the exposed time before t that each
+    class of call running takes, each instant divided by the number of calls that share it (a
+    labelled sweep that counts, intervals.sweep's idea).
+
+    A gloo send or receive runs only outside the pipeline's action spans (breakdown.cpu_comm). And
+    it is asynchronous: the rank goes on after posting it and waits where it needs the data, on a
+    receive. So an exposed instant is shared by the collectives and receives running in it, and
+    falls to the sends running only where neither runs (at a step's end, the rank waits for its
+    sends). Without gloo sends or receives (NCCL, collectives only) every call shares every instant
+    it runs in, as before: the classes change who takes an instant, never whether it is exposed."""
+    counts = ("comp", "coll", "recv", "send", "act")
     edges = pl.concat([
-        bounds.select(*KEYS, t="start_us", d_comp="comp", d_comm="comm"),
-        bounds.select(*KEYS, t="end_us", d_comp=-pl.col("comp"), d_comm=-pl.col("comm")),
+        bounds.select(*KEYS, t="start_us", **{f"d_{c}": c for c in counts}),
+        bounds.select(*KEYS, t="end_us", **{f"d_{c}": -pl.col(c) for c in counts}),
     ])
+    c = pl.col
+    free = c("n_act") == 0
+    first = c("n_coll") + pl.when(free).then(c("n_recv")).otherwise(0)  # collectives and receives
+    sends = pl.when(free).then(c("n_send")).otherwise(0)
+    exposed = (c("n_comp") == 0) & (first + sends > 0)
+    share = pl.when(exposed & (first > 0)).then(c("dur") / first).otherwise(0.0)
+    send_share = pl.when(exposed & (first == 0)).then(c("dur") / sends).otherwise(0.0)
     # Sorted and windowed by `keys` only (those of KEYS that vary): one rank's frame has none.
     return (
         edges.sort(*keys, "t")
-        .with_columns(n_comp=over(pl.col("d_comp").cum_sum(), keys), n_comm=over(pl.col("d_comm").cum_sum(), keys))
+        .with_columns(**{f"n_{k}": over(c(f"d_{k}").cum_sum(), keys) for k in counts})
         .filter(last_at_instant(keys))  # each instant's last running counts (the frame is sorted by it)
-        .with_columns(dur=over(pl.col("t").shift(-1) - pl.col("t"), keys).fill_null(0.0))
-        .with_columns(w=pl.when((pl.col("n_comm") > 0) & (pl.col("n_comp") == 0)).then(pl.col("dur") / pl.col("n_comm"))
-                      .otherwise(0.0))
+        .with_columns(dur=over(c("t").shift(-1) - c("t"), keys).fill_null(0.0))
+        .with_columns(_coll=share, _recv=pl.when(free).then(share).otherwise(0.0), _send=send_share)
         # the weight of [t, next t) is reached at the next t
-        .with_columns(w_cum=over(pl.col("w").cum_sum() - pl.col("w"), keys))
-        .select(*KEYS, "t", "w_cum")
+        .with_columns(**{f"w_{k}": over(c(f"_{k}").cum_sum() - c(f"_{k}"), keys) for k in CLASSES})
+        .select(*KEYS, "t", *(f"w_{k}" for k in CLASSES))
     )
 
 
@@ -127,6 +165,16 @@ def _gpu_compute(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
         .select(*KEYS, start_us="ts_us", end_us="end_us").collect()
         .join(gpu, on=KEYS, how="semi")
     )
+
+
+def _cpu_actions(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    """The pipeline action spans of the ranks with gloo sends or receives (breakdown.cpu_comm)."""
+    ranks = calls.filter(pl.col("_class") != "coll").select(KEYS).unique()
+    if ranks.is_empty():
+        return pl.DataFrame(schema={"run": pl.String, "rank": pl.Int64, "start_us": pl.Float64, "end_us": pl.Float64})
+    return (pipeline_actions_spans(events.join(ranks.cast({"run": events.schema["run"], "rank": events.schema["rank"]}),
+                                               on=KEYS, how="semi"))
+            .select(*KEYS, start_us="ts_us", end_us="end_us"))
 
 
 def _cpu_compute(events: pl.DataFrame, calls: pl.DataFrame, gloo_threads: pl.DataFrame | None) -> pl.DataFrame:

@@ -14,6 +14,11 @@ from profiler.intervals import varying
 
 NO_STEP = -1  # the step number of a trace's single window when it has no ProfilerStep spans
 PROFILER_STEP_RE = r"^ProfilerStep\s*#\s*(\d+)$"
+# A pipeline runner's action span (runners/harness.py PP_ACTION, `ptprof/pp/F s0 mb1`): the rank
+# running one stage's forward, backward or weight-gradient work on one microbatch.
+PP_ACTION_RE = r"^ptprof/pp/[FBIWLU] "
+# gloo's point-to-point spans (pipelines' and ring attention's sends and receives).
+GLOO_P2P_RE = r"^gloo:(send|recv)"
 KEYS = ["run", "rank"]
 
 

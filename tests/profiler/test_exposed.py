@@ -9,7 +9,7 @@ from profiler import load_traces, temporal_breakdown
 from profiler.collectives import collectives
 from profiler.exposed import EXPOSED_COLUMNS, exposed_comm
 from profiler.report import analyze
-from tests.conftest import SHARED_TRACES
+from tests.conftest import REPO, SHARED_TRACES
 from tests.profiler.conftest import GPU_NCCL, kernel, launch, make_events, step
 
 # One step [0, 300). Compute [0, 100) and [180, 250); an all-reduce [50, 150) on stream 9 and an
@@ -119,3 +119,80 @@ def test_random_overlaps_agree_with_a_unit_grid_count():
                           "dur_us": [float(e - s) for _, s, e in calls]})
     got = dict(exposed_comm(events, colls).select("collective", "exposed_us").iter_rows())
     assert got == pytest.approx(expected)
+
+
+# A CPU pipeline rank, one step [0, 100): action F [10, 40) holding ops [10, 14) and [30, 40); an
+# async send posted at 15, completed at 90; a recv [50, 70); an op [70, 80). Inside the action the
+# open send is no communication (breakdown.cpu_comm): comm = [40, 90) = 50, compute 24 (ops),
+# exposed = [40, 70) + [80, 90) = 40, overlap [70, 80) = 10, idle 100 - (4 + 60) = 36. Per call:
+# [40, 50) the send alone (10), [50, 70) the recv the rank waits on (20: sends give way), [80, 90)
+# the send (10): recv 20, send 20. Counting the open send inside the action, as before, gave 55.
+PIPELINE_CPU = [
+    step(1, 0, 100),
+    dict(name="ptprof/pp/F s0 mb0", kind="annotation", cat="user_annotation", ts_us=10, dur_us=30),
+    dict(name="aten::mm", kind="op", ts_us=10, dur_us=4),
+    dict(name="c10d::send", kind="enqueue", ts_us=14, dur_us=1, arg_nelems=[10], arg_types=["float"]),
+    dict(name="gloo:send", kind="comm", cat="user_annotation", ts_us=15, dur_us=75, arg_nelems=[10], arg_types=["float"]),
+    dict(name="aten::add", kind="op", ts_us=30, dur_us=10),
+    dict(name="c10d::recv_", kind="enqueue", ts_us=49, dur_us=1, arg_nelems=[10], arg_types=["float"]),
+    dict(name="gloo:recv", kind="comm", cat="user_annotation", ts_us=50, dur_us=20, arg_nelems=[10], arg_types=["float"]),
+    dict(name="aten::mul", kind="op", ts_us=70, dur_us=10),
+]
+
+
+def test_an_async_send_inside_a_pipeline_action_is_no_communication_and_gives_way_to_a_recv():
+    ev = make_events(PIPELINE_CPU)
+    b = temporal_breakdown(ev).select("window_us", "compute_us", "comm_us", "exposed_comm_us", "overlap_us", "idle_us")
+    assert b.row(0) == (100.0, 24.0, 50.0, 40.0, 10.0, 36.0)
+    got = dict(exposed_comm(ev, collectives(ev)).select("collective", "exposed_us").iter_rows())
+    assert got == {"recv": 20.0, "send": 20.0}
+    # Without the action span the same transfers are communication throughout: [15, 90) less ops.
+    plain = make_events([r for r in PIPELINE_CPU if not r["name"].startswith("ptprof/pp/")])
+    assert temporal_breakdown(plain)["exposed_comm_us"][0] == 55.0
+
+
+def test_gloo_classes_and_actions_agree_with_a_unit_grid_count():
+    # Integer intervals on [0, 200) on one CPU rank: each unit with communication and no compute is
+    # shared by the collectives and receives running in it (a send or receive only outside an
+    # action span), else by the sends running outside an action span; counted one unit at a time.
+    import random
+
+    rnd = random.Random(11)
+    kinds = ["all_reduce", "recv", "send"]
+    calls = [(f"{rnd.choice(kinds)}", i, s, s + rnd.randint(1, 40)) for i, s in enumerate(rnd.sample(range(160), 24))]
+    ops = [(s, s + rnd.randint(1, 15)) for s in rnd.sample(range(185), 14)]
+    acts = [(s, s + rnd.randint(5, 30)) for s in rnd.sample(range(170), 5)]
+    expected: dict[int, float] = dict.fromkeys((i for _, i, _, _ in calls), 0.0)
+    for t in range(200):
+        if any(s <= t < e for s, e in ops):
+            continue
+        free = not any(s <= t < e for s, e in acts)
+        running = [(k, i) for k, i, s, e in calls if s <= t < e]
+        first = [i for k, i in running if k == "all_reduce" or (k == "recv" and free)]
+        sends = [i for k, i in running if k == "send" and free]
+        for i in first or sends:
+            expected[i] += 1 / len(first or sends)
+    rows = [step(1, 0, 200)]
+    rows += [dict(name="aten::mm", kind="op", ts_us=s, dur_us=e - s) for s, e in ops]
+    rows += [dict(name=f"ptprof/pp/F s0 mb{j}", kind="annotation", cat="user_annotation", ts_us=s, dur_us=e - s)
+             for j, (s, e) in enumerate(acts)]
+    events = make_events(rows)
+    # Each call's index in its phase column, so that exposed_comm's rows are one per call.
+    colls = pl.DataFrame({"run": "r", "rank": 0, "step": 1, "source": "gloo", "phase": [str(i) for _, i, _, _ in calls],
+                          "collective": [k for k, _, _, _ in calls],
+                          "start_us": [float(s) for _, _, s, _ in calls], "end_us": [float(e) for _, _, _, e in calls],
+                          "dur_us": [float(e - s) for _, _, s, e in calls]}).with_columns(
+        pl.col("run").cast(pl.Categorical), pl.col("rank").cast(pl.Int32))
+    got = {int(p): e for p, e in exposed_comm(events, colls).select("phase", "exposed_us").iter_rows()}
+    assert got == pytest.approx(expected)
+    assert {k for k, _, _, _ in calls} == set(kinds) and sum(expected.values()) > 20  # every class, and exposure to share
+
+
+@pytest.mark.parametrize("sample", ["sample-1f1b-2r", "sample-zbv-2r", "sample-ring-2r"])
+def test_exposed_sums_to_the_breakdown_on_the_shipped_gloo_p2p_runs(sample):
+    a = analyze(load_traces([REPO / "traces" / sample]))
+    per_rank = a.exposed.group_by("rank").agg(pl.col("exposed_us").sum())
+    joined = per_rank.join(a.breakdown.select("rank", "exposed_comm_us"), on="rank")
+    assert joined.height == 2 and (joined["exposed_comm_us"] > 0).all()
+    # every call counted whole in the step it started in: equal up to calls crossing a step's end
+    assert joined["exposed_us"].to_list() == pytest.approx(joined["exposed_comm_us"].to_list(), rel=0.02)
