@@ -8,7 +8,9 @@ them): per rank, `main` (the thread with the ProfilerStep spans; every CPU threa
 such span), `comm` (other CPU threads running communication spans, gloo's workers), `threads` (any
 other CPU thread) and `gpu s<stream>` per GPU stream; categories are the profiler's `kind` grouped
 for the eye: compute (compute, op), comm (comm, enqueue), memory, other (runtime, other).
-Annotations (ph != "X"), zero-length spans and [memory] instants are not activity.
+Annotations (ph != "X"), zero-length spans and [memory] instants are not activity. A gloo send or
+receive is drawn only outside the pipeline's action spans (breakdown.cpu_comm: asynchronous, it is
+no communication time while the rank runs an action).
 
 The rank's window is [its first drawn start, its last drawn end] in absolute µs, cut into
 `n_bins` equal bins (bin_us = window / n_bins; t0_us = the window's start). `busy` is the share of
@@ -22,8 +24,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from profiler.intervals import union
-from profiler.steps import PROFILER_STEP_RE, names_matching
+from profiler.intervals import subtract, union
+from profiler.steps import GLOO_P2P_RE, PP_ACTION_RE, PROFILER_STEP_RE, names_matching
 
 KIND_CATEGORY = {"compute": "compute", "op": "compute", "comm": "comm", "enqueue": "comm", "memory": "memory",
                  "runtime": "other", "other": "other"}
@@ -66,7 +68,19 @@ def lane_spans(events: pl.DataFrame, *, names: bool = True) -> pl.DataFrame:
         lane.replace_strict(LANE_ORDER, default=9, return_dtype=pl.Int64)
     )
     named = {"name": c("name").cast(pl.String)} if names else {}
-    return drawn.select("run", "rank", lane=lane, lane_key=lane_key, category="category", **named, ts_us="ts_us", end_us="end_us")
+    out = drawn.select("run", "rank", lane=lane, lane_key=lane_key, category="category", **named, ts_us="ts_us",
+                       end_us="end_us", _p2p=c("name").is_in(names_matching(drawn, GLOO_P2P_RE)) & ~gpu)
+    # gloo's sends and receives are asynchronous: their span runs from the post to the wait that
+    # completes it while the rank runs its pipeline actions. As in the breakdown (cpu_comm), the
+    # part inside an action span is no communication: drawn whole, an open send painted a zbv
+    # rank's whole step as communication.
+    p2p = out.filter(c("_p2p"))
+    actions = spans.filter((c("kind") == "annotation") & c("name").is_in(names_matching(spans, PP_ACTION_RE)))
+    if p2p.is_empty() or actions.is_empty():
+        return out.drop("_p2p")
+    cut = subtract(p2p.rename({"ts_us": "start_us"}), actions.select("run", "rank", start_us="ts_us", end_us="end_us"),
+                   ["run", "rank"]).rename({"start_us": "ts_us"})
+    return pl.concat([out.filter(~c("_p2p")), cut]).drop("_p2p")
 
 
 def activity(events: pl.DataFrame, n_bins: int = N_BINS) -> pl.DataFrame:

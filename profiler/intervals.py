@@ -146,3 +146,28 @@ def clip(intervals: pl.DataFrame, windows: pl.DataFrame, on: list[str]) -> pl.Da
         .filter(pl.col("end_us") > pl.col("start_us"))
         .drop("window_start_us", "window_end_us")
     )
+
+
+def subtract(spans: pl.DataFrame, cover: pl.DataFrame, on: list[str]) -> pl.DataFrame:
+    """The parts of each span (on..., start_us, end_us, any other columns) outside the union of
+    `cover` (on..., start_us, end_us) of the same `on` keys: a span cut by covers becomes the
+    pieces between them, each with the span's other columns; a span no cover touches is kept whole."""
+    if spans.is_empty() or cover.is_empty():
+        return spans
+    c = pl.col
+    cols = spans.columns
+    u = union(cover.select(*on, "start_us", "end_us"), on).rename({"start_us": "_c0", "end_us": "_c1"})
+    ided = spans.with_row_index("_span")
+    hit = (ided.join(u.cast({k: ided.schema[k] for k in on}), on=on, how="inner")
+           .filter((c("_c0") < c("end_us")) & (c("_c1") > c("start_us")))
+           .sort("_span", "_c0"))
+    # Between consecutive covers of a span (the union's covers are disjoint and sorted): a piece
+    # from the last cover's end (the span's start before the first) to the next cover's start,
+    # and one from the last cover's end to the span's end.
+    inner = hit.with_columns(start_us=c("_c1").shift(1).over("_span").fill_null(c("start_us")),
+                             end_us=pl.min_horizontal("_c0", "end_us"))
+    last = hit.group_by("_span").agg(c("_c1").max()).join(ided, on="_span").with_columns(start_us=c("_c1"))
+    pieces = pl.concat([inner.select("_span", *cols), last.select("_span", *cols)])
+    whole = ided.join(hit.select("_span").unique(), on="_span", how="anti")
+    return (pl.concat([whole, pieces]).filter(c("end_us") > c("start_us")).sort("_span", "start_us").drop("_span")
+            .select(cols))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from profiler.activity import ACTIVITY_COLUMNS, activity
+from profiler.activity import ACTIVITY_COLUMNS, activity, lane_spans
 from tests.profiler.conftest import kernel, launch, make_events, step
 
 # One rank, drawn spans over [0, 100) µs: with 10 bins each bin is 10 µs.
@@ -68,3 +68,27 @@ def test_shares_add_up_to_the_busy_time(n_bins):
     got = {(lane, cat): round(v, 3) for lane, cat, v in busy_us.iter_rows()}
     assert got == {("main", "compute"): 20.0, ("main", "other"): 1.0, ("comm", "comm"): 25.0, ("threads", "compute"): 5.0,
                    ("gpu s7", "compute"): 2.0, ("gpu s7", "memory"): 4.0}
+
+
+def test_subtract_keeps_a_spans_parts_outside_the_covers():
+    from profiler.intervals import subtract
+
+    spans = pl.DataFrame({"rank": [0, 0, 0, 1], "name": ["a", "b", "c", "d"],
+                          "start_us": [0.0, 50.0, 95.0, 0.0], "end_us": [100.0, 60.0, 99.0, 100.0]})
+    cover = pl.DataFrame({"rank": [0, 0, 0, 1], "start_us": [10.0, 30.0, 35.0, 90.0], "end_us": [20.0, 40.0, 55.0, 120.0]})
+    got = subtract(spans, cover, ["rank"]).rows()
+    # a: [0, 100) less [10, 20) and [30, 55) (two covers merged); b starts inside a cover; c is
+    # touched by none; d's cover runs past its end.
+    assert got == [(0, "a", 0.0, 10.0), (0, "a", 20.0, 30.0), (0, "a", 55.0, 100.0), (0, "b", 55.0, 60.0),
+                   (0, "c", 95.0, 99.0), (1, "d", 0.0, 90.0)]
+    assert subtract(spans, cover.clear(), ["rank"]).equals(spans)
+
+
+def test_an_async_send_is_drawn_only_outside_the_pipeline_actions():
+    from tests.profiler.test_exposed import PIPELINE_CPU
+
+    drawn = lane_spans(make_events(PIPELINE_CPU)).filter(pl.col("name").str.starts_with("gloo:"))
+    # the send posted at 15 inside action F [10, 40), completed at 90: drawn [40, 90); the recv whole
+    assert sorted(drawn.select("name", "ts_us", "end_us").rows()) == [("gloo:recv", 50.0, 70.0), ("gloo:send", 40.0, 90.0)]
+    plain = lane_spans(make_events([r for r in PIPELINE_CPU if not r["name"].startswith("ptprof/pp/")]))
+    assert ("gloo:send", 15.0, 90.0) in plain.select("name", "ts_us", "end_us").rows()
