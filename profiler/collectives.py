@@ -47,7 +47,7 @@ KIND_ALIASES = {
     "reduce_scatter_tensor_coalesced": "reduce_scatter",
     "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
     "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoall_base": "all_to_all", "all_to_allv": "all_to_all",
-    "sendrecv": "send_recv", "send": "send", "recv": "recv", "barrier": "barrier",
+    "sendrecv": "send_recv", "send": "send", "recv": "recv", "recvanysource": "recv", "barrier": "barrier",
 }
 # Heads of op names (underscores removed) -> kinds; the first head that matches wins.
 OP_HEADS = [("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),

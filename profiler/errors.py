@@ -51,10 +51,11 @@ class TraceError(Exception):
     def __reduce__(self):
         # Pickled as it is (a Dask worker's result travels so): the default would call
         # TraceError(message), and the path is already escaped and shortened.
-        return _rebuilt, (self.path, self.problem)
+        return rebuilt, (self.path, self.problem)
 
 
-def _rebuilt(path: str | None, problem: str) -> TraceError:
+def rebuilt(path: str | None, problem: str) -> TraceError:
+    """A TraceError of a path already made printable and shortened (a pickled one, a merged one)."""
     err = TraceError(None, problem)
     err.path = path
     err.args = (f"{path}: {problem}" if path else problem,)

@@ -156,18 +156,26 @@ def subtract(spans: pl.DataFrame, cover: pl.DataFrame, on: list[str]) -> pl.Data
         return spans
     c = pl.col
     cols = spans.columns
-    u = union(cover.select(*on, "start_us", "end_us"), on).rename({"start_us": "_c0", "end_us": "_c1"})
+    # The union's covers are disjoint, so sorted by start they are sorted by end too: a span's
+    # covers are one run of them, from the first that ends at or after its start to the last that
+    # starts at or before its end (two look-ups, not a span x cover join). Covers that only touch
+    # a span give empty pieces, dropped below.
+    u = (union(cover.select(*on, "start_us", "end_us"), on).cast({k: spans.schema[k] for k in on})
+         .sort(*on, "start_us").with_row_index("_i").rename({"start_us": "_c0", "end_us": "_c1"}))
     ided = spans.with_row_index("_span")
-    hit = (ided.join(u.cast({k: ided.schema[k] for k in on}), on=on, how="inner")
-           .filter((c("_c0") < c("end_us")) & (c("_c1") > c("start_us")))
-           .sort("_span", "_c0"))
-    # Between consecutive covers of a span (the union's covers are disjoint and sorted): a piece
-    # from the last cover's end (the span's start before the first) to the next cover's start,
-    # and one from the last cover's end to the span's end.
+    first = ided.sort("start_us").join_asof(u.select(*on, "_i", "_c1"), left_on="start_us", right_on="_c1", by=on,
+                                            strategy="forward", check_sortedness=False).select("_span", i0="_i")
+    last = ided.sort("end_us").join_asof(u.select(*on, "_i", "_c0"), left_on="end_us", right_on="_c0", by=on,
+                                         strategy="backward", check_sortedness=False).select("_span", i1="_i")
+    ranges = first.join(last, on="_span").filter(c("i0").is_not_null() & c("i1").is_not_null() & (c("i1") >= c("i0")))
+    hit = (ided.join(ranges, on="_span").with_columns(_i=pl.int_ranges("i0", c("i1") + 1, dtype=pl.UInt32)).explode("_i")
+           .join(u.select("_i", "_c0", "_c1"), on="_i").sort("_span", "_c0"))
+    # Between consecutive covers of a span: a piece from the last cover's end (the span's start
+    # before the first) to the next cover's start, and one from the last cover's end to the span's end.
     inner = hit.with_columns(start_us=c("_c1").shift(1).over("_span").fill_null(c("start_us")),
                              end_us=pl.min_horizontal("_c0", "end_us"))
-    last = hit.group_by("_span").agg(c("_c1").max()).join(ided, on="_span").with_columns(start_us=c("_c1"))
-    pieces = pl.concat([inner.select("_span", *cols), last.select("_span", *cols)])
-    whole = ided.join(hit.select("_span").unique(), on="_span", how="anti")
+    tail = hit.group_by("_span").agg(c("_c1").max()).join(ided, on="_span").with_columns(start_us=c("_c1"))
+    pieces = pl.concat([inner.select("_span", *cols), tail.select("_span", *cols)])
+    whole = ided.join(ranges.select("_span"), on="_span", how="anti")
     return (pl.concat([whole, pieces]).filter(c("end_us") > c("start_us")).sort("_span", "start_us").drop("_span")
             .select(cols))

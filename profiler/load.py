@@ -25,7 +25,7 @@ import polars as pl
 from profiler.cache import CACHE_ENV, CacheUnusable, cache_dir, remove_stale_tmp, unstored_note
 from profiler.damaged import DAMAGED, MAX_RANK
 from profiler.discover import JobFacts, find_sources, not_a_regular_file, read_manifest, same_files, split_jobs
-from profiler.errors import TraceError, path_text
+from profiler.errors import TraceError, path_text, rebuilt
 from profiler.parse import SCHEMA, _as_int
 from profiler.pool import LocalEngine, lookup_all, progress_bar
 from profiler.rankmap import MapOptions, RankSummary, RankTask, relabel
@@ -259,10 +259,11 @@ def load_traces(
             "unknown_categories": ", ".join(f"{c} ({n:,})" for c, n in meta["unknown_categories"].items()) or None,
         })
         kept.append((i, rank))
+    problems = _merged(problems)
     if not kept:
         if len(problems) == 1:
             raise problems[0]
-        raise TraceError(None, "no usable traces: " + "; ".join(_merged(problems)))  # one line (cli prints it so)
+        raise TraceError(None, "no usable traces: " + "; ".join(map(str, problems)))  # one line (cli prints it so)
     for i in _redo_mismatched(engine, sources, results, kept, runs, options, cache_path, made_with,
                               no_cache=remote and not cache):
         made_with[i] = (sources[i].run, _manifest_key(runs.get(sources[i].run)))
@@ -298,19 +299,20 @@ class _Manifests(dict):
         return self[run_dir]
 
 
-def _merged(problems: list[TraceError]) -> list[str]:
+def _merged(problems: list[TraceError]) -> list[TraceError]:
     """The problems, one per (file, problem): a run.json every rank of the run reads is said once,
     for all of them (`run.json: ranks 0, 1: unreadable run manifest: ...`), not once a rank."""
-    by: dict[tuple, list[str]] = {}
+    by: dict[tuple, list[str | None]] = {}
     for p in problems:
         m = re.match(r"rank (\d+): (.*)", p.problem, re.S)
         rank, problem = (m.group(1), m.group(2)) if m else (None, p.problem)
-        by.setdefault((p.path, problem), []).append(rank)
+        by.setdefault((p.path, problem, rank is None), []).append(rank)  # a rank-less one is never merged away
     out = []
-    for (path, problem), ranks in by.items():
+    for (path, problem, _), ranks in by.items():
         named = [r for r in ranks if r is not None]
         lead = f"{'ranks' if len(named) > 1 else 'rank'} {', '.join(named)}: " if named else ""
-        out.append(f"{path}: {lead}{problem}" if path else lead + problem)
+        for _ in ranks if not named else [None]:  # rank-less duplicates stay as they came
+            out.append(rebuilt(path, lead + problem))  # the path as it was kept: already printable
     return out
 
 

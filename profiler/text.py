@@ -65,8 +65,8 @@ def _overview(a, full: bool) -> list[str]:
                      "/".join(sorted({b for b in r["backend"].to_list() if b})) or NONE, device or NONE,
                      str(steps.get(run, NONE)), where])
     out = [title("Runs", "what was loaded (+sp, +lp loss parallel, +offload, +rc recompute; steps: profiled)")]
-    out += table(["run", "paradigm", "model", "ranks", "backend", "device", "steps", "traces"], rows, "lllrllll", shrink=(7, 0),
-                 tail=True, least=24)
+    out += table(["run", "paradigm", "model", "ranks", "backend", "device", "steps", "traces"], rows, "lllrllll",
+                 shrink=(7, 0, 2), tail=True, least=24)
     if full:
         files = strings(a.ranks).select("run", "rank", "n_events", "device_name", "file")
         out.append(title("Trace files", "one per rank"))
@@ -79,8 +79,9 @@ def _model_label(manifest: dict | None) -> str:
     """run.json's model: its preset and parameter count ("tiny 134k"), so that runs of different
     models are not read as one model run two ways; "—" for a foreign trace."""
     preset, n = manifest_field(manifest, "model", "preset"), manifest_field(manifest, "model", "n_params")
-    count = (_scaled(n, [(1.0, ""), (1e3, "k"), (1e6, "M"), (1e9, "B"), (1e12, "T")]).replace(" ", "")
-             if isinstance(n, (int, float)) and not isinstance(n, bool) and n >= 0 else None)
+    # A count a model can have (1 to 10^15 parameters): run.json is user data (a bool, NaN, 1e40).
+    count = (_scaled(n, [(1.0, ""), (1e3, "k"), (1e6, "M"), (1e9, "B"), (1e12, "T")], whole=True).replace(" ", "")
+             if isinstance(n, (int, float)) and not isinstance(n, bool) and 1 <= n < 1e15 else None)
     words = [printable(str(preset))[:16] if isinstance(preset, str) and preset else None, count]
     return " ".join(w for w in words if w) or NONE
 

@@ -92,3 +92,41 @@ def test_an_async_send_is_drawn_only_outside_the_pipeline_actions():
     assert sorted(drawn.select("name", "ts_us", "end_us").rows()) == [("gloo:recv", 50.0, 70.0), ("gloo:send", 40.0, 90.0)]
     plain = lane_spans(make_events([r for r in PIPELINE_CPU if not r["name"].startswith("ptprof/pp/")]))
     assert ("gloo:send", 15.0, 90.0) in plain.select("name", "ts_us", "end_us").rows()
+
+
+def test_subtract_agrees_with_cutting_one_cover_at_a_time():
+    # Random spans and covers of two runs (touching ends, nested and equal starts among them),
+    # against a plain cut of each span by each cover in turn.
+    import random
+
+    from profiler.intervals import subtract
+
+    rnd = random.Random(3)
+    for _ in range(200):
+        spans = [(rnd.choice("ab"), f"s{i}", float(s), float(s + rnd.randint(1, 30)))
+                 for i, s in enumerate(rnd.choices(range(100), k=rnd.randint(1, 8)))]
+        covers = [(rnd.choice("ab"), float(s), float(s + rnd.randint(1, 25))) for s in rnd.choices(range(100), k=rnd.randint(1, 6))]
+        expected = []
+        for run, name, s, e in spans:
+            pieces = [(s, e)]
+            for r, a, b in covers:
+                if r == run:
+                    pieces = [p for x, y in pieces for p in ([(x, y)] if b <= x or a >= y else [(x, min(y, a)), (max(x, b), y)])
+                              if p[1] > p[0]]
+            expected += [(run, name, x, y) for x, y in pieces]
+        got = subtract(pl.DataFrame(spans, schema={"run": pl.Categorical, "name": pl.String, "start_us": pl.Float64,
+                                                   "end_us": pl.Float64}, orient="row"),
+                       pl.DataFrame(covers, schema={"run": pl.String, "start_us": pl.Float64, "end_us": pl.Float64},
+                                    orient="row"), ["run"])
+        assert _joined(sorted(got.rows())) == _joined(sorted(expected)), (spans, covers)
+
+
+def _joined(rows: list[tuple]) -> list[tuple]:
+    """Pieces of one span that touch, as one (two covers that touch cut nothing between them)."""
+    out: list[tuple] = []
+    for r in rows:
+        if out and out[-1][:2] == r[:2] and out[-1][3] == r[2]:
+            out[-1] = (*r[:2], out[-1][2], r[3])
+        else:
+            out.append(r)
+    return out

@@ -541,3 +541,13 @@ def test_a_bad_run_json_is_said_once_for_every_rank_that_reads_it(analyze, tmp_p
     (run / "run.json").write_text("{bad")
     line = refused(analyze(run), "run.json: ranks 0, 1: unreadable run manifest: Expecting property name")
     assert line.count("unreadable run manifest") == 1, line  # it was said once a rank
+
+
+def test_a_bad_run_json_beside_a_good_run_is_skipped_once_for_its_ranks(analyze, tmp_path):
+    shutil.copytree(REPO / "traces" / "sample-ddp-2r", tmp_path / "good")
+    shutil.copytree(REPO / "traces" / "sample-fsdp-2r", tmp_path / "bad")
+    (tmp_path / "bad" / "run.json").write_text("{bad")
+    code, _, err, report = analyze(tmp_path)
+    skipped = [line for line in err.splitlines() if "skipped" in line]
+    assert code == 2 and len(skipped) == 1 and "run.json: ranks 0, 1: unreadable run manifest" in skipped[0], err
+    assert [p for p in report["problems"] if "run.json" in p] == [skipped[0].split("skipped ", 1)[1]]

@@ -320,6 +320,19 @@ def test_the_runs_table_names_the_model_and_a_comparison_says_when_models_differ
     assert "models differ" not in same
 
 
+@pytest.mark.parametrize("n_params, shown", [(1e40, "tiny"), (float("inf"), "tiny"), (True, "tiny"), (-5, "tiny"),
+                                             (175e9, "tiny 175B"), ("many", "tiny")])
+def test_an_odd_parameter_count_in_run_json_is_left_out_and_the_table_fits(ddp, n_params, shown):
+    run = ddp.ranks["run"].cast(pl.String)[0]
+    manifest = ddp.runs[run]
+    a = dataclasses.replace(ddp, runs={run: {**manifest, "model": {**manifest["model"], "n_params": n_params}}})
+    lines = section(format_tables(a), "Runs")
+    (row,) = [line for line in lines if line.startswith(f"  {run} ")]
+    # run, paradigm, then the model: the preset alone where the count is no count a model has
+    assert row.split()[1] == "ddp" and " ".join(row.split()[2:2 + len(shown.split())]) == shown, row
+    assert row.split()[2 + len(shown.split())] == "2" and all(len(line) <= 100 for line in lines)  # then the ranks
+
+
 def test_two_runs_side_by_side_in_human_units():
     a = analyze(load_traces([REPO / "traces" / "sample-ddp-2r", REPO / "traces" / "sample-fsdp-2r"]))
     text = format_tables(a)
