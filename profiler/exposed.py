@@ -12,9 +12,9 @@ and compute bound of a rank counts, between two bounds, the calls running and wh
 runs; an instant with calls and no compute is exposed and split evenly between the calls running
 in it (two streams, two gloo workers). gloo's sends and receives are asynchronous: inside a
 pipeline action span they do not run (breakdown.cpu_comm), and an instant goes to a send only where
-no collective or receive runs (`_exposed_weight`). Its running total W(t) at each bound gives a call's
-exposed time as W(end) - W(start): no pairing of calls with segments, so it stays linear in the
-number of events. A rank's exposed_us summed over its collectives is therefore the union of its
+no collective or receive runs (`_exposed_weight`). A class's running total W(t) at each bound
+gives a call's exposed time as W(end) - W(start): no pairing of calls with segments, so it stays
+linear in the number of events. A rank's exposed_us summed over its collectives is therefore the union of its
 exposed communication: the breakdown's exposed_comm_us, up to communication that crosses a step
 boundary (the breakdown clips CPU intervals to the step window; a collective here is counted
 whole in the step it started in). A rank driving several GPUs (DataParallel) is left out, as
@@ -63,19 +63,22 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFra
                                  _class=pl.when(gloo & (pl.col("collective") == "send")).then(pl.lit("send"))
                                  .when(gloo & pl.col("collective").is_in(POINT_TO_POINT)).then(pl.lit("recv"))
                                  .otherwise(pl.lit("coll")))
-    actions = _cpu_actions(events, calls_k)
+    # Only the classes there are (NCCL, gloo collectives: "coll" alone, the sweep as lean as before).
+    classes = tuple(k for k in CLASSES if k in set(calls_k.get_column("_class").unique()))
+    counts = _counts(classes)
     one, zero = pl.lit(1, pl.Int32), pl.lit(0, pl.Int32)
-    is_ = lambda k: (pl.col("_class") == k).cast(pl.Int32)  # noqa: E731
-    bounds = pl.concat([
-        compute.select(*KEYS, "start_us", "end_us", comp=one, coll=zero, recv=zero, send=zero, act=zero).cast(key_types),
-        calls_k.select(*KEYS, "start_us", "end_us", comp=zero, coll=is_("coll"), recv=is_("recv"), send=is_("send"), act=zero),
-        actions.select(*KEYS, "start_us", "end_us", comp=zero, coll=zero, recv=zero, send=zero, act=one).cast(key_types),
-    ]).filter(pl.col("end_us") > pl.col("start_us"))
+    flag = lambda on: {k: one if k == on else zero for k in counts}  # noqa: E731
+    parts = [compute.select(*KEYS, "start_us", "end_us", **flag("comp")).cast(key_types),
+             calls_k.select(*KEYS, "start_us", "end_us", **{k: (pl.col("_class") == k).cast(pl.Int32) if k in classes
+                                                             else zero for k in counts})]
+    if "act" in counts:
+        parts.append(_cpu_actions(events, calls_k).select(*KEYS, "start_us", "end_us", **flag("act")).cast(key_types))
+    bounds = pl.concat(parts).filter(pl.col("end_us") > pl.col("start_us"))
     # The bounds are the calls' and the compute of the calls' ranks: the keys that vary among the
     # calls are the only ones that can vary among the bounds (sorting or windowing by one that
     # happens to be constant there changes nothing).
     keys = varying(calls_k, KEYS)
-    weight = _exposed_weight(bounds, keys)
+    weight = _exposed_weight(bounds, keys, classes)
     # W(t): exposed time, shared among the calls running, up to instant t. Every call's ends are
     # sweep bounds, so a call's exposed time is W(end) - W(start), two exact look-ups.
     # Each class of call has its own running total (_exposed_weight): W_coll, W_recv, W_send.
@@ -83,13 +86,13 @@ def exposed_comm(events: pl.DataFrame, colls: pl.DataFrame, *, multi: pl.DataFra
         t_w = weight.get_column("t").to_numpy()
         kind = calls_k.get_column("_class").to_numpy()
         exposed = np.zeros(calls_k.height)
-        for k in CLASSES:
+        for k in classes:
             w_cum = weight.get_column(f"w_{k}").to_numpy()
             at = lambda t: _look_up(t_w, w_cum, calls_k.get_column(t).to_numpy())  # noqa: E731
             exposed += np.where(kind == k, at("end_us") - at("start_us"), 0.0)
         pairs = pl.DataFrame({"_call": calls_k.get_column("_call"), "exposed_us": exposed})
     else:
-        mine = pl.coalesce([pl.when(pl.col("_class") == k).then(f"w_{k}") for k in CLASSES])
+        mine = pl.coalesce([pl.when(pl.col("_class") == k).then(f"w_{k}") for k in classes])
         at = lambda t: calls_k.select("_call", *KEYS, "_class", t=t).sort("t").join_asof(  # noqa: E731
             weight, left_on="t", right_on="t", by=KEYS, strategy="backward", check_sortedness=False
         ).select("_call", w=mine.fill_null(0.0))
@@ -118,39 +121,49 @@ def _look_up(t_w: np.ndarray, w_cum: np.ndarray, t: np.ndarray) -> np.ndarray:
 CLASSES = ("coll", "recv", "send")
 
 
-def _exposed_weight(bounds: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """(run, rank, t, w_coll, w_recv, w_send): at each bound t, the exposed time before t that each
-    class of call running takes, each instant divided by the number of calls that share it (a
-    labelled sweep that counts, intervals.sweep's idea).
+def _counts(classes: tuple[str, ...]) -> tuple[str, ...]:
+    """The running counts the sweep keeps for these classes of call: compute, each class, and
+    the pipeline's action spans where there are gloo sends or receives."""
+    return ("comp", *classes, *(("act",) if set(classes) - {"coll"} else ()))
+
+
+def _exposed_weight(bounds: pl.DataFrame, keys: list[str], classes: tuple[str, ...] = ("coll",)) -> pl.DataFrame:
+    """(run, rank, t, w_<class>... for `classes`): at each bound t, the exposed time before t
+    that each class of call running takes, each instant divided by the number of calls that share
+    it (a labelled sweep that counts, intervals.sweep's idea).
 
     A gloo send or receive runs only outside the pipeline's action spans (breakdown.cpu_comm). And
     it is asynchronous: the rank goes on after posting it and waits where it needs the data, on a
     receive. So an exposed instant is shared by the collectives and receives running in it, and
     falls to the sends running only where neither runs (at a step's end, the rank waits for its
     sends). Without gloo sends or receives (NCCL, collectives only) every call shares every instant
-    it runs in, as before: the classes change who takes an instant, never whether it is exposed."""
-    counts = ("comp", "coll", "recv", "send", "act")
+    it runs in: the classes change who takes an instant, never whether it is exposed."""
+    counts = _counts(classes)
     edges = pl.concat([
-        bounds.select(*KEYS, t="start_us", **{f"d_{c}": c for c in counts}),
-        bounds.select(*KEYS, t="end_us", **{f"d_{c}": -pl.col(c) for c in counts}),
+        bounds.select(*KEYS, t="start_us", **{f"d_{k}": k for k in counts}),
+        bounds.select(*KEYS, t="end_us", **{f"d_{k}": -pl.col(k) for k in counts}),
     ])
     c = pl.col
-    free = c("n_act") == 0
-    first = c("n_coll") + pl.when(free).then(c("n_recv")).otherwise(0)  # collectives and receives
-    sends = pl.when(free).then(c("n_send")).otherwise(0)
-    exposed = (c("n_comp") == 0) & (first + sends > 0)
-    share = pl.when(exposed & (first > 0)).then(c("dur") / first).otherwise(0.0)
-    send_share = pl.when(exposed & (first == 0)).then(c("dur") / sends).otherwise(0.0)
+    n = lambda k: c(f"n_{k}") if k in counts else pl.lit(0, pl.Int32)  # noqa: E731
+    free = n("act") == 0
+    first = n("coll") + (pl.when(free).then(n("recv")).otherwise(0) if "recv" in classes else 0)  # collectives, receives
+    exposed = c("n_comp") == 0
+    shares = {"coll": pl.when(exposed & (first > 0)).then(c("dur") / first).otherwise(0.0)}
+    if "recv" in classes:
+        shares["recv"] = pl.when(free).then(shares["coll"]).otherwise(0.0)
+    if "send" in classes:
+        sends = pl.when(free).then(n("send")).otherwise(0)
+        shares["send"] = pl.when(exposed & (first == 0) & (sends > 0)).then(c("dur") / sends).otherwise(0.0)
     # Sorted and windowed by `keys` only (those of KEYS that vary): one rank's frame has none.
     return (
         edges.sort(*keys, "t")
         .with_columns(**{f"n_{k}": over(c(f"d_{k}").cum_sum(), keys) for k in counts})
         .filter(last_at_instant(keys))  # each instant's last running counts (the frame is sorted by it)
         .with_columns(dur=over(c("t").shift(-1) - c("t"), keys).fill_null(0.0))
-        .with_columns(_coll=share, _recv=pl.when(free).then(share).otherwise(0.0), _send=send_share)
+        .with_columns(**{f"_{k}": shares[k] for k in classes})
         # the weight of [t, next t) is reached at the next t
-        .with_columns(**{f"w_{k}": over(c(f"_{k}").cum_sum() - c(f"_{k}"), keys) for k in CLASSES})
-        .select(*KEYS, "t", *(f"w_{k}" for k in CLASSES))
+        .with_columns(**{f"w_{k}": over(c(f"_{k}").cum_sum() - c(f"_{k}"), keys) for k in classes})
+        .select(*KEYS, "t", *(f"w_{k}" for k in classes))
     )
 
 
