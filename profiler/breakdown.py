@@ -12,8 +12,8 @@ the `gloo:<op>` spans, which gloo records on its worker threads for collectives 
 thread for point-to-point send/recv (pipelines); a worker thread's operators are part of its
 collective, not compute. A send or receive is asynchronous: its span runs from the post to the
 wait that completes it, so the part inside a pipeline action span (`ptprof/pp/...`, the rank
-running that action) is not communication time (`cpu_comm`). Idle is time with neither, which on the main thread includes the blocking
-waits for collectives (gloo records those only as gaps).
+running that action) is not communication time (`cpu_comm`). Idle is time with neither, which on
+the main thread includes the blocking waits for collectives (gloo records those only as gaps).
 
 Both: `comm_us` is the union of communication, `overlap_us` its part under compute,
 `exposed_comm_us` its part with no compute under it, `overlap_pct` = overlap / comm * 100.

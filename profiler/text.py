@@ -14,13 +14,13 @@ import textwrap
 
 import polars as pl
 
-from profiler.discover import manifest_field, paradigm_label
+from profiler.discover import paradigm_label
 from profiler.errors import printable
 from profiler.pipeline import slowest_over_steps, theory_bubble_pct
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
     NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_range, fmt_since,
-    fmt_time, fmt_unit, min_median_max, more, per_run, plural, sig3, sparkline, strings, table, title, truncate, wrap, _number,
-    _scaled,
+    fmt_time, fmt_unit, min_median_max, model_label, more, per_run, plural, sig3, sparkline, strings, table, title, truncate,
+    wrap, _number,
 )
 from profiler.findings_recompute import gathers_in_forward
 from profiler.recompute import ratio_on_compute
@@ -61,7 +61,7 @@ def _overview(a, full: bool) -> list[str]:
         files = r["file"].to_list()
         where = files[0] if len(files) == 1 else _common_folder(files) + f"/ ({len(files):,} files)"
         device = ", ".join(sorted({d for d in r["device_kind"].to_list() if d}))
-        rows.append([run, paradigm_label(manifest) or "(foreign)", _model_label(manifest), fmt_count(r.height),
+        rows.append([run, paradigm_label(manifest) or "(foreign)", model_label(manifest), fmt_count(r.height),
                      "/".join(sorted({b for b in r["backend"].to_list() if b})) or NONE, device or NONE,
                      str(steps.get(run, NONE)), where])
     out = [title("Runs", "what was loaded (+sp, +lp loss parallel, +offload, +rc recompute; steps: profiled)")]
@@ -73,17 +73,6 @@ def _overview(a, full: bool) -> list[str]:
         out += table(["run", "rank", "events", "device", "file"],
                      [[r, str(k), f"{n:,}", d or NONE, f] for r, k, n, d, f in files.iter_rows()], "lrrll", shrink=4, tail=True)
     return out
-
-
-def _model_label(manifest: dict | None) -> str:
-    """run.json's model: its preset and parameter count ("tiny 134k"), so that runs of different
-    models are not read as one model run two ways; "—" for a foreign trace."""
-    preset, n = manifest_field(manifest, "model", "preset"), manifest_field(manifest, "model", "n_params")
-    # A count a model can have (1 to 10^15 parameters): run.json is user data (a bool, NaN, 1e40).
-    count = (_scaled(n, [(1.0, ""), (1e3, "k"), (1e6, "M"), (1e9, "B"), (1e12, "T")], whole=True).replace(" ", "")
-             if isinstance(n, (int, float)) and not isinstance(n, bool) and 1 <= n < 1e15 else None)
-    words = [printable(str(preset))[:16] if isinstance(preset, str) and preset else None, count]
-    return " ".join(w for w in words if w) or NONE
 
 
 def _common_folder(files: list[str]) -> str:
@@ -464,7 +453,7 @@ def _comparison(a, runs: list[str]) -> list[str]:
     out = [title("Runs side by side", "mean over ranks (memory: the largest rank), change vs the first")]
     if not short:
         out += [printable(truncate(f"  {n} = {r}", WIDTH)) for n, r in zip(names, runs)]
-    models = [_model_label(a.runs.get(r) if isinstance(a.runs.get(r), dict) else None) for r in runs]
+    models = [model_label(a.runs.get(r) if isinstance(a.runs.get(r), dict) else None) for r in runs]
     if len({m for m in models if m != NONE}) > 1:  # another model's step time says nothing of the layout: said first
         out += wrap("models differ (" + ", ".join(f"{n}: {m}" for n, m in zip(names, models)) + "): the changes below "
                     "are the models' as much as the layouts'", "  note: ", "    ")
