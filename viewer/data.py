@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -324,6 +325,24 @@ def _folder_key(folder: Path) -> tuple:
         return ()
 
 
+def relative_paths(text: str | None, folder: Path) -> str | None:
+    """`text` with the run folder's own path dropped from the paths in it: errors name files by
+    their absolute server path, and `/data/traces/run/rank1.json: not valid JSON` reads as
+    `rank1.json: not valid JSON` (the file and the problem first). The folder itself, named
+    without a file after it, stays as it is."""
+    if not text:
+        return text
+    try:
+        folders = {str(folder), str(folder.resolve())}
+    except (OSError, RuntimeError):  # a link loop: leave the text as it is
+        folders = {str(folder)}
+    for f in sorted(folders, key=len, reverse=True):
+        # Only where a path starts (the text's start, after a space, quote or bracket): the same
+        # characters inside another path (/backup/x/run/a.json) are left alone.
+        text = re.sub(r"(?<![^\s'\"(\[])" + re.escape(f.rstrip("/") + "/"), "", text)
+    return text
+
+
 def _load_run(run_id: str, folder: Path, root: Path) -> RunData:
     data = RunData(run_id=run_id, folder=folder)
     try:
@@ -332,7 +351,7 @@ def _load_run(run_id: str, folder: Path, root: Path) -> RunData:
         if not problem:
             data.manifest, problem = read_manifest(folder)
         if problem:
-            data.error = problem
+            data.error = relative_paths(problem, folder)
             return data
         # With the lanes' activity bins: Compare draws them above 16 ranks (viewer.scale).
         data.traces = load_traces(folder, progress=False, options=MapOptions(activity=True))
@@ -344,7 +363,7 @@ def _load_run(run_id: str, folder: Path, root: Path) -> RunData:
     # BaseException, so it is named here.
     except (Exception, pl.exceptions.PanicException) as e:  # noqa: BLE001
         log.warning("run %s failed to load: %s", run_id, e)
-        data.error = str(e) if isinstance(e, TraceError) else f"{type(e).__name__}: {e}"
+        data.error = relative_paths(str(e) if isinstance(e, TraceError) else f"{type(e).__name__}: {e}", folder)
         data.traces = data.analysis = None
     return data
 

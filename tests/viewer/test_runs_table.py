@@ -47,6 +47,9 @@ def test_a_broken_trace_reads_file_name_first(tmp_path, traces_root, pages):
     status = rows["broken-run"]["status"]
     assert status.startswith(BAD_FILE) and "JSON" in status, status
     assert str(tmp_path) not in status
+    # The same error where Compare and Open show it: the run's own, not only its row's.
+    (run,) = store.get_many(["broken-run"])
+    assert run.error.startswith(BAD_FILE) and str(tmp_path) not in run.error
     shown, tips = pages.runs.table_cells(list(rows.values()))
     assert (shown, tips) == ([rows["broken-run"]], [{}])  # short enough: all of it in the cell, no tooltip
 
@@ -67,7 +70,7 @@ def test_a_long_status_is_cut_in_its_cell_and_whole_in_its_tooltip(pages):
 
 
 def test_only_paths_that_start_with_the_run_folder_are_shortened(pages):
-    rel = pages.runs.relative_paths
+    rel = data.relative_paths
     folder = Path("/x/run")
     assert rel("/x/run/a.json: bad; 2 skipped: '/x/run/b.json' (/x/run/c.json)", folder) == "a.json: bad; 2 skipped: 'b.json' (c.json)"
     assert rel("/backup/x/run/a.json: bad", folder) == "/backup/x/run/a.json: bad"  # another path that holds it

@@ -7,14 +7,12 @@ finish, with a progress line, until none is left.
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 
 import dash
 from dash import Input, Output, State, callback, ctx, dash_table, dcc, html
 
 from viewer import ids
-from viewer.data import PENDING, RUN_COLUMNS, PathRefused, RunStore, manifest_row, pending_row, run_row
+from viewer.data import PENDING, RUN_COLUMNS, PathRefused, RunStore, manifest_row, pending_row, relative_paths, run_row
 from viewer.pages import FONT, MAX_COMPARE, compare_href, current_store, run_id_list
 
 POLL_MS = 1000  # how often the page asks for runs analysed since
@@ -100,24 +98,6 @@ def runs_table_rows(store: RunStore) -> tuple[list[dict], list[str]]:
         row["status"] = relative_paths(row["status"], store.root / r)
         rows.append({**row, "id": r})
     return rows, pending
-
-
-def relative_paths(text: str | None, folder: Path) -> str | None:
-    """`text` with the run folder's own path dropped from the paths in it: errors name files by
-    their absolute server path, and `/data/traces/run/rank1.json: not valid JSON` reads as
-    `rank1.json: not valid JSON` (the file and the problem first). The folder itself, named
-    without a file after it, stays as it is."""
-    if not text:
-        return text
-    try:
-        folders = {str(folder), str(folder.resolve())}
-    except (OSError, RuntimeError):  # a link loop: leave the text as it is
-        folders = {str(folder)}
-    for f in sorted(folders, key=len, reverse=True):
-        # Only where a path starts (the text's start, after a space, quote or bracket): the same
-        # characters inside another path (/backup/x/run/a.json) are left alone.
-        text = re.sub(r"(?<![^\s'\"(\[])" + re.escape(f.rstrip("/") + "/"), "", text)
-    return text
 
 
 def _cut(text: str, limit: int) -> str:
