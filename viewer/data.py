@@ -401,8 +401,10 @@ def _json_type(v) -> str:
 # One row of the Runs table
 
 
-RUN_COLUMNS = ["run", "paradigm", "ranks", "mesh", "device", "steps", "step_ms", "exposed_comm_pct", "overlap_pct",
-               "bubble_pct", "peak_mib", "peak_mib_per_rank", "status"]
+# The status beside the run's name: last, it was off-screen at 1,500 px, and a run that skipped a
+# file showed its other ranks' numbers with nothing in view to say so.
+RUN_COLUMNS = ["run", "status", "paradigm", "ranks", "mesh", "device", "steps", "step_ms", "exposed_comm_pct", "overlap_pct",
+               "bubble_pct", "peak_mib", "peak_mib_per_rank"]
 
 
 def manifest_row(run_id: str, manifest: dict | None, status: str | None) -> dict:

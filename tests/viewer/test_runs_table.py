@@ -76,3 +76,9 @@ def test_only_paths_that_start_with_the_run_folder_are_shortened(pages):
     assert rel("/backup/x/run/a.json: bad", folder) == "/backup/x/run/a.json: bad"  # another path that holds it
     assert rel("/x/run2/a.json: bad", folder) == "/x/run2/a.json: bad"  # a sibling folder
     assert rel("no traces in /x/run", folder) == "no traces in /x/run" and rel(None, folder) is None
+
+
+def test_the_status_stands_beside_the_run_name(pages):
+    # Last, it was off-screen at 1,500 px: a run that skipped a file looked like any other.
+    table = _table(pages.runs.layout())
+    assert [c["id"] for c in table.columns][:2] == ["run", "status"]

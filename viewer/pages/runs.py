@@ -28,7 +28,7 @@ NUMERIC = {"ranks", "steps", "step_ms", "exposed_comm_pct", "overlap_pct", "bubb
 # of ending in an ellipsis, which hid what tells two runs apart (a name's end, `...-run-0042`) and
 # what went wrong (the file name and the error after a path). A status cut past STATUS_CELL_CHARS
 # keeps rows a few lines high (a run skipping 1,000 files), the whole text in its tooltip.
-WRAPPED = {"run": "300px", "status": "360px"}  # column -> min width, so wrapping never squeezes it narrow
+WRAPPED = {"run": "240px", "status": "220px"}  # column -> min width, so wrapping never squeezes it narrow
 STATUS_CELL_CHARS = 200
 STATUS_TIP_CHARS = 800
 
