@@ -111,7 +111,7 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                     f"{k} {phase_text(p, k, pipeline)} {ms(e)} exposed of {ms(c)} summed over its calls"
                     for k, p, e, c, _ in by.head(3).iter_rows())
         paradigm = manifest_field((getattr(a, "runs", None) or {}).get(run), "paradigm")
-        change = collective_change(kind, phase, paradigm)
+        change = collective_change(kind, phase, paradigm, pipeline)
         if kind is not None and once:
             change = one_time_change(kind, phase, pipeline)
         out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, change))

@@ -102,5 +102,6 @@ def _cause_change(cause: str, paradigm: str | None = None) -> str:
         return "idle time: waits on other ranks, the host or data loading; see the straggler and pipeline findings"
     if " exposed " in cause:
         kind, where = cause.split(" exposed ", 1)  # phase_text's words: "in forward", or no phase known
-        return collective_change(kind, where.removeprefix("in ") if where.startswith("in ") else None, paradigm)
+        return collective_change(kind, where.removeprefix("in ") if where.startswith("in ") else None, paradigm,
+                                 pipeline=where == phase_text(None, kind, pipeline=True))
     return "memory copies and unclassified kernels: pinned memory, fewer host-device transfers"

@@ -89,6 +89,12 @@ COLLECTIVE_CHANGES: dict[tuple[str, str | None], str] = {
 # An all-to-all of an expert-parallel run (run.json paradigm ep) is the MoE dispatch and combine.
 MOE_ALL_TO_ALL_CHANGE = ("overlap the expert dispatch and combine with compute (split the batch and pipeline the "
                          "all-to-all, or run a shared expert meanwhile); a lower capacity factor sends less")
+# A send or receive between a pipeline's actions: the rank waiting for its neighbouring stage, which
+# is mostly the pipeline's bubble (torch.distributed.pipelining already posts them early).
+PIPELINE_P2P_CHANGE = ("a receive between pipeline actions waits for the neighbouring stage, so most of this is the "
+                       "pipeline's bubble (the pipeline-bubble finding splits it into the schedule's own, stage imbalance "
+                       "and communication): more microbatches or a zero-bubble schedule cut it; torch's pipelining "
+                       "schedules already post sends and receives early (batch_isend_irecv)")
 # A send or receive of a ring-attention run (paradigm ring) is a K/V block travelling the ring.
 RING_P2P_CHANGE = ("a ring-attention K/V block's transfer hides under the attention on the block before only when a rank's shard "
                    "s/P ≥ F·dtype/β (device FLOP/s F, link bytes/s β: docs/theory.md): longer sequences per rank or "
@@ -111,14 +117,16 @@ def one_time_change(kind: str, phase: str | None, pipeline: bool = False) -> str
             "later steps (ptprof run --warmup 2 or more) to see the steady state before acting on it")
 
 
-def collective_change(kind: str | None, phase: str | None, paradigm: str | None = None) -> str:
+def collective_change(kind: str | None, phase: str | None, paradigm: str | None = None, pipeline: bool = False) -> str:
     """The change to try for exposed communication of this collective kind in this phase (of a run
-    of this run.json paradigm; None for foreign traces)."""
+    of this run.json paradigm, None for foreign traces; `pipeline`: a run with pipeline actions)."""
     kind = "send" if kind in ("recv", "send_recv") else kind
     if kind is None:
         return GENERIC_CHANGE
     if phase == "recompute":
         return RECOMPUTE_CHANGE
+    if kind == "send" and pipeline and phase is None:
+        return PIPELINE_P2P_CHANGE
     if kind == "all_to_all" and paradigm == "ep":
         return MOE_ALL_TO_ALL_CHANGE
     if kind == "send" and paradigm == "ring":

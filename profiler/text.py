@@ -67,6 +67,9 @@ def _overview(a, full: bool) -> list[str]:
     out = [title("Runs", "what was loaded (+sp, +lp loss parallel, +offload, +rc recompute; steps: profiled)")]
     out += table(["run", "paradigm", "model", "ranks", "backend", "device", "steps", "traces"], rows, "lllrllll",
                  shrink=(7, 0, 2), tail=True, least=24)
+    if len({r[2] for r in rows if r[2] != NONE}) > 1:  # said here too: the side-by-side table comes last
+        out += wrap("the runs trained different models: their times differ by model as much as by layout",
+                    "  note: ", "    ")
     if full:
         files = strings(a.ranks).select("run", "rank", "n_events", "device_name", "file")
         out.append(title("Trace files", "one per rank"))

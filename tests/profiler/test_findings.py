@@ -124,7 +124,10 @@ def test_a_pipeline_runs_transfers_are_between_its_actions_not_of_unknown_phase(
                                ACTION_COLUMNS | {"run": pl.String})
     f = only(F.exposed_comm_rule(e))
     assert "most of it is recv between pipeline actions: 150 µs" in f["text"] and "unknown" not in f["text"] + f["evidence"]
-    assert "send between pipeline actions 50.0 µs exposed" in f["evidence"] and "more microbatches" in f["change"]
+    assert "send between pipeline actions 50.0 µs exposed" in f["evidence"]
+    # the rank waits for its neighbour: the bubble's change, not "post them early" (torch's schedules do)
+    assert "waits for the neighbouring stage" in f["change"] and "isend/irecv" not in f["change"]
+    assert "isend/irecv" in plain["change"]  # a foreign trace's sends: no pipeline known
     e.pipeline_actions = e.pipeline_actions.with_columns(run=pl.lit("B"))  # another run's actions say nothing of A
     assert "recv (phase unknown)" in only(F.exposed_comm_rule(e))["text"]
 
@@ -772,6 +775,6 @@ def test_pipeline_transfers_keep_their_words_in_the_one_time_change_and_in_compa
     assert "this send between pipeline actions is no per-step cost" in one_time_change("send", None, pipeline=True)
     assert "this send (phase unknown) is no per-step cost" in one_time_change("send", None)
     # A comparison's cause is phase_text's words: any but "in <phase>" is no phase, and the change is the kind's.
-    for where in ("between pipeline actions", "(phase unknown)"):
-        assert "more microbatches" in _cause_change(f"recv exposed {where}", "1f1b")
+    assert "neighbouring stage" in _cause_change("recv exposed between pipeline actions", "1f1b")
+    assert "isend/irecv" in _cause_change("recv exposed (phase unknown)", None)
     assert "forward_prefetch" in _cause_change("all_gather exposed in forward", "fsdp")

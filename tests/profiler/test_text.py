@@ -316,8 +316,9 @@ def test_the_runs_table_names_the_model_and_a_comparison_says_when_models_differ
     rows = {line.split()[0]: line.split() for line in section(text, "Runs")[3:5]}
     assert rows["sample-1f1b-2r"][2:4] == ["tiny", "134k"] and rows["sample-zbv-2r"][2:4] == ["tiny8", "430k"]
     assert "note: models differ (sample-1f1b-2r: tiny 134k, sample-zbv-2r: tiny8 430k)" in text
+    assert any(line.startswith("  note: the runs trained different models") for line in section(text, "Runs"))  # near the top
     same = format_tables(analyze(load_traces([REPO / "traces" / "sample-ddp-2r", REPO / "traces" / "sample-fsdp-2r"])))
-    assert "models differ" not in same
+    assert "models differ" not in same and "different models" not in same
 
 
 @pytest.mark.parametrize("n_params, shown", [(1e40, "tiny"), (float("inf"), "tiny"), (True, "tiny"), (-5, "tiny"),
