@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import polars as pl
 
+from profiler.breakdown import pipeline_actions_spans
 from profiler.intervals import subtract, union
-from profiler.steps import GLOO_P2P_RE, PP_ACTION_RE, PROFILER_STEP_RE, names_matching
+from profiler.steps import GLOO_P2P_RE, PROFILER_STEP_RE, names_matching
 
 KIND_CATEGORY = {"compute": "compute", "op": "compute", "comm": "comm", "enqueue": "comm", "memory": "memory",
                  "runtime": "other", "other": "other"}
@@ -75,8 +76,8 @@ def lane_spans(events: pl.DataFrame, *, names: bool = True) -> pl.DataFrame:
     # part inside an action span is no communication: drawn whole, an open send painted a zbv
     # rank's whole step as communication.
     p2p = out.filter(c("_p2p"))
-    actions = spans.filter((c("kind") == "annotation") & c("name").is_in(names_matching(spans, PP_ACTION_RE)))
-    if p2p.is_empty() or actions.is_empty():
+    actions = pipeline_actions_spans(events) if p2p.height else None
+    if actions is None or actions.is_empty():
         return out.drop("_p2p")
     cut = subtract(p2p.rename({"ts_us": "start_us"}), actions.select("run", "rank", start_us="ts_us", end_us="end_us"),
                    ["run", "rank"]).rename({"start_us": "ts_us"})

@@ -188,7 +188,7 @@ def _cpu_intervals(events: pl.DataFrame, steps: pl.DataFrame, gloo_threads: pl.D
 
 
 def pipeline_actions_spans(events: pl.DataFrame) -> pl.DataFrame:
-    """The CPU ranks' pipeline action spans (`ptprof/pp/...`, steps.PP_ACTION_RE) as (KEYS, ts_us, end_us)."""
+    """The pipeline action spans (`ptprof/pp/...`, steps.PP_ACTION_RE) as (KEYS, ts_us, end_us)."""
     actions = events.filter((pl.col("kind") == "annotation") & (pl.col("ph") == "X"))
     return actions.filter(pl.col("name").is_in(names_matching(actions, PP_ACTION_RE))).select(*KEYS, "ts_us", "end_us")
 

@@ -176,9 +176,7 @@ def _run(args: argparse.Namespace) -> int:
     for problem in traces.problems:
         _print_line(f"ptprof analyze: skipped {problem}", sys.stderr)
     if to_stdout:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(jsonfile.dumps(report) + b"\n")
-        sys.stdout.flush()
+        jsonfile.write_stdout(report)
     elif args.json:
         try:
             Path(args.json).write_bytes(jsonfile.dumps(report))

@@ -220,10 +220,7 @@ def plan_main(argv: list[str] | None = None) -> int:
                              f"{result.min_memory_bytes / 2**30:,.1f} GiB per GPU, over the "
                              f"{cluster.usable_hbm_bytes / 2**30:.1f} GiB usable of the {cluster.hbm_gib:g} GiB HBM of {cluster.name} (more GPUs, a smaller model or a smaller global batch)")
         if args.json == STDOUT:  # the JSON alone on stdout
-            report = plan_json(spec, args.gpus, cluster_to_dict(cluster), result, args.top, cluster)
-            sys.stdout.flush()
-            sys.stdout.buffer.write(jsonfile.dumps(report) + b"\n")
-            sys.stdout.flush()
+            jsonfile.write_stdout(plan_json(spec, args.gpus, cluster_to_dict(cluster), result, args.top, cluster))
             return 0
         print(format_plan(spec, args.gpus, cluster, result, args.top, params_note))
         if json_path is not None:

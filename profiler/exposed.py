@@ -14,10 +14,10 @@ in it (two streams, two gloo workers). gloo's sends and receives are asynchronou
 pipeline action span they do not run (breakdown.cpu_comm), and an instant goes to a send only where
 no collective or receive runs (`_exposed_weight`). A class's running total W(t) at each bound
 gives a call's exposed time as W(end) - W(start): no pairing of calls with segments, so it stays
-linear in the number of events. A rank's exposed_us summed over its collectives is therefore the union of its
-exposed communication: the breakdown's exposed_comm_us, up to communication that crosses a step
-boundary (the breakdown clips CPU intervals to the step window; a collective here is counted
-whole in the step it started in). A rank driving several GPUs (DataParallel) is left out, as
+linear in the number of events. A rank's exposed_us summed over its collectives is therefore the
+union of its exposed communication: the breakdown's exposed_comm_us, up to communication that
+crosses a step boundary (the breakdown clips CPU intervals to the step window; a collective here
+is counted whole in the step it started in). A rank driving several GPUs (DataParallel) is left out, as
 the breakdown leaves it out.
 """
 
@@ -127,7 +127,7 @@ def _counts(classes: tuple[str, ...]) -> tuple[str, ...]:
     return ("comp", *classes, *(("act",) if set(classes) - {"coll"} else ()))
 
 
-def _exposed_weight(bounds: pl.DataFrame, keys: list[str], classes: tuple[str, ...] = ("coll",)) -> pl.DataFrame:
+def _exposed_weight(bounds: pl.DataFrame, keys: list[str], classes: tuple[str, ...]) -> pl.DataFrame:
     """(run, rank, t, w_<class>... for `classes`): at each bound t, the exposed time before t
     that each class of call running takes, each instant divided by the number of calls that share
     it (a labelled sweep that counts, intervals.sweep's idea).
@@ -185,8 +185,9 @@ def _cpu_actions(events: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     ranks = calls.filter(pl.col("_class") != "coll").select(KEYS).unique()
     if ranks.is_empty():
         return pl.DataFrame(schema={"run": pl.String, "rank": pl.Int64, "start_us": pl.Float64, "end_us": pl.Float64})
-    return (pipeline_actions_spans(events.join(ranks.cast({"run": events.schema["run"], "rank": events.schema["rank"]}),
-                                               on=KEYS, how="semi"))
+    # The action spans first (a few per microbatch), then those ranks': not a join over every event.
+    actions = pipeline_actions_spans(events)
+    return (actions.join(ranks.cast({"run": actions.schema["run"], "rank": actions.schema["rank"]}), on=KEYS, how="semi")
             .select(*KEYS, start_us="ts_us", end_us="end_us"))
 
 

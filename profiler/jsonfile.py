@@ -13,3 +13,13 @@ import msgspec
 def dumps(obj) -> bytes:
     """`obj` as indented JSON (one space per level, as `json.dumps(obj, indent=1)`; UTF-8, not \\u-escaped)."""
     return msgspec.json.format(msgspec.json.encode(obj), indent=1) + b"\n"
+
+
+def write_stdout(obj) -> None:
+    """`obj` as `dumps` gives it, alone on standard output (`--json -`): text printed before it is
+    flushed first, so nothing interleaves."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stdout.buffer.write(dumps(obj))
+    sys.stdout.flush()
