@@ -4,6 +4,9 @@ import gc
 import os
 import sys
 
+from profiler.startup import one_blas_thread
+
+one_blas_thread()  # before anything imports numpy (startup.py)
 try:
     from profiler.cli import main
 

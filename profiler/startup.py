@@ -1,5 +1,7 @@
-"""Process start-up: heavy imports with the cyclic garbage collector paused.
+"""Process start-up: numpy's BLAS on one thread, and heavy imports with the cyclic garbage
+collector paused.
 
+    one_blas_thread()          # first, before anything imports numpy
     with collector_paused():
         import polars  # and the analyses
 
@@ -12,8 +14,26 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import signal
 import threading
+
+# numpy's OpenBLAS starts a thread for each further core when numpy is imported, and they spin
+# waiting for work before they sleep: ~50 ms of CPU per process on this 2-core machine, taken from
+# the prescan child and the worker processes. ptprof calls no BLAS routine that a thread could
+# speed up (one least-squares fit of a few points, project_measure). Measured (README, Benchmarks,
+# a sixth session): a cold `ptprof analyze` of 8 x 1 MB, CPU 0.67 -> 0.54 s; of 8 x 100 MB,
+# 6.35 -> 6.22 s. Set by `python -m profiler` (what `ptprof analyze|project|plan` run) and given to
+# the pool's workers (pool._WORKER_ENV); not by `import profiler`: a library leaves its caller's
+# environment alone.
+BLAS_THREADS_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+
+
+def one_blas_thread() -> None:
+    """numpy's BLAS on one thread in this process and the ones it starts, unless the user set it.
+    Effective only before numpy's first import (OpenBLAS reads it once, when loaded)."""
+    for key, value in BLAS_THREADS_ENV.items():
+        os.environ.setdefault(key, value)
 
 
 @contextlib.contextmanager

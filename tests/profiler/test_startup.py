@@ -208,8 +208,9 @@ def _early_worker_envs() -> list[dict[str, str]]:
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypatch):
     # pool.py's comment: jemalloc's decay 50 ms, glibc's mmap threshold 1 MB and trim threshold 4 MB
+    # and numpy's OpenBLAS on one thread (startup.py)
     tuned = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576",
-             "MALLOC_TRIM_THRESHOLD_": "4194304"}
+             "MALLOC_TRIM_THRESHOLD_": "4194304", "OPENBLAS_NUM_THREADS": "1"}
     for name in (*tuned, "POLARS_MAX_THREADS"):
         monkeypatch.delenv(name, raising=False)
     envs = _early_worker_envs()
@@ -219,14 +220,59 @@ def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypa
     # A user's own setting wins, as for POLARS_MAX_THREADS: this process runs with it too.
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     monkeypatch.setenv("POLARS_MAX_THREADS", "1")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
     envs = _early_worker_envs()
     monkeypatch.setenv("_RJEM_MALLOC_CONF", "narenas:2")
     envs += _early_worker_envs()
     # jemalloc takes the last value of a key: the user's after ours.
-    mine = tuned | {"MALLOC_TRIM_THRESHOLD_": "131072", "POLARS_MAX_THREADS": "1"}
+    mine = tuned | {"MALLOC_TRIM_THRESHOLD_": "131072", "POLARS_MAX_THREADS": "1", "OPENBLAS_NUM_THREADS": "2"}
     assert len(envs) == 4 and envs[2]["_RJEM_MALLOC_CONF"] == "dirty_decay_ms:50,muzzy_decay_ms:0,narenas:2", envs
     envs = envs[:2]
     assert len(envs) == 2 and all({k: e.get(k) for k in mine} == mine for e in envs), envs
+
+
+_ANALYZE_THEN_SAY_BLAS = """
+import atexit, os, runpy, sys
+# What the command's own process ran with, said as it exits (after everything it imported).
+atexit.register(lambda: print("BLAS", os.environ.get("OPENBLAS_NUM_THREADS"), "numpy" in sys.modules, file=sys.stderr))
+sys.argv = ["profiler", "analyze", sys.argv[1], "--json", "-"]
+runpy.run_module("profiler", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("user", [None, "3"])
+def test_the_command_runs_numpy_with_one_blas_thread_unless_the_user_said(tmp_path, user):
+    """`python -m profiler` (what `ptprof analyze` runs) sets OPENBLAS_NUM_THREADS=1 before
+    numpy's import, which reads it (startup.one_blas_thread); a user's own value is kept."""
+    trace = _tiny(tmp_path / "rank0.json", 0)
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    env.update({"PYTHONPATH": str(REPO), "PTPROF_CACHE_DIR": str(tmp_path / "cache"), **({"OPENBLAS_NUM_THREADS": user} if user else {})})
+    done = subprocess.run([sys.executable, "-c", _ANALYZE_THEN_SAY_BLAS, str(trace)], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["runs"], done.stdout[:300]
+    # numpy was imported, and with the value in place
+    assert done.stderr.strip().splitlines()[-1] == f"BLAS {user or '1'} True", done.stderr
+
+
+def test_one_blas_thread_keeps_numpys_openblas_from_starting_threads():
+    """Where numpy's BLAS is OpenBLAS on a machine of 2+ cores, its import starts a thread per
+    further core; after one_blas_thread it starts none."""
+    code = """
+import os, sys
+if sys.argv[1] == "1":
+    from profiler.startup import one_blas_thread
+    one_blas_thread()
+import numpy
+print(len(os.listdir("/proc/self/task")))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    env["PYTHONPATH"] = str(REPO)
+    threads = [int(subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, cwd=REPO, env=env,
+                                  timeout=60, check=True).stdout) for arg in ("0", "1")]
+    if threads[0] == 1:
+        pytest.skip("numpy started no BLAS thread here (one core, or a BLAS other than OpenBLAS)")
+    assert threads == [threads[0], 1], threads
 
 
 def test_polars_own_jemalloc_setting_is_not_taken_for_the_users():
