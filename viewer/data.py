@@ -115,6 +115,13 @@ class RunData:
         # Frames carry the run id as `run` (not run.json's run_id) so runs concat and label cleanly.
         return self._once("events", lambda: self.traces.events.with_columns(run=pl.lit(self.run_id, pl.Categorical)))
 
+    @property
+    def skipped(self) -> list[str]:
+        """The files the run's load skipped, each with why, named relative to the run's folder."""
+        if not self.ok:
+            return []
+        return self._once("skipped", lambda: [relative_paths(p, self.folder) for p in self.analysis.problems])
+
     def relabel(self, frame: pl.DataFrame | None) -> pl.DataFrame | None:
         if frame is None or "run" not in frame.columns:
             return frame
@@ -453,7 +460,7 @@ def run_row(data: RunData) -> dict:
         bubble_pct=_round(a.pipeline["bubble_pct"].mean(), 1) if a.pipeline is not None else None,
         peak_mib=_round(peaks["peak_allocated_bytes"].max(), 2**-20) if peaks.height else None,
         peak_mib_per_rank=_per_rank_peaks(peaks["peak_allocated_bytes"]),
-        status="ok" if not a.problems else f"{len(a.problems)} file(s) skipped: " + "; ".join(a.problems),
+        status="ok" if not data.skipped else f"{len(data.skipped)} file(s) skipped: " + "; ".join(data.skipped),
     )
     return row
 

@@ -82,3 +82,43 @@ def test_the_status_stands_beside_the_run_name(pages):
     # Last, it was off-screen at 1,500 px: a run that skipped a file looked like any other.
     table = _table(pages.runs.layout())
     assert [c["id"] for c in table.columns][:2] == ["run", "status"]
+
+
+def test_compare_and_open_name_the_files_a_run_skipped(tmp_path, traces_root, pages):
+    # The Runs table said "1 file(s) skipped"; Compare and Open showed the other ranks' numbers
+    # with nothing to say one was missing.
+    run = tmp_path / "half-run"
+    shutil.copytree(traces_root / "sample-ddp-2r", run)
+    (run / "rank1.json.gz").unlink()
+    (run / BAD_FILE).write_text('{"traceEvents": [')  # truncated JSON
+    store = data.RunStore(tmp_path)
+    (loaded,) = store.get_many(["half-run"])
+    assert loaded.ok and loaded.analysis.ranks.height == 1
+    lines = [c for c in pages.compare.status_children(store, ["half-run"]) if "skipped" in str(c)]
+    assert len(lines) == 1, pages.compare.status_children(store, ["half-run"])
+    text = lines[0].children
+    assert text.startswith(f"half-run: 1 file(s) skipped, their ranks left out of every number and figure: {BAD_FILE}"), text
+    assert "JSON" in text and str(tmp_path) not in text and lines[0].className == "error"
+    # The Runs table's status names it the same way (it gave the server's whole path).
+    (row,) = [r for r in pages.runs.runs_table_rows(store)[0] if r["run"] == "half-run"]
+    assert row["status"].startswith(f"1 file(s) skipped: {BAD_FILE}"), row["status"]
+    opened = str(pages.open.open_folder(store, "half-run"))
+    assert "1 rank(s) loaded" in opened and f"1 file(s) skipped, their ranks left out of every number and figure: {BAD_FILE}" in opened
+    # A run that skipped nothing has no such line.
+    shutil.copytree(traces_root / "sample-ddp-2r", tmp_path / "whole-run")
+    assert "skipped" not in str(pages.compare.status_children(store, ["whole-run"]))
+    assert "skipped" not in str(pages.open.open_folder(store, "whole-run"))
+
+
+def test_a_long_skipped_files_line_is_cut_with_the_whole_text_in_its_tooltip(pages):
+    from types import SimpleNamespace
+
+    from viewer.pages import STATUS_CELL_CHARS, STATUS_TIP_CHARS, skipped_files_line
+
+    problems = [f"rank{i}-worker.pt.trace.json: rank {i}: not valid JSON (truncated?)" for i in range(1000)]
+    run = SimpleNamespace(run_id="many", skipped=problems)
+    line = skipped_files_line(run)
+    assert len(line.children) <= STATUS_CELL_CHARS and line.children.endswith("…")
+    assert line.children.startswith("many: 1000 file(s) skipped, their ranks left out of every number and figure: rank0-worker")
+    assert len(line.title) <= STATUS_TIP_CHARS and line.title.startswith(line.children[:-1])
+    assert skipped_files_line(SimpleNamespace(run_id="x", skipped=[])) is None

@@ -3,13 +3,32 @@
 from __future__ import annotations
 
 import dash
+from dash import html
 
-from viewer.data import RunStore
+from viewer.data import RunData, RunStore
 
 STORE_KEY = "PTPROF_RUN_STORE"
 MAX_COMPARE = 4  # runs side by side: the Runs page's limit on ticks, the Compare page's on ids
 MAX_RUN_ID_CHARS = 1000  # a run id is a folder path under the root; longer is no id of ours
 FONT = "system-ui, -apple-system, Segoe UI, sans-serif"  # of the pages' tables
+# A run's status or its skipped files: cut past STATUS_CELL_CHARS where shown (a run skipping
+# 1,000 files), the whole text (up to STATUS_TIP_CHARS) in the tooltip.
+STATUS_CELL_CHARS = 200
+STATUS_TIP_CHARS = 800
+
+
+def cut_text(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def skipped_files_line(run: RunData):
+    """A line saying which files a loaded run skipped (their ranks are in none of its numbers),
+    or None where it skipped none (or did not load: its error says why)."""
+    if not run.skipped:
+        return None
+    text = (f"{run.run_id}: {len(run.skipped)} file(s) skipped, their ranks left out of every number and figure: "
+            + "; ".join(run.skipped))
+    return html.Div(cut_text(text, STATUS_CELL_CHARS), title=cut_text(text, STATUS_TIP_CHARS), className="error")
 
 
 def current_store() -> RunStore:

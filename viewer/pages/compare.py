@@ -18,7 +18,7 @@ from profiler import TraceError
 from viewer import compare_data, data, figures, ids, scale, scale_data, scale_figures, theory_cards
 from viewer.data import RunStore
 from viewer.figures import COLLECTIVE_COLUMNS
-from viewer.pages import FONT, MAX_COMPARE, current_store, run_id_list
+from viewer.pages import FONT, MAX_COMPARE, current_store, run_id_list, skipped_files_line
 
 GRAPH_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 _RANGE_KEY = re.compile(r"^xaxis\d*\.range(\[[01]\])?$")
@@ -126,7 +126,8 @@ dash.register_page(__name__, path="/compare", name="Compare", title="ptprof · c
 
 
 def status_children(store: RunStore, run_ids: list[str]):
-    """A line per run: what it is, or the error that stopped it (shown in place of its figures)."""
+    """A line per run: what it is (and the files it skipped), or the error that stopped it (shown
+    in place of its figures)."""
     out = []
     for d in store.get_many(run_ids):
         if d.ok:
@@ -135,6 +136,8 @@ def status_children(store: RunStore, run_ids: list[str]):
                 f"{d.run_id}: {row['paradigm']}, {row['ranks']} ranks ({row['mesh'] or 'no mesh'}), {row['device']}, "
                 f"mean step {row['step_ms']} ms"
             )))
+            if (skipped := skipped_files_line(d)) is not None:
+                out.append(skipped)
         else:
             out.append(html.Div(f"{d.run_id}: {d.error}", className="error"))
     return out

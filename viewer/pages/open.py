@@ -7,7 +7,7 @@ from dash import Input, Output, State, callback, dcc, html
 
 from viewer import ids, upload
 from viewer.data import PathRefused, RunStore
-from viewer.pages import compare_href, current_store
+from viewer.pages import compare_href, current_store, skipped_files_line
 
 
 def layout(**_query):
@@ -73,6 +73,7 @@ def _result(store: RunStore, run_id: str):
     return html.Div(className="card", children=[
         html.Span(f"{run_id}: {n} rank(s) loaded. ", className="ok"),
         dcc.Link("Open it in Compare", href=compare_href([run_id]), className="button"),
+        *([skipped] if (skipped := skipped_files_line(data)) is not None else []),
     ])
 
 

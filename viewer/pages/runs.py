@@ -13,7 +13,8 @@ from dash import Input, Output, State, callback, ctx, dash_table, dcc, html
 
 from viewer import ids
 from viewer.data import PENDING, RUN_COLUMNS, PathRefused, RunStore, manifest_row, pending_row, relative_paths, run_row
-from viewer.pages import FONT, MAX_COMPARE, compare_href, current_store, run_id_list
+from viewer.pages import (FONT, MAX_COMPARE, STATUS_CELL_CHARS, STATUS_TIP_CHARS, compare_href, current_store, cut_text,
+                          run_id_list)
 
 POLL_MS = 1000  # how often the page asks for runs analysed since
 
@@ -29,8 +30,6 @@ NUMERIC = {"ranks", "steps", "step_ms", "exposed_comm_pct", "overlap_pct", "bubb
 # what went wrong (the file name and the error after a path). A status cut past STATUS_CELL_CHARS
 # keeps rows a few lines high (a run skipping 1,000 files), the whole text in its tooltip.
 WRAPPED = {"run": "240px", "status": "220px"}  # column -> min width, so wrapping never squeezes it narrow
-STATUS_CELL_CHARS = 200
-STATUS_TIP_CHARS = 800
 
 
 def layout(**_query):
@@ -100,10 +99,6 @@ def runs_table_rows(store: RunStore) -> tuple[list[dict], list[str]]:
     return rows, pending
 
 
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
-
-
 def table_cells(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     """(data, tooltip_data) of the table for runs_table_rows' rows: a status longer than
     STATUS_CELL_CHARS cut in its cell, whole (up to STATUS_TIP_CHARS) in its tooltip; no tooltip
@@ -112,8 +107,8 @@ def table_cells(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     for r in rows:
         status = r["status"]
         if isinstance(status, str) and len(status) > STATUS_CELL_CHARS:
-            data.append({**r, "status": _cut(status, STATUS_CELL_CHARS)})
-            tips.append({"status": {"value": _cut(status, STATUS_TIP_CHARS), "type": "text"}})
+            data.append({**r, "status": cut_text(status, STATUS_CELL_CHARS)})
+            tips.append({"status": {"value": cut_text(status, STATUS_TIP_CHARS), "type": "text"}})
         else:
             data.append(r)
             tips.append({})
