@@ -295,6 +295,17 @@ def manifest_field(manifest: dict | None, *keys: str):
     return value
 
 
+def model_of(manifest: dict | None) -> dict | None:
+    """run.json's model as {"preset": "tiny", "n_params": 133760}: each None where run.json lacks
+    it or it cannot be one (run.json is user data: a bool, NaN, 1e40, an empty name); None where
+    neither is there (a foreign trace)."""
+    preset, n = manifest_field(manifest, "model", "preset"), manifest_field(manifest, "model", "n_params")
+    preset = preset if isinstance(preset, str) and preset else None
+    # A count a model can have: 1 to 10^15 parameters, whole.
+    n = int(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and 1 <= n < 1e15 and n == int(n) else None
+    return {"preset": preset, "n_params": n} if preset is not None or n is not None else None
+
+
 # The variant flags of `ptprof run`, as the short suffix the Runs table shows ("tp+lp", "ddp+rc").
 VARIANT_FLAGS = (("sp", "sp"), ("loss_parallel", "lp"), ("offload", "offload"), ("recompute", "rc"))
 

@@ -10,7 +10,7 @@ import polars as pl
 
 from profiler.activity import ACTIVITY_COLUMNS
 from profiler.collectives import collective_skew, collective_stats, stragglers
-from profiler.discover import manifest_field
+from profiler.discover import manifest_field, model_of
 from profiler.load import Traces
 from profiler.memory import CURVE_COLUMNS, persistent_memory
 from profiler.damaged import DAMAGED
@@ -325,6 +325,7 @@ def build_report(a: Analysis) -> dict:
         runs.append({
             "run": run,
             "paradigm": manifest_field(manifest, "paradigm"),
+            "model": model_of(manifest),
             "world_size": manifest_field(manifest, "world_size") or _first(a.ranks.filter(sel)["world_size"]),
             "backend": manifest_field(manifest, "backend") or _first(a.ranks.filter(sel)["backend"]),
             "files": _records(a.ranks.filter(sel).select("rank", "file", "device_kind", "device_name", "has_gpu", "n_events", "dropped")),

@@ -8,7 +8,7 @@ import textwrap
 
 import polars as pl
 
-from profiler.discover import manifest_field
+from profiler.discover import model_of
 from profiler.errors import printable
 
 WIDTH = 100
@@ -106,11 +106,10 @@ def fmt_since(us) -> str:
 def model_label(manifest: dict | None) -> str:
     """run.json's model: its preset and parameter count ("tiny 134k"), so that runs of different
     models are not read as one model run two ways; "—" for a foreign trace."""
-    preset, n = manifest_field(manifest, "model", "preset"), manifest_field(manifest, "model", "n_params")
-    # A count a model can have (1 to 10^15 parameters): run.json is user data (a bool, NaN, 1e40).
-    count = (_scaled(n, [(1.0, ""), (1e3, "k"), (1e6, "M"), (1e9, "B"), (1e12, "T")], whole=True).replace(" ", "")
-             if isinstance(n, (int, float)) and not isinstance(n, bool) and 1 <= n < 1e15 else None)
-    words = [printable(str(preset))[:16] if isinstance(preset, str) and preset else None, count]
+    model = model_of(manifest) or {"preset": None, "n_params": None}
+    preset, n = model["preset"], model["n_params"]
+    count = _scaled(n, [(1.0, ""), (1e3, "k"), (1e6, "M"), (1e9, "B"), (1e12, "T")], whole=True).replace(" ", "") if n else None
+    words = [printable(preset)[:16] if preset else None, count]
     return " ".join(w for w in words if w) or NONE
 
 

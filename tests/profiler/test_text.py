@@ -334,6 +334,33 @@ def test_an_odd_parameter_count_in_run_json_is_left_out_and_the_table_fits(ddp, 
     assert row.split()[2 + len(shown.split())] == "2" and all(len(line) <= 100 for line in lines)  # then the ranks
 
 
+def test_the_json_report_names_each_runs_model_as_run_json_gives_it(ddp):
+    import json
+
+    from profiler import build_report
+
+    paths = [REPO / "traces" / "sample-1f1b-2r", REPO / "traces" / "sample-zbv-2r", SHARED_TRACES / "gpu_nccl_2_of_128"]
+    report = build_report(analyze(load_traces(paths)))
+    got = {r["run"]: r["model"] for r in report["runs"]}
+    for path in paths[:2]:  # read here from run.json, not through the profiler
+        model = json.loads((path / "run.json").read_text())["model"]
+        assert got[path.name] == {"preset": model["preset"], "n_params": model["n_params"]}
+    assert got["sample-1f1b-2r"] == {"preset": "tiny", "n_params": 133760}
+    (foreign,) = [m for run, m in got.items() if run not in ("sample-1f1b-2r", "sample-zbv-2r")]
+    assert foreign is None  # no run.json
+    # run.json is user data: what no model can have is null, the rest kept; the report stays JSON.
+    run = ddp.ranks["run"].cast(pl.String)[0]
+    for n_params, want in ((1e40, None), (float("nan"), None), (True, None), (-5, None), (2.5, None), ("many", None),
+                           (175e9, 175_000_000_000)):
+        manifest = ddp.runs[run]
+        a = dataclasses.replace(ddp, runs={run: {**manifest, "model": {"preset": "tiny", "n_params": n_params}}})
+        (entry,) = build_report(a)["runs"]
+        assert entry["model"] == {"preset": "tiny", "n_params": want}, n_params
+        json.dumps(entry["model"], allow_nan=False)
+    a = dataclasses.replace(ddp, runs={run: {**ddp.runs[run], "model": {"preset": "", "n_params": "x"}}})
+    assert build_report(a)["runs"][0]["model"] is None
+
+
 def test_two_runs_side_by_side_in_human_units():
     a = analyze(load_traces([REPO / "traces" / "sample-ddp-2r", REPO / "traces" / "sample-fsdp-2r"]))
     text = format_tables(a)
