@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from profiler.collectives import BUSBW_FACTOR
+from profiler.collectives import BUSBW_FACTOR, GLOO_P2P_NOTE
 
 # Per (run, backend, collective, group_size): the fit over that run's own collectives.
 FIT_COLUMNS = {
@@ -64,6 +64,11 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame, *, fastest_pe
     positive β); α < 0 (the line crosses zero before n = 0: the sizes do not pin the latency).
     """
     timed = _timed(collectives, ranks)
+    # Calls whose span is not the transfer (gloo's send and recv: post to wait): a row that says so, no fit.
+    not_transfer = pl.col("note").eq_missing(GLOO_P2P_NOTE) if "note" in timed.columns else pl.lit(False)
+    untimed, timed = timed.filter(not_transfer), timed.filter(~not_transfer)
+    unfit = (untimed.group_by(GROUP).agg(n_calls=pl.len(), n_sizes=pl.col("size_bytes").n_unique())
+             .with_columns(note=pl.lit("span = post to wait, not the transfer: no fit")))
     calls = timed.filter(pl.col("size_bytes").is_not_null() & (pl.col("size_bytes") >= 0))
     if fastest_per_size:
         # Sorted: the fit's sums run in a fixed order, so its last digits never vary between loads.
@@ -71,8 +76,10 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame, *, fastest_pe
     # Kinds the trace timed but never sized (older NCCL traces without args): a row that says so.
     unsized = (timed.group_by(GROUP).agg(n_calls=pl.len()).join(calls.select(GROUP).unique(), on=GROUP, how="anti", nulls_equal=True)
                .with_columns(n_sizes=pl.lit(0, pl.Int64), note=pl.lit("the trace gives no message sizes for these calls: no fit")))
+    unsized = pl.concat([unsized, unfit.cast({"n_sizes": pl.Int64, "n_calls": unsized.schema["n_calls"]})], how="diagonal_relaxed")
     if calls.is_empty():
-        return pl.concat([pl.DataFrame(schema=FIT_COLUMNS), unsized], how="diagonal_relaxed").select(list(FIT_COLUMNS)).cast(FIT_COLUMNS)
+        return (pl.concat([pl.DataFrame(schema=FIT_COLUMNS), unsized], how="diagonal_relaxed").select(list(FIT_COLUMNS))
+                .cast(FIT_COLUMNS).sort(GROUP, nulls_last=True))  # in one order every load, as below
     n, t = pl.col("size_bytes").cast(pl.Float64), pl.col("dur_us")
     fits = calls.group_by(GROUP).agg(
         n_calls=pl.len(), n_sizes=pl.col("size_bytes").n_unique(),

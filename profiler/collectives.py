@@ -26,7 +26,8 @@ for a `ptprof/recompute` span nested in one: the innermost span wins) whose
 main-thread span holds the collective's enqueue (gloo) or its kernel's launch (NCCL), by time.
 
 Bandwidths follow nccl-tests: `size_bytes` is its "size" (the all-reduce buffer, the all-gather
-output, the reduce-scatter input), algbw = size / time, busbw = algbw * factor(kind, group size).
+output, the reduce-scatter input), algbw = size / time, busbw = algbw * factor(kind, group size);
+none for gloo's send and recv, whose spans run from the post to the wait (GLOO_P2P_NOTE).
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ POINT_TO_POINT = ["send", "recv", "send_recv"]
 NCCL_KERNEL_KIND_RE = r"^nccl(?:Dev)?Kernel_([A-Za-z]+)"
 NCCL_KERNEL_DTYPE_RE = r"_([a-z0-9]+_?t?)\("
 GLOO_NOTE = "gloo runs reduce_scatter as an all_reduce of the whole input; busbw uses the all-reduce factor"
+# gloo's send and recv are asynchronous: a span runs from the post (isend / irecv) to the wait that
+# completes it, so its length is the program's, not the transfer's (a pipeline's 16 KiB sends on
+# gloo "take" ~10 ms each: the stage computes until it waits). Their time is kept (what the rank
+# had in flight); a bandwidth over it would mean nothing: null, and this note says why.
+GLOO_P2P_NOTE = ("gloo send/recv: a span runs from the post to the wait that completes it, not only the transfer: "
+                 "no bandwidth")
 
 COLUMNS = ["run", "rank", "step", "seq", "collective", "algo", "group", "group_size", "dtype", "in_bytes", "out_bytes",
            "size_bytes", "start_us", "end_us", "dur_us", "source", "note", "phase"]
@@ -391,7 +398,8 @@ def _gloo(events: pl.DataFrame, ranks: pl.DataFrame | None) -> pl.DataFrame:
         out_bytes=pl.coalesce(out_n, own_out) * size,
         start_us="ts_us", end_us="end_us", dur_us="dur_us",
         source=pl.lit("gloo"),
-        note=pl.when((kind == "reduce_scatter") & (pl.col("algo") == "all_reduce")).then(pl.lit(GLOO_NOTE)),
+        note=pl.when((kind == "reduce_scatter") & (pl.col("algo") == "all_reduce")).then(pl.lit(GLOO_NOTE))
+        .when(kind.is_in(POINT_TO_POINT)).then(pl.lit(GLOO_P2P_NOTE)),
         anchor_us="enq_us", _tie=pl.lit(None, pl.Int64),
     ).with_columns(size_bytes=_size_bytes(pl.col("collective"), pl.col("in_bytes"), pl.col("out_bytes")))
 
@@ -422,12 +430,14 @@ def collective_stats(colls: pl.DataFrame) -> pl.DataFrame:
         mean_us=pl.col("dur_us").mean(),
         total_bytes=pl.when(pl.col("size_bytes").is_not_null().any()).then(pl.col("size_bytes").sum()),
         note=pl.col("note").drop_nulls().first(),
+        _untimed=(pl.col("note") == GLOO_P2P_NOTE).any(),
         _key=pl.col("_key").first(),
     ).join(wall, on="_key", how="left").drop("_key").with_columns(
         # No positive union (zero-length or inverted intervals in an odd trace): the summed durations.
         wall_us=pl.coalesce(pl.when(pl.col("wall_us") > 0).then("wall_us"), "total_us"))
-    # No time, no bandwidth: never an infinite one.
-    stats = stats.with_columns(algbw_gbps=pl.when(pl.col("wall_us") > 0).then(pl.col("total_bytes") / pl.col("wall_us") / 1e3))
+    # No time, no bandwidth: never an infinite one. Nor over a time that is not the transfer's (GLOO_P2P_NOTE).
+    stats = stats.with_columns(algbw_gbps=pl.when((pl.col("wall_us") > 0) & ~pl.col("_untimed"))
+                               .then(pl.col("total_bytes") / pl.col("wall_us") / 1e3)).drop("_untimed")
     n = pl.col("group_size").cast(pl.Float64)
     factor = pl.lit(1.0)
     for kind, f in BUSBW_FACTOR.items():

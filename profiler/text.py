@@ -14,6 +14,7 @@ import textwrap
 
 import polars as pl
 
+from profiler.collectives import GLOO_P2P_NOTE
 from profiler.discover import paradigm_label
 from profiler.errors import printable
 from profiler.pipeline import slowest_over_steps, theory_bubble_pct
@@ -240,6 +241,10 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
     out += wrap("(per collective and group size: sizes of a call, calls and time per rank over the profiled steps, "
                 "calls in flight together counted once (a ring's isend/irecv); busbw: of all its bytes over that time, "
                 "median over ranks; --full: per rank, message size and dtype, total = summed call time)", "  ", "   ")
+    if (stats["note"] == GLOO_P2P_NOTE).any():
+        out += wrap("send and recv on gloo: a span runs from the post (isend / irecv) to the wait that completes it, so "
+                    "their time is what the rank had in flight, not the transfer: no busbw (inside a pipeline action the "
+                    "breakdown counts none of it as communication)", "  note: ", "    ")
     return out + per_run(runs, per, render)
 
 

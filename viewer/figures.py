@@ -317,7 +317,12 @@ def build_collectives_table(stats: pl.DataFrame, skew: pl.DataFrame) -> list[dic
     table = per_rank.group_by("run", "collective").agg(
         count=c("count").mean(), bytes=c("bytes").mean(), total_us=c("total_us").mean(), n=c("count").sum(),
     ).with_columns(mean_us=c("total_us") / c("count"))
-    bw = stats.group_by("run", "collective").agg(busbw_gbps=(c("busbw_gbps") * c("total_us")).sum() / c("total_us").sum())
+    # busbw weighted by time over the rows that have one: rows without (no group size; gloo's send /
+    # recv, collectives.GLOO_P2P_NOTE) are left out of the weights too, and a collective with none
+    # has none (it read 0, or a mean understated by their time).
+    timed = c("total_us").filter(c("busbw_gbps").is_not_null())
+    bw = stats.group_by("run", "collective").agg(
+        busbw_gbps=pl.when(timed.sum() > 0).then((c("busbw_gbps") * c("total_us")).sum() / timed.sum()))
     sk = skew.group_by("run", "collective").agg(skew_mean_ms=c("spread_us").mean() / 1e3, skew_max_ms=c("spread_us").max() / 1e3)
     out = (
         table.join(bw, on=["run", "collective"], how="left").join(sk, on=["run", "collective"], how="left")

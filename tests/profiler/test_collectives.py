@@ -48,6 +48,37 @@ def test_busbw_uses_nccl_tests_factors():
     assert ar["busbw_gbps"] == pytest.approx(ar["algbw_gbps"] * 2 * (2 - 1) / 2)
 
 
+def test_gloo_sends_and_receives_keep_their_time_but_get_no_bandwidth():
+    # gloo's isend / irecv: a main-thread span from the post to the wait that completes it
+    # (sample-1f1b-2r: 16 KiB "taking" 2.5 ms each): not the transfer, so no bandwidth and no α–β fit.
+    from profiler.alphabeta import fit_alpha_beta
+    from profiler.collectives import GLOO_P2P_NOTE
+
+    events = make_events([
+        step(1, 0, 1000),
+        dict(name="c10d::allreduce_", kind="enqueue", ts_us=10, dur_us=2, arg_nelems=[10, None], arg_types=["TensorList", ""]),
+        dict(name="gloo:all_reduce", kind="comm", tid=2, ts_us=12, dur_us=100, arg_nelems=[10], arg_types=["float"]),
+        dict(name="c10d::send", kind="enqueue", ts_us=400, dur_us=5, arg_nelems=[1024, None], arg_types=["TensorList", ""]),
+        dict(name="gloo:send", kind="comm", ts_us=402, dur_us=300, arg_nelems=[1024], arg_types=["float"]),
+        dict(name="c10d::recv_", kind="enqueue", ts_us=710, dur_us=5, arg_nelems=[1024, None], arg_types=["TensorList", ""]),
+        dict(name="gloo:recv", kind="comm", ts_us=712, dur_us=200, arg_nelems=[1024], arg_types=["float"]),
+    ], rank=0)
+    c = collectives(events, RANKS)
+    p2p = c.filter(pl.col("collective").is_in(["send", "recv"])).sort("start_us")
+    assert p2p["collective"].to_list() == ["send", "recv"] and p2p["size_bytes"].to_list() == [4096, 4096]
+    assert p2p["note"].to_list() == [GLOO_P2P_NOTE] * 2
+    s = {r["collective"]: r for r in collective_stats(c).iter_rows(named=True)}
+    assert (s["send"]["total_us"], s["recv"]["total_us"]) == (300.0, 200.0)  # the time is kept
+    assert [s[k][b] for k in ("send", "recv") for b in ("algbw_gbps", "busbw_gbps")] == [None] * 4
+    assert s["all_reduce"]["busbw_gbps"] == pytest.approx(40 / 100 / 1e3)  # the collectives keep theirs
+    fits = {r["collective"]: r for r in fit_alpha_beta(c, RANKS.with_columns(backend=pl.lit("gloo"))).iter_rows(named=True)}
+    assert fits["send"]["beta_gbps"] is None and fits["send"]["note"] == "span = post to wait, not the transfer: no fit"
+    assert fits["recv"]["n_calls"] == 1 and fits["recv"]["alpha_us"] is None
+    # NCCL's send / recv kernels are the transfer (with the peer's wait, as nccl-tests times them): bandwidth kept.
+    nccl = p2p.with_columns(source=pl.lit("nccl"), note=pl.lit(None, pl.String))
+    assert collective_stats(nccl)["algbw_gbps"].is_not_null().all()
+
+
 def test_calls_in_flight_together_count_once_in_the_wall_time_and_the_bandwidth():
     # a ring's two irecvs of 1000 B in flight together: [0, 100) and [50, 150) µs
     c = pl.DataFrame({"run": ["r", "r"], "rank": [0, 0], "collective": ["recv", "recv"], "algo": ["recv", "recv"],

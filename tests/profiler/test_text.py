@@ -361,6 +361,17 @@ def test_the_json_report_names_each_runs_model_as_run_json_gives_it(ddp):
     assert build_report(a)["runs"][0]["model"] is None
 
 
+def test_a_cpu_pipelines_sends_and_receives_show_no_bandwidth_and_say_why():
+    text = format_tables(analyze(load_traces(REPO / "traces" / "sample-zbv-2r")))
+    lines = section(text, "Collectives")
+    rows = {line.split()[0]: line.split() for line in lines if line.split()[:1] in (["send"], ["recv"])}
+    assert set(rows) == {"send", "recv"} and all(r[-1] == "—" for r in rows.values()), rows
+    assert "note: send and recv on gloo: a span runs from the post (isend / irecv) to the wait" in " ".join(lines)
+    assert not too_wide(text)
+    ddp = section(format_tables(analyze(load_traces(REPO / "traces" / "sample-ddp-2r"))), "Collectives")
+    assert "send and recv on gloo" not in " ".join(ddp)  # said only where such calls are
+
+
 def test_two_runs_side_by_side_in_human_units():
     a = analyze(load_traces([REPO / "traces" / "sample-ddp-2r", REPO / "traces" / "sample-fsdp-2r"]))
     text = format_tables(a)

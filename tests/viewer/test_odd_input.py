@@ -27,6 +27,7 @@ def test_collectives_table_renders_without_skew_data(store, app, runs):
     assert {r["run"] for r in rows} == set(runs) and all(r["count"] > 0 for r in rows)
     pipeline_rows = [r for r in rows if r["run"] != "sample-ddp-2r"]
     assert pipeline_rows and all(r["skew_max_ms"] is None for r in pipeline_rows)  # no start data: no skew, not zero
+    assert all(r["busbw_gbps"] is None for r in pipeline_rows)  # gloo's send / recv: post to wait, no bandwidth (not 0)
     res = dash_post(app, f"{ids.COMPARE_COLLECTIVES}.data", runs)
     assert res.status_code == 200, res.get_data(as_text=True)[-300:]
 
@@ -40,6 +41,11 @@ def test_collectives_table_from_stats_alone():
     # means over ranks: count 2, 8 MiB, 2 ms total, 1 ms each; busbw weighted by time: (1*1 + 3*3) / 4
     assert (row["count"], row["size_mib"], row["time_ms"], row["mean_ms"], row["busbw_gbps"]) == (2.0, 8.0, 2.0, 1.0, 2.5)
     assert row["skew_mean_ms"] is None
+    # A rank without busbw (group size unknown) is out of the weights; a collective with none has none, not 0.
+    (row,) = figures.build_collectives_table(stats.with_columns(busbw_gbps=pl.Series([None, 3.0])), pl.DataFrame(schema={"run": pl.String}))
+    assert row["busbw_gbps"] == 3.0
+    (row,) = figures.build_collectives_table(stats.with_columns(busbw_gbps=pl.lit(None, pl.Float64)), pl.DataFrame(schema={"run": pl.String}))
+    assert row["busbw_gbps"] is None
 
 
 # ---------------------------------------------------------------------------------------------
