@@ -303,8 +303,13 @@ def _pipeline(a, runs: list[str], full: bool) -> list[str]:
             head += (f"; asynchronous, no flush (each rank over its own step); 1F1B with a flush would idle "
                      f"(p-1)/(m+p-1) = {fmt_pct(flushed)}")
         lines = wrap(head, "  ", "    ") + collapsed_table(collapse(mean, list(labels)), named, fmt_pct)
+        lines += wrap("(measured: each rank's idle share of its step; textbook: the schedule's idle share of an ideal "
+                      "pipeline, equal stages and free communication; ideal order replayed: the rank's measured actions run "
+                      "in the schedule's order, communication free)", "  ", "   ")
         if split and mean.select(pl.col(split).is_not_null().any()).row(0) != (False,) * len(split):
-            lines += ["  where the bubble comes from (% of the pipeline's rank-time, mean of the steps):"]
+            lines += wrap("where the bubble comes from (% of the pipeline's rank-time, mean of the steps; the schedule's own: "
+                          "its idle time with equal stages, as a share of the measured window, not of an ideal pipeline's "
+                          "as the textbook's):", "  ", "    ")
             lines += collapsed_table(collapse(mean, split), {c: SPLIT_LABELS[c] for c in split}, fmt_pct)
             if (slowest := slowest_over_steps(part)) is not None:  # the one the finding names
                 stage, ratio = slowest

@@ -217,13 +217,17 @@ def collapse(frame: pl.DataFrame, columns: list[str], keys: list[str] | None = N
 def collapsed_table(stats: pl.DataFrame, labels: dict[str, str], fmt) -> list[str]:
     """A table label | min (rank) | median | max (rank) for the metrics of `labels`, in its order
     (`fmt` formats the values, or is a dict metric -> formatter); one rank: label | its value;
-    a value the same on every rank (as printed) once."""
+    a value the same on every rank (as printed) once; where every row is, the header says so once
+    ("every rank") rather than each cell."""
     by = {r["metric"]: r for r in stats.to_dicts()}
     rows = [(label, by[m], fmt[m] if isinstance(fmt, dict) else fmt) for m, label in labels.items() if m in by]
     if rows and all(r["n"] == 1 for _, r, _ in rows) and len({r["min_rank"] for _, r, _ in rows}) == 1:
         return table(["", f"rank {rows[0][1]['min_rank']}"], [[label, f(r["min"])] for label, r, f in rows], "lr", shrink=None)
     cells = [[label, *min_median_max(r, f)] for label, r, f in rows]
-    if all(c[2:] == ["", ""] for c in cells):  # every rank agrees on every row
+    if all(c[2:] == ["", ""] for c in cells) and all(r["n"] > 1 for _, r, _ in rows):  # every rank agrees on every row
+        return table(["", f"every rank ({rows[0][1]['n']})" if len({r["n"] for _, r, _ in rows}) == 1 else "every rank"],
+                     [[label, f(r["min"])] for label, r, f in rows], "lr", shrink=None)
+    if all(c[2:] == ["", ""] for c in cells):  # agreeing rows and lone ranks: each cell says which
         return table(["", "value"], [c[:2] for c in cells], "lr", shrink=None)
     return table(["", "min", "median", "max"], cells, "lrrr", shrink=None)
 

@@ -266,7 +266,8 @@ if sys.argv[1] == "1":
 import numpy
 print(len(os.listdir("/proc/self/task")))
 """
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    # OpenBLAS reads OMP_NUM_THREADS and GOTO_NUM_THREADS too (a runner's test may have set one here)
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "GOTO_NUM_THREADS")}
     env["PYTHONPATH"] = str(REPO)
     threads = [int(subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, cwd=REPO, env=env,
                                   timeout=60, check=True).stdout) for arg in ("0", "1")]

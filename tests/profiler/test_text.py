@@ -551,8 +551,11 @@ def test_the_bubble_split_and_the_activations_at_the_peak():
                         for r, b in ((0, 2 * 2**30), (1, 2**30))], schema=ACTIVATION_COLUMNS)
     text = format_tables(dataclasses.replace(a, pipeline=pipeline, activation=act))
     lines = section(text, "Pipeline bubble")
-    got = {line.split("%")[0].rsplit(" ", 2)[0].strip(): line.split()[-4] for line in lines
-           if "(every rank)" in line and ("bubble (all" in line or line.startswith("    "))}
+    start = next(i for i, line in enumerate(lines) if line.startswith("  where the bubble comes from"))
+    header = next(line for line in lines[start:] if "every rank" in line)
+    assert header.split() == ["every", "rank", "(2)"]  # all agree: said once, in the header
+    got = {line.split("%")[0].strip().rsplit(" ", 1)[0].strip(): line.split()[-2] for line in lines[start:]
+           if line.endswith(" %") and ("bubble (all" in line or line.startswith("    "))}
     assert got == {"pipeline bubble (all ranks)": "47.8", "the schedule's own": "26.1", "+ unequal stages": "13.0",
                    "+ communication wait": "8.70"}
     assert "  slowest stage: stage 1, 2.00× (its compute over the mean stage's, in the steps it was slowest)" in lines
