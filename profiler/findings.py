@@ -109,6 +109,7 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                     # c sums the calls' durations: overlapping calls count each, so it is no wall time
                     # and may exceed the window: said as a sum over the calls, never beside the window.
                     f"{k} {phase_text(p, k, pipeline)} {ms(e)} exposed of {ms(c)} summed over its calls"
+                    + (" (in flight together, each counted: more than the window)" if c > win_us else "")
                     for k, p, e, c, _ in by.head(3).iter_rows())
         paradigm = manifest_field((getattr(a, "runs", None) or {}).get(run), "paradigm")
         change = collective_change(kind, phase, paradigm, pipeline)

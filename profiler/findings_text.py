@@ -93,8 +93,16 @@ MOE_ALL_TO_ALL_CHANGE = ("overlap the expert dispatch and combine with compute (
 # is mostly the pipeline's bubble (torch.distributed.pipelining already posts them early).
 PIPELINE_P2P_CHANGE = ("a receive between pipeline actions waits for the neighbouring stage, so most of this is the "
                        "pipeline's bubble (the pipeline-bubble finding splits it into the schedule's own, stage imbalance "
-                       "and communication): more microbatches or a zero-bubble schedule cut it; torch's pipelining "
-                       "schedules already post sends and receives early (batch_isend_irecv)")
+                       "and communication): {cut}; torch's pipelining schedules already post sends and receives early "
+                       "(batch_isend_irecv)")
+# Schedules that fill their bubble with weight-gradient work: no zero-bubble schedule to advise them.
+ZERO_BUBBLE_SCHEDULES = frozenset({"zero-bubble", "zbv", "dualpipev"})
+
+
+def pipeline_p2p_change(paradigm: str | None) -> str:
+    cut = (f"more microbatches cut it ({paradigm} is a zero-bubble schedule already)" if paradigm in ZERO_BUBBLE_SCHEDULES
+           else "more microbatches or a zero-bubble schedule cut it")
+    return PIPELINE_P2P_CHANGE.format(cut=cut)
 # A send or receive of a ring-attention run (paradigm ring) is a K/V block travelling the ring.
 RING_P2P_CHANGE = ("a ring-attention K/V block's transfer hides under the attention on the block before only when a rank's shard "
                    "s/P ≥ F·dtype/β (device FLOP/s F, link bytes/s β: docs/theory.md): longer sequences per rank or "
@@ -126,7 +134,7 @@ def collective_change(kind: str | None, phase: str | None, paradigm: str | None 
     if phase == "recompute":
         return RECOMPUTE_CHANGE
     if kind == "send" and pipeline and phase is None:
-        return PIPELINE_P2P_CHANGE
+        return pipeline_p2p_change(paradigm)
     if kind == "all_to_all" and paradigm == "ep":
         return MOE_ALL_TO_ALL_CHANGE
     if kind == "send" and paradigm == "ring":

@@ -40,7 +40,7 @@ from profiler import prescan
 from profiler.cache import Identity, lookup
 from profiler.errors import TraceError
 from profiler.gzip_limits import json_bytes
-from profiler.startup import BLAS_THREADS_ENV, ctrl_c_held
+from profiler.startup import blas_threads_env, ctrl_c_held
 
 if TYPE_CHECKING:
     from profiler.rankmap import RankSummary, RankTask
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 # 8 x 100 MB, README Benchmarks; the tree's peak the same). A user's own value of any of them
 # wins (_worker_env), as for POLARS_MAX_THREADS: this process already runs with it.
 _WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576",
-               "MALLOC_TRIM_THRESHOLD_": "4194304", **BLAS_THREADS_ENV}  # and numpy's BLAS on one thread (startup.py)
+               "MALLOC_TRIM_THRESHOLD_": "4194304"}
 # What `import polars` writes into _RJEM_MALLOC_CONF before a user's own value (polars/__init__.py:
 # its defaults, then ",thp:always,metadata_thp:always" under POLARS_THP=1, then "," + the value it
 # found). Once this process has imported polars (the Python API, the viewer), that is no user's
@@ -214,7 +214,7 @@ def lookup_all(paths: list[Path], cache: Path, workers: int) -> list[tuple[objec
 
 
 def _worker_env(n: int) -> dict:
-    env = {**_WORKER_ENV, **os.environ}
+    env = {**_WORKER_ENV, **blas_threads_env(os.environ), **os.environ}  # and numpy's BLAS on one thread (startup.py)
     user = _user_jemalloc_conf(os.environ.get("_RJEM_MALLOC_CONF"))
     env["_RJEM_MALLOC_CONF"] = _WORKER_ENV["_RJEM_MALLOC_CONF"] + ("," + user if user else "")
     # n workers already fill the cores: polars' own thread pool in each would oversubscribe them

@@ -9,7 +9,7 @@ import dataclasses
 import polars as pl
 
 from profiler.activity import ACTIVITY_COLUMNS
-from profiler.collectives import collective_skew, collective_stats, stragglers
+from profiler.collectives import GLOO_P2P_NOTE, collective_skew, collective_stats, stragglers
 from profiler.discover import manifest_field, model_of
 from profiler.load import Traces
 from profiler.memory import CURVE_COLUMNS, persistent_memory
@@ -126,8 +126,9 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     for run, r, cats in unknown.iter_rows():
         warnings.append(f"run {run} rank {r}: events of categories ptprof does not know, counted as CPU operators: {cats}; "
                         "if they are a device's activity, that device is not supported (its time is not device time here)")
-    if colls.filter(pl.col("note").is_not_null()).height:
-        warnings.append(colls.filter(pl.col("note").is_not_null())["note"][0])
+    # Each note of the collectives once (gloo's reduce-scatter run as an all-reduce): not gloo's
+    # send / recv, whose missing bandwidth the Collectives table says beside it (and each row's note).
+    warnings += colls.filter(pl.col("note").is_not_null() & (pl.col("note") != GLOO_P2P_NOTE))["note"].unique(maintain_order=True).to_list()
     analysis = Analysis(
         ranks=ranks,
         runs=traces.runs,

@@ -24,16 +24,21 @@ import threading
 # speed up (one least-squares fit of a few points, project_measure). Measured (README, Benchmarks,
 # a sixth session): a cold `ptprof analyze` of 8 x 1 MB, CPU 0.67 -> 0.54 s; of 8 x 100 MB,
 # 6.35 -> 6.22 s. Set by `python -m profiler` (what `ptprof analyze|project|plan` run) and given to
-# the pool's workers (pool._WORKER_ENV); not by `import profiler`: a library leaves its caller's
+# the pool's workers (pool._worker_env); not by `import profiler`: a library leaves its caller's
 # environment alone.
-BLAS_THREADS_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+# OpenBLAS takes its thread count from the first of these that is set.
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def blas_threads_env(environ) -> dict[str, str]:
+    """{"OPENBLAS_NUM_THREADS": "1"}, or {} where the user set any variable OpenBLAS reads (theirs wins)."""
+    return {} if any(environ.get(k) for k in BLAS_THREAD_VARS) else {"OPENBLAS_NUM_THREADS": "1"}
 
 
 def one_blas_thread() -> None:
-    """numpy's BLAS on one thread in this process and the ones it starts, unless the user set it.
-    Effective only before numpy's first import (OpenBLAS reads it once, when loaded)."""
-    for key, value in BLAS_THREADS_ENV.items():
-        os.environ.setdefault(key, value)
+    """numpy's BLAS on one thread in this process and the ones it starts, unless the user said
+    otherwise. Effective only before numpy's first import (OpenBLAS reads it once, when loaded)."""
+    os.environ.update(blas_threads_env(os.environ))
 
 
 @contextlib.contextmanager

@@ -17,15 +17,15 @@ import polars as pl
 from profiler.collectives import GLOO_P2P_NOTE
 from profiler.discover import paradigm_label
 from profiler.errors import printable
-from profiler.pipeline import slowest_over_steps, theory_bubble_pct
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
-    NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_range, fmt_since,
+    NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_r2, fmt_range, fmt_since,
     fmt_time, fmt_unit, min_median_max, model_label, more, per_run, plural, sig3, sparkline, strings, table, title, truncate,
     wrap, _number,
 )
 from profiler.findings_recompute import gathers_in_forward
 from profiler.recompute import ratio_on_compute
 from profiler.text_memory import memory_sections
+from profiler.text_pipeline import pipeline_sections
 
 ROWS = 12  # rows per run of a long table (collectives, operators) unless full
 
@@ -39,7 +39,7 @@ def format_tables(a, *, full: bool = False) -> str:
     columns but for warning/skipped lines; `full` shows every rank instead of min / median / max."""
     runs = a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
     out = _findings(a, runs, full) + _overview(a, full)
-    for part in (_theory_check, _theory_comm, _time, _recompute, _collectives, _stragglers, _pipeline, memory_sections, _alpha_beta,
+    for part in (_theory_check, _theory_comm, _time, _recompute, _collectives, _stragglers, pipeline_sections, memory_sections, _alpha_beta,
                  _top_operators, _top_kernels):
         lines = part(a, runs, full)
         out += lines
@@ -206,13 +206,21 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
     if stats.is_empty():
         return []
     out = [title("Collectives", "time per rank in each, and nccl-tests bus bandwidth (busbw)")]
+    notes = []  # why a busbw is missing, where one is
+    if stats.filter(pl.col("group_size").is_null() & pl.col("total_bytes").is_not_null()).height:
+        notes += wrap("(?): the trace does not say the group's size, so no busbw (the world size is never assumed: "
+                      "sub-groups are common; docs/profiler.md, \"Group size\")", "  note: ", "    ")
+    if (stats["note"] == GLOO_P2P_NOTE).any():
+        notes += wrap("send and recv on gloo: a span runs from the post (isend / irecv) to the wait that completes it, so "
+                      "their time is what the rank had in flight, not the transfer: no busbw (inside a pipeline action the "
+                      "breakdown counts none of it as communication)", "  note: ", "    ")
     if full:
         header = ["rank", "collective", "group", "dtype", "size", "calls", "total", "per call", "algbw", "busbw"]
         render = lambda p: table(header, [  # noqa: E731
             [str(r["rank"]), r["collective"], r["group"] or NONE, r["dtype"] or NONE, fmt_bytes(r["size_bytes"]), fmt_count(r["count"]),
              fmt_time(r["total_us"]), fmt_time(r["mean_us"]), fmt_bw(r["algbw_gbps"]), fmt_bw(r["busbw_gbps"])]
             for r in p.sort("rank", pl.col("total_us"), descending=[False, True]).to_dicts()], "rlllrrrrrr", shrink=(2, 3))
-        return out + per_run(runs, stats, render)
+        return out + notes + per_run(runs, stats, render)
     timed = pl.col("wall_us").filter(pl.col("busbw_gbps").is_not_null())  # no group size, no busbw: left out
     # Per rank and collective kind (sizes and dtypes together: MoE all-to-alls differ in size on every rank):
     # its wall time (calls in flight together counted once), and the bus bandwidth of all its bytes
@@ -241,11 +249,7 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
     out += wrap("(per collective and group size: sizes of a call, calls and time per rank over the profiled steps, "
                 "calls in flight together counted once (a ring's isend/irecv); busbw: of all its bytes over that time, "
                 "median over ranks; --full: per rank, message size and dtype, total = summed call time)", "  ", "   ")
-    if (stats["note"] == GLOO_P2P_NOTE).any():
-        out += wrap("send and recv on gloo: a span runs from the post (isend / irecv) to the wait that completes it, so "
-                    "their time is what the rank had in flight, not the transfer: no busbw (inside a pipeline action the "
-                    "breakdown counts none of it as communication)", "  note: ", "    ")
-    return out + per_run(runs, per, render)
+    return out + notes + per_run(runs, per, render)
 
 
 def _stragglers(a, runs: list[str], full: bool) -> list[str]:
@@ -266,85 +270,6 @@ def _stragglers(a, runs: list[str], full: bool) -> list[str]:
     return out + per_run(runs, s, render)
 
 
-SPLIT_LABELS = {"pipeline_bubble_pct": "pipeline bubble (all ranks)", "schedule_bubble_pct": "  the schedule's own",
-                "imbalance_pct": "  + unequal stages", "comm_wait_pct": "  + communication wait"}
-
-
-def _pipeline(a, runs: list[str], full: bool) -> list[str]:
-    if a.pipeline is None or a.pipeline.is_empty():
-        return []
-    out = [title("Pipeline bubble", "share of a rank's step its stages wait (measured, textbook, ideal order)")]
-    labels = {"bubble_pct": "measured bubble", "theory_pct": "textbook (p-1)/(m+p-1)", "ideal_pct": "ideal order replayed"}
-    p = strings(a.pipeline)
-    split = [c for c in SPLIT_LABELS if c in p.columns]  # the bubble split (profiler.pipeline, docs/profiler.md)
-
-    def render(part: pl.DataFrame) -> list[str]:
-        r0 = part.row(0, named=True)
-        head = (f"{r0['schedule']}: {plural(r0['pp_ranks'], 'pipeline rank')}, {plural(r0['microbatches'], 'microbatch')}, "
-                f"{plural(r0['stages_per_rank'], 'stage')} per rank")
-        if full:
-            header = ["rank", "step", "window", "busy", "bubble", "measured", "textbook", "ideal"]
-            rows = [[str(r["rank"]), str(r["step"]), fmt_time(r["window_us"]), fmt_time(r["busy_us"]), fmt_time(r["bubble_us"]),
-                     fmt_pct(r["bubble_pct"]), fmt_pct(r["theory_pct"]), fmt_pct(r["ideal_pct"])]
-                    for r in part.sort("rank", "step").to_dicts()]
-            lines = wrap(head, "  ", "    ") + table(header, rows, "r" * 8, shrink=None)
-            if split:  # one row per pipeline and step: every rank of a pipeline carries the same split
-                rows = part.select("step", *split, *[c for c in ("slowest_stage", "slowest_stage_ratio") if c in part.columns]
-                                   ).unique(maintain_order=True).sort("step")
-                lines += [""] + table(["step", "pipeline bubble", "schedule", "unequal stages", "comm wait", "slowest stage"],
-                                      [[str(r["step"]), *[fmt_pct(r[c]) for c in split], _slowest(r)] for r in rows.to_dicts()],
-                                      "rrrrrl", shrink=None)
-            return lines
-        mean = part.group_by("run", "rank").agg(pl.col(list(labels) + split).mean())  # over the steps
-        named = labels | ({"theory_pct": "textbook (no flush)"} if r0["schedule"] == "pipedream" else {})
-        if r0["schedule"] == "pipedream":  # a stream: each rank's window is its own step
-            # What the flush would have cost: the same P and M under synchronous 1F1B.
-            flushed = theory_bubble_pct(r0["pp_ranks"], r0["microbatches"])
-            head += (f"; asynchronous, no flush (each rank over its own step); 1F1B with a flush would idle "
-                     f"(p-1)/(m+p-1) = {fmt_pct(flushed)}")
-        lines = wrap(head, "  ", "    ") + collapsed_table(collapse(mean, list(labels)), named, fmt_pct)
-        lines += wrap("(measured: each rank's idle share of its step; textbook: the schedule's idle share of an ideal "
-                      "pipeline, equal stages and free communication; ideal order replayed: the rank's measured actions run "
-                      "in the schedule's order, communication free)", "  ", "   ")
-        if split and mean.select(pl.col(split).is_not_null().any()).row(0) != (False,) * len(split):
-            lines += wrap("where the bubble comes from (% of the pipeline's rank-time, mean of the steps; the schedule's own: "
-                          "its idle time with equal stages, as a share of the measured window, not of an ideal pipeline's "
-                          "as the textbook's):", "  ", "    ")
-            lines += collapsed_table(collapse(mean, split), {c: SPLIT_LABELS[c] for c in split}, fmt_pct)
-            if (slowest := slowest_over_steps(part)) is not None:  # the one the finding names
-                stage, ratio = slowest
-                lines.append(f"  slowest stage: {_slowest({'slowest_stage': stage, 'slowest_stage_ratio': ratio})} "
-                             "(its compute over the mean stage's, in the steps it was slowest)")
-        return lines
-
-    out += per_run(runs, p, render)
-    if a.pipeline_grid is not None and not a.pipeline_grid.is_empty():
-        # U: pipedream's AdamW step after each backward (its per-step optimizer phase is empty)
-        out.append(title("Pipeline order", "actions by rank (F forward, B backward, I/W input/weight grad, U weight update)"))
-        grid = strings(a.pipeline_grid).sort("run", "rank", "step")
-        out += per_run(runs, grid, lambda g: _orders(g, full))
-    return out
-
-
-def _slowest(r: dict) -> str:
-    stage, ratio = r.get("slowest_stage"), r.get("slowest_stage_ratio")
-    return NONE if stage is None else f"stage {stage}" + ("" if _number(ratio) is None else f", {sig3(ratio)}×")
-
-
-def _orders(grid: pl.DataFrame, full: bool) -> list[str]:
-    out = []
-    for (rank,), g in grid.group_by("rank", maintain_order=True):
-        orders = g["order"].to_list()
-        if full or len(set(orders)) > 1:
-            for step, order in zip(g["step"], orders):
-                first = f"  rank {rank} step {step}: "
-                out += wrap(order or NONE, first, " " * len(first))
-        else:
-            first = f"  rank {rank}: "
-            out += wrap(orders[0] or NONE, first, " " * len(first))
-    return out
-
-
 def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
     fit = a.alpha_beta
     if fit is None or fit.is_empty():
@@ -355,8 +280,9 @@ def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
     header = ["backend", "collective", "ranks", "calls", "sizes", "α", "β", "r²", *(["note"] if notes else [])]
     return out + per_run(runs, fit, lambda p: table(header, [
         [r["backend"] or NONE, r["collective"] or NONE, str(r["group_size"] or "?"), fmt_count(r["n_calls"]), fmt_count(r["n_sizes"]),
-         fmt_time(r["alpha_us"]), fmt_bw(r["beta_gbps"]), sig3(r["r2"]), *([r["note"] or ""] if notes else [])]
+         fmt_time(r["alpha_us"]), fmt_bw(r["beta_gbps"]), fmt_r2(r["r2"]), *([r["note"] or ""] if notes else [])]
         for r in p.to_dicts()], "llrrrrrrl", shrink=(8, 1) if notes else 1))
+
 
 
 def _theory_comm(a, runs: list[str], full: bool) -> list[str]:

@@ -224,9 +224,11 @@ def collapsed_table(stats: pl.DataFrame, labels: dict[str, str], fmt) -> list[st
     if rows and all(r["n"] == 1 for _, r, _ in rows) and len({r["min_rank"] for _, r, _ in rows}) == 1:
         return table(["", f"rank {rows[0][1]['min_rank']}"], [[label, f(r["min"])] for label, r, f in rows], "lr", shrink=None)
     cells = [[label, *min_median_max(r, f)] for label, r, f in rows]
-    if all(c[2:] == ["", ""] for c in cells) and all(r["n"] > 1 for _, r, _ in rows):  # every rank agrees on every row
-        return table(["", f"every rank ({rows[0][1]['n']})" if len({r["n"] for _, r, _ in rows}) == 1 else "every rank"],
-                     [[label, f(r["min"])] for label, r, f in rows], "lr", shrink=None)
+    if not rows:
+        return []
+    # Every rank agrees on every row, and every row has every rank (else a row missing on some would be said of all).
+    if all(c[2:] == ["", ""] for c in cells) and len({r["n"] for _, r, _ in rows}) == 1 and rows[0][1]["n"] > 1:
+        return table(["", f"every rank ({rows[0][1]['n']})"], [[label, f(r["min"])] for label, r, f in rows], "lr", shrink=None)
     if all(c[2:] == ["", ""] for c in cells):  # agreeing rows and lone ranks: each cell says which
         return table(["", "value"], [c[:2] for c in cells], "lr", shrink=None)
     return table(["", "min", "median", "max"], cells, "lrrr", shrink=None)
@@ -240,6 +242,12 @@ def min_median_max(r: dict, f) -> list[str]:
     if f(r["min"]) == f(r["max"]):
         return [f"{f(r['min'])} (every rank)", "", ""]
     return [f"{f(r['min'])} (rank {r['min_rank']})", f(r["median"]), f"{f(r['max'])} (rank {r['max_rank']})"]
+
+
+def fmt_r2(r2: float | None) -> str:
+    """r² cut (not rounded) to 3 decimals, as the α–β fit's note words it (alphabeta.py): rounded,
+    0.7979 read 0.798 beside "r² 0.797 < 0.8", and 0.7996 would read 0.800 under a threshold of 0.8."""
+    return NONE if r2 is None or not math.isfinite(r2) else f"{math.floor(r2 * 1000) / 1000:.3f}"
 
 
 def fmt_range(lo, hi, fmt) -> str:

@@ -411,12 +411,24 @@ def _fmt_bytes(n: int | None) -> str:
 # ptprof analyze / view: separate packages, separate processes
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ptprof")
+    except PackageNotFoundError:  # run from a checkout without installing it
+        return "(not installed: run from a source checkout)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ptprof",
         description="Trace-driven profiling for distributed PyTorch training: run a parallelism "
         "paradigm under torch.profiler, then analyze and view where each step's time and memory go.",
+        epilog="Each command has its own help: ptprof COMMAND --help. A first session: ptprof run ddp --gpus 2, "
+        "then ptprof analyze traces/<the run id it prints>, then ptprof view (README, Quick start).",
     )
+    parser.add_argument("--version", action="version", version=f"ptprof {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_run_parser(sub)
     lst = sub.add_parser("list", help="list the runs under a traces folder")

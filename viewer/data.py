@@ -28,7 +28,7 @@ from pathlib import Path
 import polars as pl
 
 from profiler import TraceError, Traces, analyze, load_traces, memory_timeline
-from profiler.discover import MAX_MANIFEST_BYTES, RUN_MANIFEST, find_sources, is_trace_file, manifest_problem
+from profiler.discover import MAX_MANIFEST_BYTES, RUN_MANIFEST, find_sources, is_trace_file, manifest_field, manifest_problem
 from profiler.pipeline import positive_int
 from profiler.rankmap import MapOptions
 from profiler.report import Analysis
@@ -463,6 +463,14 @@ def run_row(data: RunData) -> dict:
         status="ok" if not data.skipped else f"{len(data.skipped)} file(s) skipped: " + "; ".join(data.skipped),
     )
     return row
+
+
+def ranks_loaded(data: RunData) -> str:
+    """"2 ranks", or "1 of 2 ranks" where the run skipped files (run.json's world size, else the
+    ranks loaded plus the files skipped)."""
+    n = data.analysis.ranks.height
+    world = positive_int(manifest_field(data.manifest, "world_size")) or n + len(data.skipped)
+    return f"{n} of {world} ranks" if n < world else f"{n} rank{'s' if n != 1 else ''}"
 
 
 def _per_rank_peaks(peaks: pl.Series) -> str | None:

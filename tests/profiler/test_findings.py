@@ -90,7 +90,15 @@ def test_exposed_comm_names_the_worst_rank_collective_and_phase():
     assert "rank 0 (the worst of 2)" in f["evidence"]
     # comm_us sums the calls' durations (overlapping calls each count): not a wall time
     assert "reduce_scatter in backward 50.0 µs exposed of 100 µs summed over its calls" in f["evidence"]
+    assert "more than the window" not in f["evidence"]
     assert "forward_prefetch" in f["change"]
+    # Calls in flight together (a pipeline's async sends): their summed time can pass the 1 ms window, and says so.
+    case = exposed_case()
+    case.exposed = case.exposed.with_columns(
+        comm_us=pl.when(pl.col("collective") == "reduce_scatter").then(2500.0).otherwise(pl.col("comm_us")))
+    f = only(F.exposed_comm_rule(case))
+    assert ("reduce_scatter in backward 50.0 µs exposed of 2.50 ms summed over its calls (in flight together, each "
+            "counted: more than the window)") in f["evidence"]
 
 
 def test_ranks_that_tie_name_the_lowest_and_say_they_are_alike():
@@ -778,3 +786,14 @@ def test_pipeline_transfers_keep_their_words_in_the_one_time_change_and_in_compa
     assert "neighbouring stage" in _cause_change("recv exposed between pipeline actions", "1f1b")
     assert "isend/irecv" in _cause_change("recv exposed (phase unknown)", None)
     assert "forward_prefetch" in _cause_change("all_gather exposed in forward", "fsdp")
+
+
+def test_a_zero_bubble_pipeline_is_not_told_to_use_a_zero_bubble_schedule():
+    from profiler.findings_text import collective_change
+
+    for paradigm in ("zbv", "zero-bubble", "dualpipev"):
+        change = collective_change("recv", None, paradigm, pipeline=True)
+        assert "more microbatches cut it" in change and "or a zero-bubble schedule" not in change, change
+        assert f"{paradigm} is a zero-bubble schedule already" in change
+    for paradigm in ("1f1b", "gpipe", None):
+        assert "more microbatches or a zero-bubble schedule cut it" in collective_change("send", None, paradigm, pipeline=True)

@@ -211,7 +211,7 @@ def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypa
     # and numpy's OpenBLAS on one thread (startup.py)
     tuned = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLOC_MMAP_THRESHOLD_": "1048576",
              "MALLOC_TRIM_THRESHOLD_": "4194304", "OPENBLAS_NUM_THREADS": "1"}
-    for name in (*tuned, "POLARS_MAX_THREADS"):
+    for name in (*tuned, "POLARS_MAX_THREADS", "OMP_NUM_THREADS", "GOTO_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
     envs = _early_worker_envs()
     assert len(envs) == 2
@@ -222,6 +222,12 @@ def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypa
     monkeypatch.setenv("POLARS_MAX_THREADS", "1")
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
     envs = _early_worker_envs()
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # read by OpenBLAS too: the user's, so no value of ours
+    omp = _early_worker_envs()
+    assert len(omp) == 2 and all("OPENBLAS_NUM_THREADS" not in e and e["OMP_NUM_THREADS"] == "4" for e in omp), omp
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
     monkeypatch.setenv("_RJEM_MALLOC_CONF", "narenas:2")
     envs += _early_worker_envs()
     # jemalloc takes the last value of a key: the user's after ours.
@@ -233,26 +239,31 @@ def test_workers_get_the_allocator_tuning_unless_the_user_set_their_own(monkeypa
 
 _ANALYZE_THEN_SAY_BLAS = """
 import atexit, os, runpy, sys
-# What the command's own process ran with, said as it exits (after everything it imported).
-atexit.register(lambda: print("BLAS", os.environ.get("OPENBLAS_NUM_THREADS"), "numpy" in sys.modules, file=sys.stderr))
+# The variables OpenBLAS reads, as they are when numpy is imported (the audit hook sees the import
+# begin), said as the command exits.
+seen = []
+sys.addaudithook(lambda event, args: event == "import" and args[0] == "numpy" and not seen and seen.append(
+    [os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")]))
+atexit.register(lambda: print("BLAS", seen, file=sys.stderr))
 sys.argv = ["profiler", "analyze", sys.argv[1], "--json", "-"]
 runpy.run_module("profiler", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.mark.parametrize("user", [None, "3"])
-def test_the_command_runs_numpy_with_one_blas_thread_unless_the_user_said(tmp_path, user):
+@pytest.mark.parametrize("user, want", [({}, ["1", None]), ({"OPENBLAS_NUM_THREADS": "3"}, ["3", None]),
+                                        ({"OMP_NUM_THREADS": "4"}, [None, "4"])])
+def test_the_command_imports_numpy_with_one_blas_thread_unless_the_user_said(tmp_path, user, want):
     """`python -m profiler` (what `ptprof analyze` runs) sets OPENBLAS_NUM_THREADS=1 before
-    numpy's import, which reads it (startup.one_blas_thread); a user's own value is kept."""
+    numpy's import, which reads it (startup.one_blas_thread); a user's own setting of any
+    variable OpenBLAS reads is left to rule."""
     trace = _tiny(tmp_path / "rank0.json", 0)
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    env.update({"PYTHONPATH": str(REPO), "PTPROF_CACHE_DIR": str(tmp_path / "cache"), **({"OPENBLAS_NUM_THREADS": user} if user else {})})
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "GOTO_NUM_THREADS")}
+    env.update({"PYTHONPATH": str(REPO), "PTPROF_CACHE_DIR": str(tmp_path / "cache"), **user})
     done = subprocess.run([sys.executable, "-c", _ANALYZE_THEN_SAY_BLAS, str(trace)], capture_output=True, text=True,
                           cwd=REPO, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["runs"], done.stdout[:300]
-    # numpy was imported, and with the value in place
-    assert done.stderr.strip().splitlines()[-1] == f"BLAS {user or '1'} True", done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"BLAS {[want]}", done.stderr  # numpy imported once, with these
 
 
 def test_one_blas_thread_keeps_numpys_openblas_from_starting_threads():

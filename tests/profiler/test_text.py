@@ -484,7 +484,7 @@ def test_alpha_beta_whatif_and_predicted_comm_from_their_schemas(ddp):
     a = dataclasses.replace(ddp, alpha_beta=fit, memory_whatif=whatif, theory_comm=comm)
     text = format_tables(a)
     (ar,) = [line for line in section(text, "Latency and bandwidth") if "all_reduce" in line]
-    assert ar.split()[:5] == ["gloo", "all_reduce", "2", "12", "3"] and "250 µs" in ar and "2.10 MB/s" in ar and "0.988" in ar
+    assert ar.split()[:5] == ["gloo", "all_reduce", "2", "12", "3"] and "250 µs" in ar and "2.10 MB/s" in ar and "0.987" in ar  # r² 0.9876 cut to 3 decimals, as the fit note cuts it
     (bc,) = [line for line in section(text, "Latency and bandwidth") if "broadcast" in line]
     assert bc.count("—") == 3 and bc.endswith("one size: no fit")
     layouts = section(text, "Memory by layout")

@@ -179,6 +179,18 @@ def test_help_group_headings_name_who_takes_and_who_refuses_a_flag():
     assert all(re.search(rf"\b{p}\b", pipeline) for p in PARADIGM_FLAGS["microbatches"]), pipeline
 
 
+def test_version_and_the_top_help_points_to_each_commands_help():
+    import tomllib
+
+    from tests.conftest import REPO
+
+    want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    res = ptprof("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"ptprof {want}", (res.stdout, res.stderr)
+    top = " ".join(ptprof("--help").stdout.split())
+    assert "Each command has its own help: ptprof COMMAND --help" in top and "ptprof run ddp --gpus 2" in top
+
+
 def test_help_explains_every_flag():
     res = ptprof("run", "--help")
     assert res.returncode == 0

@@ -99,15 +99,19 @@ def test_compare_and_open_name_the_files_a_run_skipped(tmp_path, traces_root, pa
     text = lines[0].children
     assert text.startswith(f"half-run: 1 file(s) skipped, their ranks left out of every number and figure: {BAD_FILE}"), text
     assert "JSON" in text and str(tmp_path) not in text and lines[0].className == "error"
-    # The Runs table's status names it the same way (it gave the server's whole path).
+    # The Runs table's status names it the same way.
     (row,) = [r for r in pages.runs.runs_table_rows(store)[0] if r["run"] == "half-run"]
     assert row["status"].startswith(f"1 file(s) skipped: {BAD_FILE}"), row["status"]
+    # Its line says how many of its ranks loaded (it said "2 ranks" above "1 rank(s) loaded").
+    assert "half-run: ddp, 1 of 2 ranks (dp=2)" in str(pages.compare.status_children(store, ["half-run"]))
     opened = str(pages.open.open_folder(store, "half-run"))
-    assert "1 rank(s) loaded" in opened and f"1 file(s) skipped, their ranks left out of every number and figure: {BAD_FILE}" in opened
+    assert "half-run: 1 of 2 ranks loaded." in opened and f"1 file(s) skipped, their ranks left out of every number and figure: {BAD_FILE}" in opened
     # A run that skipped nothing has no such line.
     shutil.copytree(traces_root / "sample-ddp-2r", tmp_path / "whole-run")
     assert "skipped" not in str(pages.compare.status_children(store, ["whole-run"]))
     assert "skipped" not in str(pages.open.open_folder(store, "whole-run"))
+    assert "whole-run: 2 ranks loaded." in str(pages.open.open_folder(store, "whole-run"))
+    assert "whole-run: ddp, 2 ranks (dp=2)" in str(pages.compare.status_children(store, ["whole-run"]))
 
 
 def test_a_long_skipped_files_line_is_cut_with_the_whole_text_in_its_tooltip(pages):
@@ -122,3 +126,6 @@ def test_a_long_skipped_files_line_is_cut_with_the_whole_text_in_its_tooltip(pag
     assert line.children.startswith("many: 1000 file(s) skipped, their ranks left out of every number and figure: rank0-worker")
     assert len(line.title) <= STATUS_TIP_CHARS and line.title.startswith(line.children[:-1])
     assert skipped_files_line(SimpleNamespace(run_id="x", skipped=[])) is None
+    # A run id of a long folder path is cut, so the files still show within the line's cut.
+    long = skipped_files_line(SimpleNamespace(run_id="deep/" * 100 + "run", skipped=problems))
+    assert "rank0-worker.pt.trace.json" in long.children and len(long.children) <= STATUS_CELL_CHARS

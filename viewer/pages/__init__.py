@@ -26,8 +26,9 @@ def skipped_files_line(run: RunData):
     or None where it skipped none (or did not load: its error says why)."""
     if not run.skipped:
         return None
-    text = (f"{run.run_id}: {len(run.skipped)} file(s) skipped, their ranks left out of every number and figure: "
-            + "; ".join(run.skipped))
+    # The run's id cut (it can be a long folder path), so that the files show within the cut.
+    text = (f"{cut_text(run.run_id, 60)}: {len(run.skipped)} file(s) skipped, their ranks left out of every number and "
+            "figure: " + "; ".join(run.skipped))
     return html.Div(cut_text(text, STATUS_CELL_CHARS), title=cut_text(text, STATUS_TIP_CHARS), className="error")
 
 

@@ -133,7 +133,7 @@ def status_children(store: RunStore, run_ids: list[str]):
         if d.ok:
             row = data.run_row(d)
             out.append(html.Div(className="hint", children=(
-                f"{d.run_id}: {row['paradigm']}, {row['ranks']} ranks ({row['mesh'] or 'no mesh'}), {row['device']}, "
+                f"{d.run_id}: {row['paradigm']}, {data.ranks_loaded(d)} ({row['mesh'] or 'no mesh'}), {row['device']}, "
                 f"mean step {row['step_ms']} ms"
             )))
             if (skipped := skipped_files_line(d)) is not None:

@@ -6,7 +6,7 @@ import dash
 from dash import Input, Output, State, callback, dcc, html
 
 from viewer import ids, upload
-from viewer.data import PathRefused, RunStore
+from viewer.data import PathRefused, RunStore, ranks_loaded
 from viewer.pages import compare_href, current_store, skipped_files_line
 
 
@@ -69,9 +69,8 @@ def _result(store: RunStore, run_id: str):
     data = store.get(run_id)
     if not data.ok:
         return html.Div([html.Div(f"{run_id}: could not load its traces", className="error"), html.Pre(data.error, className="error")])
-    n = data.analysis.ranks.height
     return html.Div(className="card", children=[
-        html.Span(f"{run_id}: {n} rank(s) loaded. ", className="ok"),
+        html.Span(f"{run_id}: {ranks_loaded(data)} loaded. ", className="ok"),
         dcc.Link("Open it in Compare", href=compare_href([run_id]), className="button"),
         *([skipped] if (skipped := skipped_files_line(data)) is not None else []),
     ])
