@@ -97,22 +97,28 @@ def _activation(a, runs: list[str], full: bool) -> list[str]:
     out = [title("Activations at the peak", f"the peak beyond params, grads, optimizer{all_step}")]
     act = strings(act)
     if full:
-        header = ["rank", "device", "peak", "persistent", "other", "activations", "share"]
+        header = ["rank", "device", "peak", "persistent", "other", "footprint", "activations", "share"]
         return out + per_run(runs, act, lambda p: table(header, [
             [str(r["rank"]), r["mem_device"], fmt_bytes(r["peak_allocated_bytes"]), fmt_bytes(r["persistent_bytes"]),
-             fmt_bytes(r["other_bytes"]), fmt_bytes(r["activation_bytes"]), fmt_pct(r["activation_pct"])]
-            for r in p.sort("rank", "mem_device").to_dicts()], "rlrrrrr", shrink=1))
+             fmt_bytes(r["other_bytes"]), fmt_bytes(r["footprint_bytes"]), fmt_bytes(r["activation_bytes"]),
+             fmt_pct(r["activation_pct"])]
+            for r in p.sort("rank", "mem_device").to_dicts()], "rlrrrrrr", shrink=1))
 
     def render(p: pl.DataFrame) -> list[str]:
         lines = []
         for (dev,), g in p.group_by("mem_device", maintain_order=True):
             # A device's other memory (held all step besides the model's state: workspaces, the batch).
-            cols = ["activation_bytes", "activation_pct"] + (["other_bytes"] if g["other_bytes"].is_not_null().any() else [])
+            # The share is of the footprint at the peak, shown beside it: on a CPU counter that is the
+            # peak plus the state allocated before profiling began, which the counter never saw.
+            cols = (["activation_bytes", "footprint_bytes", "activation_pct"]
+                    + (["other_bytes"] if g["other_bytes"].is_not_null().any() else []))
             stats = collapse(g, cols)
             lines += collapsed_table(stats, {"activation_bytes": f"{dev or NONE} activations",
-                                             "activation_pct": f"{dev or NONE} share of the peak",
+                                             "footprint_bytes": f"{dev or NONE} footprint at the peak",
+                                             "activation_pct": f"{dev or NONE} activations' share of it",
                                              "other_bytes": f"{dev or NONE} other, held all step"},
-                                     {"activation_bytes": fmt_bytes, "activation_pct": fmt_pct, "other_bytes": fmt_bytes})
+                                     {"activation_bytes": fmt_bytes, "footprint_bytes": fmt_bytes, "activation_pct": fmt_pct,
+                                      "other_bytes": fmt_bytes})
         return lines
 
     return out + per_run(runs, act, render)

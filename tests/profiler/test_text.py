@@ -560,8 +560,10 @@ def test_the_bubble_split_and_the_activations_at_the_peak():
                    "+ communication wait": "8.70"}
     assert "  slowest stage: stage 1, 2.00× (its compute over the mean stage's, in the steps it was slowest)" in lines
     act_lines = section(text, "Activations at the peak")
-    (b,) = [line for line in act_lines if "cuda:0 activations" in line]
-    (s,) = [line for line in act_lines if "cuda:0 share of the peak" in line]
+    (b,) = [line for line in act_lines if "cuda:0 activations " in line]
+    (s,) = [line for line in act_lines if "cuda:0 activations' share of it" in line]
+    (f,) = [line for line in act_lines if "cuda:0 footprint at the peak" in line]  # what the share is of, beside it
+    assert f.endswith("3.00 GiB (every rank)")
     assert "1.00 GiB (rank 1)" in b and b.endswith("2.00 GiB (rank 0)")
     assert "33.3 % (rank 1)" in s and s.endswith("66.7 % (rank 0)")
     assert not too_wide(text) and not too_wide(format_tables(dataclasses.replace(a, pipeline=pipeline), full=True))
