@@ -68,7 +68,9 @@ def fit_alpha_beta(collectives: pl.DataFrame, ranks: pl.DataFrame, *, fastest_pe
     not_transfer = pl.col("note").eq_missing(GLOO_P2P_NOTE) if "note" in timed.columns else pl.lit(False)
     untimed, timed = timed.filter(not_transfer), timed.filter(~not_transfer)
     sizes = pl.col("size_bytes").drop_nulls().n_unique()
-    unfit = (untimed.group_by(GROUP).agg(n_calls=sizes if fastest_per_size else pl.len(), n_sizes=sizes)  # as a fit counts
+    # Counted as a fit counts its calls (the fastest of each size), as an unsized kind where no size is known.
+    unfit = (untimed.group_by(GROUP).agg(n_calls=pl.when(sizes > 0).then(sizes).otherwise(pl.len()) if fastest_per_size
+                                         else pl.len(), n_sizes=sizes)
              .with_columns(note=pl.lit("span = post to wait, not the transfer: no fit")))
     calls = timed.filter(pl.col("size_bytes").is_not_null() & (pl.col("size_bytes") >= 0))
     if fastest_per_size:

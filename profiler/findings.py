@@ -107,12 +107,16 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
                     text += f", only in {steps_text(seen)} of {steps_text(step_list)}"
                 evidence += "; exposed by collective: " + ", ".join(
                     # c sums the calls' durations: overlapping calls count each, so it is no wall time
-                    # and may exceed the window: said as a sum over the calls, never beside the window.
+                    # and may exceed the window: said as a sum over the calls, and where it does, why.
                     f"{k} {phase_text(p, k, pipeline)} {ms(e)} exposed of {ms(c)} summed over its calls"
                     + (" (in flight together, each counted: more than the window)" if c > win_us else "")
                     for k, p, e, c, _ in by.head(3).iter_rows())
         paradigm = manifest_field((getattr(a, "runs", None) or {}).get(run), "paradigm")
-        change = collective_change(kind, phase, paradigm, pipeline)
+        # The schedule the pipeline ran (a hybrid run's --schedule zbv is no zero-bubble paradigm).
+        pp = _str_run(getattr(a, "pipeline", None))
+        schedule = (next(iter(pp.filter(pl.col("run") == run)["schedule"].drop_nulls()), None)
+                    if pp is not None and "schedule" in pp.columns else None)
+        change = collective_change(kind, phase, paradigm, pipeline, schedule=schedule)
         if kind is not None and once:
             change = one_time_change(kind, phase, pipeline)
         out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, change))

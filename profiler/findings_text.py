@@ -125,16 +125,18 @@ def one_time_change(kind: str, phase: str | None, pipeline: bool = False) -> str
             "later steps (ptprof run --warmup 2 or more) to see the steady state before acting on it")
 
 
-def collective_change(kind: str | None, phase: str | None, paradigm: str | None = None, pipeline: bool = False) -> str:
+def collective_change(kind: str | None, phase: str | None, paradigm: str | None = None, pipeline: bool = False,
+                      schedule: str | None = None) -> str:
     """The change to try for exposed communication of this collective kind in this phase (of a run
-    of this run.json paradigm, None for foreign traces; `pipeline`: a run with pipeline actions)."""
+    of this run.json paradigm, None for foreign traces; `pipeline`: a run with pipeline actions,
+    `schedule` the one they ran, where known)."""
     kind = "send" if kind in ("recv", "send_recv") else kind
     if kind is None:
         return GENERIC_CHANGE
     if phase == "recompute":
         return RECOMPUTE_CHANGE
     if kind == "send" and pipeline and phase is None:
-        return pipeline_p2p_change(paradigm)
+        return pipeline_p2p_change(schedule or paradigm)
     if kind == "all_to_all" and paradigm == "ep":
         return MOE_ALL_TO_ALL_CHANGE
     if kind == "send" and paradigm == "ring":

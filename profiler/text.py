@@ -207,9 +207,10 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
         return []
     out = [title("Collectives", "time per rank in each, and nccl-tests bus bandwidth (busbw)")]
     notes = []  # why a busbw is missing, where one is
-    if stats.filter(pl.col("group_size").is_null() & pl.col("total_bytes").is_not_null()).height:
-        notes += wrap("(?): the trace does not say the group's size, so no busbw (the world size is never assumed: "
-                      "sub-groups are common; docs/profiler.md, \"Group size\")", "  note: ", "    ")
+    if stats["group_size"].is_null().any():
+        mark = "a collective whose group's size the trace does not say" if full else "(?): the trace does not say the group's size"
+        notes += wrap(f"{mark}, so no busbw (the world size is never assumed: sub-groups are common; docs/profiler.md, "
+                      "\"Group size\")", "  note: ", "    ")
     if (stats["note"] == GLOO_P2P_NOTE).any():
         notes += wrap("send and recv on gloo: a span runs from the post (isend / irecv) to the wait that completes it, so "
                       "their time is what the rank had in flight, not the transfer: no busbw (inside a pipeline action the "
@@ -282,7 +283,6 @@ def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
         [r["backend"] or NONE, r["collective"] or NONE, str(r["group_size"] or "?"), fmt_count(r["n_calls"]), fmt_count(r["n_sizes"]),
          fmt_time(r["alpha_us"]), fmt_bw(r["beta_gbps"]), fmt_r2(r["r2"]), *([r["note"] or ""] if notes else [])]
         for r in p.to_dicts()], "llrrrrrrl", shrink=(8, 1) if notes else 1))
-
 
 
 def _theory_comm(a, runs: list[str], full: bool) -> list[str]:

@@ -20,7 +20,8 @@ def _bubble_caption(part: pl.DataFrame, schedule: str) -> list[str]:
     window = ("each rank's own step (a stream: no flush)" if schedule == "pipedream"
               else "the pipeline's window (its first action to its last, over its ranks)")
     textbook = ("the schedule's idle share of an ideal pipeline, equal stages and free communication"
-                if part["theory_pct"].is_not_null().any() else f"none, {schedule} has no closed form here")
+                if part["theory_pct"].is_not_null().any()
+                else f"none, {schedule} has no closed form here" if schedule else "none, the schedule is not known (no run.json)")
     return wrap(f"(measured: the share of {window} a rank spends outside its actions, waits and transfers between them "
                 f"included (the breakdown's idle is only time with nothing running); textbook: {textbook}; ideal order "
                 "replayed: the rank's measured actions run in the schedule's order, communication free)", "  ", "   ")
@@ -38,7 +39,7 @@ def pipeline_sections(a, runs: list[str], full: bool) -> list[str]:
 
     def render(part: pl.DataFrame) -> list[str]:
         r0 = part.row(0, named=True)
-        head = (f"{r0['schedule']}: {plural(r0['pp_ranks'], 'pipeline rank')}, {plural(r0['microbatches'], 'microbatch')}, "
+        head = (f"{r0['schedule'] or 'schedule unknown'}: {plural(r0['pp_ranks'], 'pipeline rank')}, {plural(r0['microbatches'], 'microbatch')}, "
                 f"{plural(r0['stages_per_rank'], 'stage')} per rank")
         if full:
             header = ["rank", "step", "window", "busy", "bubble", "measured", "textbook", "ideal"]

@@ -223,9 +223,13 @@ def collapsed_table(stats: pl.DataFrame, labels: dict[str, str], fmt) -> list[st
     rows = [(label, by[m], fmt[m] if isinstance(fmt, dict) else fmt) for m, label in labels.items() if m in by]
     if rows and all(r["n"] == 1 for _, r, _ in rows) and len({r["min_rank"] for _, r, _ in rows}) == 1:
         return table(["", f"rank {rows[0][1]['min_rank']}"], [[label, f(r["min"])] for label, r, f in rows], "lr", shrink=None)
-    cells = [[label, *min_median_max(r, f)] for label, r, f in rows]
     if not rows:
         return []
+    cells = [[label, *min_median_max(r, f)] for label, r, f in rows]
+    most = max(r["n"] for _, r, _ in rows)
+    # A row some ranks lack: "(every rank)" would be said of ranks that have no value.
+    cells = [[c[0], c[1].replace(" (every rank)", f" ({r['n']} of {most} ranks)"), *c[2:]] if r["n"] < most else c
+             for c, (_, r, _) in zip(cells, rows)]
     # Every rank agrees on every row, and every row has every rank (else a row missing on some would be said of all).
     if all(c[2:] == ["", ""] for c in cells) and len({r["n"] for _, r, _ in rows}) == 1 and rows[0][1]["n"] > 1:
         return table(["", f"every rank ({rows[0][1]['n']})"], [[label, f(r["min"])] for label, r, f in rows], "lr", shrink=None)

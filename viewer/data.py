@@ -466,11 +466,14 @@ def run_row(data: RunData) -> dict:
 
 
 def ranks_loaded(data: RunData) -> str:
-    """"2 ranks", or "1 of 2 ranks" where the run skipped files (run.json's world size, else the
-    ranks loaded plus the files skipped)."""
-    n = data.analysis.ranks.height
-    world = positive_int(manifest_field(data.manifest, "world_size")) or n + len(data.skipped)
-    return f"{n} of {world} ranks" if n < world else f"{n} rank{'s' if n != 1 else ''}"
+    """"2 ranks", or "1 of 2 ranks" where fewer loaded than the job had (run.json's world size,
+    else the traces' own: a skipped file, or a folder holding 2 of a 128-rank job's traces)."""
+    ranks = data.analysis.ranks
+    n = ranks.height
+    world = positive_int(manifest_field(data.manifest, "world_size"))
+    if world is None and "world_size" in ranks.columns and ranks["world_size"].is_not_null().any():
+        world = positive_int(ranks["world_size"].max())
+    return f"{n} of {world} ranks" if world and n < world else f"{n} rank{'s' if n != 1 else ''}"
 
 
 def _per_rank_peaks(peaks: pl.Series) -> str | None:

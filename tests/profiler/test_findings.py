@@ -797,3 +797,12 @@ def test_a_zero_bubble_pipeline_is_not_told_to_use_a_zero_bubble_schedule():
         assert f"{paradigm} is a zero-bubble schedule already" in change
     for paradigm in ("1f1b", "gpipe", None):
         assert "more microbatches or a zero-bubble schedule cut it" in collective_change("send", None, paradigm, pipeline=True)
+
+
+def test_the_schedule_a_pipeline_ran_decides_over_the_paradigm():
+    from profiler.findings_text import collective_change
+
+    # a hybrid run (paradigm "hybrid") whose pipeline ran zbv: no zero-bubble schedule to advise
+    assert "hybrid" not in collective_change("recv", None, "hybrid", True, schedule="zbv")
+    assert "zbv is a zero-bubble schedule already" in collective_change("recv", None, "hybrid", True, schedule="zbv")
+    assert "or a zero-bubble schedule" in collective_change("recv", None, "hybrid", True, schedule="1f1b")

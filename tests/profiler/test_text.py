@@ -567,3 +567,46 @@ def test_the_bubble_split_and_the_activations_at_the_peak():
     assert "1.00 GiB (rank 1)" in b and b.endswith("2.00 GiB (rank 0)")
     assert "33.3 % (rank 1)" in s and s.endswith("66.7 % (rank 0)")
     assert not too_wide(text) and not too_wide(format_tables(dataclasses.replace(a, pipeline=pipeline), full=True))
+
+
+def test_the_pipeline_caption_says_why_a_schedule_has_no_textbook_row_and_full_keeps_the_notes():
+    zbv = analyze(load_traces(REPO / "traces" / "sample-zbv-2r"))
+    for full in (False, True):
+        text = format_tables(zbv, full=full)
+        caption = " ".join(" ".join(section(text, "Pipeline bubble")).split())
+        assert "textbook: none, zbv has no closed form here" in caption  # zbv: theory_pct null, no textbook row
+        assert "the share of the pipeline's window (its first action to its last, over its ranks)" in caption
+        assert "note: send and recv on gloo" in " ".join(section(text, "Collectives"))  # --full too
+        assert not too_wide(text)
+    one_f = " ".join(" ".join(section(format_tables(analyze(load_traces(REPO / "traces" / "sample-1f1b-2r"))),
+                                      "Pipeline bubble")).split())
+    assert "textbook: the schedule's idle share of an ideal pipeline" in one_f
+
+
+def test_unknown_group_sizes_say_why_they_have_no_busbw():
+    a = analyze(load_traces(SHARED_TRACES / "gpu_nccl_2_of_128"))  # all_to_all and all_reduce: no group size in the trace
+    for full, words in ((False, "note: (?): the trace does not say the group's size, so no busbw"),
+                        (True, "note: a collective whose group's size the trace does not say, so no busbw")):
+        assert words in " ".join(" ".join(section(format_tables(a, full=full), "Collectives")).split())
+    ddp = analyze(load_traces(REPO / "traces" / "sample-ddp-2r"))  # its group is known
+    assert "group's size" not in " ".join(section(format_tables(ddp), "Collectives"))
+
+
+def test_a_row_some_ranks_lack_is_not_said_of_every_rank():
+    from profiler.textfmt import collapse, collapsed_table, fmt_pct
+
+    frame = pl.DataFrame({"run": ["r"] * 3, "rank": [0, 1, 2], "x": [5.0, 5.0, 5.0], "y": [7.0, 7.0, None]})
+    lines = collapsed_table(collapse(frame, ["x", "y"]), {"x": "x", "y": "y"}, fmt_pct)
+    (x,), (y,) = [line for line in lines if line.startswith("  x")], [line for line in lines if line.startswith("  y")]
+    assert x.strip().endswith("5.00 % (every rank)") and y.strip().endswith("7.00 % (2 of 3 ranks)"), lines
+    agree = collapsed_table(collapse(frame, ["x"]), {"x": "x"}, fmt_pct)
+    assert agree[0].split() == ["every", "rank", "(3)"] and agree[-1].split() == ["x", "5.00", "%"]
+    assert collapsed_table(collapse(frame, ["x"]), {"z": "z"}, fmt_pct) == []  # no row asked for: no table
+
+
+def test_each_collective_note_is_one_warning_and_the_send_recv_one_stays_in_its_table():
+    from profiler.collectives import GLOO_NOTE, GLOO_P2P_NOTE
+
+    a = analyze(load_traces([REPO / "traces" / "sample-fsdp-2r", REPO / "traces" / "sample-zbv-2r"]))
+    assert a.collective_stats.filter(pl.col("note") == GLOO_P2P_NOTE).height  # zbv's sends carry it
+    assert a.warnings.count(GLOO_NOTE) == 1 and GLOO_P2P_NOTE not in a.warnings  # fsdp's reduce-scatters: once

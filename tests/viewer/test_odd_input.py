@@ -320,7 +320,7 @@ def test_uploads_are_parsed_in_a_child_process(tmp_path, traces_root, pages, mon
     monkeypatch.setattr(profiler.parse, "parse_trace_file", no_parsing_here)
     monkeypatch.setattr(profiler.cache, "parse_trace_file", no_parsing_here, raising=False)
     out = str(pages.open.open_upload(store, [data_url(blob)], ["rank1.json.gz"]))
-    assert "1 rank loaded" in out, out
+    assert "1 of 2 ranks loaded" in out, out
 
 
 def test_a_parse_timeout_leaves_no_process_behind(tmp_path, traces_root, pages, monkeypatch):
@@ -474,7 +474,7 @@ def test_an_upload_is_not_listed_until_it_is_checked(tmp_path, traces_root, page
     real_parse = upload.parse_in_child
     monkeypatch.setattr(upload, "parse_in_child", lambda folder: (listed.append(store.run_ids()), real_parse(folder))[1])
     blob = data_url((traces_root / "sample-ddp-2r" / "rank0.json.gz").read_bytes())
-    assert "1 rank loaded" in str(pages.open.open_upload(store, [blob], ["rank0.json.gz"]))
+    assert "1 of 2 ranks loaded" in str(pages.open.open_upload(store, [blob], ["rank0.json.gz"]))
     assert listed == [[]] and len(store.run_ids()) == 1  # hidden while parsed, listed once loaded
 
 

@@ -129,3 +129,11 @@ def test_a_long_skipped_files_line_is_cut_with_the_whole_text_in_its_tooltip(pag
     # A run id of a long folder path is cut, so the files still show within the line's cut.
     long = skipped_files_line(SimpleNamespace(run_id="deep/" * 100 + "run", skipped=problems))
     assert "rank0-worker.pt.trace.json" in long.children and len(long.children) <= STATUS_CELL_CHARS
+
+
+def test_a_folder_of_some_of_a_jobs_ranks_says_how_many_of_them():
+    from tests.conftest import SHARED_TRACES
+
+    store = data.RunStore(SHARED_TRACES)  # gpu_nccl_2_of_128: ranks 0 and 1 of a 128-rank job, no run.json
+    (run,) = store.get_many(["gpu_nccl_2_of_128"])
+    assert run.ok and not run.skipped and data.ranks_loaded(run) == "2 of 128 ranks"
