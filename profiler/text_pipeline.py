@@ -39,8 +39,8 @@ def pipeline_sections(a, runs: list[str], full: bool) -> list[str]:
 
     def render(part: pl.DataFrame) -> list[str]:
         r0 = part.row(0, named=True)
-        head = (f"{r0['schedule'] or 'schedule unknown'}: {plural(r0['pp_ranks'], 'pipeline rank')}, {plural(r0['microbatches'], 'microbatch')}, "
-                f"{plural(r0['stages_per_rank'], 'stage')} per rank")
+        head = (f"{r0['schedule'] or 'schedule unknown'}: {plural(r0['pp_ranks'], 'pipeline rank')}, "
+                f"{plural(r0['microbatches'], 'microbatch')}, {plural(r0['stages_per_rank'], 'stage')} per rank")
         if full:
             header = ["rank", "step", "window", "busy", "bubble", "measured", "textbook", "ideal"]
             rows = [[str(r["rank"]), str(r["step"]), fmt_time(r["window_us"]), fmt_time(r["busy_us"]), fmt_time(r["bubble_us"]),
