@@ -17,6 +17,7 @@ import polars as pl
 from profiler.collectives import GLOO_P2P_NOTE
 from profiler.discover import paradigm_label
 from profiler.errors import printable
+from profiler.findings_base import STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
     NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_r2, fmt_range, fmt_since,
     fmt_time, fmt_unit, min_median_max, model_label, more, per_run, plural, sig3, sparkline, strings, table, title, truncate,
@@ -258,16 +259,22 @@ def _stragglers(a, runs: list[str], full: bool) -> list[str]:
     if s.is_empty():
         return []
     out = [title("Stragglers", "the rank that starts a group's collectives last; the others wait for it")]
-    s = strings(s).sort("run", "group", "times_last", "rank", descending=[False, False, True, False], maintain_order=True)
+    # How many collectives each share is of: "100 %" of 2 is no straggler (the finding asks for
+    # STRAGGLER_MIN_TIMES), and the table said it without the count.
+    s = (strings(s).with_columns(of=pl.col("times_last").sum().over("run", "group"))
+         .sort("run", "group", "times_last", "rank", descending=[False, False, True, False], maintain_order=True))
     if not full:
         s = s.group_by("run", "group", maintain_order=True).first()
     header = ["group", "rank", "last in", "mean wait when last"]
 
     def render(p: pl.DataFrame) -> list[str]:
-        rows = [[r["group"] or NONE, str(r["rank"]), fmt_pct(r["share_pct"]), fmt_time(r["mean_spread_us"])]
-                for r in (p if full else p.head(ROWS)).to_dicts()]
+        rows = [[r["group"] or NONE, str(r["rank"]), f"{fmt_pct(r['share_pct'])} ({fmt_count(r['times_last'])} of {fmt_count(r['of'])})",
+                 fmt_time(r["mean_spread_us"])] for r in (p if full else p.head(ROWS)).to_dicts()]
         return table(header, rows, "lrrr", shrink=0) + ([] if full else more(p.height, ROWS))
 
+    out += wrap(f"(last in: the share of the group's collectives the rank started last; the findings call a rank a "
+                f"straggler when that is at least {STRAGGLER_MIN_SHARE_PCT:g} % and {STRAGGLER_MIN_TIMES} collectives)",
+                "  ", "   ")
     return out + per_run(runs, s, render)
 
 

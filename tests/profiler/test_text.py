@@ -610,3 +610,12 @@ def test_each_collective_note_is_one_warning_and_the_send_recv_one_stays_in_its_
     a = analyze(load_traces([REPO / "traces" / "sample-fsdp-2r", REPO / "traces" / "sample-zbv-2r"]))
     assert a.collective_stats.filter(pl.col("note") == GLOO_P2P_NOTE).height  # zbv's sends carry it
     assert a.warnings.count(GLOO_NOTE) == 1 and GLOO_P2P_NOTE not in a.warnings  # fsdp's reduce-scatters: once
+
+
+def test_the_stragglers_table_says_of_how_many_collectives():
+    # sample-ddp-2r: rank 0 started both of the group's 2 profiled collectives last; the finding
+    # says that is too few (< 4) to call it a straggler, and the table's "100 %" now shows the 2.
+    lines = section(format_tables(analyze(load_traces(REPO / "traces" / "sample-ddp-2r"))), "Stragglers")
+    (row,) = [line for line in lines if line.startswith("  [0, 1]")]
+    assert row.split()[2:6] == ["0", "100", "%", "(2"] and row.split()[6:8] == ["of", "2)"]
+    assert "straggler when that is at least 75 % and 4 collectives" in " ".join(" ".join(lines).split())
