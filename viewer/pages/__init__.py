@@ -5,6 +5,7 @@ from __future__ import annotations
 import dash
 from dash import html
 
+from profiler.textfmt import truncate
 from viewer.data import RunData, RunStore
 
 STORE_KEY = "PTPROF_RUN_STORE"
@@ -17,19 +18,15 @@ STATUS_CELL_CHARS = 200
 STATUS_TIP_CHARS = 800
 
 
-def cut_text(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
-
-
 def skipped_files_line(run: RunData):
     """A line saying which files a loaded run skipped (their ranks are in none of its numbers),
     or None where it skipped none (or did not load: its error says why)."""
     if not run.skipped:
         return None
-    # The run's id cut (it can be a long folder path), so that the files show within the cut.
-    text = (f"{cut_text(run.run_id, 60)}: {len(run.skipped)} file(s) skipped, their ranks left out of every number and "
+    # The run's id cut at its start (a long folder path ends in its name), so the files show within the cut.
+    text = (f"{truncate(run.run_id, 60, tail=True)}: {len(run.skipped)} file(s) skipped, their ranks left out of every number and "
             "figure: " + "; ".join(run.skipped))
-    return html.Div(cut_text(text, STATUS_CELL_CHARS), title=cut_text(text, STATUS_TIP_CHARS), className="error")
+    return html.Div(truncate(text, STATUS_CELL_CHARS), title=truncate(text, STATUS_TIP_CHARS), className="error")
 
 
 def current_store() -> RunStore:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, callback, ctx, dash_table, dcc, html
 
+from profiler.textfmt import truncate
 from viewer import ids
 from viewer.data import PENDING, RUN_COLUMNS, PathRefused, RunStore, manifest_row, pending_row, relative_paths, run_row
-from viewer.pages import (FONT, MAX_COMPARE, STATUS_CELL_CHARS, STATUS_TIP_CHARS, compare_href, current_store, cut_text,
+from viewer.pages import (FONT, MAX_COMPARE, STATUS_CELL_CHARS, STATUS_TIP_CHARS, compare_href, current_store,
                           run_id_list)
 
 POLL_MS = 1000  # how often the page asks for runs analysed since
@@ -107,8 +108,8 @@ def table_cells(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     for r in rows:
         status = r["status"]
         if isinstance(status, str) and len(status) > STATUS_CELL_CHARS:
-            data.append({**r, "status": cut_text(status, STATUS_CELL_CHARS)})
-            tips.append({"status": {"value": cut_text(status, STATUS_TIP_CHARS), "type": "text"}})
+            data.append({**r, "status": truncate(status, STATUS_CELL_CHARS)})
+            tips.append({"status": {"value": truncate(status, STATUS_TIP_CHARS), "type": "text"}})
         else:
             data.append(r)
             tips.append({})
