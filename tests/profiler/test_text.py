@@ -619,3 +619,14 @@ def test_the_stragglers_table_says_of_how_many_collectives():
     (row,) = [line for line in lines if line.startswith("  [0, 1]")]
     assert row.split()[2:6] == ["0", "100", "%", "(2"] and row.split()[6:8] == ["of", "2)"]
     assert "straggler when that is at least 75 % and 4 collectives" in " ".join(" ".join(lines).split())
+
+
+def test_a_pipeline_without_run_json_says_its_schedule_is_unknown(tmp_path):
+    import shutil
+
+    for f in (REPO / "traces" / "sample-1f1b-2r").glob("rank*.json.gz"):
+        shutil.copy(f, tmp_path / f.name)  # the traces alone: no run.json, so no schedule
+    text = format_tables(analyze(load_traces(tmp_path)))
+    lines = section(text, "Pipeline bubble")
+    assert lines and lines[1].startswith("  schedule unknown:") and "None" not in " ".join(lines)
+    assert "textbook: none, the schedule is not known (no run.json)" in " ".join(" ".join(lines).split())
