@@ -1,8 +1,8 @@
 """Finding trace files: expand the paths a user names into trace files grouped by run.
 
 A file belongs to the run of its folder; a folder holding traces is one run; a folder holding
-only run folders (our `traces/`) is one run per sub-folder. The run id is run.json's `run_id`,
-else the folder's name. Odd paths (empty, devices, FIFOs, unreadable folders, names too long or
+only run folders (our `traces/`) is one run per sub-folder, named by its folder (as the viewer and
+`ptprof runs` name it). Odd paths (empty, devices, FIFOs, unreadable folders, names too long or
 not UTF-8) and damaged run.json files end in one TraceError naming the path (docs/profiler.md,
 "Odd input").
 """
@@ -68,12 +68,11 @@ def not_a_regular_file(p: Path) -> str | None:
 
 
 def _run_name(folder: Path) -> str:
-    try:
-        run_id = (read_manifest(folder) or {}).get("run_id")
-    except TraceError:
-        run_id = None  # a damaged manifest is reported by read_manifest when the run loads
-    # Valid text: polars and terminals take no undecodable bytes of a non-UTF-8 folder name.
-    return run_id if isinstance(run_id, str) and run_id else path_text(folder.resolve().name)
+    # The folder's name, not run.json's run_id: the runner names the folder by the run id, so the
+    # two differ only once a folder is renamed or copied (`cp -r traces/ddp-2r before`), and then
+    # the folder's name is the one the user typed and the viewer shows; the id would name two
+    # copies alike. Valid text: polars and terminals take no undecodable bytes of a non-UTF-8 name.
+    return path_text(folder.resolve().name)
 
 
 def _kind(p: Path) -> str:

@@ -8,7 +8,7 @@ import shutil
 import polars as pl
 
 from profiler import analyze, load_traces
-from tests.conftest import SHARED_TRACES
+from tests.conftest import REPO, SHARED_TRACES
 
 
 def write_trace(path, *, rank: int, world: int | None, t0: float, backend: str = "gloo") -> None:
@@ -78,6 +78,8 @@ def test_the_shared_single_folder_is_one_run_per_job():
 
 
 def test_a_run_folder_with_a_foreign_trace_keeps_run_json_for_its_own_job(tmp_path):
+    tmp_path = tmp_path / "mine"
+    tmp_path.mkdir()
     for r in (0, 1):
         write_trace(tmp_path / f"rank{r}.json", rank=r, world=2, t0=1e15)
     (tmp_path / "run.json").write_text(json.dumps({"run_id": "mine", "world_size": 2}))
@@ -85,3 +87,14 @@ def test_a_run_folder_with_a_foreign_trace_keeps_run_json_for_its_own_job(tmp_pa
     traces = load_traces(tmp_path)
     assert runs_of(traces) == {"mine/rank0..rank1": [0, 1], "mine/theirs_rank0": [0]}
     assert traces.runs["mine/rank0..rank1"]["run_id"] == "mine" and traces.runs["mine/theirs_rank0"] is None
+
+
+def test_copies_of_a_run_are_named_by_their_folders(tmp_path):
+    # `cp -r traces/sample-ddp-2r before; cp -r ... after`: both run.json files say the same
+    # run_id; the runs are the folders the user named (as the viewer names them), each whole,
+    # and run.json's run_id stays in each run's manifest.
+    for name in ("before", "after"):
+        shutil.copytree(REPO / "traces" / "sample-ddp-2r", tmp_path / name)
+    traces = load_traces([tmp_path / "before", tmp_path / "after"])
+    assert runs_of(traces) == {"before": [0, 1], "after": [0, 1]}
+    assert traces.runs["before"]["run_id"] == traces.runs["after"]["run_id"] == "sample-ddp-2r"
