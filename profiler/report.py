@@ -369,7 +369,10 @@ def _first(series: pl.Series):
 
 def compare_runs(a: Analysis) -> pl.DataFrame:
     """Side by side: per metric (mean over ranks unless its name says `_max`), one column per run,
-    and each run's change from the first run (`<run>_diff_pct`; `<run>_diff_pts` for `_pct` metrics)."""
+    and each run's change from the first run (`<run>_diff_pct`; `<run>_diff_pts` for `_pct` metrics).
+    Where a run is a pipeline: its measured bubble and the textbook's for its schedule and shape
+    (`bubble_pct`, `bubble_textbook_pct`: means over its pipeline ranks and steps; null for the
+    other runs)."""
     ranks = a.breakdown.select("run", "rank")
     b = a.breakdown.group_by("run").agg(pl.col(RANK_METRICS).mean())
     s = a.step_stats.group_by("run").agg(step_mean_us=pl.col("mean_us").mean())
@@ -383,6 +386,9 @@ def compare_runs(a: Analysis) -> pl.DataFrame:
     # A peak is a high-water mark: the largest over ranks is the one that limits the job.
     m = a.memory_peaks.group_by("run").agg(peak_allocated_bytes_max=pl.col("peak_allocated_bytes").max().cast(pl.Float64))
     wide = b.join(s, on="run", how="left").join(c, on="run", how="left").join(m, on="run", how="left")
+    if a.pipeline is not None and a.pipeline.height:  # what a pipeline change is for: its bubble, beside the textbook's
+        bubble = a.pipeline.group_by("run").agg(bubble_pct=pl.col("bubble_pct").mean(), bubble_textbook_pct=pl.col("theory_pct").mean())
+        wide = wide.join(bubble.with_columns(pl.col("run").cast(wide.schema["run"])), on="run", how="left")
     # Runs in load order, those with a breakdown only: with --step S, a run that lacks step S has
     # ranks but no row to compare (the report says so per run).
     present = set(wide["run"].cast(pl.String).to_list())

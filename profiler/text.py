@@ -347,7 +347,8 @@ def _top(a, frame: pl.DataFrame, runs: list[str], full: bool, name: str, meaning
             [str(r["rank"]), r["name"], fmt_count(r["count"]), *[fmt_time(r[c]) for _, c in extra]] for r in p.to_dicts()],
             "rlr" + "r" * len(extra), shrink=1))
     stats = collapse(frame, [value], keys=["run", "name"])
-    calls = frame.group_by("run", "name").agg(calls=pl.col("count").median())
+    # A call count is whole: the range over the ranks (97–100), not a median of two ranks (98.5).
+    calls = frame.group_by("run", "name").agg(calls_lo=pl.col("count").min(), calls_hi=pl.col("count").max())
     stats = stats.join(calls, on=["run", "name"], how="left").sort("run", "max", descending=[False, True], maintain_order=True)
     header = ["name", "ranks", "calls", "median", "max"]
 
@@ -356,11 +357,17 @@ def _top(a, frame: pl.DataFrame, runs: list[str], full: bool, name: str, meaning
     shown = frame.group_by("run", "rank").len()["len"].max()
 
     def render(p: pl.DataFrame) -> list[str]:
-        rows = [[r["name"], fmt_count(r["n"]), fmt_count(r["calls"]), fmt_time(r["median"]), f"{fmt_time(r['max'])} (rank {r['max_rank']})"]
+        rows = [[r["name"], fmt_count(r["n"]), _calls(r["calls_lo"], r["calls_hi"]), fmt_time(r["median"]),
+                 f"{fmt_time(r['max'])} (rank {r['max_rank']})"]
                 for r in p.head(shown).to_dicts()]
         return table(header, rows, "lrrrr", shrink=0) + more(p.height, shown)
 
-    return out + ["  (ranks: how many ranks have it in their top list; calls, time: median over those ranks, and max)"] + per_run(runs, stats, render)
+    return out + ["  (ranks: how many ranks have it in their top list; calls: the fewest to the most of those ranks;",
+                  "  time: the median over those ranks, and the max)"] + per_run(runs, stats, render)
+
+
+def _calls(lo, hi) -> str:
+    return fmt_count(lo) if lo == hi else f"{fmt_count(lo)}–{fmt_count(hi)}"
 
 
 def _top_operators(a, runs: list[str], full: bool) -> list[str]:
@@ -385,6 +392,8 @@ COMPARE_LABELS = {
     "overlap_pct": "share of comm hidden",
     "collective_us": "time in collectives",
     "peak_allocated_bytes_max": "memory peak (max rank)",
+    "bubble_pct": "pipeline bubble",
+    "bubble_textbook_pct": "  textbook for its shape",
 }
 
 

@@ -29,6 +29,7 @@ def two_runs(steps_b: int = 3) -> SimpleNamespace:
                                   "end_us": [10.0, 120.0, 50.0, 40.0]}),
         memory_peaks=pl.DataFrame({"run": ["A", "A", "B", "B"], "rank": [0, 1, 0, 1],
                                    "peak_allocated_bytes": [1000, 3000, 2000, 2000]}),
+        pipeline=None,
     )
 
 
@@ -48,6 +49,33 @@ def test_each_metric_is_what_its_name_says():
     assert t["window_us"]["B_diff_pts"] is None
     # from 0 (idle_us 0 in both runs) there is no percent change: null, not NaN or inf
     assert (t["idle_us"]["A"], t["idle_us"]["B_diff_pct"]) == (0.0, None)
+
+
+def test_a_pipeline_run_is_compared_by_its_bubble_beside_the_textbook():
+    a = two_runs()
+    # B is a pipeline of 2 ranks over 2 steps: bubbles 40, 60 (rank 0) and 30, 50 (rank 1); its
+    # textbook (p-1)/(m+p-1) at p = 2, m = 4 is 20 % on every row. A is no pipeline.
+    a.pipeline = pl.DataFrame({"run": ["B"] * 4, "rank": [0, 0, 1, 1], "step": [1, 2, 1, 2],
+                               "bubble_pct": [40.0, 60.0, 30.0, 50.0], "theory_pct": [20.0] * 4})
+    t = {r["metric"]: r for r in compare_runs(a).to_dicts()}
+    assert (t["bubble_pct"]["A"], t["bubble_pct"]["B"]) == (None, 45.0)
+    assert (t["bubble_textbook_pct"]["A"], t["bubble_textbook_pct"]["B"]) == (None, 20.0)
+    assert t["bubble_pct"]["B_diff_pts"] is None  # no change from a run that has no bubble
+    assert "bubble_pct" not in {r["metric"] for r in compare_runs(two_runs()).to_dicts()}
+
+
+def test_the_runs_table_shows_two_pipelines_bubbles(tmp_path):
+    from tests.conftest import REPO
+    from tests.profiler.test_cli import analyze
+
+    res = analyze(REPO / "traces" / "sample-1f1b-2r", REPO / "traces" / "sample-zbv-2r")
+    assert res.returncode == 0, res.stderr
+    side = res.stdout[res.stdout.index("== Runs side by side"):]
+    bubble = next(line for line in side.splitlines() if line.strip().startswith("pipeline bubble"))
+    textbook = next(line for line in side.splitlines() if line.strip().startswith("textbook for its shape"))
+    # 1F1B at p = 2, m = 4 (run.json): (p-1)/(m+p-1) = 1/5; zero-bubble V has no closed form
+    assert textbook.split()[-4:] == ["20.0", "%", "—", "—"]
+    assert bubble.split()[-1] == "pts"
 
 
 def test_time_in_collectives_counts_calls_in_flight_together_once():

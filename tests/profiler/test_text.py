@@ -432,9 +432,22 @@ def test_top_n_shows_n_rows(capsys, top):
         assert len({e["name"] for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X"}) > 20
     assert main(["analyze", str(sample), *(["--top", str(top)] if top else [])]) == 0
     lines = section(capsys.readouterr().out, "Top CPU operators")
-    rows = [line for line in lines[4:] if line.strip() and not line.startswith("  … ")]
+    rows = [line for line in lines[lines.index(next(x for x in lines if x.lstrip().startswith("──"))) + 1:]
+            if line.strip() and not line.startswith("  … ")]
     assert len(rows) == (top or 15), lines
     assert lines[-2].startswith("  … ") and lines[-2].endswith(" more (ptprof analyze --full)")  # the other ranks' names
+
+
+def test_top_operators_give_calls_as_the_range_over_ranks():
+    # rank 0 called aten::mm 97 times, rank 1 100 times: "97–100" (a median would read 98.5 calls)
+    from profiler.text import _top
+
+    f = pl.DataFrame({"run": ["r"] * 4, "rank": [0, 1, 0, 1], "name": ["aten::mm", "aten::mm", "aten::add", "aten::add"],
+                      "count": [97, 100, 5, 5], "self_us": [10.0, 12.0, 3.0, 4.0], "total_us": [20.0, 22.0, 3.0, 4.0]})
+    lines = _top(None, f, ["r"], False, "Top CPU operators", "self time", "self_us", [("self", "self_us")])
+    mm, add = (next(line.split() for line in lines if line.lstrip().startswith(op)) for op in ("aten::mm", "aten::add"))
+    assert mm[1:5] == ["2", "97–100", "11.0", "µs"]  # ranks, calls, median of 10 and 12 µs
+    assert add[1:3] == ["2", "5"]
 
 
 def test_hta_beside_ours_fits_and_says_each_difference():

@@ -363,4 +363,5 @@ def test_report_of_an_offloaded_run_says_its_state_is_in_host_memory(runs, tmp_p
     (run / "run.json").write_text(json.dumps(m))
     a = analyze(load_traces(run))
     assert sum("host memory" in w for w in a.warnings) == 1
-    assert f"(run {m['run_id']}: in host memory, fsdp --offload; the GPU holds none of it between uses)" in format_tables(a)
+    # the run is named by its folder ("off"), run.json's run_id being the copied run's
+    assert "(run off: in host memory, fsdp --offload; the GPU holds none of it between uses)" in format_tables(a)

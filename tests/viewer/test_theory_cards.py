@@ -277,7 +277,7 @@ def test_cards_over_http(app, output):
 
 
 def test_theory_card_shows_a_runs_check_under_its_folder_name(store, pages):
-    # A run's theory_check as the profiler labels it (run.json's run_id), carried to the card under
+    # A run's theory_check as the profiler labels it (its own name for the run), carried to the card under
     # the folder's id, with the foreign run beside it saying why it has none.
     import dataclasses
     import types
