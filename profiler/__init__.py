@@ -10,7 +10,7 @@ The public names below are imported when first used (PEP 562), so a process that
 part of the profiler does not pay for the rest: a worker of the per-rank map (pool.py) starts
 ~0.1 s sooner without the report, theory and findings modules, and `import profiler` imports
 neither polars nor numpy, so `ptprof analyze` can start its worker processes before its own
-~0.2 s of imports (cli.py). `collectives` is both a function and the module that holds it: the
+~0.2 s of imports (cli.py); `load_traces` and `analyze` do the same for a script (api.py). `collectives` is both a function and the module that holds it: the
 import system binds the package's attribute to the module when the module is first imported,
 so the name is a property of the package (`_Package`) that stays the function, as it was.
 """
@@ -25,12 +25,12 @@ from profiler.startup import collector_paused
 _LAZY = {
     "collective_skew": "collectives", "collective_stats": "collectives", "stragglers": "collectives",
     "temporal_breakdown": "breakdown",
-    "SCHEMA": "load", "Traces": "load", "load_traces": "load",
+    "SCHEMA": "load", "Traces": "load", "load_traces": "api",
     "memory_peaks": "memory", "memory_timeline": "memory", "persistent_memory": "memory",
     "comm_compute_overlap": "overlap",
     "ideal_orders": "pipeline", "pipeline_actions": "pipeline", "pipeline_grid": "pipeline",
     "pipeline_summary": "pipeline", "simulate_order": "pipeline", "theory_bubble_pct": "pipeline",
-    "REPORT_SCHEMA": "report", "analyze": "report", "build_report": "report", "compare_runs": "report",
+    "REPORT_SCHEMA": "report", "analyze": "api", "build_report": "report", "compare_runs": "report",
     "NO_STEP": "steps", "assign_steps": "steps", "profiler_steps": "steps", "step_time_stats": "steps",
     "format_tables": "text",
     "self_times": "top_ops", "top_kernels": "top_ops", "top_operators": "top_ops",

@@ -154,16 +154,9 @@ def load_traces(
     options: MapOptions | None = None,
     engine=None,
 ) -> Traces:
-    """Load trace files / run folders, every rank of every run, each file summarized where it is parsed.
-
-    rank_from_filename_first: take the rank from the file name even where distributedInfo has one.
-    default_rank: the rank of a trace that names none (only sensible for a single file). Without
-    it, a run's only file naming no rank is rank 0 (said in `notes`); several such files are errors.
-    options: what the per-rank analyses run with (--step, --top); `analyze` with other options
-        analyzes the ranks again, in this process.
-    engine: runs the per-rank map (pool.LocalEngine(workers) by default; dask_pool.DaskEngine).
-    Raises TraceError when nothing usable is left; otherwise bad files are listed in `problems`.
-    """
+    """The loader behind `profiler.load_traces` (api.py, which documents the arguments and starts
+    the default engine's work before importing this module): here `engine`, if given, may already
+    be working on the files (LocalEngine.start_early); this function leaves closing it to its caller."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if not paths:
         raise TraceError(None, "no trace paths given")

@@ -72,12 +72,10 @@ class Analysis:
 
 
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
-    """Run every analysis; `rank` / `step` restrict them to one rank / one ProfilerStep.
-
-    The per-rank analyses come from the summaries the map made where each file was parsed
-    (`rank_summaries`; made again here, one rank at a time, only for other options); the rest is
-    the reduce over them: this process never holds the events of all ranks.
-    """
+    """`profiler.analyze` (api.py). The per-rank analyses come from the summaries the map made
+    where each file was parsed (`rank_summaries`; made again here, one rank at a time, only for
+    other options); the rest is the reduce over them: this process never holds the events of all
+    ranks."""
     ranks = traces.ranks
     if rank is not None:
         ranks = ranks.filter(pl.col("rank") == rank)
