@@ -12,13 +12,17 @@ only the small summaries travel to the client; event-level views (the viewer's d
 `--hta`) need a local load. A worker that dies (Dask gives its task up after the scheduler's
 `allowed-failures` retries: KilledWorker) or a task that raises: each file of its batch runs
 again as a task of its own, and one failing alone is that file's problem, named with its rank;
-every other rank still loads. Summaries are cached only once whole (summary_cache.py).
+every other rank still loads. Summaries are cached only once whole (summary_cache.py). Workers
+that all leave mid-map (none for WORKERS_GONE_S) end the map with one error, as a lost scheduler does.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
+from concurrent.futures import CancelledError
 from typing import Iterator
 
 from profiler.errors import TraceError
@@ -30,6 +34,10 @@ NEEDS_DASK = "--cluster needs dask's distributed package on this machine and the
 # A scheduler answers within a second on any network a cluster runs on; a wrong address should
 # not keep the user waiting (distributed's own default is 30 s).
 CONNECT_TIMEOUT_S = 10.0
+# Workers that all leave or die mid-map (killed, out of memory, `dask worker` stopped) leave the
+# tasks waiting on the scheduler for good: with none for this long, the map stops and says so. A
+# nanny restarts a killed worker in seconds; a cluster manager may take longer to replace one.
+WORKERS_GONE_S = 30.0
 
 
 class DaskEngine:
@@ -67,6 +75,7 @@ class DaskEngine:
                 client.close()
             raise
         self._loud: list = []  # (logger, level) to restore at close() when a lost scheduler kept them quiet
+        self.workers_gone_s = WORKERS_GONE_S
         self.workers = max(1, len(client.nthreads()))  # scheduler_info() lists only a few workers in some releases
 
     def map(self, tasks: list[RankTask]) -> Iterator[tuple[int, RankSummary | TraceError]]:
@@ -95,12 +104,18 @@ class DaskEngine:
             q.setLevel(logging.CRITICAL)
         done = 0
         lost = False
+        watch = _Watch(self.client, futures, self.workers_gone_s)
         try:
             for fut in pending:
                 batch = index[fut.key]
                 try:
                     results = fut.result()
-                except Exception as e:  # noqa: BLE001  (KilledWorker, a task that raised, a lost connection)
+                except (Exception, CancelledError) as e:  # noqa: BLE001  (KilledWorker, a task that raised, a lost connection)
+                    if watch.gone:
+                        raise TraceError(None, f"--cluster: no Dask worker for {self.workers_gone_s:g} s after {done} of "
+                                               f"{len(tasks)} ranks: every worker left or died (out of memory? stopped?); "
+                                               "nothing was reported: start workers and run again, or run without "
+                                               "--cluster") from None
                     if self.client.status not in ("running", "connecting") or "connection-lost" in str(e):
                         # The scheduler is gone: every rank not done is lost, not each its own problem.
                         lost = True
@@ -125,6 +140,7 @@ class DaskEngine:
                         res = RankSummary(res.meta, res.rank, None, res.frames, res.unstored)
                     yield i, res
         finally:
+            watch.stop()
             # With the scheduler gone, the client's reconnect task logs its traceback when the
             # client closes: stay quiet until close() (our one line says it all).
             self._loud = list(zip(quiet, levels))
@@ -143,6 +159,41 @@ class DaskEngine:
             self.client.close()
         finally:
             self._restore_logs()
+
+
+class _Watch:
+    """Counts the scheduler's workers once a second while a map runs; after `gone_s` with none,
+    sets `gone` and cancels the map's futures, so that its wait ends (each then raises
+    CancelledError, which the map words as the workers' loss)."""
+
+    def __init__(self, client, futures: list, gone_s: float):
+        self.gone, self._stop = False, threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(client, futures, gone_s), daemon=True,
+                                        name="ptprof-dask-watch")
+        self._thread.start()
+
+    def _run(self, client, futures: list, gone_s: float) -> None:
+        since = None
+        while not self._stop.wait(min(1.0, gone_s / 4)):
+            try:
+                n = len(client.nthreads())
+            except Exception:  # noqa: BLE001  (the scheduler lost: the map says that itself)
+                return
+            if n:
+                since = None
+                continue
+            since = since or time.monotonic()
+            if time.monotonic() - since >= gone_s:
+                self.gone = True
+                try:
+                    client.cancel(list(futures))
+                except Exception:  # noqa: BLE001
+                    pass
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _connect(Client, address: str, timeout_s: float):

@@ -236,6 +236,39 @@ def test_a_scheduler_without_workers_is_one_error_not_a_wait_forever():
             DaskEngine(empty.scheduler_address, timeout_s=0.5)
 
 
+def test_workers_all_gone_midway_is_one_error_not_a_wait_forever(tmp_path):
+    # The only worker hangs in a parse, then its nanny is closed (as when `dask worker` is
+    # stopped, or killed with its nanny): the tasks would wait on the scheduler for good.
+    import threading
+    import time
+
+    from distributed import Client, LocalCluster
+
+    from tests.profiler.test_midway import DASK_HANG
+
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    folder = _tiny_job(tmp_path / "job", 2)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as c:
+        c.run(exec, DASK_HANG % str(hang), {})
+        engine = DaskEngine(client=c)
+        engine.workers_gone_s = 2.0
+
+        def stop_workers():
+            deadline = time.monotonic() + 60
+            while not list(hang.iterdir()) and time.monotonic() < deadline:  # the map is under way
+                time.sleep(0.05)
+            cluster.scale(0)
+
+        threading.Thread(target=stop_workers, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(TraceError, match=r"^--cluster: no Dask worker for 2 s after 0 of 2 ranks: every worker left or "
+                                             r"died .*nothing was reported"):
+            load_traces(folder, progress=False, engine=engine)
+        assert time.monotonic() - started < 60
+
+
 def test_workers_running_other_code_are_refused(client):
     client.run(exec, "import profiler.summary_cache as s; s._real_code_version = s.code_version; "
                      "s.code_version = lambda: 'another'", {})

@@ -106,20 +106,23 @@ def test_interrupt_stops_every_worker_and_leaves_nothing(tmp_path, whole_group):
 
 # A one-worker LocalCluster in a process (and session) of its own, so the test can kill the
 # scheduler with its workers; its worker hangs in the parse as above. Prints the address.
+# On a Dask worker (`client.run(exec, DASK_HANG % folder, {})`): announce in `folder`, then hang in
+# the parse (tests/profiler/test_engine.py uses it too).
+DASK_HANG = (
+    "import os, time\n"
+    "import profiler.parse as _parse\n"
+    "def _hang(path, **kw):\n"
+    "    with open(os.path.join(%r, str(os.getpid())), 'w') as f:\n"
+    "        f.write(str(path))\n"
+    "    time.sleep(120)\n"
+    "_parse.parse_trace_file = _hang\n"
+    "import profiler.parse_batch as _batch\n"  # a batch of several files is parsed there
+    "_batch.parse_trace_files = lambda paths: _hang(paths[0])\n"
+)
 CLUSTER = """
 import sys
 from distributed import Client, LocalCluster
-HANG = (
-    "import os, time\\n"
-    "import profiler.parse as _parse\\n"
-    "def _hang(path, **kw):\\n"
-    "    with open(os.path.join(%r, str(os.getpid())), 'w') as f:\\n"
-    "        f.write(str(path))\\n"
-    "    time.sleep(120)\\n"
-    "_parse.parse_trace_file = _hang\\n"
-    "import profiler.parse_batch as _batch\\n"  # a batch of several files is parsed there
-    "_batch.parse_trace_files = lambda paths: _hang(paths[0])\\n"
-)
+HANG = """ + repr(DASK_HANG) + """
 if __name__ == "__main__":
     cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")
     Client(cluster).run(exec, HANG % sys.argv[1], {})
