@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -195,7 +196,7 @@ def split_jobs(sources: list[Source], facts: list[JobFacts | None]) -> tuple[lis
         taken: set[str] = set()
         labels = []
         for job in jobs:
-            stems = sorted(path_text(_stem(sources[i].path)) for i in job)
+            stems = sorted((path_text(_stem(sources[i].path)) for i in job), key=_natural)  # rank2 before rank10
             name = f"{run}/{stems[0]}" if len(stems) == 1 else f"{run}/{stems[0]}..{stems[-1]}"
             base, k = name, 2
             while name in taken:
@@ -229,6 +230,11 @@ def _jobs(idx: list[int], facts: list[JobFacts | None]) -> list[list[int]]:
                 reach = f.end_us if reach is None else max(reach, f.end_us)
         jobs.append(current)
     return sorted(jobs, key=lambda job: min(job))
+
+
+def _natural(text: str) -> tuple:
+    """A sort key reading runs of digits as numbers: rank0, rank2, rank10 (not rank0, rank10, rank2)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part)
 
 
 def _stem(path: Path) -> str:

@@ -45,6 +45,16 @@ def test_different_world_sizes_are_different_runs(tmp_path):
     assert "2 different jobs" in note and f"{name}/other_rank0" in note
 
 
+def test_a_split_job_is_named_by_its_first_and_last_rank_in_number_order(tmp_path):
+    # 12 ranks of one job beside another job's file: rank0..rank11 (by name, rank0..rank9 said
+    # a 10-rank job)
+    for r in range(12):
+        write_trace(tmp_path / f"rank{r}.json", rank=r, world=12, t0=1e15)
+    write_trace(tmp_path / "other_rank0.json", rank=0, world=8, t0=1e15)
+    traces = load_traces(tmp_path, progress=False)
+    assert runs_of(traces) == {f"{tmp_path.name}/other_rank0": [0], f"{tmp_path.name}/rank0..rank11": list(range(12))}
+
+
 def test_backends_and_clocks_that_never_overlap_split_too(tmp_path):
     write_trace(tmp_path / "a_rank0.json", rank=0, world=2, t0=1e15)
     write_trace(tmp_path / "a_rank1.json", rank=1, world=2, t0=1e15 + 400)  # overlaps a_rank0: same job
