@@ -272,9 +272,12 @@ def _stragglers(a, runs: list[str], full: bool) -> list[str]:
                  fmt_time(r["mean_spread_us"])] for r in (p if full else p.head(ROWS)).to_dicts()]
         return table(header, rows, "lrrr", shrink=0) + ([] if full else more(p.height, ROWS))
 
+    unknown = s["group"].is_null().any()
     out += wrap(f"(last in: the share of the group's collectives the rank started last; the findings call a rank a "
-                f"straggler when that is at least {STRAGGLER_MIN_SHARE_PCT:g} % and {STRAGGLER_MIN_TIMES} collectives)",
-                "  ", "   ")
+                f"straggler when that is at least {STRAGGLER_MIN_SHARE_PCT:g} % and {STRAGGLER_MIN_TIMES} collectives"
+                + (f" of a known group; group {NONE}: the traces do not say which group a collective is of, so the k-th "
+                   "call of two ranks may be two different collectives, and no finding names a straggler from it)"
+                   if unknown else ")"), "  ", "   ")
     return out + per_run(runs, s, render)
 
 
