@@ -256,7 +256,7 @@ def load_traces(
     if not kept:
         if len(problems) == 1:
             raise problems[0]
-        raise TraceError(None, "no usable traces: " + "; ".join(map(str, problems)))  # one line (cli prints it so)
+        raise _none_usable(problems)
     for i in _redo_mismatched(engine, sources, results, kept, runs, options, cache_path, made_with,
                               no_cache=remote and not cache):
         made_with[i] = (sources[i].run, _manifest_key(runs.get(sources[i].run)))
@@ -290,6 +290,23 @@ class _Manifests(dict):
             except TraceError as e:
                 self[run_dir] = e
         return self[run_dir]
+
+
+NONE_USABLE_SHOWN = 3
+
+
+def _none_usable(problems: list[TraceError]) -> TraceError:
+    """One line for a load where every file failed: the first few problems in full, the rest
+    counted by kind (the problem without its file and rank), so 1,024 empty files are not 1,024
+    sentences on one line."""
+    text = "no usable traces: " + "; ".join(map(str, problems[:NONE_USABLE_SHOWN]))
+    rest = problems[NONE_USABLE_SHOWN:]
+    if rest:
+        kinds = Counter(re.sub(r"^ranks? \d+(, \d+)*: ", "", p.problem) for p in rest)
+        said = "; ".join(f"{n:,} x {kind}" for kind, n in kinds.most_common(NONE_USABLE_SHOWN))
+        more = len(kinds) - NONE_USABLE_SHOWN
+        text += f"; and {len(rest):,} more files ({said}{f'; {more:,} other problems' if more > 0 else ''})"
+    return TraceError(None, text)  # one line (cli prints it so)
 
 
 def _merged(problems: list[TraceError]) -> list[TraceError]:

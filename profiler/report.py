@@ -5,6 +5,7 @@ schema in docs/report.md); the text report is profiler.text. No I/O here: the CL
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import polars as pl
 
@@ -80,7 +81,10 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     if rank is not None:
         ranks = ranks.filter(pl.col("rank") == rank)
         if ranks.is_empty():
-            raise ValueError(f"rank {rank} is not in the traces (have: {sorted(set(traces.ranks['rank']))})")
+            skipped = [p for p in traces.problems if p.problem.startswith((f"rank {rank}:", f"rank {rank}, "))
+                       or re.match(rf"ranks (\d+, )*{rank}(, \d+)*:", p.problem)]
+            why = f"; its file was skipped: {skipped[0]}" if skipped else ""
+            raise ValueError(f"rank {rank} is not in the traces (ranks there: {_spans(sorted(set(traces.ranks['rank'])))}){why}")
     per_rank = rank_summaries(traces, ranks, rank=rank, step=step, top_n=top_n)
     # --step S: a rank without step S is left out (and named); no rank with it is an error.
     have_step = [r for r in per_rank if "breakdown" in r]

@@ -199,3 +199,31 @@ def test_json_dash_is_standard_output_and_the_same_report(tmp_path):
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == json.loads(out.read_text())  # no table around it
     assert not (tmp_path / "-").exists()
+
+
+def test_every_file_failing_is_one_short_line_however_many_files(tmp_path):
+    # 40 empty rank files: the first three in full, the rest counted by kind (it was all 40, ~2 KB)
+    for r in range(40):
+        (tmp_path / f"rank{r}.json").write_bytes(b"")
+    res = analyze(tmp_path)
+    assert res.returncode == 2 and res.stdout == ""
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"ptprof analyze: error: no usable traces: {tmp_path / 'rank0.json'}: rank 0: empty file; ")
+    assert line.endswith("; and 37 more files (37 x empty file)")
+    assert line.count("empty file") == 4 and len(line) < 400
+
+
+def test_a_rank_whose_file_was_skipped_says_so(tmp_path):
+    # --rank 2 where rank2.json is not JSON: the error names the skipped file, not only "not in the traces"
+    import gzip
+    import shutil
+
+    for r in (0, 1):
+        shutil.copy(REPO / "traces" / "sample-ddp-2r" / f"rank{r}.json.gz", tmp_path / f"rank{r}.json.gz")
+    (tmp_path / "rank2.json").write_text("{not json")
+    assert gzip.decompress((tmp_path / "rank0.json.gz").read_bytes())  # a real rank beside it
+    res = analyze(tmp_path, "--rank", "2")
+    assert res.returncode == 2
+    err = res.stderr.splitlines()[-1] if res.stderr else ""
+    assert err.startswith("ptprof analyze: error: rank 2 is not in the traces (ranks there: 0-1); its file was skipped: "
+                          f"{tmp_path / 'rank2.json'}: rank 2: "), res.stderr
