@@ -126,7 +126,7 @@ class DaskEngine:
                         for i in batch:
                             pending.add(submit([i]))
                         continue
-                    why = f"its Dask task failed ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+                    why = f"its Dask task failed ({_task_failure(e)})"
                     results = [died(tasks[batch[0]], why)]
                 for i, res in zip(batch, results):
                     done += 1
@@ -159,6 +159,18 @@ class DaskEngine:
             self.client.close()
         finally:
             self._restore_logs()
+
+
+def _task_failure(e: BaseException) -> str:
+    """What failed a Dask task, in one short line: KilledWorker's own text (a paragraph ending in a
+    worker's address and a link) cut at 200 characters stopped mid-word and never said why."""
+    name = type(e).__name__
+    if name == "KilledWorker":
+        return ("KilledWorker: each worker that ran it died, the usual causes being its memory limit or the out-of-memory "
+                "killer; the workers' logs say which")
+    from profiler.textfmt import truncate
+
+    return truncate(f"{name}: {' '.join(str(e).split())}", 200)
 
 
 class _Watch:

@@ -221,6 +221,7 @@ def test_a_dask_worker_that_dies_costs_its_file_only(client, dask_cache, tmp_pat
     assert traces.ranks["rank"].to_list() == [0]
     (problem,) = traces.problems
     assert str(problem).startswith(f"{folder / 'rank1.json'}: rank 1: not analysed: its Dask task failed (KilledWorker")
+    assert str(problem).endswith("memory limit or the out-of-memory killer; the workers' logs say which)")  # whole, not cut mid-word
     _no_half_entries(dask_cache, [folder / "rank0.json"], folder / "rank1.json")
     assert len(list(dask_cache.glob(f"{entry_key(folder / 'rank0.json')}.*.summary"))) == 1
     # The good rank's analysis is the local engine's.
