@@ -12,6 +12,7 @@ and others do not, the report covers the good ones and names the bad ones. Names
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from profiler.startup import collector_paused, ctrl_c_held
 # processes the load will need are started (pool.LocalEngine.start_early), so both import at once.
 
 EXIT_BAD_INPUT = 2
+WORKERS_PER_CORE = 2  # --workers above this many a core: capped, with a note (a slow filesystem may use a second)
 MAX_RANK = 2**31 - 1  # ranks are Int32 (profiler.damaged.MAX_RANK; not imported: it pulls in polars)
 MAX_TOP = 100_000
 HTA_SKIPPED = "HTA skipped: no GPU activity"  # the --hta entry of a run without kernels (docs/report.md)
@@ -84,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "it, local worker processes do the same work (one per core, --workers)")
     p.add_argument("--workers", type=_whole_number(1, 4096), metavar="N",
                    help="local worker processes (default: one per CPU core, or none for a set small enough that "
-                        "this process is quicker alone)")
+                        "this process is quicker alone; at most two per core)")
     p.add_argument("-q", "--quiet", action="store_true", help="no tables on stdout (with --json FILE; alone, it only checks the traces and, when they are fine, warns on stderr that nothing was written)")
     return p
 
@@ -124,6 +126,11 @@ def _run(args: argparse.Namespace) -> int:
                                "(size them with `dask worker --nworkers`): give one or the other")
     if args.cluster is not None and args.hta:
         raise TraceError(None, "--hta needs the events on this machine; leave out --cluster to compare with HTA")
+    most = WORKERS_PER_CORE * (os.cpu_count() or 1)
+    if args.workers and args.workers > most:  # each holds its own imports (~0.1 GB): 1,000 of them would not fit
+        _print_line(f"ptprof analyze: note: --workers {args.workers}: this machine has {most // WORKERS_PER_CORE} cores; "
+                    f"{most} workers (more would only share the cores, each with its own ~0.1 GB)", sys.stderr)
+        args.workers = most
     if args.cluster is not None:  # --cluster '' is a malformed address, not no cluster
         from profiler.dask_pool import DaskEngine
 

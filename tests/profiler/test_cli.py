@@ -227,3 +227,29 @@ def test_a_rank_whose_file_was_skipped_says_so(tmp_path):
     err = res.stderr.splitlines()[-1] if res.stderr else ""
     assert err.startswith("ptprof analyze: error: rank 2 is not in the traces (ranks there: 0-1); its file was skipped: "
                           f"{tmp_path / 'rank2.json'}: rank 2: "), res.stderr
+
+
+def test_workers_past_two_a_core_are_capped_with_a_note(tmp_path, monkeypatch, capsys):
+    # --workers 1000 on a 2-core machine started one process per file (64 of 64 files, 7.6 GB in all)
+    import profiler.cli as cli
+    import profiler.pool as pool
+
+    made = []
+    real = pool.LocalEngine.__init__
+
+    def init(self, workers=None):
+        made.append(workers)
+        real(self, workers)
+
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(pool.LocalEngine, "__init__", init)
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path))
+    assert cli.main(["analyze", str(REPO / "traces" / "sample-ddp-2r"), "--workers", "1000", "--json", str(tmp_path / "r.json"),
+                     "--quiet"]) == 0
+    assert made == [4]
+    assert ("ptprof analyze: note: --workers 1000: this machine has 2 cores; 4 workers (more would only share the cores, "
+            "each with its own ~0.1 GB)\n") in capsys.readouterr().err
+    made.clear()
+    assert cli.main(["analyze", str(REPO / "traces" / "sample-ddp-2r"), "--workers", "3", "--quiet", "--json",
+                     str(tmp_path / "r.json")]) == 0
+    assert made == [3] and "note: --workers" not in capsys.readouterr().err
