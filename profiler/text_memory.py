@@ -32,7 +32,7 @@ def memory_sections(a, runs: list[str], full: bool) -> list[str]:
             out += per_run(runs, at, lambda p: table(header, rows(p), "lrrrl", shrink=None))
         else:
             def render(p: pl.DataFrame) -> list[str]:
-                rows, lone = [], p["rank"].n_unique() == 1
+                rows, lone, agreed = [], p["rank"].n_unique() == 1, []
                 for (dev,), g in p.group_by("mem_device", maintain_order=True):
                     c = collapse(g, ["peak_allocated_bytes"])
                     if c.is_empty():  # events without Total Allocated: no peak to name
@@ -40,7 +40,15 @@ def memory_sections(a, runs: list[str], full: bool) -> list[str]:
                         continue
                     c = c.row(0, named=True)
                     when = g.filter(pl.col("rank") == c["max_rank"])["when"][0]
-                    rows.append([dev, *min_median_max(c, fmt_bytes)[:1 if lone else 3], when])
+                    cells = min_median_max(c, fmt_bytes)
+                    rows.append([dev, *cells[:1 if lone else 3], when])
+                    agreed.append((dev, fmt_bytes(c["min"]), c["n"], f"{when} (rank {c['max_rank']})")
+                    if cells[1:] == ["", ""] and c["n"] > 1 else None)
+                if not lone and len(agreed) == len(rows) and None not in agreed and len({a[2] for a in agreed}) == 1:
+                    # Every rank's peak the same on every device: said once in the header (as
+                    # collapsed_table does), not under "min" beside empty median and max columns.
+                    return table(["device", f"peak, every rank ({agreed[0][2]})", "reached at"],
+                                 [[dev, v, when] for dev, v, _, when in agreed], "lrl", shrink=None)
                 header = ["device", *(["peak"] if lone else MMM), "reached at" if lone else "max reached at"]
                 return table(header, rows, "lrrrl" if not lone else "lrl", shrink=None)
             out += per_run(runs, at.sort("run", "mem_device", "rank"), render)

@@ -275,6 +275,28 @@ def test_the_memory_peak_is_timed_from_its_step(ddp):
     assert "1.50 MiB" in line and line.endswith("step 3 +5.30 ms") and "1.7e" not in line
 
 
+def test_memory_peaks_the_same_on_every_rank_are_said_once(ddp):
+    # Both ranks peak at 1.50 MiB: one column headed "every rank (2)", the time of the rank named;
+    # the value sat under "min" beside empty median and max columns.
+    run = ddp.ranks["run"].cast(pl.String)[0]
+    steps = pl.DataFrame({"run": [run] * 2, "rank": [0, 1], "step": [3, 3], "start_us": [T0, T0],
+                          "end_us": [T0 + 100_000.0] * 2, "dur_us": [100_000.0] * 2, "has_profiler_steps": [True] * 2}
+                         ).cast({"run": pl.Categorical, "rank": pl.Int32})
+    peaks = pl.DataFrame({"run": [run] * 2, "rank": [0, 1], "mem_device": ["cpu"] * 2, "peak_allocated_bytes": [1536 * 1024] * 2,
+                          "peak_ts_us": [T0 + 5_300.0, T0 + 7_100.0], "peak_step": [3, 3], "peak_reserved_bytes": [0, 0],
+                          "n_events": [9, 9], "floor_allocated_bytes": [0, 0]}, schema=ddp.memory_peaks.schema)
+    lines = section(format_tables(dataclasses.replace(ddp, steps=steps, memory_peaks=peaks)), "Memory peaks")
+    (head,) = [line for line in lines if line.lstrip().startswith("device")]
+    assert head.split() == ["device", "peak,", "every", "rank", "(2)", "reached", "at"]
+    (line,) = [line for line in lines if line.startswith("  cpu")]
+    assert line.split() == ["cpu", "1.50", "MiB", "step", "3", "+5.30", "ms", "(rank", "0)"]
+    # one rank peaking higher: min / median / max as before
+    lines = section(format_tables(dataclasses.replace(ddp, steps=steps, memory_peaks=peaks.with_columns(
+        peak_allocated_bytes=pl.Series([1536 * 1024, 2048 * 1024])))), "Memory peaks")
+    (line,) = [line for line in lines if line.startswith("  cpu")]
+    assert line.split()[:3] == ["cpu", "1.50", "MiB"] and line.endswith("step 3 +7.10 ms")
+
+
 # ---- real traces: width, comparison, --full --------------------------------------------------
 
 
