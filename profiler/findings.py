@@ -202,6 +202,13 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
     return out
 
 
+def _device_word(a: "Analysis", run: str, rank: int) -> str:
+    """What to call a rank's accelerator in a sentence: "MTIA device" for Meta's MTIA traces (device
+    activity that is no GPU's), else "GPU" (CUDA, ROCm: the breakdown's device "gpu")."""
+    r = a.ranks.filter((pl.col("run").cast(pl.String) == run) & (pl.col("rank") == rank)) if "device_kind" in a.ranks.columns else None
+    return "MTIA device" if r is not None and r.height and r["device_kind"][0] == "mtia" else "GPU"
+
+
 def _cpu_run(a: "Analysis", run: str) -> bool:
     """Whether every rank of `run` ran on the CPU (device_kind cpu: gloo ranks as processes)."""
     kinds = a.ranks.filter(pl.col("run").cast(pl.String) == run)["device_kind"] if "device_kind" in a.ranks.columns else None
@@ -424,7 +431,7 @@ def idle_rule(a: "Analysis") -> list[Row]:
         top = _str_run(a.top_operators)
         ops = (top.filter((pl.col("run") == run) & (pl.col("rank") == rank)).sort("self_us", descending=True).head(3)
                if top is not None and "self_us" in top.columns else None)
-        text = (f"The GPU of rank {rank} has nothing to run for {pct(share)} of its profiled window "
+        text = (f"The {_device_word(a, run, rank)} of rank {rank} has nothing to run for {pct(share)} of its profiled window "
                 f"({ms(idle_us)} of {ms(win_us)}): the step waits on the host")
         evidence = f"run {run}, rank {rank}" + worst_of(rb["share_pct"])
         if ops is not None and ops.height:

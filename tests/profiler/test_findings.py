@@ -595,6 +595,13 @@ def test_idle_gpu_names_the_rank_and_the_host_work():
     assert "DataLoader workers" in f["change"]
 
 
+def test_idle_names_an_mtia_device_as_such():
+    case = idle_case()
+    case.ranks = case.ranks.with_columns(device_kind=pl.lit("mtia"))
+    f = only(F.idle_rule(case))
+    assert f["text"].startswith("The MTIA device of rank 1 has nothing to run for 30.0 % of its profiled window")
+
+
 def test_idle_is_silent_below_its_threshold_and_on_cpu_ranks():
     assert F.idle_rule(idle_case(idle_1=140.0)) == []  # 14 % < 15 %
     assert F.idle_rule(idle_case(device="cpu")) == []  # gloo ranks: no device to starve
