@@ -239,8 +239,13 @@ def load_traces(
         if note:
             notes.append(note)
         if (src.run, rank) in seen:
-            problems.append(TraceError(src.path, f"duplicate rank {rank} in run {src.run!r} (also {seen[(src.run, rank)]}); "
-                                                 "pass the files of one run only, or --rank-from-filename"))
+            first = seen[(src.run, rank)]
+            # --rank-from-filename helps only where it is not given already and the two names give two ranks.
+            by_name = (not rank_from_filename_first and rank_from_filename(src.path) is not None
+                       and rank_from_filename(src.path) != rank_from_filename(first))
+            problems.append(TraceError(src.path, f"duplicate rank {rank} in run {src.run!r} (kept: {path_text(first)}, the "
+                                                 "first by name); pass the files of one run only"
+                                                 + (", or --rank-from-filename" if by_name else "")))
             continue
         seen[(src.run, rank)] = src.path
         info = meta.get("distributed_info") or {}

@@ -152,7 +152,22 @@ def test_duplicate_ranks_are_named(tmp_path):
         shutil.copy(GPU_NCCL / "rank0.json.gz", tmp_path / name)
     traces = load_traces(tmp_path)
     assert traces.ranks.height == 1
-    assert len(traces.problems) == 1 and "duplicate rank 0" in str(traces.problems[0])
+    assert [str(p) for p in traces.problems] == [f"{tmp_path / 'b.json.gz'}: duplicate rank 0 in run {tmp_path.name!r} (kept: "
+                                                 f"{tmp_path / 'a.json.gz'}, the first by name); pass the files of one run only"]
+
+
+def test_a_duplicate_rank_is_told_of_rank_from_filename_only_where_it_would_help(tmp_path):
+    # rank0.json.gz beside rank5.json.gz, both rank 0 inside: the names give two ranks, so
+    # --rank-from-filename would load both; given already, or with names alike, it is not offered.
+    for name in ("rank0.json.gz", "rank5.json.gz"):
+        shutil.copy(GPU_NCCL / "rank0.json.gz", tmp_path / name)
+    (problem,) = load_traces(tmp_path).problems
+    assert str(problem).endswith("pass the files of one run only, or --rank-from-filename")
+    assert sorted(load_traces(tmp_path, rank_from_filename_first=True).ranks["rank"].to_list()) == [0, 5]
+    shutil.copy(GPU_NCCL / "rank0.json.gz", tmp_path / "rank0 (copy).json.gz")
+    problems = load_traces(tmp_path, rank_from_filename_first=True).problems
+    assert [str(p) for p in problems] == [f"{tmp_path / 'rank0.json.gz'}: duplicate rank 0 in run {tmp_path.name!r} (kept: "
+                                          f"{tmp_path / 'rank0 (copy).json.gz'}, the first by name); pass the files of one run only"]
 
 
 def test_partial_load_names_the_bad_rank(tmp_path):
