@@ -262,3 +262,29 @@ def test_analyze_refuses_the_gpu_timeline_of_a_multi_gpu_process_with_a_warning(
     assert a.collectives.height == 1  # per-kernel numbers stay: the broadcast, the gemms
     assert "gemm" in a.top_kernels["name"].cast(pl.String).to_list()
     assert "one process driving 2 GPUs" in format_tables(a)
+
+
+def test_a_gpu_that_starts_late_in_the_step_is_a_warning():
+    # single/mi300: the GPU's first kernel starts ~269 ms into a 391 ms ProfilerStep, so HTA's
+    # window (first to last GPU activity) is 121 ms and its idle ~1 ms; the report says what the
+    # window leaves out. Numbers from the trace's JSON, independently of the loader.
+    import gzip
+    import json
+
+    from profiler import analyze, load_traces
+    from tests.conftest import SHARED_TRACES
+
+    path = SHARED_TRACES / "single" / "mi300_timesformer_memory.json.gz"
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    (step,) = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    window = max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)
+    assert 120e3 < window < 122e3 and 390e3 < step["dur"] < 391e3
+    a = analyze(load_traces(path, progress=False))
+    (w,) = [w for w in a.warnings if "was active, first to last" in w]
+    assert w.startswith(f"run single: the GPU of rank 0 was active, first to last, in 121 ms of its 391 ms of profiled "
+                        f"steps ({100 * window / step['dur']:.1f} %)")
+    assert f"leaves out the {(step['dur'] - window) / 1e3:.0f} ms of the steps before the GPU's first work" in w
+    # a GPU busy through its steps: no such warning
+    assert not [w for w in analyze(load_traces(SHARED_TRACES / "gpu_nccl_2_of_128", progress=False)).warnings
+                if "was active, first to last" in w]
