@@ -58,19 +58,22 @@ def run_color(i: int) -> str:
 # Timeline
 
 
-def build_timeline_figure(segments: pl.DataFrame, runs: list[str] | None = None, *, x_range=None) -> go.Figure:
+def build_timeline_figure(segments: pl.DataFrame, runs: list[str] | None = None, *, x_range=None, shows: str | None = None,
+                          note: str | None = None) -> go.Figure:
     """One subplot per run (shared, zoomable time axis), one lane per rank and thread/stream.
 
     segments: viewer.aggregate.visible_timeline's frame (run, label, category, start_ms, end_ms,
     busy, text). One horizontal-bar trace per (run, category), so the trace count is bounded by
-    runs x categories and the legend toggles a category in every run at once.
+    runs x categories and the legend toggles a category in every run at once. `shows`: what a
+    drill-down draws ("rank 17"), after each run's title; `note`: a line over the figure (the runs
+    a drill-down has nothing of).
     """
     runs = _runs(segments, runs)
     if not runs:
         return _empty("no timeline events in these runs")
     n_lanes = {r: max(1, segments.filter(pl.col("run") == r)["label"].n_unique()) for r in runs}
     fig = make_subplots(rows=len(runs), cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=runs, row_heights=[n_lanes[r] for r in runs])
+                        subplot_titles=[f"{r}: {shows}" if shows else r for r in runs], row_heights=[n_lanes[r] for r in runs])
     shown = set()
     for i, run in enumerate(runs, start=1):
         part = segments.filter(pl.col("run") == run)
@@ -107,6 +110,8 @@ def build_timeline_figure(segments: pl.DataFrame, runs: list[str] | None = None,
     fig.update_xaxes(title_text="ms from the first profiled step", row=len(runs), col=1)
     if x_range is not None:
         fig.update_xaxes(range=list(x_range))
+    if note:  # above the legend, in the figure's own margin
+        fig.update_layout(margin=dict(t=80), title=dict(text=note, font=dict(size=12, color="#666"), x=0, y=0.99, yanchor="top"))
     return fig
 
 

@@ -100,6 +100,22 @@ def missing_view(runs: list[RunData], view: tuple[str, str | int] | None) -> str
     return f"no group {value} in these runs (groups: {', '.join(known)})"
 
 
+def view_label(view: tuple[str, str | int]) -> str:
+    """"rank 17", "group stage1": what a drill-down shows, for the timeline's titles."""
+    return f"{view[0]} {view[1]}"
+
+
+def absent_note(runs: list[RunData], view: tuple[str, str | int] | None) -> str | None:
+    """The runs a drill-down draws nothing for, said (they would drop out of the timeline unseen):
+    "rank 200 is not in r64out: not drawn"; None where every run has the rank or group."""
+    if view is None:
+        return None
+    absent = [d.run_id for d in _ok(runs) if not drill_ranks(d, view)]
+    if not absent:
+        return None
+    return f"{view_label(view)} is not in {', '.join(absent)}: {'it is' if len(absent) == 1 else 'they are'} not drawn"
+
+
 def drill_ranks(d: RunData, view: tuple[str, str | int]) -> list[int]:
     """The ranks of run `d` a drill-down shows."""
     kind, value = view

@@ -137,6 +137,12 @@ def _drill_down_shows_exactly_that_rank(big, pages):
     assert labels and all(lab.startswith(f"r{SLOW_RANK} ") for lab in labels), labels
     assert {f"r{SLOW_RANK} main", f"r{SLOW_RANK} comm"} <= labels
     assert "events" not in d.traces._memo  # one rank's file read, not the run's events
+    # drilled into a rank only one run has: the other run is said, not silently dropped, and each
+    # subplot says what it shows
+    both = pages.compare.timeline_figure(big, ["big", "small"], view=f"rank:{SLOW_RANK}")
+    assert both.layout.title.text == f"rank {SLOW_RANK} is not in small: it is not drawn"
+    assert [a.text for a in both.layout.annotations] == [f"big: rank {SLOW_RANK}"]
+    assert pages.compare.timeline_figure(big, ["big", "small"], view="rank:3").layout.title.text is None
     group = pages.compare.timeline_figure(big, ["big"], view="group:stage2")  # 16 ranks: their own lanes
     assert {y.split()[0] for t in group.data for y in t.y} == {f"r{r}" for r in range(32, 48)}
     assert pages.compare.initial_view(rank="17") == "rank:17" and pages.compare.initial_view(group="stage1") == "group:stage1"

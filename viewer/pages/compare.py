@@ -174,8 +174,10 @@ def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None =
             kind, out = scale_data.scale_timeline(runs, x_range, scale_data.parse_view(view))
         except TraceError as e:  # a rank's events not on this machine (a run loaded by a Dask cluster)
             return figures._empty(str(e))
+        view_ = scale_data.parse_view(view)
         if kind == "segments":
-            return figures.build_timeline_figure(out, run_ids, x_range=x_range)
+            return figures.build_timeline_figure(out, run_ids, x_range=x_range, note=scale_data.absent_note(runs, view_),
+                                                 shows=scale_data.view_label(view_) if view_ is not None else None)
         bands, outliers, n_ranks = out
         return scale_figures.build_band_timeline(bands, outliers, run_ids, x_range=x_range, n_ranks=n_ranks)
     segments = compare_data.timeline_segments(runs, x_range)
