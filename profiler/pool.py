@@ -278,6 +278,7 @@ def _run_workers(tasks: list[RankTask], batches: list[list[int]], n: int,
 
     def run(chunk: list[list[int]], first: _Worker | None) -> None:
         left = chunk
+        deaths: dict[int, int] = {}  # file -> the workers that died with it unfinished
         try:
             while left and not stop.is_set():
                 reported: set[int] = set()
@@ -289,14 +290,20 @@ def _run_workers(tasks: list[RankTask], batches: list[list[int]], n: int,
                 if not started:  # no process at all (a process limit, no memory): none of these will run
                     break
                 # A worker takes its batches in order, so it died in the first one it did not finish
-                # (killed for memory? a crash in the parser?). Of a batch of several files, a fresh
-                # worker takes each alone; a file alone is named. So one deadly file costs one rank,
-                # not its batch nor every n-th batch of the load.
+                # (killed for memory? a crash in the parser? a kill from outside?). Of a batch of
+                # several files, a fresh worker takes each alone; a file is named once a second
+                # worker has died with it (a lone file is tried again once: a kill that was not the
+                # file's doing costs no rank). So one deadly file costs one rank, not its batch nor
+                # every n-th batch of the load.
+                for i in left[0]:
+                    deaths[i] = deaths.get(i, 0) + 1
                 if len(left[0]) > 1:
                     left = [[i] for i in left[0]] + left[1:]
                     continue
                 i = left[0][0]
-                done.put((i, died(tasks[i], f"its worker process died ({why or 'stopped'})")))
+                if deaths[i] < 2:
+                    continue
+                done.put((i, died(tasks[i], f"its worker process died ({why or 'stopped'}; twice with this file)")))
                 left = left[1:]
         except BaseException as e:  # noqa: BLE001  (whatever happens here, every file gets its answer)
             why = f"{type(e).__name__}: {e}"

@@ -186,6 +186,26 @@ def test_a_local_worker_that_dies_costs_its_file_only(tmp_path, monkeypatch):
     assert len(list(cache.glob("*.summary"))) == 3  # one per good rank; none for the dead one
 
 
+def test_a_local_worker_killed_once_costs_no_rank(tmp_path, monkeypatch):
+    # Two files on two workers, one each; rank 1's worker is killed once (from outside, say), not
+    # by its file: a fresh worker takes the file again and it loads. (A file whose worker dies
+    # twice is named, as above.)
+    folder = _tiny_job(tmp_path / "job", 2)
+    site = tmp_path / "site"
+    site.mkdir()
+    marker = tmp_path / "killed-once"
+    once = DIE_MID_WRITE.replace('if (meta.get("distributed_info") or {}).get("rank") == 1:',
+                                 f'if (meta.get("distributed_info") or {{}}).get("rank") == 1 and not os.path.exists({str(marker)!r}):\n'
+                                 f'        open({str(marker)!r}, "w").close()')
+    assert once != DIE_MID_WRITE
+    (site / "sitecustomize.py").write_text(once)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    traces = load_traces(folder, workers=2, progress=False)
+    assert marker.exists()  # it was killed
+    assert traces.ranks["rank"].to_list() == [0, 1] and traces.problems == []
+
+
 def test_a_local_worker_that_dies_in_a_batch_costs_its_file_only(tmp_path, monkeypatch):
     # 8 files on 2 workers: one batch each, (0, 1, 2, 3) and (4, 5, 6, 7). The worker dies in
     # its batch: a fresh one takes 0, 1, 2 and 3 alone (1 dies again, named); ranks 0, 2 and 3
