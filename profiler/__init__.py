@@ -10,9 +10,10 @@ The public names below are imported when first used (PEP 562), so a process that
 part of the profiler does not pay for the rest: a worker of the per-rank map (pool.py) starts
 ~0.1 s sooner without the report, theory and findings modules, and `import profiler` imports
 neither polars nor numpy, so `ptprof analyze` can start its worker processes before its own
-~0.2 s of imports (cli.py); `load_traces` and `analyze` do the same for a script (api.py). `collectives` is both a function and the module that holds it: the
-import system binds the package's attribute to the module when the module is first imported,
-so the name is a property of the package (`_Package`) that stays the function, as it was.
+~0.2 s of imports (cli.py); `load_traces` and `analyze` do the same for a script (api.py).
+`collectives` is both a function and the module that holds it: the import system binds the
+package's attribute to the module when the module is first imported, so the name is a property
+of the package (`_Package`) that stays the function, as it was.
 """
 
 import sys

@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace files or run folders")
     p.add_argument("--json", metavar="FILE", help="write the JSON report (schema ptprof.report/1, docs/report.md) here; "
                                                   "- for standard output (then no tables)")
-    p.add_argument("--rank", type=_whole_number(0, MAX_RANK), metavar="R", help="report only rank R (every file is still read, to find its rank; name rank R's file to read only it)")
+    p.add_argument("--rank", type=_whole_number(0, MAX_RANK), metavar="R",
+                   help="report only rank R (every file is still read, to find its rank; name rank R's file to read only it)")
     p.add_argument("--step", type=_whole_number(-1, 2**63 - 1), metavar="S",
                    help="analyze only ProfilerStep#S (-1: the single window of a trace without steps)")
     p.add_argument("--hta", action="store_true",
