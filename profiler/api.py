@@ -10,7 +10,7 @@ for a map done in this process, a child that scans the files meanwhile (prescan.
 names do the same for the API: they stay polars-free until called (`from profiler import
 load_traces, analyze` would otherwise import polars at the `from`, before any path is known),
 and `load_traces` starts the map's work before importing the loader. On the 54 MB bench trace,
-a cold script's `analyze(load_traces(path))` went ~0.80 -> ~0.65 s (README, Benchmarks).
+a cold script's `analyze(load_traces(path))` went 0.74 -> 0.69 s (README, Benchmarks).
 
 Where polars is already imported (a notebook), or a thread other than this one runs (prescan
 does not fork then), only the workers start early; with an `engine` given, nothing does.
@@ -54,6 +54,7 @@ def load_traces(
     """
     from profiler.startup import collector_paused, ctrl_c_held
 
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)  # once: a generator is read here only
     early = None
     if engine is None:
         from profiler.pool import LocalEngine, uncached_files  # neither imports polars
@@ -62,8 +63,7 @@ def load_traces(
     try:
         with ctrl_c_held():  # as cli.py: a Ctrl-C inside Popen or an import would be lost or half-done
             if early is not None:
-                listed = [paths] if isinstance(paths, (str, Path)) else list(paths)
-                early.start_early(uncached_files(listed, cache=cache))
+                early.start_early(uncached_files(paths, cache=cache))
             with collector_paused():  # profiler.startup: ~20 ms of a cold import
                 from profiler.load import load_traces as load
         return load(paths, rank_from_filename_first=rank_from_filename_first, default_rank=default_rank, cache=cache,

@@ -88,23 +88,28 @@ class DaskEngine:
         load = uuid.uuid4().hex
         futures, index = [], {}
 
+        lock = threading.Lock()  # a task is submitted and listed, or the watch cancels what is listed: not both at once
+
         def submit(batch: list[int]):
-            # pure=False: two loads of one file are two tasks (the file may have changed in between).
-            fut = self.client.submit(summarize_batch, [tasks[i] for i in batch], pure=False,
-                                     key=f"ptprof-batch-{batch[0]}-{len(batch)}-{load}")
-            futures.append(fut)
+            with lock:
+                if watch is not None and watch.gone:  # cancelled for want of workers: no new task to wait on
+                    raise _gone(done, len(tasks), self.workers_gone_s)
+                # pure=False: two loads of one file are two tasks (the file may have changed in between).
+                fut = self.client.submit(summarize_batch, [tasks[i] for i in batch], pure=False,
+                                         key=f"ptprof-batch-{batch[0]}-{len(batch)}-{load}")
+                futures.append(fut)
             index[fut.key] = batch
             return fut
 
+        watch, done = None, 0
         pending = as_completed([submit(b) for b in plan_batches(tasks, self.workers)])
         # distributed logs a lost connection as tracebacks on stderr; we say it in one line instead.
         quiet = [logging.getLogger(n) for n in ("distributed", "distributed.client", "distributed.core")]
         levels = [q.level for q in quiet]
         for q in quiet:
             q.setLevel(logging.CRITICAL)
-        done = 0
         lost = False
-        watch = _Watch(self.client, futures, self.workers_gone_s)
+        watch = _Watch(self.client, futures, lock, self.workers_gone_s)
         try:
             for fut in pending:
                 batch = index[fut.key]
@@ -112,10 +117,7 @@ class DaskEngine:
                     results = fut.result()
                 except (Exception, CancelledError) as e:  # noqa: BLE001  (KilledWorker, a task that raised, a lost connection)
                     if watch.gone:
-                        raise TraceError(None, f"--cluster: no Dask worker for {self.workers_gone_s:g} s after {done} of "
-                                               f"{len(tasks)} ranks: every worker left or died (out of memory? stopped?); "
-                                               "nothing was reported: start workers and run again, or run without "
-                                               "--cluster") from None
+                        raise _gone(done, len(tasks), self.workers_gone_s) from None
                     if self.client.status not in ("running", "connecting") or "connection-lost" in str(e):
                         # The scheduler is gone: every rank not done is lost, not each its own problem.
                         lost = True
@@ -173,39 +175,48 @@ def _task_failure(e: BaseException) -> str:
     return truncate(f"{name}: {' '.join(str(e).split())}", 200)
 
 
-class _Watch:
-    """Counts the scheduler's workers once a second while a map runs; after `gone_s` with none,
-    sets `gone` and cancels the map's futures, so that its wait ends (each then raises
-    CancelledError, which the map words as the workers' loss)."""
+def _gone(done: int, total: int, gone_s: float) -> TraceError:
+    return TraceError(None, f"--cluster: no Dask worker for {gone_s:g} s after {done} of {total} ranks: every worker "
+                            "left or died (out of memory? stopped?); nothing was reported: start workers and run again, "
+                            "or run without --cluster")
 
-    def __init__(self, client, futures: list, gone_s: float):
+
+class _Watch:
+    """Counts the scheduler's workers once a second while a map runs; after `gone_s` with none
+    while some task is unfinished, sets `gone` and cancels the unfinished ones, so that the map's
+    wait ends (each then raises CancelledError, which the map words as the workers' loss; a task
+    done before is read as usual, and the map submits none after)."""
+
+    def __init__(self, client, futures: list, lock: threading.Lock, gone_s: float):
         self.gone, self._stop = False, threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(client, futures, gone_s), daemon=True,
+        self._thread = threading.Thread(target=self._run, args=(client, futures, lock, gone_s), daemon=True,
                                         name="ptprof-dask-watch")
         self._thread.start()
 
-    def _run(self, client, futures: list, gone_s: float) -> None:
+    def _run(self, client, futures: list, lock: threading.Lock, gone_s: float) -> None:
         since = None
         while not self._stop.wait(min(1.0, gone_s / 4)):
             try:
                 n = len(client.nthreads())
             except Exception:  # noqa: BLE001  (the scheduler lost: the map says that itself)
                 return
-            if n:
+            waiting = [f for f in list(futures) if not f.done()]
+            if n or not waiting:  # workers, or nothing left for them (an adaptive cluster scaled down): fine
                 since = None
                 continue
             since = since or time.monotonic()
             if time.monotonic() - since >= gone_s:
-                self.gone = True
-                try:
-                    client.cancel(list(futures))
-                except Exception:  # noqa: BLE001
-                    pass
+                with lock:  # every task listed by now is cancelled, and none is submitted after
+                    self.gone = True
+                    try:
+                        client.cancel([f for f in futures if not f.done()])
+                    except Exception:  # noqa: BLE001
+                        pass
                 return
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout=5)  # a daemon: one stuck in a call to a dead scheduler is left behind
 
 
 def _connect(Client, address: str, timeout_s: float):

@@ -243,8 +243,8 @@ def load_traces(
             # --rank-from-filename helps only where it is not given already and the two names give two ranks.
             by_name = (not rank_from_filename_first and rank_from_filename(src.path) is not None
                        and rank_from_filename(src.path) != rank_from_filename(first))
-            problems.append(TraceError(src.path, f"duplicate rank {rank} in run {src.run!r} (kept: {path_text(first)}, the "
-                                                 "first by name); pass the files of one run only"
+            problems.append(TraceError(src.path, f"duplicate rank {rank} in run {src.run!r} (kept: {path_text(first)}, read "
+                                                 "first); pass the files of one run only"
                                                  + (", or --rank-from-filename" if by_name else "")))
             continue
         seen[(src.run, rank)] = src.path
@@ -309,8 +309,8 @@ def _none_usable(problems: list[TraceError]) -> TraceError:
     if rest:
         kinds = Counter(re.sub(r"^ranks? \d+(, \d+)*: ", "", p.problem) for p in rest)
         said = "; ".join(f"{n:,} x {kind}" for kind, n in kinds.most_common(NONE_USABLE_SHOWN))
-        more = len(kinds) - NONE_USABLE_SHOWN
-        text += f"; and {len(rest):,} more files ({said}{f'; {more:,} other problems' if more > 0 else ''})"
+        others = sum(n for _, n in kinds.most_common()[NONE_USABLE_SHOWN:])
+        text += f"; and {len(rest):,} more files ({said}{f'; {others:,} with other problems' if others else ''})"
     return TraceError(None, text)  # one line (cli prints it so)
 
 

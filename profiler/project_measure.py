@@ -55,7 +55,9 @@ class RunWork:
 
     @property
     def run_id(self) -> str:
-        return str(self.manifest.get("run_id") or Path(self.run_dir).name)
+        # The folder's name, as `ptprof analyze` and the viewer name a run (discover._run_name):
+        # run.json's run_id names every copy of a run alike.
+        return Path(self.run_dir).resolve().name
 
 
 def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:

@@ -120,7 +120,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     ]
     warnings += dropped_warnings(ranks)
     warnings += cut_trace_warnings(out.get("step_tails"), ranks)
-    warnings += late_device_warnings(out.get("breakdown"), out.get("steps"))
+    warnings += late_device_warnings(out.get("breakdown"), out.get("steps"), out.get("step_tails"), ranks)
     warnings += empty_step_warnings(_concat([r["empty_steps"] for r in per_rank if "empty_steps" in r]) if per_rank else None)
     warnings += missing_rank_warnings(ranks) if rank is None else []
     warnings += memory_notes({r: m for r, m in traces.runs.items() if r in set(ranks["run"].cast(pl.String))})
@@ -247,26 +247,34 @@ def cut_trace_warnings(tails: pl.DataFrame | None, ranks: pl.DataFrame) -> list[
 WINDOW_COVER_MIN_PCT = 75.0  # a GPU rank's window under this share of its steps' span: warned
 
 
-def late_device_warnings(breakdown: pl.DataFrame | None, steps: pl.DataFrame | None) -> list[str]:
+def late_device_warnings(breakdown: pl.DataFrame | None, steps: pl.DataFrame | None, tails: pl.DataFrame | None,
+                         ranks: pl.DataFrame) -> list[str]:
     """One warning per run where a GPU rank's profiled window (HTA's: first to last GPU activity)
     covers under WINDOW_COVER_MIN_PCT % of its profiled steps' span: the device started late in
     the steps or stopped early, and its idle time, counted inside the window only, leaves out the
-    rest (a trace whose kernels start 269 ms into a 391 ms step read 1.41 ms idle)."""
+    rest (a trace whose kernels start 269 ms into a 391 ms step read 1.41 ms idle). A rank whose
+    trace was cut short is left out: cut_trace_warnings already says its steps outrun its events."""
     if breakdown is None or breakdown.is_empty() or steps is None or steps.is_empty() or "device" not in breakdown.columns:
         return []
-    span = steps.group_by("run", "rank").agg(span_us=pl.col("dur_us").sum())
+    span = steps.group_by("run", "rank").agg(span_us=pl.col("dur_us").sum(), stepped=pl.col("has_profiler_steps").all())
     short = (breakdown.filter(pl.col("device") == "gpu").join(span, on=["run", "rank"])
              .filter(pl.col("window_us") < WINDOW_COVER_MIN_PCT / 100 * pl.col("span_us"))
-             .with_columns(cover_pct=100 * pl.col("window_us") / pl.col("span_us")))
+             .with_columns(cover_pct=100 * pl.col("window_us") / pl.col("span_us"))
+             .join(ranks.select("run", "rank", "device_kind"), on=["run", "rank"], how="left"))
+    if tails is not None and tails.height:
+        short = short.join(tails.filter(pl.col("tail_us") > CUT_TAIL_PCT / 100 * pl.col("dur_us")).select("run", "rank"),
+                           on=["run", "rank"], how="anti")
     out = []
     for (run,), f in short.group_by("run", maintain_order=True):
         w = f.sort(["cover_pct", "rank"]).row(0, named=True)
+        device = "MTIA device" if w["device_kind"] == "mtia" else "GPU"
         who = f"rank {w['rank']}" if f.height == 1 else f"{f.height:,} ranks ({_spans(sorted(f['rank'].to_list()))}; least on rank {w['rank']})"
-        out.append(f"run {run}: the GPU of {who} was active, first to last, in {fmt_time(w['window_us'])} of its "
-                   f"{fmt_time(w['span_us'])} of profiled steps ({fmt_pct(w['cover_pct'])}): HTA's window, which the breakdown "
-                   f"uses, runs from the first to the last GPU activity, so its idle ({fmt_time(w['idle_us'])}) leaves out the "
-                   f"{fmt_time(w['span_us'] - w['window_us'])} of the steps before the GPU's first work or after its last, "
-                   "when the step ran on the host alone")
+        of = "of profiled steps" if w["stepped"] else "of trace (no ProfilerStep: one window)"
+        out.append(f"run {run}: the {device} of {who} was active, first to last, in {fmt_time(w['window_us'])} of its "
+                   f"{fmt_time(w['span_us'])} {of} ({fmt_pct(w['cover_pct'])}): HTA's window, which the breakdown "
+                   f"uses, runs from the first to the last {device} activity, so its idle ({fmt_time(w['idle_us'])}) leaves "
+                   f"out the {fmt_time(w['span_us'] - w['window_us'])} before the {device}'s first work or after its last, "
+                   "when the host ran alone")
     return out
 
 

@@ -443,6 +443,16 @@ def _comparison(a, runs: list[str]) -> list[str]:
             cells = [[row[0], row[1], *[row[1 + i] for i in block], *[row[len(runs) + i] for i in block]] for row in rows]
             lines += ([""] if lines else []) + table(header, cells, "l" + "r" * (len(header) - 1), shrink=None)
         if per == 1 or max(map(len, lines)) <= WIDTH:
-            return out + lines
+            return out + lines + _no_textbook(by, runs, names)
     return out
+
+
+def _no_textbook(by: dict, runs: list[str], names: list[str]) -> list[str]:
+    """Why a pipeline's textbook bubble is "—" in the Runs table (the Pipeline bubble section says it per run)."""
+    bubble, book = by.get("bubble_pct") or {}, by.get("bubble_textbook_pct") or {}
+    none = [n for r, n in zip(runs, names) if _number(bubble.get(r)) is not None and _number(book.get(r)) is None]
+    if not none:
+        return []
+    return wrap(f"(textbook {NONE} for {', '.join(none)}: no closed form for its schedule, or its shape unknown; the "
+                "Pipeline bubble section says which, and replays the ideal order)", "  ", "   ")
 

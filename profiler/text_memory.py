@@ -31,6 +31,8 @@ def memory_sections(a, runs: list[str], full: bool) -> list[str]:
                                fmt_bytes(r["peak_reserved_bytes"]), r["when"]] for r in p.sort("rank", "mem_device").to_dicts()]
             out += per_run(runs, at, lambda p: table(header, rows(p), "lrrrl", shrink=None))
         else:
+            ranks_of = dict(strings(a.ranks).group_by("run").agg(pl.col("rank").n_unique()).iter_rows())
+
             def render(p: pl.DataFrame) -> list[str]:
                 rows, lone, agreed = [], p["rank"].n_unique() == 1, []
                 for (dev,), g in p.group_by("mem_device", maintain_order=True):
@@ -46,8 +48,11 @@ def memory_sections(a, runs: list[str], full: bool) -> list[str]:
                     if cells[1:] == ["", ""] and c["n"] > 1 else None)
                 if not lone and len(agreed) == len(rows) and None not in agreed and len({a[2] for a in agreed}) == 1:
                     # Every rank's peak the same on every device: said once in the header (as
-                    # collapsed_table does), not under "min" beside empty median and max columns.
-                    return table(["device", f"peak, every rank ({agreed[0][2]})", "reached at"],
+                    # collapsed_table does), not under "min" beside empty median and max columns;
+                    # "n of m ranks" where the run's other ranks recorded no [memory] event.
+                    n, of = agreed[0][2], ranks_of.get(p["run"][0], 0)
+                    who = f"every rank ({n})" if n >= of else f"{n} of {of} ranks"
+                    return table(["device", f"peak, {who}", "reached at"],
                                  [[dev, v, when] for dev, v, _, when in agreed], "lrl", shrink=None)
                 header = ["device", *(["peak"] if lone else MMM), "reached at" if lone else "max reached at"]
                 return table(header, rows, "lrrrl" if not lone else "lrl", shrink=None)

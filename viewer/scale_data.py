@@ -107,13 +107,15 @@ def view_label(view: tuple[str, str | int]) -> str:
 
 def absent_note(runs: list[RunData], view: tuple[str, str | int] | None) -> str | None:
     """The runs a drill-down draws nothing for, said (they would drop out of the timeline unseen):
-    "rank 200 is not in r64out: not drawn"; None where every run has the rank or group."""
+    "run small has no rank 40: nothing drawn for it"; None where every run has the rank or group."""
     if view is None:
         return None
     absent = [d.run_id for d in _ok(runs) if not drill_ranks(d, view)]
     if not absent:
         return None
-    return f"{view_label(view)} is not in {', '.join(absent)}: {'it is' if len(absent) == 1 else 'they are'} not drawn"
+    if len(absent) == 1:
+        return f"run {absent[0]} has no {view_label(view)}: nothing drawn for it"
+    return f"runs {', '.join(absent)} have no {view_label(view)}: nothing drawn for them"
 
 
 def drill_ranks(d: RunData, view: tuple[str, str | int]) -> list[int]:

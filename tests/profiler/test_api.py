@@ -97,3 +97,11 @@ t = load_traces(sys.argv[1], progress=False, engine=Engine(1))
 print(json.dumps({"closed": closed, "ranks": t.ranks.height}))
 """
     assert _python(code, tmp_path, SAMPLE) == {"closed": [], "ranks": 2}
+
+
+def test_paths_may_come_from_a_generator(tmp_path):
+    # load_traces(Path(d).glob(...)): read once, for both the early start and the load
+    from profiler import load_traces
+
+    traces = load_traces((p for p in sorted(SAMPLE.glob("rank*.json.gz"))), progress=False)
+    assert traces.ranks["rank"].to_list() == [0, 1]

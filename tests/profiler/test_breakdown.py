@@ -284,7 +284,32 @@ def test_a_gpu_that_starts_late_in_the_step_is_a_warning():
     (w,) = [w for w in a.warnings if "was active, first to last" in w]
     assert w.startswith(f"run single: the GPU of rank 0 was active, first to last, in 121 ms of its 391 ms of profiled "
                         f"steps ({100 * window / step['dur']:.1f} %)")
-    assert f"leaves out the {(step['dur'] - window) / 1e3:.0f} ms of the steps before the GPU's first work" in w
+    assert f"leaves out the {(step['dur'] - window) / 1e3:.0f} ms before the GPU's first work or after its last" in w
     # a GPU busy through its steps: no such warning
     assert not [w for w in analyze(load_traces(SHARED_TRACES / "gpu_nccl_2_of_128", progress=False)).warnings
                 if "was active, first to last" in w]
+
+
+def _late_case(window_us: float, *, stepped: bool = True, kind: str = "cuda", tail_us: float = 0.0):
+    from profiler.report import late_device_warnings
+
+    key = {"run": ["r"], "rank": [3]}
+    breakdown = pl.DataFrame({**key, "device": ["gpu"], "window_us": [window_us], "idle_us": [1000.0]})
+    steps = pl.DataFrame({"run": ["r"] * 2, "rank": [3, 3], "step": [1, 2], "dur_us": [50_000.0] * 2,
+                          "has_profiler_steps": [stepped] * 2})
+    tails = pl.DataFrame({**key, "step": [2], "tail_us": [tail_us], "dur_us": [50_000.0]})
+    ranks = pl.DataFrame({**key, "device_kind": [kind]})
+    return late_device_warnings(breakdown, steps, tails, ranks)
+
+
+def test_the_late_device_warning_starts_under_three_quarters_of_the_steps():
+    # two steps of 50 ms: a window of 74 ms is 74 % (warned), 76 ms is 76 % (not)
+    (w,) = _late_case(74_000.0)
+    assert w.startswith("run r: the GPU of rank 3 was active, first to last, in 74.0 ms of its 100 ms of profiled steps (74.0 %)")
+    assert "so its idle (1.00 ms) leaves out the 26.0 ms before the GPU's first work or after its last" in w
+    assert _late_case(76_000.0) == []
+    # said of a trace without ProfilerSteps and of an MTIA device in their own words
+    (w,) = _late_case(40_000.0, stepped=False, kind="mtia")
+    assert "the MTIA device of rank 3" in w and "of its 100 ms of trace (no ProfilerStep: one window)" in w
+    # a trace cut short (its last step runs 10 ms past its last event, > 5 %): that warning says it, not this one
+    assert _late_case(40_000.0, tail_us=10_000.0) == []

@@ -241,14 +241,15 @@ def test_workers_past_two_a_core_are_capped_with_a_note(tmp_path, monkeypatch, c
         made.append(workers)
         real(self, workers)
 
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(pool.LocalEngine, "__init__", init)
     monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path))
     assert cli.main(["analyze", str(REPO / "traces" / "sample-ddp-2r"), "--workers", "1000", "--json", str(tmp_path / "r.json"),
                      "--quiet"]) == 0
     assert made == [4]
-    assert ("ptprof analyze: note: --workers 1000: this machine has 2 cores; 4 workers (more would only share the cores, "
-            "each with its own ~0.1 GB)\n") in capsys.readouterr().err
+    assert ("ptprof analyze: note: --workers 1000: this process may use 2 cores; using 4 workers (two per core; more would "
+            "only share the cores, each with its own ~0.1 GB)\n") in capsys.readouterr().err
     made.clear()
     assert cli.main(["analyze", str(REPO / "traces" / "sample-ddp-2r"), "--workers", "3", "--quiet", "--json",
                      str(tmp_path / "r.json")]) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import shutil
+from pathlib import Path
 
 import msgspec
 import polars as pl
@@ -153,7 +154,7 @@ def test_duplicate_ranks_are_named(tmp_path):
     traces = load_traces(tmp_path)
     assert traces.ranks.height == 1
     assert [str(p) for p in traces.problems] == [f"{tmp_path / 'b.json.gz'}: duplicate rank 0 in run {tmp_path.name!r} (kept: "
-                                                 f"{tmp_path / 'a.json.gz'}, the first by name); pass the files of one run only"]
+                                                 f"{tmp_path / 'a.json.gz'}, read first); pass the files of one run only"]
 
 
 def test_a_duplicate_rank_is_told_of_rank_from_filename_only_where_it_would_help(tmp_path):
@@ -167,7 +168,7 @@ def test_a_duplicate_rank_is_told_of_rank_from_filename_only_where_it_would_help
     shutil.copy(GPU_NCCL / "rank0.json.gz", tmp_path / "rank0 (copy).json.gz")
     problems = load_traces(tmp_path, rank_from_filename_first=True).problems
     assert [str(p) for p in problems] == [f"{tmp_path / 'rank0.json.gz'}: duplicate rank 0 in run {tmp_path.name!r} (kept: "
-                                          f"{tmp_path / 'rank0 (copy).json.gz'}, the first by name); pass the files of one run only"]
+                                          f"{tmp_path / 'rank0 (copy).json.gz'}, read first); pass the files of one run only"]
 
 
 def test_partial_load_names_the_bad_rank(tmp_path):
@@ -308,3 +309,14 @@ def test_an_unusable_cache_dir_is_said_and_the_fallback_named(tmp_path, monkeypa
                          f"{cache_dir()}"]
     monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "fine"))
     assert load_traces(REPO / "traces" / "sample-ddp-2r", progress=False).notes == []
+
+
+def test_none_usable_counts_the_files_of_other_problems():
+    # 3 shown in full, then the 3 commonest kinds of the rest, then how many files are left
+    from profiler.load import _none_usable
+
+    problems = [TraceError(Path(f"/x/rank{r}.json"), f"rank {r}: {why}")
+                for r, why in enumerate(["empty file"] * 5 + ["not JSON"] * 3 + ["cut short"] * 2 + ["odd"] * 2 + ["bad"])]
+    text = str(_none_usable(problems))
+    assert text.startswith("no usable traces: /x/rank0.json: rank 0: empty file; /x/rank1.json: rank 1: empty file; ")
+    assert text.endswith("; and 10 more files (3 x not JSON; 2 x empty file; 2 x cut short; 3 with other problems)")

@@ -282,3 +282,13 @@ def test_json_dash_is_the_projection_alone_on_stdout(capsys, tmp_path):
     capsys.readouterr()
     assert project_main([run, "--cluster", "h100", "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads((tmp_path / "p.json").read_text())
+
+
+def test_a_copied_run_is_calibrated_under_its_folders_name(tmp_path):
+    # as ptprof analyze names it: the copy "before", not run.json's run_id of the run it was copied from
+    from tests.conftest import REPO
+
+    shutil.copytree(REPO / "traces" / "sample-ddp-2r", tmp_path / "before")
+    work = measure_run(tmp_path / "before")
+    assert work.run_id == "before" and json.loads((tmp_path / "before" / "run.json").read_text())["run_id"] == "sample-ddp-2r"
+    assert calibrate(work).name == "measured:before"

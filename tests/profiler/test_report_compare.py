@@ -76,6 +76,9 @@ def test_the_runs_table_shows_two_pipelines_bubbles(tmp_path):
     # 1F1B at p = 2, m = 4 (run.json): (p-1)/(m+p-1) = 1/5; zero-bubble V has no closed form
     assert textbook.split()[-4:] == ["20.0", "%", "—", "—"]
     assert bubble.split()[-1] == "pts"
+    assert "(textbook — for sample-zbv-2r: no closed form for its schedule" in side
+    alone = analyze(REPO / "traces" / "sample-1f1b-2r", REPO / "traces" / "sample-ddp-2r").stdout
+    assert "pipeline bubble" in alone and "no closed form" not in alone
 
 
 def test_time_in_collectives_counts_calls_in_flight_together_once():

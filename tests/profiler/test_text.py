@@ -290,6 +290,11 @@ def test_memory_peaks_the_same_on_every_rank_are_said_once(ddp):
     assert head.split() == ["device", "peak,", "every", "rank", "(2)", "reached", "at"]
     (line,) = [line for line in lines if line.startswith("  cpu")]
     assert line.split() == ["cpu", "1.50", "MiB", "step", "3", "+5.30", "ms", "(rank", "0)"]
+    # a third rank with no [memory] event: the two that agree are "2 of 3 ranks", not every rank
+    three = pl.concat([ddp.ranks, ddp.ranks.head(1).with_columns(rank=pl.lit(2, ddp.ranks.schema["rank"]))])
+    lines = section(format_tables(dataclasses.replace(ddp, ranks=three, steps=steps, memory_peaks=peaks)), "Memory peaks")
+    (head,) = [line for line in lines if line.lstrip().startswith("device")]
+    assert head.split() == ["device", "peak,", "2", "of", "3", "ranks", "reached", "at"]
     # one rank peaking higher: min / median / max as before
     lines = section(format_tables(dataclasses.replace(ddp, steps=steps, memory_peaks=peaks.with_columns(
         peak_allocated_bytes=pl.Series([1536 * 1024, 2048 * 1024])))), "Memory peaks")

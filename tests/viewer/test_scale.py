@@ -140,7 +140,7 @@ def _drill_down_shows_exactly_that_rank(big, pages):
     # drilled into a rank only one run has: the other run is said, not silently dropped, and each
     # subplot says what it shows
     both = pages.compare.timeline_figure(big, ["big", "small"], view=f"rank:{SLOW_RANK}")
-    assert both.layout.title.text == f"rank {SLOW_RANK} is not in small: it is not drawn"
+    assert both.layout.title.text == f"run small has no rank {SLOW_RANK}: nothing drawn for it"
     assert [a.text for a in both.layout.annotations] == [f"big: rank {SLOW_RANK}"]
     assert pages.compare.timeline_figure(big, ["big", "small"], view="rank:3").layout.title.text is None
     group = pages.compare.timeline_figure(big, ["big"], view="group:stage2")  # 16 ranks: their own lanes
