@@ -2,7 +2,7 @@
 
 A file belongs to the run of its folder; a folder holding traces is one run; a folder holding
 only run folders (our `traces/`) is one run per sub-folder, named by its folder (as the viewer and
-`ptprof runs` name it). Odd paths (empty, devices, FIFOs, unreadable folders, names too long or
+`ptprof list` name it). Odd paths (empty, devices, FIFOs, unreadable folders, names too long or
 not UTF-8) and damaged run.json files end in one TraceError naming the path (docs/profiler.md,
 "Odd input").
 """

@@ -17,7 +17,7 @@ import polars as pl
 from profiler.discover import manifest_field
 from profiler.intervals import union
 from profiler.pipeline import schedule_theory_pct, slowest_over_steps
-from profiler.textfmt import plural
+from profiler.textfmt import fmt_r2, plural
 from profiler.findings_text import (bytes_text, collective_change, ms, num, one_time_change, pct, phase_text, steps_text)
 
 if TYPE_CHECKING:
@@ -46,9 +46,13 @@ def findings(a: "Analysis") -> pl.DataFrame:
     rows = [row for _rule, check in RULES.items() for row in check(a)]
     frame = pl.DataFrame(rows, schema=FINDING_COLUMNS) if rows else pl.DataFrame(schema=FINDING_COLUMNS)
     order = {rule: i for i, rule in enumerate(RULES)}
-    return (frame.with_columns(_order=pl.col("rule").replace_strict(order, return_dtype=pl.Int64))
-            .sort(["score", "_order", "run"], descending=[True, False, False], nulls_last=True)
-            .drop("_order").head(MAX_FINDINGS))
+    # Ties between runs in the order they were given (docs/report.md: runs keep the command line's
+    # order), not by name: two copies of one run tie on every rule.
+    runs = {r: i for i, r in enumerate(a.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list())}
+    return (frame.with_columns(_order=pl.col("rule").replace_strict(order, return_dtype=pl.Int64),
+                               _run=pl.col("run").replace_strict(runs, default=len(runs), return_dtype=pl.Int64))
+            .sort(["score", "_order", "_run"], descending=[True, False, False], nulls_last=True)
+            .drop("_order", "_run").head(MAX_FINDINGS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,23 +393,23 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
         if best is None:
             continue
         score, latency, f = best
-        text = (f"{f['collective']} on {f['group_size']} ranks reaches {num(f['achieved_gbps'])} GB/s over its {f['calls']:,} calls, "
+        text = (f"{f['collective']} on {f['group_size']} ranks reaches {num(f['achieved_gbps'])} GB/s over its {f['calls']:,} calls (all ranks), "
                 f"{pct(100 * f['achieved_gbps'] / f['beta_gbps'])} of its fitted β {num(f['beta_gbps'])} GB/s")
         if latency:
             text += (f": the per-call latency α = {ms(f['alpha_us'])} is {pct(f['alpha_pct'])} of the time α + n/β predicts "
-                     f"for them (median message {bytes_text(f['median_bytes'])}); {f['calls']:,} calls × α are {pct(score)} of the step")
+                     f"for them (median message {bytes_text(f['median_bytes'])}); {f['calls']:,} calls × α are {pct(score)} of each rank's step, on average")
             change = ("send fewer, larger messages: bigger buckets (DDP bucket_cap_mb), larger FSDP units, "
                       "coalesced collectives; each call pays α once")
         else:
             text += (f", while α + n/β predicts {ms(f['predicted_us'])} for them and they take {ms(f['dur_us'])} "
                      f"({num(f['dur_us'] / f['predicted_us'])}×); α is only {pct(f['alpha_pct'])} of the prediction, so the gap "
                      f"is waiting (for a later rank, or for a link shared with other traffic), not latency: "
-                     f"{ms(f['excess_us'])} beyond the fit, {pct(score)} of the step")
+                     f"{ms(f['excess_us'])} beyond the fit over all ranks and steps, {pct(score)} of each rank's step, on average")
             change = ("find what the calls wait for: a rank that starts them late (see the straggler finding) or other "
                       "traffic on the same link (concurrent collectives, a shared NIC); overlap them with compute to hide the wait")
         evidence = (f"run {run}, {f['backend']} {f['collective']}, group size {f['group_size']}: {f['calls']:,} calls in the "
                     f"profiled steps; fit (fastest call of each size) over {f['n_calls']:,} calls of {f['n_sizes']:,} sizes, "
-                    f"R² {num(f['r2'])}")
+                    f"R² {fmt_r2(f['r2'])}")  # cut to 3 decimals, as the Latency and bandwidth table and the fit's note
         out.append(_row("bandwidth", run, None, score, text + ".", evidence, change))
     return out
 
@@ -421,18 +425,33 @@ def idle_rule(a: "Analysis") -> list[Row]:
         return []
     # CPU accounting (gloo ranks) has no device to leave idle: its "idle" is the host's own gaps.
     b = b.filter((pl.col("device") == "gpu") & (pl.col("window_us") > 0) & pl.col("idle_us").is_finite())
-    b = b.with_columns(share_pct=100 * pl.col("idle_us") / pl.col("window_us"))
+    # A device active in under 3/4 of its steps (report.late_devices): the time before its first
+    # work or after its last is the host's too, so the share is of the steps' span, not the window.
+    late = getattr(a, "late_devices", None)
+    late = (late.select(pl.col("run").cast(pl.String), pl.col("rank").cast(b.schema["rank"]), "span_us")
+            if late is not None and late.height else pl.DataFrame(schema={"run": pl.String, "rank": b.schema["rank"], "span_us": pl.Float64}))
+    b = (b.join(late, on=["run", "rank"], how="left")
+         .with_columns(outside_us=(pl.col("span_us") - pl.col("window_us")).fill_null(0.0).clip(0.0),
+                       of_us=pl.coalesce("span_us", "window_us"))
+         .with_columns(share_pct=100 * (pl.col("idle_us") + pl.col("outside_us")) / pl.col("of_us")))
     out = []
     for run in b["run"].unique(maintain_order=True).to_list():
         rb = b.filter(pl.col("run") == run).sort("share_pct", "rank", descending=[True, False])  # ties: the lowest rank
-        rank, share, idle_us, win_us = rb.select("rank", "share_pct", "idle_us", "window_us").row(0)
+        rank, share, idle_us, win_us, outside_us, of_us = rb.select("rank", "share_pct", "idle_us", "window_us", "outside_us",
+                                                                    "of_us").row(0)
         if not _finite(share) or share < IDLE_MIN_PCT:
             continue
         top = _str_run(a.top_operators)
         ops = (top.filter((pl.col("run") == run) & (pl.col("rank") == rank)).sort("self_us", descending=True).head(3)
                if top is not None and "self_us" in top.columns else None)
-        text = (f"The {_device_word(a, run, rank)} of rank {rank} has nothing to run for {pct(share)} of its profiled window "
-                f"({ms(idle_us)} of {ms(win_us)}): the step waits on the host")
+        device = _device_word(a, run, rank)
+        if outside_us > 0:
+            text = (f"The {device} of rank {rank} has nothing to run for {pct(share)} of its profiled steps "
+                    f"({ms(idle_us + outside_us)} of {ms(of_us)}: {ms(outside_us)} before its first work or after its last, "
+                    f"{ms(idle_us)} between): the step waits on the host")
+        else:
+            text = (f"The {device} of rank {rank} has nothing to run for {pct(share)} of its profiled window "
+                    f"({ms(idle_us)} of {ms(win_us)}): the step waits on the host")
         evidence = f"run {run}, rank {rank}" + worst_of(rb["share_pct"])
         if ops is not None and ops.height:
             evidence += "; top CPU operators by self time: " + ", ".join(

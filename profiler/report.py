@@ -70,6 +70,8 @@ class Analysis:
     recompute: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=RECOMPUTE_COLUMNS))
     # busy share per (rank, lane, category) in time bins of each rank's window (profiler/activity.py): the viewer's lanes at scale
     activity: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=ACTIVITY_COLUMNS))
+    # GPU ranks active in under 3/4 of their steps (late_devices): the idle finding counts the rest as the host's
+    late_devices: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=LATE_DEVICE_COLUMNS))
 
 
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
@@ -120,7 +122,8 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     ]
     warnings += dropped_warnings(ranks)
     warnings += cut_trace_warnings(out.get("step_tails"), ranks)
-    warnings += late_device_warnings(out.get("breakdown"), out.get("steps"), out.get("step_tails"), ranks)
+    late = late_devices(out.get("breakdown"), out.get("steps"), out.get("step_tails"), ranks)
+    warnings += late_device_warnings(late)
     warnings += empty_step_warnings(_concat([r["empty_steps"] for r in per_rank if "empty_steps" in r]) if per_rank else None)
     warnings += missing_rank_warnings(ranks) if rank is None else []
     warnings += memory_notes({r: m for r, m in traces.runs.items() if r in set(ranks["run"].cast(pl.String))})
@@ -149,6 +152,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         **({"activity": out["activity"]} if "activity" in out else {}),  # loaded with MapOptions(activity=True)
         recompute=with_compute(with_prediction(out["recompute"], traces.runs), out["exposed"]),
         persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
+        late_devices=late,
         pipeline=pipeline,
         pipeline_grid=pipeline_grid(actions) if pipeline is not None else None,
         pipeline_actions=actions,
@@ -247,15 +251,20 @@ def cut_trace_warnings(tails: pl.DataFrame | None, ranks: pl.DataFrame) -> list[
 WINDOW_COVER_MIN_PCT = 75.0  # a GPU rank's window under this share of its steps' span: warned
 
 
-def late_device_warnings(breakdown: pl.DataFrame | None, steps: pl.DataFrame | None, tails: pl.DataFrame | None,
-                         ranks: pl.DataFrame) -> list[str]:
-    """One warning per run where a GPU rank's profiled window (HTA's: first to last GPU activity)
-    covers under WINDOW_COVER_MIN_PCT % of its profiled steps' span: the device started late in
-    the steps or stopped early, and its idle time, counted inside the window only, leaves out the
-    rest (a trace whose kernels start 269 ms into a 391 ms step read 1.41 ms idle). A rank whose
-    trace was cut short is left out: cut_trace_warnings already says its steps outrun its events."""
+LATE_DEVICE_COLUMNS = {"run": pl.String, "rank": pl.Int32, "window_us": pl.Float64, "idle_us": pl.Float64,
+                       "span_us": pl.Float64, "cover_pct": pl.Float64, "stepped": pl.Boolean, "device_kind": pl.String}
+
+
+def late_devices(breakdown: pl.DataFrame | None, steps: pl.DataFrame | None, tails: pl.DataFrame | None,
+                 ranks: pl.DataFrame) -> pl.DataFrame:
+    """The GPU ranks whose profiled window (HTA's: first to last GPU activity) covers under
+    WINDOW_COVER_MIN_PCT % of their profiled steps' span (`span_us`, `cover_pct`): the device
+    started late in the steps or stopped early, and its idle time, counted inside the window only,
+    leaves out the rest (a trace whose kernels start 269 ms into a 391 ms step read 1.41 ms idle).
+    A rank whose trace was cut short is left out: cut_trace_warnings says its steps outrun its
+    events, which is no host's doing."""
     if breakdown is None or breakdown.is_empty() or steps is None or steps.is_empty() or "device" not in breakdown.columns:
-        return []
+        return pl.DataFrame(schema=LATE_DEVICE_COLUMNS)
     span = steps.group_by("run", "rank").agg(span_us=pl.col("dur_us").sum(), stepped=pl.col("has_profiler_steps").all())
     short = (breakdown.filter(pl.col("device") == "gpu").join(span, on=["run", "rank"])
              .filter(pl.col("window_us") < WINDOW_COVER_MIN_PCT / 100 * pl.col("span_us"))
@@ -264,8 +273,13 @@ def late_device_warnings(breakdown: pl.DataFrame | None, steps: pl.DataFrame | N
     if tails is not None and tails.height:
         short = short.join(tails.filter(pl.col("tail_us") > CUT_TAIL_PCT / 100 * pl.col("dur_us")).select("run", "rank"),
                            on=["run", "rank"], how="anti")
+    return short.select(pl.col(c).cast(t) for c, t in LATE_DEVICE_COLUMNS.items())
+
+
+def late_device_warnings(late: pl.DataFrame) -> list[str]:
+    """One warning per run of `late_devices`' ranks, naming them and the one covered least."""
     out = []
-    for (run,), f in short.group_by("run", maintain_order=True):
+    for (run,), f in late.group_by("run", maintain_order=True):
         w = f.sort(["cover_pct", "rank"]).row(0, named=True)
         device = "MTIA device" if w["device_kind"] == "mtia" else "GPU"
         who = f"rank {w['rank']}" if f.height == 1 else f"{f.height:,} ranks ({_spans(sorted(f['rank'].to_list()))}; least on rank {w['rank']})"

@@ -408,7 +408,8 @@ def _comparison(a, runs: list[str]) -> list[str]:
         return []
     short = all(len(printable(r)) <= 14 for r in runs)
     names = [printable(r) if short else chr(ord("A") + i) for i, r in enumerate(runs)]
-    out = [title("Runs side by side", "mean over ranks (memory: the largest rank), change vs the first")]
+    out = [title("Runs side by side", "mean over ranks (memory: the largest rank), change vs the first"),
+           "  (step time: the mean step; the other times: summed over each rank's profiled steps)"]
     if not short:
         out += [printable(truncate(f"  {n} = {r}", WIDTH)) for n, r in zip(names, runs)]
     models = [model_label(a.runs.get(r) if isinstance(a.runs.get(r), dict) else None) for r in runs]

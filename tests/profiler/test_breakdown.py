@@ -291,7 +291,7 @@ def test_a_gpu_that_starts_late_in_the_step_is_a_warning():
 
 
 def _late_case(window_us: float, *, stepped: bool = True, kind: str = "cuda", tail_us: float = 0.0):
-    from profiler.report import late_device_warnings
+    from profiler.report import late_device_warnings, late_devices
 
     key = {"run": ["r"], "rank": [3]}
     breakdown = pl.DataFrame({**key, "device": ["gpu"], "window_us": [window_us], "idle_us": [1000.0]})
@@ -299,7 +299,7 @@ def _late_case(window_us: float, *, stepped: bool = True, kind: str = "cuda", ta
                           "has_profiler_steps": [stepped] * 2})
     tails = pl.DataFrame({**key, "step": [2], "tail_us": [tail_us], "dur_us": [50_000.0]})
     ranks = pl.DataFrame({**key, "device_kind": [kind]})
-    return late_device_warnings(breakdown, steps, tails, ranks)
+    return late_device_warnings(late_devices(breakdown, steps, tails, ranks))
 
 
 def test_the_late_device_warning_starts_under_three_quarters_of_the_steps():

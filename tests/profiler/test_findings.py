@@ -408,19 +408,19 @@ def bandwidth_case(window: float = 10_000.0, r2: float = 0.99, alpha: float = 10
 def test_latency_bound_collectives():
     f = only(F.bandwidth_rule(bandwidth_case()))
     assert (f["rule"], f["score"]) == ("bandwidth", pytest.approx(10.0))
-    assert f["text"] == ("all_reduce on 2 ranks reaches 0.00990 GB/s over its 10 calls, 0.990 % of its fitted β 1.00 GB/s: the "
+    assert f["text"] == ("all_reduce on 2 ranks reaches 0.00990 GB/s over its 10 calls (all ranks), 0.990 % of its fitted β 1.00 GB/s: the "
                          "per-call latency α = 100 µs is 99.0 % of the time α + n/β predicts for them (median message 1000 B); "
-                         "10 calls × α are 10.0 % of the step.")
+                         "10 calls × α are 10.0 % of each rank's step, on average.")
     assert "fewer, larger messages" in f["change"]
 
 
 def test_slow_collectives_with_a_small_alpha_are_waiting_not_latency():
     f = only(F.bandwidth_rule(bandwidth_case(window=100_000.0, alpha=10.0, size=100_000, dur=1100.0)))
     assert f["score"] == pytest.approx(9.9)
-    assert f["text"] == ("all_reduce on 2 ranks reaches 0.0909 GB/s over its 10 calls, 9.09 % of its fitted β 1.00 GB/s, while "
+    assert f["text"] == ("all_reduce on 2 ranks reaches 0.0909 GB/s over its 10 calls (all ranks), 9.09 % of its fitted β 1.00 GB/s, while "
                          "α + n/β predicts 1.10 ms for them and they take 11.0 ms (10.0×); α is only 9.09 % of the prediction, "
                          "so the gap is waiting (for a later rank, or for a link shared with other traffic), not latency: "
-                         "9.90 ms beyond the fit, 9.90 % of the step.")
+                         "9.90 ms beyond the fit over all ranks and steps, 9.90 % of each rank's step, on average.")
     assert "straggler" in f["change"] and "larger messages" not in f["change"]
 
 
@@ -444,8 +444,8 @@ def test_exposed_comm_counts_calls_with_thousands_separators():
 def test_bandwidth_counts_calls_with_thousands_separators():
     # bandwidth_case's latency case with 1200 calls, the window 120x: still 1200 x 100 µs = 10 % of the step
     f = only(F.bandwidth_rule(bandwidth_case(window=1_200_000.0, n=1200)))
-    assert f["text"].startswith("all_reduce on 2 ranks reaches 0.00990 GB/s over its 1,200 calls,")
-    assert "1,200 calls × α are 10.0 % of the step" in f["text"]
+    assert f["text"].startswith("all_reduce on 2 ranks reaches 0.00990 GB/s over its 1,200 calls (all ranks),")
+    assert "1,200 calls × α are 10.0 % of each rank's step, on average" in f["text"]
     assert "1,200 calls in the profiled steps" in f["evidence"] and "over 1,200 calls of 3 sizes" in f["evidence"]
 
 
@@ -593,6 +593,17 @@ def test_idle_gpu_names_the_rank_and_the_host_work():
     assert f["evidence"] == ("run A, rank 1 (the worst of 2); top CPU operators by self time: DataLoader.__next__ 250 µs, "
                              "aten::copy_ 20.0 µs")
     assert "DataLoader workers" in f["change"]
+
+
+def test_idle_of_a_device_active_in_part_of_its_steps_counts_the_rest_as_the_hosts():
+    # rank 1's GPU: a 1 ms window with 300 µs idle, inside 4 ms of steps (report.late_devices): the
+    # 3 ms outside the window are the host's too, (3000 + 300) / 4000 = 82.5 %
+    case = idle_case()
+    case.late_devices = pl.DataFrame({"run": ["A"], "rank": [1], "span_us": [4000.0]})
+    f = only(F.idle_rule(case))
+    assert (f["rank"], f["score"]) == (1, 82.5)
+    assert f["text"] == ("The GPU of rank 1 has nothing to run for 82.5 % of its profiled steps (3.30 ms of 4.00 ms: "
+                         "3.00 ms before its first work or after its last, 300 µs between): the step waits on the host.")
 
 
 def test_idle_names_an_mtia_device_as_such():

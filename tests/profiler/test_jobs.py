@@ -108,3 +108,8 @@ def test_copies_of_a_run_are_named_by_their_folders(tmp_path):
     traces = load_traces([tmp_path / "before", tmp_path / "after"])
     assert runs_of(traces) == {"before": [0, 1], "after": [0, 1]}
     assert traces.runs["before"]["run_id"] == traces.runs["after"]["run_id"] == "sample-ddp-2r"
+    # every finding ties between the copies: in the order the runs were given, not by name
+    runs = analyze(load_traces([tmp_path / "before", tmp_path / "after"])).findings["run"].drop_nulls().to_list()
+    assert runs[:2] == ["before", "after"] and len(runs) % 2 == 0
+    runs = analyze(load_traces([tmp_path / "after", tmp_path / "before"])).findings["run"].drop_nulls().to_list()
+    assert runs[:2] == ["after", "before"]

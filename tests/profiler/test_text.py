@@ -404,7 +404,8 @@ def test_two_runs_side_by_side_in_human_units():
     text = format_tables(a)
     assert not too_wide(text), too_wide(text)
     table = section(text, "Runs side by side")
-    assert table[1].split() == ["sample-ddp-2r", "sample-fsdp-2r", "vs", "sample-ddp-2r"]
+    assert table[1] == "  (step time: the mean step; the other times: summed over each rank's profiled steps)"
+    assert table[2].split() == ["sample-ddp-2r", "sample-fsdp-2r", "vs", "sample-ddp-2r"]
     (hidden,) = [line for line in table if line.strip().startswith("share of comm hidden")]
     assert hidden.endswith("pts") and hidden.count("%") == 2  # two percentages, their change in points
     (peak,) = [line for line in table if line.strip().startswith("memory peak")]
