@@ -104,6 +104,11 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     pipeline = pipeline_summary(actions, traces.runs, steps=steps)
     skew = collective_skew(colls)
     warnings = list(traces.notes)  # the load's own (cache unusable, a folder split into its jobs, rank 0 assumed)
+    if rank is not None:  # a run without rank R drops out of every table: said, as a missing step is
+        lacking = [r for r in traces.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
+                   if r not in set(ranks["run"].cast(pl.String))]
+        warnings += [f"--rank {rank}: run{'s' if len(lacking) > 1 else ''} {', '.join(lacking)} "
+                     f"{'have' if len(lacking) > 1 else 'has'} no rank {rank}; left out"] if lacking else []
     warnings += [
         f"run {run} rank {r}: no ProfilerStep spans; the whole trace is one window (step {NO_STEP})"
         for run, r in steps.filter(~pl.col("has_profiler_steps")).select("run", "rank").iter_rows()

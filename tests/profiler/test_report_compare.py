@@ -184,3 +184,15 @@ def test_step_that_some_runs_lack_on_the_command_line(tmp_path):
                   "--step", "2", "--top", "5")
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr and "no step 2" in res.stdout + res.stderr
+
+
+def test_rank_r_says_which_runs_lack_it():
+    # --rank 1 over a 2-rank run and a lone rank-3 trace: the lone one drops out of every table, said
+    from tests.conftest import REPO, SHARED_TRACES
+
+    a = analyze(load_traces([REPO / "traces" / "sample-ddp-2r", SHARED_TRACES / "single" / "a100_rank3_of_8.json.gz"],
+                            progress=False), rank=1)
+    assert a.breakdown["rank"].to_list() == [1]
+    assert "--rank 1: run single has no rank 1; left out" in a.warnings
+    both = analyze(load_traces([REPO / "traces" / "sample-ddp-2r", REPO / "traces" / "sample-fsdp-2r"], progress=False), rank=1)
+    assert not [w for w in both.warnings if w.startswith("--rank")]
