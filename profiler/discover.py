@@ -37,8 +37,9 @@ def is_trace_file(p: Path) -> bool:
 
 
 def _list(folder: Path) -> list[Path]:
+    # In number order (rank2 before rank10): the order files are read, and their skipped lines said, in.
     try:
-        return sorted(folder.iterdir())
+        return sorted(folder.iterdir(), key=lambda p: (_natural(p.name), p.name))
     except OSError as e:
         raise TraceError(folder, f"cannot list this folder: {e.strerror or e}") from None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import polars as pl
 
@@ -113,3 +114,12 @@ def test_copies_of_a_run_are_named_by_their_folders(tmp_path):
     assert runs[:2] == ["before", "after"] and len(runs) % 2 == 0
     runs = analyze(load_traces([tmp_path / "after", tmp_path / "before"])).findings["run"].drop_nulls().to_list()
     assert runs[:2] == ["after", "before"]
+
+
+def test_a_folders_files_are_read_and_their_problems_said_in_number_order(tmp_path):
+    for r in (0, 1):
+        write_trace(tmp_path / f"rank{r}.json", rank=r, world=12, t0=1e15)
+    for r in (10, 2, 11):
+        (tmp_path / f"rank{r}.json").write_bytes(b"")
+    problems = [Path(p.path).name for p in load_traces(tmp_path, progress=False).problems]
+    assert problems == ["rank2.json", "rank10.json", "rank11.json"]  # by name it was rank10, rank11, rank2
