@@ -12,7 +12,6 @@ and others do not, the report covers the good ones and names the bad ones. Names
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -127,10 +126,11 @@ def _run(args: argparse.Namespace) -> int:
                                "(size them with `dask worker --nworkers`): give one or the other")
     if args.cluster is not None and args.hta:
         raise TraceError(None, "--hta needs the events on this machine; leave out --cluster to compare with HTA")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # this process's
-    most = WORKERS_PER_CORE * cores
+    from profiler.pool import cores  # imports neither polars nor numpy
+
+    most = WORKERS_PER_CORE * cores()
     if args.workers and args.workers > most:  # each holds its own imports (~0.1 GB): 1,000 of them would not fit
-        _print_line(f"ptprof analyze: note: --workers {args.workers}: this process may use {cores} cores; using {most} "
+        _print_line(f"ptprof analyze: note: --workers {args.workers}: this process may use {cores()} cores; using {most} "
                     f"workers (two per core; more would only share the cores, each with its own ~0.1 GB)", sys.stderr)
         args.workers = most
     if args.cluster is not None:  # --cluster '' is a malformed address, not no cluster

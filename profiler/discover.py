@@ -69,7 +69,7 @@ def not_a_regular_file(p: Path) -> str | None:
     return f"not a regular file ({kind}{', through a link' if p.is_symlink() else ''})"
 
 
-def _run_name(folder: Path) -> str:
+def run_name(folder: Path) -> str:
     # The folder's name, not run.json's run_id: the runner names the folder by the run id, so the
     # two differ only once a folder is renamed or copied (`cp -r traces/ddp-2r before`), and then
     # the folder's name is the one the user typed and the viewer shows; the id would name two
@@ -103,7 +103,7 @@ def find_sources(paths: list[str | Path]) -> list[Source]:
     def source(folder: Path, f: Path) -> Source:
         key = folder.resolve()
         if key not in names:
-            name, taken = _run_name(folder), set(names.values())
+            name, taken = run_name(folder), set(names.values())
             if name in taken:
                 name = f"{path_text(key.parent.name)}/{name}"
             base, k = name, 2

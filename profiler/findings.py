@@ -17,7 +17,7 @@ import polars as pl
 from profiler.discover import manifest_field
 from profiler.intervals import union
 from profiler.pipeline import schedule_theory_pct, slowest_over_steps
-from profiler.textfmt import fmt_r2, plural
+from profiler.textfmt import device_word, fmt_r2, plural
 from profiler.findings_text import (bytes_text, collective_change, ms, num, one_time_change, pct, phase_text, steps_text)
 
 if TYPE_CHECKING:
@@ -207,10 +207,9 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
 
 
 def _device_word(a: "Analysis", run: str, rank: int) -> str:
-    """What to call a rank's accelerator in a sentence: "MTIA device" for Meta's MTIA traces (device
-    activity that is no GPU's), else "GPU" (CUDA, ROCm: the breakdown's device "gpu")."""
+    """textfmt.device_word of a rank's device_kind (fakes without the column: "GPU")."""
     r = a.ranks.filter((pl.col("run").cast(pl.String) == run) & (pl.col("rank") == rank)) if "device_kind" in a.ranks.columns else None
-    return "MTIA device" if r is not None and r.height and r["device_kind"][0] == "mtia" else "GPU"
+    return device_word(r["device_kind"][0] if r is not None and r.height else None)
 
 
 def _cpu_run(a: "Analysis", run: str) -> bool:

@@ -66,12 +66,18 @@ _WORKER_ENV = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:50,muzzy_decay_ms:0", "MALLO
 _POLARS_JEMALLOC = ("dirty_decay_ms:500,muzzy_decay_ms:1000", ",thp:always,metadata_thp:always")
 
 
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or taskset's share),
+    which the default worker count, the workers' polars threads and --workers' cap go by."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class LocalEngine:
     """`summarize` in up to `workers` local processes (default: one per core); in this process for
     one task, and, where `workers` is not given, for a map too small to pay for them."""
 
     def __init__(self, workers: int | None = None):
-        self.workers = max(1, workers or os.cpu_count() or 1)
+        self.workers = max(1, workers or cores())
         self.auto = not workers  # a small map is then done in this process (in_process_is_quicker)
         self._early: list[_Worker] = []  # started by start_early, taken by the next map
 
@@ -219,7 +225,7 @@ def _worker_env(n: int) -> dict:
     env["_RJEM_MALLOC_CONF"] = _WORKER_ENV["_RJEM_MALLOC_CONF"] + ("," + user if user else "")
     # n workers already fill the cores: polars' own thread pool in each would oversubscribe them
     # (measured ~15 % slower per rank with one worker per core). A user's setting wins.
-    env.setdefault("POLARS_MAX_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    env.setdefault("POLARS_MAX_THREADS", str(max(1, cores() // n)))
     return env
 
 

@@ -19,6 +19,7 @@ from profiler.cluster import Cluster, Link, load_cluster, preset_names
 from profiler.collectives import collectives
 from profiler.commcost import TRAFFIC_FACTOR, collective_s, latency_steps
 from profiler.costmodel_ops import gemm_time_s, memory_bound_time_s
+from profiler.discover import run_name
 from profiler.errors import TraceError
 from profiler.load import load_traces
 from profiler.pipeline import pipeline_actions
@@ -55,9 +56,7 @@ class RunWork:
 
     @property
     def run_id(self) -> str:
-        # The folder's name, as `ptprof analyze` and the viewer name a run (discover._run_name):
-        # run.json's run_id names every copy of a run alike.
-        return Path(self.run_dir).resolve().name
+        return run_name(Path(self.run_dir))  # as `ptprof analyze` and the viewer name it: not run.json's run_id
 
 
 def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:

@@ -24,7 +24,7 @@ from profiler.alphabeta import alpha_beta_predict, fit_alpha_beta
 from profiler.findings import FINDING_COLUMNS, findings
 from profiler.theory import predict_comm
 from profiler.theory_check import theory_check
-from profiler.textfmt import fmt_pct, fmt_time
+from profiler.textfmt import device_word, fmt_pct, fmt_time
 from profiler.theory_memory import activation_peak, memory_notes, memory_whatif, predict_memory
 
 REPORT_SCHEMA = "ptprof.report/1"
@@ -286,7 +286,7 @@ def late_device_warnings(late: pl.DataFrame) -> list[str]:
     out = []
     for (run,), f in late.group_by("run", maintain_order=True):
         w = f.sort(["cover_pct", "rank"]).row(0, named=True)
-        device = "MTIA device" if w["device_kind"] == "mtia" else "GPU"
+        device = device_word(w["device_kind"])
         who = f"rank {w['rank']}" if f.height == 1 else f"{f.height:,} ranks ({_spans(sorted(f['rank'].to_list()))}; least on rank {w['rank']})"
         of = "of profiled steps" if w["stepped"] else "of trace (no ProfilerStep: one window)"
         out.append(f"run {run}: the {device} of {who} was active, first to last, in {fmt_time(w['window_us'])} of its "

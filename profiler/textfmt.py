@@ -238,6 +238,12 @@ def collapsed_table(stats: pl.DataFrame, labels: dict[str, str], fmt) -> list[st
     return table(["", "min", "median", "max"], cells, "lrrr", shrink=None)
 
 
+def device_word(kind: str | None) -> str:
+    """A device in a sentence, from its `device_kind` (classify.device_kind): "MTIA device" for
+    Meta's MTIA (device activity that is no GPU's), else "GPU" (CUDA, ROCm)."""
+    return "MTIA device" if kind == "mtia" else "GPU"
+
+
 def min_median_max(r: dict, f) -> list[str]:
     """Three cells of a collapse() row: "min (rank r)", median, "max (rank r)"; one cell where
     the ranks agree (as printed): "v (every rank)", or "v (rank r)" for a lone rank."""

@@ -241,8 +241,7 @@ def test_workers_past_two_a_core_are_capped_with_a_note(tmp_path, monkeypatch, c
         made.append(workers)
         real(self, workers)
 
-    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(pool, "cores", lambda: 2)
     monkeypatch.setattr(pool.LocalEngine, "__init__", init)
     monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path))
     assert cli.main(["analyze", str(REPO / "traces" / "sample-ddp-2r"), "--workers", "1000", "--json", str(tmp_path / "r.json"),
