@@ -30,6 +30,7 @@ class Source:
     run: str
     path: Path
     run_dir: Path | None  # the folder whose run.json (if any) describes this file
+    listed: bool = False  # found by listing a folder (not a file named on its own)
 
 
 def is_trace_file(p: Path) -> bool:
@@ -100,7 +101,7 @@ def find_sources(paths: list[str | Path]) -> list[Source]:
     sources: list[Source] = []
     names: dict[Path, str] = {}  # folder -> its run id, one id per folder
 
-    def source(folder: Path, f: Path) -> Source:
+    def source(folder: Path, f: Path, listed: bool = True) -> Source:
         key = folder.resolve()
         if key not in names:
             name, taken = run_name(folder), set(names.values())
@@ -110,7 +111,7 @@ def find_sources(paths: list[str | Path]) -> list[Source]:
             while name in taken:
                 name, k = f"{base}#{k}", k + 1
             names[key] = name
-        return Source(names[key], f, folder)
+        return Source(names[key], f, folder, listed)
 
     for raw in paths:
         if isinstance(raw, str) and not raw:  # Path("") is the current folder: never what was meant
@@ -120,7 +121,7 @@ def find_sources(paths: list[str | Path]) -> list[Source]:
         if kind == "other":  # never opened: a FIFO would block, /dev/zero would never end
             raise TraceError(p, "not a trace file or folder (a device, FIFO or socket)")
         if kind == "file":
-            sources.append(source(p.parent, p))
+            sources.append(source(p.parent, p, listed=False))
             continue
         files = _trace_files_in(p)
         if files:
@@ -134,6 +135,29 @@ def find_sources(paths: list[str | Path]) -> list[Source]:
         for d, fs in nested:
             sources += [source(d, f) for f in fs]
     return sources
+
+
+UNREAD_SHOWN = 3  # names shown in an unread-files note; the rest counted
+
+
+def unread_notes(sources: list[Source]) -> list[str]:
+    """One note per run folder holding files that are not read: named unlike a trace (say
+    torch's export_memory_timeline `.raw.gz`, a memory snapshot `.pickle`, `rank3.json.gz.bak`).
+    A file a user counted on as a rank must not vanish unsaid. run.json and hidden files are the
+    layout's own; a folder of run folders (our traces/) is not a run: its README is no news."""
+    notes = []
+    for folder in dict.fromkeys(s.run_dir for s in sources if s.listed and s.run_dir is not None):
+        try:
+            # Regular files only: a FIFO named like a trace is already a problem (not_a_regular_file).
+            others = [p.name for p in _list(folder) if not p.name.startswith(".") and p.name != RUN_MANIFEST
+                      and not _trace_named(p) and p.is_file()]
+        except TraceError:  # listed once already; a folder gone since is the load's to say
+            continue
+        if others:
+            shown = ", ".join(path_text(n) for n in others[:UNREAD_SHOWN])
+            more = f" and {len(others) - UNREAD_SHOWN:,} more" if len(others) > UNREAD_SHOWN else ""
+            notes.append(f"{path_text(folder)}: not read, not named like a trace (*.json, *.json.gz): {shown}{more}")
+    return notes
 
 
 def same_files(sources: list[Source]) -> tuple[list[Source], list[str]]:

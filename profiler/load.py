@@ -24,7 +24,8 @@ import polars as pl
 
 from profiler.cache import CACHE_ENV, CacheUnusable, cache_dir, remove_stale_tmp, unstored_note
 from profiler.damaged import DAMAGED, MAX_RANK
-from profiler.discover import JobFacts, find_sources, not_a_regular_file, read_manifest, same_files, split_jobs
+from profiler.discover import (JobFacts, find_sources, not_a_regular_file, read_manifest, same_files, split_jobs,
+                               unread_notes)
 from profiler.errors import TraceError, path_text, rebuilt
 from profiler.parse import SCHEMA, _as_int
 from profiler.pool import LocalEngine, lookup_all, progress_bar
@@ -163,7 +164,9 @@ def load_traces(
     options = options or MapOptions()
     engine = engine or LocalEngine(workers)
     remote = getattr(engine, "remote", False)  # a Dask cluster: workers parse into their own caches
-    sources, notes = same_files(find_sources(paths))
+    found = find_sources(paths)
+    sources, notes = same_files(found)
+    notes = unread_notes(found) + notes
     cache_path = None
     if cache and not remote:
         try:

@@ -320,3 +320,24 @@ def test_none_usable_counts_the_files_of_other_problems():
     text = str(_none_usable(problems))
     assert text.startswith("no usable traces: /x/rank0.json: rank 0: empty file; /x/rank1.json: rank 1: empty file; ")
     assert text.endswith("; and 10 more files (3 x not JSON; 2 x empty file; 2 x cut short; 3 with other problems)")
+
+
+def test_files_a_folder_holds_but_never_reads_are_said(tmp_path, monkeypatch):
+    """A memory-timeline export or a renamed rank beside the traces was dropped without a word:
+    a user counting on it as a rank saw one rank fewer. Said once per folder, the rest counted; a
+    file named on its own says nothing of its neighbours; run.json and hidden files are the layout's."""
+    from tests.conftest import REPO
+
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "runs" / "run"
+    shutil.copytree(REPO / "traces" / "sample-ddp-2r", run)
+    for name in ("export_memory_timeline.raw.gz", "rank2.json.gz.bak", "snapshot.pickle", "zz.txt", ".hidden"):
+        (run / name).write_bytes(b"x")
+    got = load_traces(run, progress=False)
+    assert not got.problems and got.ranks["rank"].to_list() == [0, 1]
+    assert got.notes == [f"{run}: not read, not named like a trace (*.json, *.json.gz): export_memory_timeline.raw.gz, "
+                         f"rank2.json.gz.bak, snapshot.pickle and 1 more"]
+    assert load_traces(run / "rank0.json.gz", progress=False).notes == []
+    # A folder of run folders: each run folder's own files are said, the parent's README is not.
+    (tmp_path / "runs" / "README.md").write_text("runs")
+    assert load_traces(tmp_path / "runs", progress=False).notes == got.notes
