@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import stat
 from pathlib import Path
 
@@ -13,7 +14,8 @@ _MANIFEST_MAX_BYTES = 64 << 20  # a run.json is a few KB; anything this big is n
 
 
 def find_runs(root: Path) -> list[dict]:
-    """Complete runs under `root` (folders with a run.json), newest first. Hidden folders skipped.
+    """Complete runs under `root` (folders with a run.json), newest first, then folders of traces
+    without one (`_foreign_runs`). Hidden folders skipped.
 
     A run.json that cannot be listed (unreadable, not JSON, too deep, wrong types) gives a row
     {"run_id": folder, "error": what is wrong} instead of failing the listing.
@@ -30,7 +32,27 @@ def find_runs(root: Path) -> list[dict]:
             continue
         data["_path"] = str(manifest.parent)
         runs.append(data)
+    runs += _foreign_runs(root)
     return sorted(runs, key=lambda r: r["created_at"] if isinstance(r.get("created_at"), str) else "", reverse=True)
+
+
+def _foreign_runs(root: Path) -> list[dict]:
+    """A row for each folder of traces without a run.json (torch's tensorboard_trace_handler
+    output, a job's traces copied in): the viewer shows such a folder as a run, so a listing
+    that left it out would disagree with it. What is known is only the file count."""
+    rows = []
+    for folder in sorted(p for p in root.iterdir() if not p.name.startswith(".")):
+        try:
+            if not folder.is_dir() or (folder / "run.json").exists():
+                continue
+            traces = [f for f in folder.iterdir() if not f.name.startswith(".") and f.name.endswith((".json", ".json.gz"))]
+        except OSError:  # a folder we may not enter is no run of ours to list
+            continue
+        if traces:
+            rows.append({"run_id": folder.name, "_path": str(folder),
+                         "error": f"{len(traces):,} trace file{'s' if len(traces) != 1 else ''}, no run.json "
+                                  f"(not made by `ptprof run`): `ptprof analyze {shlex.quote(_printable(str(folder), 80))}`"})
+    return rows
 
 
 def _read_manifest(path: Path) -> tuple[dict | None, str | None]:

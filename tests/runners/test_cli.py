@@ -297,6 +297,29 @@ def test_list_survives_any_run_json(tmp_path):
     assert rows["good"].split()[4:6] == ["3", "4.2500"]
 
 
+def test_list_shows_a_folder_of_traces_without_run_json(tmp_path):
+    """torch's tensorboard_trace_handler output copied under traces/: the viewer shows it as a run,
+    `ptprof list` left it out. A row now says what it is and how to analyse it (the path quoted)."""
+    import json
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "run.json").write_text(json.dumps(
+        {"paradigm": "ddp", "world_size": 2, "backend": "gloo", "losses": [5.0]}))
+    tb = tmp_path / "tb run"
+    tb.mkdir()
+    for name in ("host_1.pt.trace.json.gz", "host_2.pt.trace.json", "notes.txt", ".hidden.json"):
+        (tb / name).write_text("{}")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / ".tmp-run").mkdir()
+    (tmp_path / ".tmp-run" / "rank0.json.gz").write_text("{}")
+    res = ptprof("list", "--traces", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    rows = res.stdout.splitlines()[1:]
+    assert [r.split()[0] for r in rows] == ["mine", "tb"]
+    assert rows[1].startswith("tb run ") and (f"2 trace files, no run.json (not made by `ptprof run`): "
+                                              f"`ptprof analyze '{tb}'`") in rows[1]
+
+
 def test_list_never_opens_a_run_json_that_is_no_regular_file(tmp_path):
     import os
 
