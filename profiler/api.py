@@ -45,7 +45,7 @@ def load_traces(
     it, a run's only file naming no rank is rank 0 (said in `notes`); several such files are errors.
     cache: read and write the parse cache ($PTPROF_CACHE_DIR, else ~/.cache/ptprof).
     workers: local worker processes for the per-rank map (default: one per core; a small set is
-        done in this process).
+        done in this process; more than two per core are capped there, with a warning).
     progress: a bar of ranks done (default: when stderr is a terminal).
     options: what the per-rank analyses run with (--step, --top); `analyze` with other options
         analyzes the ranks again, in this process.

@@ -22,7 +22,6 @@ from profiler.startup import collector_paused, ctrl_c_held
 # processes the load will need are started (pool.LocalEngine.start_early), so both import at once.
 
 EXIT_BAD_INPUT = 2
-WORKERS_PER_CORE = 2  # --workers above this many a core: capped, with a note (a slow filesystem may use a second)
 MAX_RANK = 2**31 - 1  # ranks are Int32 (profiler.damaged.MAX_RANK; not imported: it pulls in polars)
 MAX_TOP = 100_000
 HTA_SKIPPED = "HTA skipped: no GPU activity"  # the --hta entry of a run without kernels (docs/report.md)
@@ -126,12 +125,11 @@ def _run(args: argparse.Namespace) -> int:
                                "(size them with `dask worker --nworkers`): give one or the other")
     if args.cluster is not None and args.hta:
         raise TraceError(None, "--hta needs the events on this machine; leave out --cluster to compare with HTA")
-    from profiler.pool import cores  # imports neither polars nor numpy
+    from profiler.pool import WORKERS_PER_CORE, capped_workers_note, cores  # import neither polars nor numpy
 
     most = WORKERS_PER_CORE * cores()
     if args.workers and args.workers > most:  # each holds its own imports (~0.1 GB): 1,000 of them would not fit
-        _print_line(f"ptprof analyze: note: --workers {args.workers}: this process may use {cores()} cores; using {most} "
-                    f"workers (two per core; more would only share the cores, each with its own ~0.1 GB)", sys.stderr)
+        _print_line(f"ptprof analyze: note: {capped_workers_note(f'--workers {args.workers}')}", sys.stderr)
         args.workers = most
     if args.cluster is not None:  # --cluster '' is a malformed address, not no cluster
         from profiler.dask_pool import DaskEngine

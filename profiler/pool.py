@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -72,11 +73,26 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+WORKERS_PER_CORE = 2  # more workers than this many a core: capped, with a note (a slow filesystem may use a second)
+
+
+def capped_workers_note(asked: str) -> str:
+    """What capping the workers `asked` ("--workers 1000", "workers=1000") at WORKERS_PER_CORE a
+    core says (the CLI's note, the API's warning)."""
+    return (f"{asked}: this process may use {cores()} cores; using {WORKERS_PER_CORE * cores()} workers "
+            f"(two per core; more would only share the cores, each with its own ~0.1 GB)")
+
+
 class LocalEngine:
     """`summarize` in up to `workers` local processes (default: one per core); in this process for
     one task, and, where `workers` is not given, for a map too small to pay for them."""
 
     def __init__(self, workers: int | None = None):
+        most = WORKERS_PER_CORE * cores()
+        if workers and workers > most:  # each holds its own imports (~0.1 GB): 1,000 of them would not fit
+            # The CLI caps --workers before, with a note of its own; this says it to the API's callers.
+            warnings.warn(capped_workers_note(f"workers={workers}"), stacklevel=3)
+            workers = most
         self.workers = max(1, workers or cores())
         self.auto = not workers  # a small map is then done in this process (in_process_is_quicker)
         self._early: list[_Worker] = []  # started by start_early, taken by the next map

@@ -105,3 +105,23 @@ def test_paths_may_come_from_a_generator(tmp_path):
 
     traces = load_traces((p for p in sorted(SAMPLE.glob("rank*.json.gz"))), progress=False)
     assert traces.ranks["rank"].to_list() == [0, 1]
+
+
+def test_workers_past_two_per_core_are_capped_with_a_warning(tmp_path, monkeypatch):
+    """workers=1000 started a process per file (7.6 GB on 256 files); `--workers` was capped, the
+    API was not. Capped at two per core, with a warning naming what was asked."""
+    from profiler import load_traces, pool
+
+    monkeypatch.setattr(pool, "cores", lambda: 2)
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path))
+    with pytest.warns(UserWarning, match=r"^workers=1000: this process may use 2 cores; using 4 workers \(two per core"):
+        engine = pool.LocalEngine(1000)
+    assert engine.workers == 4
+    with pytest.warns(UserWarning, match="workers=9"):
+        traces = load_traces(SAMPLE, workers=9, progress=False, cache=False)
+    assert traces.ranks["rank"].to_list() == [0, 1]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # at the cap: no warning
+        assert pool.LocalEngine(4).workers == 4
