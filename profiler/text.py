@@ -286,7 +286,8 @@ def _alpha_beta(a, runs: list[str], full: bool) -> list[str]:
     if fit is None or fit.is_empty():
         return []
     out = [title("Latency and bandwidth", "a collective of n bytes takes α + n/β (least squares fit)"),
-           "  (calls: the fastest call of each message size, the ones fitted; Collectives counts all)"]
+           "  (calls: the fastest call of each message size on any rank, the ones fitted; Collectives counts",
+           "   every call, per rank)"]
     notes = fit["note"].is_not_null().any()
     header = ["backend", "collective", "ranks", "calls", "sizes", "α", "β", "r²", *(["note"] if notes else [])]
     return out + per_run(runs, fit, lambda p: table(header, [
