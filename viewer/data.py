@@ -165,6 +165,11 @@ class RunData:
     def activity_extent(self) -> tuple[float, float]:
         return self._once("activity_extent", lambda: scale.activity_extent(self.analysis.activity, self.origin_us()))
 
+    def finest_bin_us(self) -> float | None:
+        """The shortest of this run's per-rank activity bins (µs; window / activity's bin count),
+        below which a zoom of the bands shows no more detail; None without activity."""
+        return self._once("finest_bin_us", lambda: self.analysis.activity["bin_us"].min() if self.analysis.activity.height else None)
+
     def activity_bands(self, x_range: tuple[float, float], groups: list[str] | None = None, *, keep: bool = False) -> pl.DataFrame:
         """The timeline's bands over x_range (ms), of every group or only `groups`; `keep`: remember
         them (the whole range: what every first visit of Compare draws; zooms are not kept)."""

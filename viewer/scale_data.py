@@ -151,6 +151,27 @@ def scale_timeline(runs: list[RunData], x_range: tuple[float, float] | None, vie
     return "bands", (bands, _concat([d.outliers() for d in ok]), {d.run_id: d.n_ranks for d in ok})
 
 
+def band_note(runs: list[RunData], x_range: tuple[float, float] | None, view: tuple | None) -> str | None:
+    """The line over the bands: the runs a group drill-down draws nothing for (absent_note), and,
+    once a zoom's common bins (x_range / BAND_BINS) are finer than a run's own per-rank bins
+    (window / activity.N_BINS), that the band is spread evenly within those: it shows no more
+    detail however far one zooms, and only the drill-down into a rank or a small group does."""
+    notes = [n for n in [absent_note(runs, view)] if n]
+    if x_range is not None:
+        w_us = (x_range[1] - x_range[0]) / scale.BAND_BINS * 1e3
+        coarse = {d.run_id: b for d in _ok(runs) if (b := d.finest_bin_us()) is not None and w_us < b}
+        if coarse:
+            run, b = max(coarse.items(), key=lambda kv: kv[1])
+            which = f"run {run}'s" if len(_ok(runs)) > 1 else "the ranks'"
+            notes.append(f"zoomed finer than {which} own bins ({_ms(b)} each): the band is even within each; pick a rank "
+                         f"in the dropdown above for its events")
+    return "; ".join(notes) or None
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.3g} ms" if us >= 1e3 else f"{us:.3g} µs"
+
+
 def breakdown_bands(runs: list[RunData]) -> pl.DataFrame:
     from viewer.figures import BREAKDOWN_PARTS
     from viewer.scale_figures import breakdown_pct

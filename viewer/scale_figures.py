@@ -31,9 +31,11 @@ def _outlier_text(outliers: pl.DataFrame, run: str, limit: int = 8) -> str:
 
 
 def build_band_timeline(bands: pl.DataFrame, outliers: pl.DataFrame, runs: list[str] | None = None, *,
-                        x_range: tuple[float, float] | None = None, n_ranks: dict[str, int] | None = None) -> go.Figure:
+                        x_range: tuple[float, float] | None = None, n_ranks: dict[str, int] | None = None,
+                        note: str | None = None) -> go.Figure:
     """One subplot per run, one row per (group, lane): per category the median busy share over the
-    group's ranks (line) inside its min–max band; the title names the outlier ranks.
+    group's ranks (line) inside its min–max band; the title names the outlier ranks. `note`: a
+    line over the figure (viewer.scale_data.band_note: runs without the group, a zoom past the bins).
 
     bands: viewer.scale.activity_bands (run, group, group_key, lane, lane_key, category, bin, t_ms,
     bin_ms, median, lo, hi). Bins without a row are 0 (no rank busy there).
@@ -87,6 +89,8 @@ def build_band_timeline(bands: pl.DataFrame, outliers: pl.DataFrame, runs: list[
     fig.update_xaxes(title_text="ms from the first profiled step", row=len(runs), col=1)
     if x_range is not None:
         fig.update_xaxes(range=list(x_range))
+    if note:  # above the legend, in the figure's own margin (as figures.build_timeline_figure)
+        fig.update_layout(margin=dict(t=100), title=dict(text=note, font=dict(size=12, color="#666"), x=0, y=0.99, yanchor="top"))
     return fig
 
 

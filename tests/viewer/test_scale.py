@@ -28,6 +28,12 @@ def big(tmp_path_factory):
         os.link(root / "big" / f"rank{r}.json.gz", small / f"rank{r}.json.gz")
     (small / "run.json").write_text((root / "big" / "run.json").read_text().replace('"world_size": 64', '"world_size": 20')
                                     .replace('"dp": 16', '"dp": 5'))
+    flat = root / "flat"  # 20 ranks, no pipeline: one group "all ranks", drawn as bands even when drilled into
+    flat.mkdir()
+    for r in range(20):
+        os.link(root / "big" / f"rank{r}.json.gz", flat / f"rank{r}.json.gz")
+    (flat / "run.json").write_text((root / "big" / "run.json").read_text().replace('"world_size": 64', '"world_size": 20')
+                                   .replace('"pp": 4, "dp": 16', '"dp": 20'))
     return RunStore(root)
 
 
@@ -49,6 +55,7 @@ def test_compare_at_64_ranks(big, pages):
     _band_matches_the_per_rank_frames(big)
     _the_slow_rank_is_named(big, pages)
     _drill_down_shows_exactly_that_rank(big, pages)
+    _bands_say_a_zoom_past_the_ranks_bins_and_runs_without_the_group(big, pages)
 
 
 def _payload_does_not_grow_with_ranks_and_no_events_are_held(big, pages):
@@ -157,3 +164,25 @@ def _drill_down_shows_exactly_that_rank(big, pages):
     labels = [o["label"] for o in scale_data.view_options([big.get("big"), big.get("small")])]
     assert "group stage0 (big 16, small 5 ranks)" in labels, labels
     assert "group stage1 (16 ranks)" in [o["label"] for o in scale_data.view_options([big.get("big")])]
+
+
+def _bands_say_a_zoom_past_the_ranks_bins_and_runs_without_the_group(big, pages):
+    """Zoomed finer than the ranks' own bins the band is flat within each: it said nothing, and a
+    user zoomed on looking for detail that is not there. A group drill-down drawn as bands left a
+    run without the group out unsaid (the per-rank lanes said it)."""
+    flat = big.get("flat")
+    assert flat.ok and flat.groups()["group"].unique().to_list() == ["all ranks"]
+    act = flat.analysis.activity
+    bin_ms = act["bin_us"].min() / 1e3  # each rank's window / 1,000, made by the profiler's map
+    x0 = float((act["t0_us"].min() - flat.origin_us()) / 1e3)
+
+    def title(width_ms, runs=("flat",), view=None):
+        relayout = {"xaxis.range[0]": x0, "xaxis.range[1]": x0 + width_ms}
+        return pages.compare.timeline_figure(big, list(runs), relayout, view=view).layout.title.text
+
+    assert title(500 * bin_ms) is None  # 400 common bins wider than the rank's: no note
+    fine = title(100 * bin_ms)
+    assert fine is not None and fine.startswith("zoomed finer than the ranks' own bins (") and "pick a rank" in fine, fine
+    assert title(500 * bin_ms, ("flat", "big"), "group:all ranks") == "run big has no group all ranks: nothing drawn for it"
+    both = title(100 * bin_ms, ("flat", "big"), "group:all ranks")
+    assert both.startswith("run big has no group all ranks: nothing drawn for it; zoomed finer than run "), both

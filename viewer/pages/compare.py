@@ -179,7 +179,8 @@ def timeline_figure(store: RunStore, run_ids: list[str], relayout: dict | None =
             return figures.build_timeline_figure(out, run_ids, x_range=x_range, note=scale_data.absent_note(runs, view_),
                                                  shows=scale_data.view_label(view_) if view_ is not None else None)
         bands, outliers, n_ranks = out
-        return scale_figures.build_band_timeline(bands, outliers, run_ids, x_range=x_range, n_ranks=n_ranks)
+        return scale_figures.build_band_timeline(bands, outliers, run_ids, x_range=x_range, n_ranks=n_ranks,
+                                                 note=scale_data.band_note(runs, x_range, view_))
     segments = compare_data.timeline_segments(runs, x_range)
     return figures.build_timeline_figure(segments, run_ids, x_range=x_range)
 
