@@ -227,3 +227,23 @@ def test_an_empty_last_step_is_left_out_and_said(tmp_path):
         analyze(traces, step=3)
     both = empty_last_steps(pl.concat([traces.parts[0].events(), traces.parts[1].events()], how="diagonal_relaxed"))
     assert both.select("rank", "step", "dur_us").rows() == [(0, 3, 0.0), (1, 3, 50.0)]  # a batch's frame: each rank's
+
+
+def test_two_spans_of_one_step_number_refuse_the_file(tmp_path):
+    """ProfilerStep#2 twice (a hand-edited or merged trace) was taken as one step from the first's
+    start to the second's end: 300 µs for steps of 100 and 150 µs, silently. The file is refused,
+    the other ranks analysed."""
+    from profiler.errors import TraceError
+
+    ev = make_events([step(2, 0, 100), step(2, 150, 150), dict(name="aten::mm", kind="op", ts_us=5, dur_us=10)])
+    with pytest.raises(TraceError, match=r"^ProfilerStep#2 appears 2 times: spans of one step number cannot be told apart"):
+        profiler_steps(ev)
+    _kineto(tmp_path / "rank0.json", [_step(2, 0, 100), _step(2, 150, 150), _step(3, 300, 50),
+                                      {"name": "aten::mm", "ts": 10, "dur": 40}])
+    _kineto(tmp_path / "rank1.json", [_step(2, 0, 100), _step(3, 100, 200), {"name": "aten::mm", "ts": 10, "dur": 40},
+                                      {"name": "aten::mm", "ts": 110, "dur": 180}])
+    t = load_traces(tmp_path, cache=False, workers=1, progress=False)
+    assert t.ranks["rank"].to_list() == [1]
+    assert [str(p) for p in t.problems] == [f"{tmp_path / 'rank0.json'}: rank 0: ProfilerStep#2 appears 2 times: spans of one step number "
+                          f"cannot be told apart (torch.profiler numbers each step once); rename or drop the extra spans"]
+    assert analyze(t).step_stats["mean_us"].to_list() == [150.0]  # (100 + 200) / 2, rank 1 alone
