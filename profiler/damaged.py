@@ -120,6 +120,10 @@ def _gunzip_zlib(raw: bytes, path: Path, limit: int) -> bytes:
 
 def json_hint(raw: bytes, error: str) -> str:
     """A hint for a JSON syntax error: truncation, or a NaN/Infinity literal at the failing byte."""
+    if raw.startswith(b"\x1f\x8b"):  # what one gunzip left is gzip again
+        return " (the file is gzip'ed twice: gunzip it once, and name what that leaves *.json.gz)"
+    if raw.startswith(b"\xef\xbb\xbf"):  # JSON (RFC 8259) has no byte-order mark
+        return " (it starts with a UTF-8 byte-order mark, which JSON does not allow: save it without one)"
     if "truncated" in error:
         return " (truncated?)"
     at = re.search(r"\(byte (\d+)\)", error)
@@ -137,6 +141,8 @@ def what_json(raw: bytes) -> str:
         return f"not valid JSON either ({e})"
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
         return "its traceEvents are not all event objects"
+    if isinstance(doc, dict) and isinstance(doc.get("schema"), str) and doc["schema"].startswith("ptprof."):
+        return f"ptprof's own output ({doc['schema'][:40]}: a report, projection or plan), not a trace"
     if isinstance(doc, dict):
         return "a JSON dict without a traceEvents list (keys: " + ", ".join(list(doc)[:6]) + ")"
     if isinstance(doc, list):

@@ -52,7 +52,26 @@ def _trace_named(p: Path) -> bool:
 def _trace_files_in(folder: Path) -> list[Path]:
     # Every entry named like a trace but a folder: a FIFO or a dangling link named rank1.json is
     # reported (not_a_regular_file), not skipped in silence, or a rank would vanish unsaid.
-    return [p for p in _list(folder) if _trace_named(p) and not p.is_dir()]
+    # ptprof's own reports saved beside the traces (`--json run/report.json`) are not read.
+    return [p for p in _list(folder) if _trace_named(p) and not p.is_dir() and not own_output(p)]
+
+
+_OWN_OUTPUT = re.compile(rb'\A\s*\{\s*"schema"\s*:\s*"ptprof\.')  # jsonfile writes "schema" first
+
+
+def own_output(p: Path) -> bool:
+    """Whether `p` is a JSON file ptprof wrote (a report, projection or plan: `"schema": "ptprof.…"`
+    first), which a folder's listing leaves out: saved in the run folder, it failed the next load
+    as a trace that was not one. Only plain .json regular files are opened (64 bytes read)."""
+    if not p.name.endswith(".json"):
+        return False
+    try:
+        if not stat.S_ISREG(p.stat().st_mode):  # a FIFO would block: not_a_regular_file says it
+            return False
+        with open(p, "rb") as f:
+            return bool(_OWN_OUTPUT.match(f.read(64)))
+    except OSError:  # the load says what is wrong with it
+        return False
 
 
 def not_a_regular_file(p: Path) -> str | None:
@@ -149,14 +168,15 @@ def unread_notes(sources: list[Source]) -> list[str]:
     for folder in dict.fromkeys(s.run_dir for s in sources if s.listed and s.run_dir is not None):
         try:
             # Regular files only: a FIFO named like a trace is already a problem (not_a_regular_file).
-            others = [p.name for p in _list(folder) if not p.name.startswith(".") and p.name != RUN_MANIFEST
-                      and not _trace_named(p) and p.is_file()]
+            listed = [p for p in _list(folder) if not p.name.startswith(".") and p.name != RUN_MANIFEST and p.is_file()]
         except TraceError:  # listed once already; a folder gone since is the load's to say
             continue
-        if others:
-            shown = ", ".join(path_text(n) for n in others[:UNREAD_SHOWN])
-            more = f" and {len(others) - UNREAD_SHOWN:,} more" if len(others) > UNREAD_SHOWN else ""
-            notes.append(f"{path_text(folder)}: not read, not named like a trace (*.json, *.json.gz): {shown}{more}")
+        for what, names in (("not named like a trace (*.json, *.json.gz)", [p.name for p in listed if not _trace_named(p)]),
+                            ("ptprof's own output (a report, projection or plan)", [p.name for p in listed if own_output(p)])):
+            if names:
+                shown = ", ".join(path_text(n) for n in names[:UNREAD_SHOWN])
+                more = f" and {len(names) - UNREAD_SHOWN:,} more" if len(names) > UNREAD_SHOWN else ""
+                notes.append(f"{path_text(folder)}: not read, {what}: {shown}{more}")
     return notes
 
 

@@ -157,6 +157,9 @@ def _decode_batch(events: list[msgspec.Raw], first: int, path: Path, *, bare: bo
         item, rest = first + int(m.group(1)), m.group(2)
         if bare:
             where = f"item {item} of the top-level list " + (f"is a malformed event (at `{rest}`)" if rest else "is not an event object")
+            if not rest and why.endswith("got `array`"):  # [[ts, action, bytes, category], ...]
+                why += ("; a list of lists, as torch's export_memory_timeline writes (.raw.gz)? ptprof reads Kineto traces: "
+                        "prof.export_chrome_trace or tensorboard_trace_handler")
             raise TraceError(path, f"not a Kineto/Chrome trace: {where} ({why})") from None
         raise TraceError(path, f"not a Kineto/Chrome trace: malformed event at `$.traceEvents[{item}]{rest}` ({why})") from None
     except UnicodeDecodeError as e:

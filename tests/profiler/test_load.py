@@ -134,6 +134,12 @@ def _write(path, data: bytes):
     (b'{"traceEvents": [{"ph": "X", "ts": 1', "not valid JSON"),
     (b'{"hello": 1}', "not a Kineto/Chrome trace"),
     (b"[1, 2, 3]", "not a Kineto/Chrome trace"),
+    # what each odd file is, said: a gzip inside the gzip, a byte-order mark, torch's memory
+    # timeline export, ptprof's own report
+    (gzip.compress(gzip.compress(b'{"traceEvents": []}')), "the file is gzip'ed twice: gunzip it once"),
+    (b'\xef\xbb\xbf{"traceEvents": []}', "it starts with a UTF-8 byte-order mark, which JSON does not allow"),
+    (b"[[-1, 1, 37888, 7], [-1, 1, 512, 7]]", "a list of lists, as torch's export_memory_timeline writes (.raw.gz)?"),
+    (b'{\n "schema": "ptprof.report/1",\n "findings": []}', "ptprof's own output (ptprof.report/1: a report, projection or plan)"),
 ])
 def test_bad_files(tmp_path, content, fragment):
     f = _write(tmp_path / "rank0.json", content)
@@ -338,6 +344,16 @@ def test_files_a_folder_holds_but_never_reads_are_said(tmp_path, monkeypatch):
     assert got.notes == [f"{run}: not read, not named like a trace (*.json, *.json.gz): export_memory_timeline.raw.gz, "
                          f"rank2.json.gz.bak, snapshot.pickle and 1 more"]
     assert load_traces(run / "rank0.json.gz", progress=False).notes == []
+    # ptprof's own report saved in the run folder (`--json run/report.json`) failed the next load
+    # as a trace that was not one (exit 2; `ptprof project` refused the run): left out, and said.
+    (run / "report.json").write_text('{\n "schema": "ptprof.report/1",\n "findings": []}')
+    (run / "notmine.json").write_text('{"schema": "other/1"}')  # a JSON of someone else's: still read, and refused
+    again = load_traces(run, progress=False)
+    assert again.ranks["rank"].to_list() == [0, 1] and [str(p) for p in again.problems] == [
+        f"{run / 'notmine.json'}: not a Kineto/Chrome trace: a JSON dict without a traceEvents list (keys: schema)"]
+    assert again.notes[1] == f"{run}: not read, ptprof's own output (a report, projection or plan): report.json"
+    (run / "notmine.json").unlink()
+    (run / "report.json").unlink()
     # A folder of run folders: each run folder's own files are said, the parent's README is not.
     (tmp_path / "runs" / "README.md").write_text("runs")
     assert load_traces(tmp_path / "runs", progress=False).notes == got.notes
