@@ -116,10 +116,11 @@ def _run(args: argparse.Namespace) -> int:
     to_stdout = args.json == "-"
     if to_stdout:  # stdout carries the JSON alone: no tables; notes and warnings on stderr, as with --quiet
         args.quiet = True
-    if args.json and not to_stdout and not Path(args.json).resolve().parent.is_dir():  # before the work, not after it
-        raise TraceError(Path(args.json), "--json: its folder does not exist")
-    if args.json and not to_stdout and Path(args.json).is_dir():
-        raise TraceError(Path(args.json), "--json: this is a folder; name the report file (e.g. report.json)")
+    if args.json and not to_stdout:  # before the work, not after it
+        from profiler.jsonfile import unwritable
+
+        if why := unwritable(args.json):
+            raise TraceError(Path(args.json), f"--json: {why}")
     if args.cluster is not None and args.workers:
         raise TraceError(None, "--workers counts local worker processes; with --cluster the cluster's workers do the work "
                                "(size them with `dask worker --nworkers`): give one or the other")

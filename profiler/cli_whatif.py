@@ -182,12 +182,9 @@ def _check_json_path(path: str | None) -> Path | None:
     # before the work, not after it (as profiler/cli.py)
     if path is None or path == STDOUT:
         return None
-    out = Path(path)
-    if not out.resolve().parent.is_dir():
-        raise ValueError(f"--json {path}: its folder does not exist")
-    if out.is_dir():
-        raise ValueError(f"--json {path}: this is a folder; name the report file (e.g. plan.json)")
-    return out
+    if why := jsonfile.unwritable(path, example="plan.json"):
+        raise ValueError(f"--json {path}: {why}")
+    return Path(path)
 
 
 def plan_main(argv: list[str] | None = None) -> int:

@@ -23,3 +23,30 @@ def write_stdout(obj) -> None:
     sys.stdout.flush()
     sys.stdout.buffer.write(dumps(obj))
     sys.stdout.flush()
+
+
+def unwritable(path: str, example: str = "report.json") -> str | None:
+    """Why `--json path` cannot be written, checked before the work (not after a long analysis):
+    its folder is missing, it is a folder, or opening it for writing fails (a read-only place,
+    /proc, no permission); None where it can. A file made by the check is removed again, so a run
+    that fails later leaves none behind; an existing file is left as it was (opened to append)."""
+    import os
+    from pathlib import Path
+
+    out = Path(path)
+    if not out.resolve().parent.is_dir():
+        return "its folder does not exist"
+    if out.is_dir():
+        return f"this is a folder; name the report file (e.g. {example})"
+    existed = os.path.lexists(out)
+    try:
+        with open(out, "ab"):
+            pass
+    except OSError as e:
+        return f"cannot write the report ({e.strerror or e})"
+    if not existed:
+        try:
+            out.unlink()
+        except OSError:
+            pass
+    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import REPO, SHARED_TRACES
 from tests.profiler.conftest import GPU_NCCL
@@ -67,6 +68,15 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path):
     res = analyze(GPU_NCCL, "--json", str(tmp_path))
     assert res.returncode == 2 and res.stdout == "" and "Traceback" not in res.stderr
     assert res.stderr.count("\n") == 1 and "--json: this is a folder" in res.stderr and str(tmp_path) in res.stderr
+    # a place that cannot be written (the check opens it: root may write anywhere but /proc) was
+    # found only after the whole analysis and its printed tables; said first now, and a file the
+    # check made is not left behind
+    if Path("/proc/self").is_dir():
+        res = analyze(GPU_NCCL, "--json", "/proc/ptprof-report.json")
+        assert res.returncode == 2 and res.stdout == "" and res.stderr == (
+            "ptprof analyze: error: /proc/ptprof-report.json: --json: cannot write the report (No such file or directory)\n")
+    res = analyze(GPU_NCCL, "--json", str(tmp_path / "r.json"), "--rank", "99")  # fails after the check
+    assert res.returncode == 2 and not (tmp_path / "r.json").exists()
 
 
 def test_quiet_without_json_says_nothing_was_written():
