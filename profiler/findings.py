@@ -90,7 +90,7 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
         text = (f"Communication with no compute under it takes {pct(share)} of rank {rank}'s step time "
                 f"({ms(exp_us)} of {ms(win_us)} over {steps_text(step_list)})")
         evidence = f"run {run}, rank {rank}" + worst_of(rb["share_pct"]) + f", {steps_text(step_list)}"
-        kind, phase, once = None, None, False
+        kind, phase, once, size = None, None, False, None
         pipeline = _pipeline_run(a, run)
         if exposed is not None and not exposed.is_empty():
             by = (exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank))
@@ -99,8 +99,10 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
             if by.height and by["exposed_us"][0] > 0:
                 kind, phase, top_us, comm_us, calls = by.row(0)
                 top_pct = 100 * top_us / exp_us
+                size = _median_size(a, run, rank, kind, phase)
                 text += (f"; {'most of it' if top_pct >= 50 else 'the largest part'} is {kind} {phase_text(phase, kind, pipeline)}: "
-                         f"{ms(top_us)}, {pct(top_pct)} of the exposed time, in {calls:,} calls")
+                         f"{ms(top_us)}, {pct(top_pct)} of the exposed time, in {plural(calls, 'call')}"
+                         + (f" of {bytes_text(size)} (median)" if size else ""))
                 # A collective in fewer profiled steps than the rank ran is no per-step cost (DDP's bucket
                 # rebuild broadcasts once, in step 1): say where it happened, never "every step".
                 mine = exposed.filter((pl.col("run") == run) & (pl.col("rank") == rank) & (pl.col("collective") == kind)
@@ -120,11 +122,23 @@ def exposed_comm_rule(a: "Analysis") -> list[Row]:
         pp = _str_run(getattr(a, "pipeline", None))
         schedule = (next(iter(pp.filter(pl.col("run") == run)["schedule"].drop_nulls()), None)
                     if pp is not None and "schedule" in pp.columns else None)
-        change = collective_change(kind, phase, paradigm, pipeline, schedule=schedule)
+        change = collective_change(kind, phase, paradigm, pipeline, schedule=schedule, size_bytes=size)
         if kind is not None and once:
             change = one_time_change(kind, phase, pipeline)
         out.append(_row("exposed-comm", run, rank, share, text + ".", evidence, change))
     return out
+
+
+def _median_size(a: "Analysis", run: str, rank: int, kind: str, phase: str | None) -> float | None:
+    """The median message size (nccl-tests' size) of a rank's calls of one collective in one
+    phase; None where no call has one (gloo without recorded shapes)."""
+    c = _str_run(getattr(a, "collectives", None))
+    if c is None or c.is_empty() or "size_bytes" not in c.columns:
+        return None
+    sel = (pl.col("run") == run) & (pl.col("rank") == rank) & (pl.col("collective") == kind)
+    sel &= pl.col("phase").is_null() if phase is None else pl.col("phase") == phase
+    sizes = c.filter(sel)["size_bytes"].drop_nulls()
+    return float(sizes.median()) if sizes.len() else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -125,16 +125,39 @@ def one_time_change(kind: str, phase: str | None, pipeline: bool = False) -> str
             "later steps (ptprof run --warmup 2 or more) to see the steady state before acting on it")
 
 
+# A call this small takes α (latency, tens of µs) plus the wait for the slowest rank: its bytes
+# are no cost (n/β ≪ α below ~64 KiB on NVLink or InfiniBand, far below on gloo's TCP), so no
+# advice about bandwidth or overlap of large transfers fits it.
+SMALL_MESSAGE_BYTES = 64 << 10
+SMALL_MESSAGE_CHANGE = ("each call moves only {size} (median), so its time is latency and the wait for the slowest "
+                        "rank, not bytes: fuse these small tensors into fewer collectives (one flat buffer a step), "
+                        "and see Stragglers for the rank the others wait on")
+# An all-reduce of a tensor-parallel run (paradigm tp): the row/column-parallel layers' partial
+# sums (forward and backward), or with --sp the replicated LayerNorm weights' gradients.
+TP_ALL_REDUCE_CHANGE = ("tensor-parallel all-reduces sit on the critical path of every layer: sequence parallelism "
+                        "(all-gather + reduce-scatter), async TP, or keep the TP group on the fastest link (within a node)")
+# run.json paradigms that sync gradients by reduce-scatter, not by DDP's all-reduce: an all-reduce
+# there is no gradient bucket to tune (ddp, zero1, ep, ulysses, ring, hybrid's dp do all-reduce
+# their gradients; foreign traces are most often DDP too).
+SHARDED_GRADIENTS = frozenset({"fsdp", "zero2"})
+
+
 def collective_change(kind: str | None, phase: str | None, paradigm: str | None = None, pipeline: bool = False,
-                      schedule: str | None = None) -> str:
+                      schedule: str | None = None, size_bytes: float | None = None) -> str:
     """The change to try for exposed communication of this collective kind in this phase (of a run
     of this run.json paradigm, None for foreign traces; `pipeline`: a run with pipeline actions,
-    `schedule` the one they ran, where known)."""
+    `schedule` the one they ran, where known; `size_bytes`: the calls' median message size)."""
     kind = "send" if kind in ("recv", "send_recv") else kind
     if kind is None:
         return GENERIC_CHANGE
     if phase == "recompute":
         return RECOMPUTE_CHANGE
+    if size_bytes is not None and 0 < size_bytes < SMALL_MESSAGE_BYTES and kind != "send":
+        return SMALL_MESSAGE_CHANGE.format(size=bytes_text(size_bytes))
+    if kind == "all_reduce" and paradigm == "tp":
+        return TP_ALL_REDUCE_CHANGE
+    if kind == "all_reduce" and phase != "forward" and paradigm in SHARDED_GRADIENTS:
+        return GENERIC_CHANGE  # no DDP bucket here to tune
     if kind == "send" and pipeline and phase is None:
         return pipeline_p2p_change(schedule or paradigm)
     if kind == "all_to_all" and paradigm == "ep":

@@ -824,3 +824,23 @@ def test_the_schedule_a_pipeline_ran_decides_over_the_paradigm():
     assert "hybrid" not in collective_change("recv", None, "hybrid", True, schedule="zbv")
     assert "zbv is a zero-bubble schedule already" in collective_change("recv", None, "hybrid", True, schedule="zbv")
     assert "or a zero-bubble schedule" in collective_change("recv", None, "hybrid", True, schedule="1f1b")
+
+
+def test_exposed_comm_advice_fits_the_paradigm_and_the_message_size():
+    """A tp+sp run's LayerNorm-gradient all-reduces (256 B) were told to tune DDP buckets, an ep
+    run's 24 B router all-reduces to use async TP (trial): tiny messages are latency and waiting,
+    a tp run has no DDP, fsdp's gradients are reduce-scattered."""
+    from profiler.findings_text import SMALL_MESSAGE_BYTES, collective_change
+
+    ddp = collective_change("all_reduce", "backward", "ddp", size_bytes=25 << 20)
+    assert "bucket_cap_mb" in ddp and ddp == collective_change("all_reduce", "optimizer", None, size_bytes=None)
+    tiny = collective_change("all_reduce", "optimizer", "tp", size_bytes=256)
+    assert tiny.startswith("each call moves only 256 B (median), so its time is latency and the wait for the slowest rank")
+    assert collective_change("all_reduce", "forward", "ep", size_bytes=24).startswith("each call moves only 24 B")
+    at_edge = collective_change("all_reduce", "backward", "ddp", size_bytes=SMALL_MESSAGE_BYTES)  # 64 KiB: bytes count
+    assert "bucket_cap_mb" in at_edge
+    tp = collective_change("all_reduce", "backward", "tp", size_bytes=4 << 20)
+    assert "tensor-parallel all-reduces" in tp and "bucket" not in tp
+    assert "bucket" not in collective_change("all_reduce", "backward", "fsdp", size_bytes=4 << 20)
+    # a pipeline's small sends keep their own advice (a receive waits for the neighbouring stage)
+    assert "neighbouring stage" in collective_change("recv", None, "1f1b", pipeline=True, size_bytes=512)
