@@ -240,6 +240,12 @@ def split_jobs(sources: list[Source], facts: list[JobFacts | None]) -> tuple[lis
             continue
         taken: set[str] = set()
         labels = []
+        # run.json describes one job at most: where several jobs fit it (the same world size: two
+        # runs' files copied into one folder), which one cannot be told, and its paradigm, model and
+        # memory would be another job's theory: it is used for none of them, and said.
+        first = sources[idx[0]]
+        fits = [job for job in jobs if _manifest_dir(first.run_dir, facts[job[0]]) is not None]
+        ambiguous = first.run_dir is not None and len(fits) > 1 and _has_manifest(first.run_dir)
         for job in jobs:
             stems = sorted((path_text(_stem(sources[i].path)) for i in job), key=_natural)  # rank2 before rank10
             name = f"{run}/{stems[0]}" if len(stems) == 1 else f"{run}/{stems[0]}..{stems[-1]}"
@@ -249,9 +255,12 @@ def split_jobs(sources: list[Source], facts: list[JobFacts | None]) -> tuple[lis
             taken.add(name)
             labels.append(name)
             for i in job:
-                out[i] = dataclasses.replace(sources[i], run=name, run_dir=_manifest_dir(sources[i].run_dir, facts[i]))
+                out[i] = dataclasses.replace(sources[i], run=name,
+                                             run_dir=None if ambiguous else _manifest_dir(sources[i].run_dir, facts[i]))
         notes.append(f"{sources[idx[0]].run_dir or run}: files of {len(jobs)} different jobs (world size or backend differ, "
-                     f"or their clocks never overlap); analysed as separate runs: {', '.join(labels)}")
+                     f"or their clocks never overlap); analysed as separate runs: {', '.join(labels)}"
+                     + (f"; its run.json fits {len(fits)} of them (world size), so it describes none: no paradigm, "
+                        f"model or memory facts from it" if ambiguous else ""))
     return out, notes
 
 
@@ -288,6 +297,13 @@ def _stem(path: Path) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
+
+
+def _has_manifest(run_dir: Path) -> bool:
+    try:
+        return read_manifest(run_dir) is not None
+    except TraceError:
+        return False
 
 
 def _manifest_dir(run_dir: Path | None, facts: JobFacts) -> Path | None:

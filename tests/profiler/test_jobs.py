@@ -100,6 +100,29 @@ def test_a_run_folder_with_a_foreign_trace_keeps_run_json_for_its_own_job(tmp_pa
     assert traces.runs["mine/rank0..rank1"]["run_id"] == "mine" and traces.runs["mine/theirs_rank0"] is None
 
 
+def test_run_json_that_fits_two_jobs_describes_neither(tmp_path):
+    """ddp's run.json and rank0 beside fsdp's rank1 (a trial): split by their clocks, both of world
+    size 2, and fsdp's file was given ddp's paradigm, theory and memory. Which job run.json
+    describes cannot be told: neither gets it, and the note says so."""
+    run = tmp_path / "mixed"
+    run.mkdir()
+    write_trace(run / "rank0.json", rank=0, world=2, t0=1e15)
+    write_trace(run / "rank1.json", rank=1, world=2, t0=2e15)  # never overlaps rank0's clock
+    (run / "run.json").write_text(json.dumps({"run_id": "mine", "paradigm": "ddp", "world_size": 2}))
+    traces = load_traces(run, progress=False)
+    assert runs_of(traces) == {"mixed/rank0": [0], "mixed/rank1": [1]}
+    assert traces.runs["mixed/rank0"] is None and traces.runs["mixed/rank1"] is None
+    (note,) = [n for n in traces.notes if "different jobs" in n]
+    assert note.endswith("analysed as separate runs: mixed/rank0, mixed/rank1; its run.json fits 2 of them (world "
+                         "size), so it describes none: no paradigm, model or memory facts from it"), note
+    # a third file of another world size does not make it ambiguous: run.json still fits one job
+    (run / "rank1.json").unlink()
+    write_trace(run / "rank5.json", rank=5, world=8, t0=1e15)
+    traces = load_traces(run, progress=False)
+    assert traces.runs["mixed/rank0"]["paradigm"] == "ddp" and traces.runs["mixed/rank5"] is None
+    assert not any("describes none" in n for n in traces.notes)
+
+
 def test_copies_of_a_run_are_named_by_their_folders(tmp_path):
     # `cp -r traces/sample-ddp-2r before; cp -r ... after`: both run.json files say the same
     # run_id; the runs are the folders the user named (as the viewer names them), each whole,
