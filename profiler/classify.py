@@ -7,7 +7,8 @@ kernel rules so our temporal breakdown agrees with its numbers: a kernel whose n
 unclassified (`...Memcpy...` inside a name, `...Sync...`), which are `other` and count as
 non-compute.
 
-CPU events: gloo runs each collective on its own worker threads as a `gloo:<op>` span (`comm`);
+CPU events: a `ProfilerStep#<k>` span is the step's annotation whatever its category (torch 1.8
+files it under `Operator`, where it counted as an operator with the step's self time). gloo runs each collective on its own worker threads as a `gloo:<op>` span (`comm`);
 the main thread records the enqueue as `c10d::<op>_` (NCCL jobs record `nccl:<op>` annotations and
 `record_param_comms` ops), which is `enqueue`, not compute.
 """
@@ -18,6 +19,8 @@ import functools
 
 import numpy as np
 import polars as pl
+
+from profiler.steps import PROFILER_STEP_RE
 
 # Kineto `cat` values of device activity, compared lowercased (torch < 1.10 capitalises them):
 # CUDA and ROCm (`kernel`, `gpu_mem*`), Meta's MTIA (`mtia_ccp_events`: its kernels and DMA), and
@@ -94,7 +97,7 @@ def _classify_distinct(events: pl.DataFrame) -> pl.DataFrame:
         .when(name.str.contains(ENQUEUE_RE)).then(pl.lit("enqueue"))
         .when(cat.str.contains(RUNTIME_CAT_RE)).then(pl.lit("runtime"))
         .when(pl.col("ph") == "i").then(pl.lit("instant"))
-        .when(cat == "user_annotation").then(pl.lit("annotation"))
+        .when((cat == "user_annotation") | name.str.contains(PROFILER_STEP_RE)).then(pl.lit("annotation"))
         .otherwise(pl.lit("op"))
     )
     return events.with_columns(
@@ -105,8 +108,8 @@ def _classify_distinct(events: pl.DataFrame) -> pl.DataFrame:
 
 # Bits of the per-category (cat) and per-name flags.
 _GPU, _GPU_ANNOTATION, _MEMORY_CAT, _RUNTIME, _USER_ANNOTATION = 1, 2, 4, 8, 16
-_NCCL, _MEMORY_KERNEL, _NOT_COMPUTE, _MEMORY_EVENT, _GLOO, _ENQUEUE = 1, 2, 4, 8, 16, 32
-_CAT_BITS, _NAME_BITS = 5, 6
+_NCCL, _MEMORY_KERNEL, _NOT_COMPUTE, _MEMORY_EVENT, _GLOO, _ENQUEUE, _PROFILER_STEP = 1, 2, 4, 8, 16, 32, 64
+_CAT_BITS, _NAME_BITS = 5, 7
 
 
 def _rules(combo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -119,7 +122,8 @@ def _rules(combo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         [cat & _GPU_ANNOTATION > 0, name & _NCCL > 0, (cat & _MEMORY_CAT > 0) | (name & _MEMORY_KERNEL > 0), name & _NOT_COMPUTE > 0],
         [kind["annotation"], kind["comm"], kind["memory"], kind["other"]], kind["compute"])
     cpu_kind = np.select(
-        [name & _MEMORY_EVENT > 0, name & _GLOO > 0, name & _ENQUEUE > 0, cat & _RUNTIME > 0, instant, cat & _USER_ANNOTATION > 0],
+        [name & _MEMORY_EVENT > 0, name & _GLOO > 0, name & _ENQUEUE > 0, cat & _RUNTIME > 0, instant,
+         (cat & _USER_ANNOTATION > 0) | (name & _PROFILER_STEP > 0)],
         [kind["memory_event"], kind["comm"], kind["enqueue"], kind["runtime"], kind["instant"], kind["annotation"]], kind["op"])
     return gpu.astype(np.uint32), np.where(gpu, gpu_kind, cpu_kind).astype(np.uint32)
 
@@ -138,7 +142,8 @@ def _tests() -> dict[str, list[tuple[int, pl.Expr]]]:
                 (_RUNTIME, low.str.contains(RUNTIME_CAT_RE)), (_USER_ANNOTATION, low == "user_annotation")],
         "name": [(_NCCL, v.str.contains(NCCL_KERNEL_RE)), (_MEMORY_KERNEL, v.str.contains(MEMORY_KERNEL_RE)),
                  (_NOT_COMPUTE, v.str.contains(NOT_COMPUTE_RE)), (_MEMORY_EVENT, v == MEMORY_EVENT),
-                 (_GLOO, v.str.starts_with(GLOO_SPAN_PREFIX)), (_ENQUEUE, v.str.contains(ENQUEUE_RE))],
+                 (_GLOO, v.str.starts_with(GLOO_SPAN_PREFIX)), (_ENQUEUE, v.str.contains(ENQUEUE_RE)),
+                 (_PROFILER_STEP, v.str.contains(PROFILER_STEP_RE))],
     }
 
 

@@ -24,6 +24,9 @@ def memory_sections(a, runs: list[str], full: bool) -> list[str]:
         out.append(title("Memory peaks", "the most allocated at once ([memory] events), and when"))
         if (peaks["mem_device"] == "cpu").any():  # torch's CPU [memory] events start with the profiler
             out.append("  (cpu: only allocations made while profiling ran, not host memory held from before)")
+        if peaks["peak_allocated_bytes"].is_null().any():  # torch 1.8's [memory] events: Bytes alone
+            out.append("  (—: [memory] events with each allocation's Bytes but no Total Allocated, as older torch (1.8)\n"
+                       "   writes them: no allocated level to take a peak or a curve from)")
         at = _since_step(strings(peaks), a.steps, "peak_ts_us", "peak_step")
         if full:
             header = ["rank", "device", "peak allocated", "peak reserved", "when"]

@@ -34,6 +34,9 @@ CASES = [
     ("cpu_instant_event", "marker", "i", "cpu", "instant"),
     ("user_annotation", "ptprof/forward", "X", "cpu", "annotation"),
     ("cpu_op", "aten::mm", "X", "cpu", "op"),
+    # torch 1.8 files the step's span under Operator: it counted as an operator with the step's self time
+    ("Operator", "ProfilerStep#5", "X", "cpu", "annotation"),
+    ("Operator", "ProfilerStep#5 extra", "X", "cpu", "op"),  # only the step's own name
     (None, "aten::mm", None, "cpu", "op"),  # nulls match no rule
     ("cpu_op", None, "X", "cpu", "op"),
     ("strange_cat", "aten::add", "X", "cpu", "op"),

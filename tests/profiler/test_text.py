@@ -689,3 +689,27 @@ def test_a_pipeline_without_run_json_says_its_schedule_is_unknown(tmp_path):
     lines = section(text, "Pipeline bubble")
     assert lines and lines[1].startswith("  schedule unknown:") and "None" not in " ".join(lines)
     assert "textbook: none, the schedule is not known (no run.json)" in " ".join(" ".join(lines).split())
+
+
+def test_a_torch18_trace_has_no_steps_among_its_operators_and_says_why_memory_is_unknown():
+    """torch 1.8 files ProfilerStep#N under `Operator` and writes [memory] events with Bytes but no
+    Total Allocated: six of fifteen top CPU operators were steps, and the memory tables showed "—"
+    with no reason (trial)."""
+    import gzip
+    import json
+
+    from profiler import analyze, load_traces
+    from profiler.text import format_tables
+    from tests.conftest import SHARED_TRACES
+
+    path = SHARED_TRACES / "single" / "torch18_v100_resnet50_rank0.json.gz"
+    raw = json.loads(gzip.decompress(path.read_bytes()))
+    events = raw["traceEvents"] if isinstance(raw, dict) else raw
+    assert {e["cat"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")} == {"Operator"}
+    memory = [e for e in events if e.get("name") == "[memory]"]
+    assert memory and not any("Total Allocated" in e["args"] for e in memory)
+    a = analyze(load_traces(path, progress=False))
+    assert not a.top_operators.filter(pl.col("name").cast(pl.String).str.starts_with("ProfilerStep")).height
+    assert a.top_operators.height > 0
+    text = format_tables(a)
+    assert "(—: [memory] events with each allocation's Bytes but no Total Allocated, as older torch (1.8)" in text
