@@ -406,7 +406,9 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
         if best is None:
             continue
         score, latency, f = best
-        text = (f"{f['collective']} on {f['group_size']} ranks reaches {num(f['achieved_gbps'])} GB/s over its {f['calls']:,} calls (all ranks), "
+        # a group the trace does not size (gloo records no collective args): said, never "None ranks"
+        group = f"{f['group_size']} ranks" if f["group_size"] is not None else "a group of unknown size"
+        text = (f"{f['collective']} on {group} reaches {num(f['achieved_gbps'])} GB/s over its {f['calls']:,} calls (all ranks), "
                 f"{pct(100 * f['achieved_gbps'] / f['beta_gbps'])} of its fitted β {num(f['beta_gbps'])} GB/s")
         if latency:
             text += (f": the per-call latency α = {ms(f['alpha_us'])} is {pct(f['alpha_pct'])} of the time α + n/β predicts "
@@ -420,7 +422,8 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
                      f"{ms(f['excess_us'])} beyond the fit over all ranks and steps, {pct(score)} of each rank's step, on average")
             change = ("find what the calls wait for: a rank that starts them late (see the straggler finding) or other "
                       "traffic on the same link (concurrent collectives, a shared NIC); overlap them with compute to hide the wait")
-        evidence = (f"run {run}, {f['backend']} {f['collective']}, group size {f['group_size']}: {f['calls']:,} calls in the "
+        size = f["group_size"] if f["group_size"] is not None else "unknown (not in the trace)"
+        evidence = (f"run {run}, {f['backend']} {f['collective']}, group size {size}: {f['calls']:,} calls in the "
                     f"profiled steps; fit (fastest call of each size) over {f['n_calls']:,} calls of {f['n_sizes']:,} sizes, "
                     f"R² {fmt_r2(f['r2'])}")  # cut to 3 decimals, as the Latency and bandwidth table and the fit's note
         out.append(_row("bandwidth", run, None, score, text + ".", evidence, change))

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 # 3. Persistent memory and the next ZeRO stage
 
 
+SMALL_STATE_BYTES = 1 << 30  # below 1 GiB of persistent state a rank, no device is short of memory for it
 COMPONENTS = {"params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state"}
 SUBJECT = {"params_bytes": "Parameters are", "grads_bytes": "Gradients are", "optimizer_bytes": "Optimizer state is"}
 
@@ -71,9 +72,14 @@ def persistent_memory_rule(a: "Analysis") -> list[Row]:
         dp = cur["dp"][0]
         evidence = f"run {run}, layout {cur_layout}" + (f" at data-parallel degree {dp}" if dp else "") + "; per rank: " + ", ".join(
             f"{lay} {bytes_text(t)}" for lay, t in rw.select("layout", "total_bytes").iter_rows())
-        change = switch_change(nxt_layout) if nxt_saving >= MEMORY_SAVING_MIN_PCT else switch_change(best_layout)
+        change = (switch_change(nxt_layout, cur_layout) if nxt_saving >= MEMORY_SAVING_MIN_PCT
+                  else switch_change(best_layout, cur_layout))
         if nxt_saving >= MEMORY_SAVING_MIN_PCT and best_layout != nxt_layout:
-            change += f"; for the most memory, {switch_change(best_layout)}"
+            change += f"; for the most memory, {switch_change(best_layout, cur_layout)}"
+        if cur_total < SMALL_STATE_BYTES:  # a test-sized model: the shares hold at any size, the bytes matter nowhere
+            text += (f"; at {bytes_text(cur_total)} a rank, memory limits nothing here: the shares carry to a larger "
+                     "model of this layout, where they decide what fits")
+            change = "if memory limits the model or the batch: " + change
         # Scored by the saving of the layout the change names first (the next stage when it saves
         # enough, else the smallest): what the first thing to try is worth.
         score = nxt_saving if nxt_saving >= MEMORY_SAVING_MIN_PCT else saving

@@ -183,8 +183,17 @@ LAYOUT_CHANGES = [
 ]
 
 
-def switch_change(layout: str) -> str:
-    """The change that moves a run to `layout`."""
+# From torch's ZeRO-2 (fully_shard with reshard_after_forward=False, as ptprof's zero2 and a hybrid
+# run's dp beside a pipeline) to ZeRO-3 is one flag, not a new wrapper.
+ZERO2_TO_FSDP_CHANGE = ("switch to fsdp: fully_shard(reshard_after_forward=True) frees the gathered parameters after "
+                        "forward and gathers them again for backward (ZeRO-3, 3Φ of communication instead of 2Φ; "
+                        "beside a pipeline, once per microbatch)")
+
+
+def switch_change(layout: str, current: str | None = None) -> str:
+    """The change that moves a run to `layout` (from `current`, where known)."""
+    if current is not None and "zero2" in str(current).lower() and "fsdp" in str(layout).lower():
+        return ZERO2_TO_FSDP_CHANGE
     low = str(layout).lower().replace("-", "").replace("_", "")
     for key, text in LAYOUT_CHANGES:
         if key in low:

@@ -111,7 +111,10 @@ def run_layout(manifest: dict, spec: ModelSpec, where: str = "run.json") -> Layo
         if v > 1 and sched == "1f1b":
             sched = "interleaved-1f1b"
         lay = Layout(dp=deg.get("dp", 1), tp=deg.get("tp", 1), pp=deg.get("pp", 1 if paradigm == "hybrid" else world),
-                     zero=3 if paradigm == "hybrid" and deg.get("dp", 1) > 1 else 0, schedule=sched,
+                     # hybrid's dp is fully_shard, resharding after forward only without a pipeline
+                     # (runners/hybrid.py, as torchtitan): ZeRO-3, else ZeRO-2 (theory_memory.rank_layouts)
+                     zero=(3 if deg.get("pp", 1) == 1 else 2) if paradigm == "hybrid" and deg.get("dp", 1) > 1 else 0,
+                     schedule=sched,
                      stages_per_rank=v if sched == "interleaved-1f1b" else 1,
                      sp=bool(opts.get("sp")) and deg.get("tp", 1) > 1)
     else:

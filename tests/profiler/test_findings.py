@@ -265,7 +265,8 @@ def memory_case(current: str = "ddp", zero1_mib: float = 12, zero2=(4, 2, 4), ze
     return fake(memory_whatif=whatif, persistent_memory=pers)
 
 
-def test_persistent_memory_names_the_largest_component_and_the_next_stage():
+def test_persistent_memory_names_the_largest_component_and_the_next_stage(monkeypatch):
+    monkeypatch.setattr("profiler.findings_memory.SMALL_STATE_BYTES", 0)  # the case's MiB stand for a real model's GiB
     f = only(F.persistent_memory_rule(memory_case()))
     # scored by what the first change (zero1: 16 -> 12 MiB) is worth, 25 %; zero3's 50 % is named after it
     assert (f["rule"], f["rank"], f["score"]) == ("persistent-memory", 0, 25.0)
@@ -277,7 +278,8 @@ def test_persistent_memory_names_the_largest_component_and_the_next_stage():
     assert "; for the most memory, switch to zero3: shard parameters too" in f["change"]
 
 
-def test_persistent_memory_threshold_is_on_the_largest_saving():
+def test_persistent_memory_threshold_is_on_the_largest_saving(monkeypatch):
+    monkeypatch.setattr("profiler.findings_memory.SMALL_STATE_BYTES", 0)
     # On zero1 (12 MiB) torch's ZeRO-2 keeps the gathered 4 MiB beside its 1.5 MiB shard: 5.5 + 2 + 4
     # = 11.5 MiB, −0.5/12 = −4.17 % (below 10 %), while zero3 holds 8 MiB: −4/12 = −33.3 %.
     f = only(F.persistent_memory_rule(memory_case(current="zero1", zero2=(5.5, 2, 4))))
@@ -739,7 +741,9 @@ def test_persistent_memory_on_ddp_from_the_memory_theory(runs):
     # the step scalars leave the fuller rank 24.7 %)
     assert f["score"] == pytest.approx(25.0, abs=0.5)
     assert f"zero1, the next stage, would hold {F.bytes_text(z1['total_bytes'][0])}" in f["text"]
-    assert f["change"].startswith("switch to zero1")
+    # a test-sized model (a few MiB): said to limit nothing, the change made conditional
+    assert f["change"].startswith("if memory limits the model or the batch: switch to zero1")
+    assert "memory limits nothing here: the shares carry to a larger model" in f["text"]
 
 
 @pytest.mark.multirank
@@ -844,3 +848,33 @@ def test_exposed_comm_advice_fits_the_paradigm_and_the_message_size():
     assert "bucket" not in collective_change("all_reduce", "backward", "fsdp", size_bytes=4 << 20)
     # a pipeline's small sends keep their own advice (a receive waits for the neighbouring stage)
     assert "neighbouring stage" in collective_change("recv", None, "1f1b", pipeline=True, size_bytes=512)
+
+
+def test_bandwidth_of_a_group_the_trace_does_not_size_says_so():
+    """gloo records no group size: the finding read "all_gather on None ranks" (trial, hybrid run)."""
+    case = bandwidth_case()
+    case.alpha_beta = case.alpha_beta.with_columns(group_size=pl.lit(None, pl.Int64))
+    case.alpha_beta_calls = case.alpha_beta_calls.with_columns(group_size=pl.lit(None, pl.Int64))
+    f = only(F.bandwidth_rule(case))
+    assert f["text"].startswith("all_reduce on a group of unknown size reaches 0.00990 GB/s")
+    assert "group size unknown (not in the trace): 10 calls" in f["evidence"] and "None" not in f["text"] + f["evidence"]
+
+
+def test_persistent_memory_of_a_small_model_says_memory_limits_nothing():
+    """A 2 MiB model was told to switch to zero1 as if memory were short (trial): under 1 GiB a rank
+    the finding says the shares carry to a larger model, and its change is conditional."""
+    f = only(F.persistent_memory_rule(memory_case()))
+    assert f["score"] == 25.0  # the same saving, the same place among the findings
+    assert f["text"].endswith("(−50.0 %); at 16.0 MiB a rank, memory limits nothing here: the shares carry to a larger "
+                              "model of this layout, where they decide what fits.")
+    assert f["change"].startswith("if memory limits the model or the batch: switch to zero1: shard optimizer state")
+
+
+def test_from_torchs_zero2_the_next_stage_is_one_flag():
+    """A hybrid run beside a pipeline already uses fully_shard (reshard_after_forward=False): told to
+    "switch to fsdp (fully_shard)" (trial), it is told the flag."""
+    from profiler.findings_text import switch_change
+
+    assert switch_change("fsdp", "zero2").startswith("switch to fsdp: fully_shard(reshard_after_forward=True) frees")
+    assert switch_change("fsdp", "ddp").startswith("switch to fsdp: shard parameters too")
+    assert switch_change("zero1", "ddp") == switch_change("zero1")

@@ -188,6 +188,14 @@ def test_layouts_of_the_samples_runs():
     assert own("1f1b") == Layout(pp=2, schedule="1f1b", microbatch=2, microbatches=4)
     assert own("zbv") == Layout(pp=2, schedule="zero-bubble", microbatch=2, microbatches=4)
     assert own("ring") == Layout(cp=2, microbatch=8)
+    # hybrid's dp is fully_shard with reshard_after_forward=pp == 1 (runners/hybrid.py): ZeRO-2 beside a
+    # pipeline, as analyze's memory table says (it said zero=3: trial)
+    hybrid = json.loads((SAMPLES / "sample-fsdp-2r" / "run.json").read_text())
+    hybrid.update(paradigm="hybrid", world_size=4, mesh={"dp": 2, "pp": 2},
+                  pipeline={"ranks": 2, "microbatches": 4, "schedule": "1f1b"})
+    assert run_layout(hybrid, run_spec(hybrid)).zero == 2
+    hybrid.update(world_size=2, mesh={"dp": 2}, pipeline=None)
+    assert run_layout(hybrid, run_spec(hybrid)).zero == 3
 
 
 def test_another_layout_scales_the_cost_model_by_the_trace(works):
