@@ -72,6 +72,9 @@ class Analysis:
     activity: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=ACTIVITY_COLUMNS))
     # GPU ranks active in under 3/4 of their steps (late_devices): the idle finding counts the rest as the host's
     late_devices: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=LATE_DEVICE_COLUMNS))
+    # (run, rank, step) of each rank's last step cut short (cut_steps): its later events are missing,
+    # so a collective absent from it is not "in some steps only"
+    cut_steps: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=CUT_STEP_COLUMNS))
 
 
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
@@ -158,6 +161,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         recompute=with_compute(with_prediction(out["recompute"], traces.runs), out["exposed"]),
         persistent_memory=persistent_memory(traces.runs).join(ranks.select("run", "rank"), on=["run", "rank"], how="semi"),
         late_devices=late,
+        cut_steps=cut_steps(out.get("step_tails")),
         pipeline=pipeline,
         pipeline_grid=pipeline_grid(actions) if pipeline is not None else None,
         pipeline_actions=actions,
@@ -225,6 +229,18 @@ def _spans(ranks: list[int], most: int = 6) -> str:
             spans.append([r, r])
     text = [f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:most]]
     return ", ".join(text) + (f" and {len(spans) - most:,} more spans" if len(spans) > most else "")
+
+
+CUT_STEP_COLUMNS = {"run": pl.String, "rank": pl.Int32, "step": pl.Int64}
+
+
+def cut_steps(tails: pl.DataFrame | None) -> pl.DataFrame:
+    """(run, rank, step) of each rank's last step that runs on past the trace's last event by more
+    than CUT_TAIL_PCT of the step: the steps cut_trace_warnings names."""
+    if tails is None or tails.is_empty():
+        return pl.DataFrame(schema=CUT_STEP_COLUMNS)
+    return (tails.filter(pl.col("tail_us") > CUT_TAIL_PCT / 100 * pl.col("dur_us"))
+            .select("run", "rank", "step").cast(CUT_STEP_COLUMNS))
 
 
 def cut_trace_warnings(tails: pl.DataFrame | None, ranks: pl.DataFrame) -> list[str]:

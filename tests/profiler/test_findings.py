@@ -164,6 +164,15 @@ def test_a_collective_in_one_of_the_profiled_steps_is_no_per_step_cost():
     e.exposed = pl.concat([e.exposed, e.exposed.with_columns(step=pl.lit(2, pl.Int64))])
     f = only(F.exposed_comm_rule(e))
     assert "only in" not in f["text"] and "broadcast_buffers=False" in f["change"]
+    # missing from a step the trace was cut in (its later events lost): no one-time cost either
+    # (a cut trace was told DDP rebuilds its buckets once and to profile later steps: trial)
+    e.exposed = e.exposed.filter(pl.col("step") == 1)
+    assert "only in step 1 of steps 1, 2" in only(F.exposed_comm_rule(e))["text"]
+    e.cut_steps = frame([{"run": "A", "rank": 0, "step": 2}], {"run": pl.String, "rank": pl.Int32, "step": pl.Int64})
+    f = only(F.exposed_comm_rule(e))
+    assert "only in" not in f["text"] and "--warmup" not in f["change"]
+    e.cut_steps = frame([{"run": "A", "rank": 1, "step": 2}], {"run": pl.String, "rank": pl.Int32, "step": pl.Int64})
+    assert "only in step 1 of steps 1, 2" in only(F.exposed_comm_rule(e))["text"]  # another rank's cut says nothing
 
 
 def test_exposed_comm_names_the_largest_part_when_no_collective_has_most():
