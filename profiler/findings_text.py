@@ -42,8 +42,8 @@ def bytes_text(b: float) -> str:
 def steps_text(steps: list) -> str:
     """`step 3`, `steps 1, 2`, `steps 1009–1014` (a run of consecutive steps as a range)."""
     steps = sorted({s for s in steps if s is not None})
-    if not steps:
-        return "the profiled window"
+    if not steps or steps == [-1]:  # steps.NO_STEP: a trace without ProfilerStep spans is one window
+        return "the profiled window (no ProfilerStep)" if steps else "the profiled window"
     if len(steps) == 1:
         return f"step {steps[0]}"
     if len(steps) > 2 and steps[-1] - steps[0] == len(steps) - 1:

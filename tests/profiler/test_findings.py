@@ -789,6 +789,7 @@ def test_numbers_in_human_units():
     assert (bytes_text(800), bytes_text(1536), bytes_text(3 * MIB), bytes_text(2**31)) == ("800 B", "1.50 KiB", "3.00 MiB", "2.00 GiB")
     assert (steps_text([2]), steps_text([1, 2]), steps_text([5, 3, 4]), steps_text([1, 3, 4])) == (
         "step 2", "steps 1, 2", "steps 3–5", "steps 1, 3, 4")
+    assert steps_text([-1]) == "the profiled window (no ProfilerStep)"  # not "step -1" (trial)
     # by collective and phase, then by collective, then a generic one; recv is a pipeline transfer like send
     assert "forward_prefetch" in collective_change("all_gather", "forward")
     assert collective_change("recv", None) == collective_change("send", "backward")
