@@ -172,7 +172,9 @@ def _check_params(spec, given: int | None) -> str:
     if off_pct > PARAMS_TOLERANCE_PCT:
         raise ValueError(f"--params {given:,} is {off_pct:.1f} % off the {counted:,} the dims give (layers, hidden, "
                          f"ffn, vocab, seq; docs/whatif.md, 'Plan'): check the dims or drop --params")
-    return f" (--params {given / 1e9:,.2f} B: {off_pct:.1f} % off)"
+    from profiler.plan_report import params_text
+
+    return f" (--params {params_text(given)}: {off_pct:.1f} % off)"
 
 
 STDOUT = "-"  # --json -: the JSON on standard output, and nothing else there

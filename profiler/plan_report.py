@@ -229,11 +229,24 @@ def _wrap(line: str, indent: str = "  ") -> list[str]:
     return textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [""]
 
 
+def params_text(n: int) -> str:
+    """A parameter count: billions to two decimals, as the field writes them ("175.23 B"), smaller
+    ones in M or k to 3 significant digits ("350 M", "134 k"; a test model's 133,760 read "0.00 B").
+    Without textfmt: it imports polars, which `ptprof plan` does not need."""
+    if n < 999.5:
+        return f"{int(round(n)):,}"
+    for size, unit in ((1e3, "k"), (1e6, "M")):
+        v = n / size
+        if v < 999.5:
+            return f"{v:,.0f} {unit}" if v >= 99.95 else f"{v:.{1 if v >= 9.995 else 2}f} {unit}"
+    return f"{n / 1e9:,.2f} B"
+
+
 def header_lines(spec: ModelSpec, gpus: int, cluster: Cluster, checked_params: str) -> list[str]:
     nodes = -(-gpus // cluster.gpus_per_node)
     moe = f", MoE {spec.experts} experts top-{spec.top_k}" if spec.moe else ""
     moe += ", flash attention" if getattr(spec, "flash_attention", False) else ""
-    lines = [f"model: {spec.count_params() / 1e9:,.2f} B params{checked_params}; {spec.layers} layers, hidden "
+    lines = [f"model: {params_text(spec.count_params())} params{checked_params}; {spec.layers} layers, hidden "
              f"{spec.hidden}, {spec.heads} heads, ffn {spec.ffn}, vocab {spec.vocab}, seq {spec.seq}{moe}",
              f"batch: {spec.global_batch:,} sequences = {spec.tokens_per_step:,} tokens/step",
              f"cluster: {cluster.name} ({cluster.peak_tflops:g} TFLOP/s, {cluster.hbm_gib:g} GiB HBM "

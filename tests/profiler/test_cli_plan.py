@@ -256,3 +256,11 @@ def test_json_dash_is_the_plan_alone_on_stdout(capsys, tmp_path):
     stdout, written = json.loads(out), json.loads((tmp_path / "plan.json").read_text())
     assert code == 0 and stdout.pop("seconds") > 0 and written.pop("seconds") > 0, err  # the search's own time
     assert stdout == written
+
+
+def test_a_small_models_parameter_count_is_not_zero_billions():
+    """`ptprof plan` of a test-sized model printed "model: 0.00 B params" (trial)."""
+    from profiler.plan_report import params_text
+
+    assert [params_text(n) for n in (175.23e9, 1.3e9, 350e6, 133_760, 800, 999_499, 999.6e6)] == [
+        "175.23 B", "1.30 B", "350 M", "134 k", "800", "999 k", "1.00 B"]
