@@ -176,6 +176,9 @@ class Layout:
             raise LayoutError(f"schedule={self.schedule!r}: one of {', '.join(SCHEDULES)}")
         if self.recompute not in RECOMPUTE:
             raise LayoutError(f"recompute={self.recompute!r}: one of {', '.join(RECOMPUTE)}")
+        if spec is not None and self.ep > 1 and not spec.moe:  # said before any divisibility of ep
+            raise LayoutError(f"ep={self.ep}: the model has no experts (expert parallelism spreads a mixture of experts' "
+                              f"experts over ranks; ep=1)")
         if self.dp % self.ep:
             raise LayoutError(f"ep={self.ep} does not divide dp={self.dp} (experts are spread over data-parallel ranks)")
         if self.stages_per_rank > 1 and self.schedule != "interleaved-1f1b":

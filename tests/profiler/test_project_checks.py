@@ -147,6 +147,13 @@ def test_empty_or_repeated_layout_is_refused(capsys, text, why):
     assert why in err
 
 
+@pytest.mark.parametrize("text", ["ep=2", "dp=2,ep=2"])
+def test_expert_parallel_on_a_model_without_experts_says_so(capsys, text):
+    # it said "ep=2 does not divide dp=1", true of ep=2 alone and beside the point (trial)
+    err = _error([SAMPLES / "sample-ddp-2r", "--cluster", "h100", "--layout", text], capsys)
+    assert "ep=2: the model has no experts" in err and "divide" not in err
+
+
 def test_error_lines_fit_100_columns(tmp_path, capsys, monkeypatch):
     # one line each, at most 100 columns with a short run path (the no-run.json line was 225)
     monkeypatch.chdir(tmp_path)
