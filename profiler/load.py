@@ -281,11 +281,18 @@ def load_traces(
     for src in sources:
         given.setdefault(src.run, len(given))
     order = sorted(range(len(rows)), key=lambda i: (given[rows[i]["run"]], rows[i]["rank"]))
-    ranks = pl.DataFrame([rows[i] for i in order], schema_overrides={"unknown_categories": pl.String}).with_columns(
+    # Every row read for the types (a column null in the first 100 rows, as pg_config of 100 foreign
+    # ranks before a ptprof run's, was typed Null and the next row's text refused: a traceback), and
+    # the nullable text and counts typed outright (a column null in every row stays usable).
+    ranks = pl.DataFrame([rows[i] for i in order], infer_schema_length=None, schema_overrides=RANK_TYPES).with_columns(
         pl.col("run").cast(pl.Categorical))
     runs = {r: m for r, m in runs.items() if r in set(ranks["run"].cast(pl.String))}
     return Traces(ranks=ranks, runs=runs, problems=problems, parts=tuple(parts[i] for i in order), notes=notes,
                   options=options, _scratch=scratch)
+
+
+RANK_TYPES = {"backend": pl.String, "world_size": pl.Int64, "device_name": pl.String, "pg_config": pl.String,
+              "unknown_categories": pl.String}
 
 
 class _Manifests(dict):

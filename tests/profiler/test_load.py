@@ -357,3 +357,26 @@ def test_files_a_folder_holds_but_never_reads_are_said(tmp_path, monkeypatch):
     # A folder of run folders: each run folder's own files are said, the parent's README is not.
     (tmp_path / "runs" / "README.md").write_text("runs")
     assert load_traces(tmp_path / "runs", progress=False).notes == got.notes
+
+
+def test_many_ranks_without_process_groups_before_a_run_with_them(tmp_path, monkeypatch):
+    """100 foreign ranks (no pg_config) named before a ptprof run (with it): the ranks frame took
+    its column types from the first 100 rows, typed pg_config Null and met the run's text: a
+    polars traceback (trial). Every row now types the columns."""
+    import json
+
+    from tests.conftest import REPO
+
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    big = tmp_path / "big"
+    big.mkdir()
+    for r in range(100):
+        (big / f"rank{r}.json").write_text(json.dumps({
+            "distributedInfo": {"backend": "nccl", "rank": r, "world_size": 100},
+            "traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1e6,
+                             "dur": 1000}, {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1,
+                                            "ts": 1e6 + 10, "dur": 500}]}))
+    sample = REPO / "traces" / "sample-ddp-2r"
+    t = load_traces([big, sample], progress=False)
+    assert t.ranks.height == 102 and t.ranks["pg_config"].dtype == pl.String
+    assert t.ranks["pg_config"].null_count() == 100 and "pg_size" in t.ranks["pg_config"][100]
