@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from profiler.errors import TraceError, printable
+from profiler.errors import TraceError, collapsed_problems, printable
 from profiler.startup import collector_paused, ctrl_c_held
 
 # polars, numpy and the analyses (~0.2 s of imports) are imported in _run, after the worker
@@ -181,7 +181,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.quiet:  # else the tables' warnings say them, wrapped: a second, unwrapped copy was noise
         for note in traces.notes:  # with --quiet on stderr, so that it still says what was assumed
             _print_line(f"ptprof analyze: note: {note}", sys.stderr)
-    for problem in traces.problems:
+    for problem in collapsed_problems(traces.problems):
         _print_line(f"ptprof analyze: skipped {problem}", sys.stderr)
     if to_stdout:
         jsonfile.write_stdout(report)

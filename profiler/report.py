@@ -12,6 +12,7 @@ import polars as pl
 from profiler.activity import ACTIVITY_COLUMNS
 from profiler.collectives import GLOO_P2P_NOTE, collective_skew, collective_stats, stragglers
 from profiler.discover import manifest_field, model_of
+from profiler.errors import collapsed_problems
 from profiler.load import Traces
 from profiler.memory import CURVE_COLUMNS, persistent_memory
 from profiler.damaged import DAMAGED
@@ -75,6 +76,8 @@ class Analysis:
     # (run, rank, step) of each rank's last step cut short (cut_steps): its later events are missing,
     # so a collective absent from it is not "in some steps only"
     cut_steps: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=CUT_STEP_COLUMNS))
+    # `problems` as the text report shows them: each kind's first files, the rest counted (errors.collapsed_problems)
+    skipped: list[str] = dataclasses.field(default_factory=list)
 
 
 def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None, top_n: int = 15) -> Analysis:
@@ -169,6 +172,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
         top_kernels=out["top_kernels"],
         warnings=warnings,
         problems=[str(p) for p in traces.problems],
+        skipped=collapsed_problems(traces.problems),
         **_theory(traces.runs, ranks, colls, out["memory_peaks"]),
     )
     analysis.warnings.extend(comparison_warnings(analysis))

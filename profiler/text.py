@@ -49,7 +49,8 @@ def format_tables(a, *, full: bool = False) -> str:
     # Each starts its own line, whatever a trace or folder name in it holds (printable: a newline
     # would start a line that poses as ours), wrapped at 100 columns with an indented rest.
     out += [line for w in a.warnings for line in wrap(f"warning: {w}", "", "    ")]
-    out += [line for p in a.problems for line in wrap(f"skipped: {p}", "", "    ")]
+    # each kind of problem's first files, the rest counted (an Analysis made by hand may have no `skipped`)
+    out += [line for p in (getattr(a, "skipped", None) or a.problems) for line in wrap(f"skipped: {p}", "", "    ")]
     return "\n".join(out)
 
 

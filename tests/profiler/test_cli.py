@@ -263,3 +263,23 @@ def test_workers_past_two_a_core_are_capped_with_a_note(tmp_path, monkeypatch, c
     assert cli.main(["analyze", str(REPO / "traces" / "sample-ddp-2r"), "--workers", "3", "--quiet", "--json",
                      str(tmp_path / "r.json")]) == 0
     assert made == [3] and "note: --workers" not in capsys.readouterr().err
+
+
+def test_many_files_with_one_problem_are_counted_not_listed(tmp_path):
+    """64 copies of one rank made 63 skipped lines on stderr and 63 in the report (189 of 305 lines;
+    at 1,024 ranks thousands): each kind names its first three files, one line counts the rest,
+    and --json's problems keeps every one."""
+    import shutil
+
+    for i in range(10):
+        shutil.copy(REPO / "traces" / "sample-ddp-2r" / "rank0.json.gz", tmp_path / f"copy{i}.json.gz")
+    (tmp_path / "empty.json").write_text("")
+    res = analyze(tmp_path, "--json", str(tmp_path / "r.json"))
+    assert res.returncode == 2
+    skipped = [line for line in res.stderr.splitlines() if line.startswith("ptprof analyze: skipped")]
+    assert [line.split(": ")[1].split("/")[-1] for line in skipped[:3]] == ["copy1.json.gz", "copy2.json.gz", "copy3.json.gz"]
+    assert skipped[3].startswith("ptprof analyze: skipped 6 more files with the same problem (duplicate rank 0 in run ")
+    assert skipped[3].endswith("); every one in --json's problems") and len(skipped) == 5  # and the empty file, its own kind
+    assert "empty.json: empty file" in skipped[4]
+    assert sum("skipped:" in line for line in res.stdout.splitlines()) == 5
+    assert len(json.loads((tmp_path / "r.json").read_text())["problems"]) == 10
