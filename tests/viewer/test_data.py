@@ -234,6 +234,15 @@ def test_compare_link(pages):
 def test_parse_runs_and_visible_range(pages):
     c = pages.compare
     assert c.parse_runs(" a, b,a,,c,d,e") == ["a", "b", "c", "d"]
+    # a comma inside a run's name (ptprof run --name bs=32,lr=1e-3) survives the link: the browser
+    # decodes the query once, as Flask's parse does here (the page read "run", "x": trial)
+    from urllib.parse import parse_qs, urlsplit
+
+    from viewer.pages import compare_href
+
+    for names in (["bs=32,lr=1e-3", "scale64"], ["a b", "50%", "c%2Cd", "e/f"]):
+        href = compare_href(names)
+        assert c.parse_runs(parse_qs(urlsplit(href).query)["runs"][0]) == names, href
     assert c.visible_range({"xaxis.range[0]": 1, "xaxis.range[1]": 2.5}) == (1.0, 2.5)
     assert c.visible_range({"xaxis2.range": [3, 4]}) == (3.0, 4.0)
     assert c.visible_range({"xaxis.autorange": True}) is None

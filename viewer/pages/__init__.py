@@ -35,9 +35,12 @@ def current_store() -> RunStore:
 
 
 def compare_href(run_ids: list[str]) -> str:
+    """The Compare page of these runs. Each id is quoted on its own, then the list: the browser
+    hands the page the query decoded once, so a comma inside a run's name (`ptprof run --name
+    bs=32,lr=1e-3`) arrives as %2C and only the separators as commas (compare.parse_runs)."""
     from urllib.parse import quote
 
-    return "/compare?runs=" + quote(",".join(run_ids), safe=",/-_.")
+    return "/compare?runs=" + quote(",".join(quote(r, safe="/-_.") for r in run_ids), safe=",/-_.")
 
 
 def run_id_list(value, limit: int | None = MAX_COMPARE) -> list[str]:

@@ -30,8 +30,12 @@ def parse_runs(runs: str | None) -> list[str]:
 
 
 def _query_runs(runs) -> list[str]:
+    # Split on the commas, then each id unquoted: pages.compare_href quotes a comma inside a name
+    # (%2C), and a hand-typed `?runs=a,b` has no % to undo.
+    from urllib.parse import unquote
+
     text = ",".join(map(str, runs)) if isinstance(runs, list) else runs if isinstance(runs, str) else ""
-    return list(dict.fromkeys(r.strip() for r in text.split(",") if r.strip()))
+    return list(dict.fromkeys(unquote(r).strip() for r in text.split(",") if r.strip() and unquote(r).strip()))
 
 
 def _card(title: str, hint: str, *children):
