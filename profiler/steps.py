@@ -350,9 +350,9 @@ def step_tails(events: pl.DataFrame, steps: pl.DataFrame, empty: pl.DataFrame | 
     one ends at or after the span; null when none ends inside it: an empty step, not a cut one).
     No row for a rank in `empty` (empty_last_steps): a step, left out, follows its last: not cut.
 
-    torch.profiler records a ProfilerStep as one span with its duration. A trace cut short (a
-    file truncated while being written, or one cut at a size as bench_profiler.build_trace_set
-    cuts its last copy) keeps the span of the step it was cut in and loses the events after the
+    torch.profiler records a ProfilerStep as one span with its duration. A trace cut short (its
+    JSON whole but its last events missing: one cut at a size as bench_profiler.build_trace_set
+    cuts its last copy; a file cut mid-JSON is refused by the parse) keeps the span of the step it was cut in and loses the events after the
     cut: that step's time then counts time with no event recorded, which no breakdown can split.
     Ranks without ProfilerStep spans (one window over their events) have no row."""
     names = names_matching(events, PROFILER_STEP_RE)
