@@ -284,7 +284,14 @@ def _probe(address: str | None, timeout_s: float) -> None:
     get_backend(scheme)  # ValueError: unknown address scheme 'http'
     if scheme not in ("tcp", "tls"):
         return  # inproc://, ucx://, ws://: Client tells
-    host, port = parse_host_port(loc)
+    if "/" in loc:  # tcp://host:8786/ : a URL's path has no place in a scheduler address
+        raise ValueError(f"{loc!r} has a '/' after the host and port (no path: tcp://host:port)")
+    try:
+        host, port = parse_host_port(loc)
+    except ValueError as e:  # a port that is no number: distributed passes on int()'s "invalid literal ..."
+        if "invalid literal" not in str(e):
+            raise
+        raise ValueError(f"{loc!r}: the port is not a number") from None
     if not 0 < port < 65536:
         raise ValueError(f"port {port} is not a port number")
     with socket.create_connection((host, port), timeout=timeout_s):

@@ -317,6 +317,9 @@ def _free_port() -> int:
     ("tcp://127.0.0.1:99999", "not a scheduler address (port 99999 is not a port number)"),
     ("http://127.0.0.1:8786", "not a scheduler address (unknown address scheme 'http'"),
     ("", "not a scheduler address"),
+    # a URL's trailing slash, a port that is no number: said as that, not as int()'s error (trial)
+    ("tcp://127.0.0.1:8786/", "not a scheduler address ('127.0.0.1:8786/' has a '/' after the host and port"),
+    ("tcp://127.0.0.1:abc", "not a scheduler address ('127.0.0.1:abc': the port is not a number)"),
 ])
 def test_a_wrong_cluster_address_is_one_line(capsys, address, fragment):
     address = address.replace("FREE", str(_free_port()))
