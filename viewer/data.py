@@ -120,7 +120,9 @@ class RunData:
         """The files the run's load skipped, each with why, named relative to the run's folder."""
         if not self.ok:
             return []
-        return self._once("skipped", lambda: [relative_paths(p, self.folder) for p in self.analysis.problems])
+        # The load's advice of a CLI flag the viewer has not (a duplicate rank's --rank-from-filename) left out.
+        return self._once("skipped", lambda: [relative_paths(p, self.folder).replace(", or --rank-from-filename", "")
+                                              for p in self.analysis.problems])
 
     def relabel(self, frame: pl.DataFrame | None) -> pl.DataFrame | None:
         if frame is None or "run" not in frame.columns:

@@ -119,6 +119,20 @@ def test_a_file_link_out_in_a_sub_folder_is_refused(tmp_path, traces_root):
     assert "sub/rank0.json.gz links to outside the traces root" in run.error
 
 
+def test_a_skipped_duplicate_rank_gives_no_cli_flag_in_the_viewer(tmp_path, traces_root, monkeypatch):
+    """The load's duplicate-rank line suggests `--rank-from-filename`, a flag ptprof view has not
+    (trial): the viewer's status leaves that advice out and keeps the rest."""
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "root" / "run"
+    run.mkdir(parents=True)
+    for r in (0, 1):  # both hold rank 0's trace (distributedInfo rank 0); their names say 0 and 1
+        shutil.copy(traces_root / "sample-ddp-2r" / "rank0.json.gz", run / f"rank{r}.json.gz")
+    d = data.RunStore(tmp_path / "root").get("run")
+    assert d.ok and "--rank-from-filename" in d.analysis.problems[0]
+    assert d.skipped == ["rank1.json.gz: duplicate rank 0 in run 'run' (kept: rank0.json.gz, read first); pass the files "
+                         "of one run only"], d.skipped
+
+
 def test_the_runs_page_answers_with_odd_folders(odd_root, app, monkeypatch):
     from viewer.pages import STORE_KEY
 
