@@ -39,6 +39,7 @@ from profiler.findings_base import (  # noqa: F401  (thresholds re-exported: doc
 from profiler.findings_memory import activation_memory_rule, persistent_memory_rule  # noqa: F401
 from profiler.findings_recompute import recompute_comparison_rule, recompute_rule  # noqa: F401
 from profiler.findings_compare import comparison_rule  # noqa: F401
+from profiler.findings_outlier import outlier_rule  # noqa: F401
 
 
 def findings(a: "Analysis") -> pl.DataFrame:
@@ -491,6 +492,7 @@ RULES: dict[str, Callable[["Analysis"], list[Row]]] = {
     "bandwidth": bandwidth_rule,
     "activation-memory": activation_memory_rule,
     "idle": idle_rule,
+    "outlier": outlier_rule,
     "comparison": comparison_rule,
     "recompute": recompute_rule,
     "recompute-comparison": recompute_comparison_rule,

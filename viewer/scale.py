@@ -8,10 +8,9 @@ ranks) and every card shows, per group, the median over the group's ranks with t
 stand out (`outliers`). A rank missing from a bin (no activity there) counts as 0 busy: the median
 is over every rank of the group, not only the busy ones.
 
-Outliers: within its group, a rank whose mean step time or idle share lies beyond
-median ± OUTLIER_K × scale, scale = max(1.4826 × MAD, a floor: 1 % of the median step time, 1
-percentage point of idle share), so identical ranks never produce one and a group of two never
-does (each is one MAD from the median).
+Outliers and groups: profiler/outliers.py (the rule `ptprof analyze`'s outlier finding states too):
+within its group, a rank whose mean step time or idle share lies beyond median ± OUTLIER_K × scale,
+scale = max(1.4826 × MAD, a floor: 1 % of the median step time, 1 percentage point of idle share).
 """
 
 from __future__ import annotations
@@ -19,42 +18,15 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from profiler.pipeline import positive_int
+from profiler.outliers import MAD_SIGMA, OUTLIER_K, OUTLIER_RULE, outliers, rank_groups, rank_metrics  # noqa: F401  (moved: the viewer's names kept)
 
 SCALE_RANKS = 16  # above this many ranks a run is drawn as groups (at or below: one lane per rank)
 BAND_BINS = 400  # time bins of the aggregated timeline over the visible range
 MEMORY_BINS = 64
-OUTLIER_K = 3.0
-MAD_SIGMA = 1.4826  # MAD of a normal distribution x 1.4826 = its standard deviation
-OUTLIER_RULE = (f"outlier: a rank whose mean step time or idle share lies beyond its group's median ± {OUTLIER_K:g} × "
-                f"max({MAD_SIGMA} × MAD, 1 % of the median step time / 1 point of idle share)")
 
 
 def at_scale(n_ranks: int) -> bool:
     return n_ranks > SCALE_RANKS
-
-
-def rank_groups(ranks: list[int], manifest: dict | None) -> pl.DataFrame:
-    """rank, group (text), group_key (order): pipeline stages ("stage0", ...) where run.json has a
-    pipeline of p > 1 ranks, else one group "all ranks".
-
-    A stage is the rank's pp coordinate: `hybrid.groups.pp` where run.json lists it, else pp is
-    the outermost mesh dimension (profiler/layout.py: rank // (ranks / pp))."""
-    from profiler.pipeline import pp_coordinates
-
-    m = manifest or {}
-    pp = positive_int(((m.get("pipeline") or {}) if isinstance(m.get("pipeline"), dict) else {}).get("ranks")) \
-        or positive_int((m.get("mesh") or {}).get("pp") if isinstance(m.get("mesh"), dict) else None)
-    ranks = sorted(set(int(r) for r in ranks))
-    if pp and pp > 1 and ranks:
-        coords = pp_coordinates(m)
-        world = positive_int(m.get("world_size")) or (max(ranks) + 1)
-        per_stage = max(1, world // pp)
-        stage = {r: (coords[r][1] if coords and r in coords else min(r // per_stage, pp - 1)) for r in ranks}
-        return pl.DataFrame({"rank": ranks, "group": [f"stage{stage[r]}" for r in ranks], "group_key": [stage[r] for r in ranks]},
-                            schema={"rank": pl.Int32, "group": pl.String, "group_key": pl.Int64})
-    return pl.DataFrame({"rank": ranks, "group": ["all ranks"] * len(ranks), "group_key": [0] * len(ranks)},
-                        schema={"rank": pl.Int32, "group": pl.String, "group_key": pl.Int64})
 
 
 def cumulative(activity: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
@@ -129,45 +101,6 @@ def activity_extent(activity: pl.DataFrame, origin_us: float) -> tuple[float, fl
     c = pl.col
     t = activity.select(lo=(c("t0_us") + c("bin") * c("bin_us")).min(), hi=(c("t0_us") + (c("bin") + 1) * c("bin_us")).max()).row(0)
     return (t[0] - origin_us) / 1e3, (t[1] - origin_us) / 1e3
-
-
-def rank_metrics(steps: pl.DataFrame, breakdown: pl.DataFrame) -> pl.DataFrame:
-    """Per (run, rank): step_ms (mean over its profiled steps) and idle_pct (idle share of its window)."""
-    c = pl.col
-    st = steps.group_by(c("run").cast(pl.String), "rank").agg(step_ms=c("dur_us").mean() / 1e3)
-    if breakdown.height:
-        bd = breakdown.select(c("run").cast(pl.String), "rank", idle_pct=100 * c("idle_us") / c("window_us"))
-        st = st.join(bd, on=["run", "rank"], how="full", coalesce=True)
-    else:
-        st = st.with_columns(idle_pct=pl.lit(None, pl.Float64))
-    return st
-
-
-def outliers(metrics: pl.DataFrame, groups: pl.DataFrame, k: float = OUTLIER_K) -> pl.DataFrame:
-    """The ranks that stand out within their group (the module docstring's rule): run, rank, group,
-    metric ("step time" / "idle share"), value, median, why (one line naming the rank)."""
-    c = pl.col
-    floors = {"step_ms": ("step time", "ms", lambda med: 0.01 * med.abs()), "idle_pct": ("idle share", "%", lambda med: pl.lit(1.0))}
-    out = []
-    m = metrics.join(groups.select("rank", "group"), on="rank")
-    for col, (name, unit, floor) in floors.items():
-        if col not in m.columns:
-            continue
-        v = m.filter(c(col).is_not_null() & c(col).is_finite())
-        if v.is_empty():
-            continue
-        med = c(col).median().over("run", "group")
-        mad = (c(col) - med).abs().median().over("run", "group")
-        flagged = v.with_columns(_med=med, _mad=mad).with_columns(_scale=pl.max_horizontal(MAD_SIGMA * c("_mad"), floor(c("_med")))).filter(
-            (c(col) - c("_med")).abs() > k * c("_scale"))
-        out.append(flagged.select(
-            "run", "rank", "group", metric=pl.lit(name), value=c(col), median=c("_med"),
-            why=pl.format("r{} ({}): {} {} {} vs median {} {}", "rank", "group", pl.lit(name), c(col).round(2), pl.lit(unit),
-                          c("_med").round(2), pl.lit(unit)),
-        ))
-    schema = {"run": pl.String, "rank": pl.Int32, "group": pl.String, "metric": pl.String, "value": pl.Float64,
-              "median": pl.Float64, "why": pl.String}
-    return pl.concat([o.cast(schema) for o in out]).sort("run", "metric", "rank") if out else pl.DataFrame(schema=schema)
 
 
 def band_over_ranks(frame: pl.DataFrame, groups: pl.DataFrame, value_cols: list[str]) -> pl.DataFrame:

@@ -888,3 +888,40 @@ def test_from_torchs_zero2_the_next_stage_is_one_flag():
     assert switch_change("fsdp", "zero2").startswith("switch to fsdp: fully_shard(reshard_after_forward=True) frees")
     assert switch_change("fsdp", "ddp").startswith("switch to fsdp: shard parameters too")
     assert switch_change("zero1", "ddp") == switch_change("zero1")
+
+
+# ---------------------------------------------------------------------------------------------
+# outlier: a rank far from its group's median (profiler/outliers.py, the viewer's rule)
+
+def outlier_case(step_ms: list[float], idle_pct: list[float], manifest: dict | None = None) -> SimpleNamespace:
+    n = len(step_ms)
+    steps = frame([{"run": "A", "rank": r, "step": s, "dur_us": 1e3 * step_ms[r]} for r in range(n) for s in (1, 2)],
+                  {"run": pl.String, "rank": pl.Int32, "step": pl.Int64, "dur_us": pl.Float64})
+    bd = frame([{"run": "A", "rank": r, "window_us": 1000.0, "idle_us": 10.0 * idle_pct[r]} for r in range(n)], BREAKDOWN)
+    case = fake(ranks=tuple(range(n)), steps=steps, breakdown=bd)
+    case.runs = {"A": manifest}
+    return case
+
+
+def test_a_rank_far_from_its_groups_median_is_named():
+    """The viewer named rank 5 (idle 41 % vs median 67.5 % of 64 ranks) and `ptprof analyze` did not
+    (trial). Idle shares 50, 50, 50, 50, 51, 20 %: median 50, MAD 0, so the scale is the 1-point
+    floor and the threshold 3 points: rank 5 (30 points off) is one, rank 4 (1 point) is not."""
+    f = only(F.outlier_rule(outlier_case([10.0] * 6, [50, 50, 50, 50, 51, 20])))
+    assert (f["rule"], f["rank"], f["score"]) == ("outlier", 5, pytest.approx(30.0))
+    assert f["text"] == ("Rank 5 stands out among the run's 6 ranks: it is idle 20.0 % of its window against its group's "
+                         "median 50.0 % (−30.0 points).")
+    assert "r5 (all ranks): idle share 20.0 % vs median 50.0 %" in f["evidence"] and "&rank=5" in f["change"]
+    assert F.outlier_rule(outlier_case([10.0] * 6, [50.0] * 6)) == []  # identical ranks: none
+    assert F.outlier_rule(outlier_case([10.0, 30.0], [50.0, 10.0])) == []  # two ranks: never
+
+
+def test_outliers_are_judged_within_their_pipeline_stage():
+    """Stages do different work: stage1's 20 ms against stage0's 10 ms is no outlier; rank 5's 26 ms
+    against its stage's median 20 ms (MAD 0, floor 1 % = 0.2 ms, threshold 0.6 ms) is, +30 %."""
+    pp = {"world_size": 6, "pipeline": {"ranks": 2}}
+    f = only(F.outlier_rule(outlier_case([10, 10, 10, 20, 20, 26], [50.0] * 6, pp)))
+    assert (f["rank"], f["score"]) == (5, pytest.approx(30.0))
+    assert f["text"] == ("Rank 5 stands out among the 3 ranks of pipeline stage1: its mean step takes 26.0 ms against its "
+                         "group's median 20.0 ms (+30.0 %).")
+    assert F.outlier_rule(outlier_case([10, 10, 10, 20, 20, 20], [50.0] * 6, pp)) == []

@@ -136,7 +136,7 @@ def _write(path, data: bytes):
     (b"[1, 2, 3]", "not a Kineto/Chrome trace"),
     # what each odd file is, said: a gzip inside the gzip, a byte-order mark, torch's memory
     # timeline export, ptprof's own report
-    (gzip.compress(gzip.compress(b'{"traceEvents": []}')), "the file is gzip'ed twice: gunzip it once"),
+    (gzip.compress(gzip.compress(b'{"traceEvents": []}', mtime=0), mtime=0), "the file is gzip'ed twice: gunzip it once"),
     (b'\xef\xbb\xbf{"traceEvents": []}', "it starts with a UTF-8 byte-order mark, which JSON does not allow"),
     (b"[[-1, 1, 37888, 7], [-1, 1, 512, 7]]", "a list of lists, as torch's export_memory_timeline writes (.raw.gz)?"),
     (b'{\n "schema": "ptprof.report/1",\n "findings": []}', "ptprof's own output (ptprof.report/1: a report, projection or plan)"),
