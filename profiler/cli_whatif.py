@@ -109,7 +109,7 @@ def project_main(argv: list[str] | None = None) -> int:
         from profiler.project import project_details
         from profiler.project_text import projection_dict, projection_text, resolve_cluster, save_cluster, with_host_note
 
-        json_path = _check_json_path(args.json)  # before the work, as plan and analyze
+        json_path = _check_json_path(args.json, "projection.json")  # before the work, as plan and analyze
         cluster, how, cal_work = resolve_cluster(args.cluster)
         if cal_work is None:  # a preset or file; a calibrated cluster's rates are what the run measured
             warn_cluster("project", args.cluster, cluster)
@@ -180,11 +180,11 @@ def _check_params(spec, given: int | None) -> str:
 STDOUT = "-"  # --json -: the JSON on standard output, and nothing else there
 
 
-def _check_json_path(path: str | None) -> Path | None:
+def _check_json_path(path: str | None, example: str = "plan.json") -> Path | None:
     # before the work, not after it (as profiler/cli.py)
     if path is None or path == STDOUT:
         return None
-    if why := jsonfile.unwritable(path, example="plan.json"):
+    if why := jsonfile.unwritable(path, example=example):
         raise ValueError(f"--json {path}: {why}")
     return Path(path)
 

@@ -38,13 +38,25 @@ def unwritable(path: str, example: str = "report.json") -> str | None:
         return "its folder does not exist"
     if out.is_dir():
         return f"this is a folder; name the report file (e.g. {example})"
-    existed = os.path.lexists(out)
+    import stat
+
     try:
-        with open(out, "ab"):
+        mode = out.lstat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        return f"cannot write the report ({e.strerror or e})"
+    if mode is not None and not stat.S_ISREG(mode):
+        # A FIFO (a reader waits on it: opening and closing it would end the reader's input), a
+        # device, a link (a dangling one would be created and left): asked, not opened.
+        target = out if out.exists() else out.resolve().parent
+        return None if os.access(target, os.W_OK) else "cannot write the report (Permission denied)"
+    try:
+        with open(out, "ab"):  # appending changes nothing of an existing file
             pass
     except OSError as e:
         return f"cannot write the report ({e.strerror or e})"
-    if not existed:
+    if mode is None:  # made by the check: removed, so a run that fails later leaves none behind
         try:
             out.unlink()
         except OSError:

@@ -283,3 +283,21 @@ def test_many_files_with_one_problem_are_counted_not_listed(tmp_path):
     assert "empty.json: empty file" in skipped[4]
     assert sum("skipped:" in line for line in res.stdout.splitlines()) == 5
     assert len(json.loads((tmp_path / "r.json").read_text())["problems"]) == 10
+
+
+def test_json_to_a_fifo_is_written_once_to_its_reader(tmp_path):
+    """`--json` to a named pipe: the up-front check opened and closed it, which ended the reader's
+    input, and the real write then blocked forever (review). It is asked, not opened, now."""
+    import os
+    import threading
+
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    res = subprocess.run([sys.executable, "-m", "profiler", "analyze", str(REPO / "traces" / "sample-ddp-2r"), "--json",
+                          str(fifo), "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    reader.join(30)
+    assert res.returncode == 0, res.stderr
+    assert got and json.loads(got[0])["schema"] == "ptprof.report/1"
