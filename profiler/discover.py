@@ -259,8 +259,8 @@ def split_jobs(sources: list[Source], facts: list[JobFacts | None]) -> tuple[lis
                                              run_dir=None if ambiguous else _manifest_dir(sources[i].run_dir, facts[i]))
         notes.append(f"{sources[idx[0]].run_dir or run}: files of {len(jobs)} different jobs (world size or backend differ, "
                      f"or their clocks never overlap); analysed as separate runs: {', '.join(labels)}"
-                     + (f"; its run.json fits {len(fits)} of them (world size), so it describes none: no paradigm, "
-                        f"model or memory facts from it" if ambiguous else ""))
+                     + (f"; its run.json fits {len(fits)} of them (its world size and backend, where it states them), "
+                        f"so it describes none: no paradigm, model or memory facts from it" if ambiguous else ""))
     return out, notes
 
 
@@ -307,14 +307,18 @@ def _has_manifest(run_dir: Path) -> bool:
 
 
 def _manifest_dir(run_dir: Path | None, facts: JobFacts) -> Path | None:
-    """The run folder whose run.json describes this job: only where run.json's world size is the job's."""
+    """The run folder whose run.json describes this job: only where run.json's world size and
+    backend (where it states them, and the job's traces too) are the job's."""
     try:
         manifest = read_manifest(run_dir)
     except TraceError:
         return run_dir  # reported when the run's manifest is read
-    if manifest is None or manifest.get("world_size") in (None, facts.world_size):
+    if manifest is None:
         return run_dir
-    return None
+    backend = manifest.get("backend")
+    if isinstance(backend, str) and facts.backend and backend.lower() != str(facts.backend).lower():
+        return None
+    return run_dir if manifest.get("world_size") in (None, facts.world_size) else None
 
 
 def read_manifest(run_dir: Path | None) -> dict | None:

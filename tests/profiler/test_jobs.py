@@ -113,8 +113,16 @@ def test_run_json_that_fits_two_jobs_describes_neither(tmp_path):
     assert runs_of(traces) == {"mixed/rank0": [0], "mixed/rank1": [1]}
     assert traces.runs["mixed/rank0"] is None and traces.runs["mixed/rank1"] is None
     (note,) = [n for n in traces.notes if "different jobs" in n]
-    assert note.endswith("analysed as separate runs: mixed/rank0, mixed/rank1; its run.json fits 2 of them (world "
-                         "size), so it describes none: no paradigm, model or memory facts from it"), note
+    assert note.endswith("analysed as separate runs: mixed/rank0, mixed/rank1; its run.json fits 2 of them (its world "
+                         "size and backend, where it states them), so it describes none: no paradigm, model or memory "
+                         "facts from it"), note
+    # run.json's backend tells a gloo job from an nccl one of the same world size: it keeps to its own
+    write_trace(run / "rank1.json", rank=1, world=2, t0=2e15, backend="nccl")
+    (run / "run.json").write_text(json.dumps({"run_id": "mine", "paradigm": "ddp", "world_size": 2, "backend": "gloo"}))
+    traces = load_traces(run, progress=False)
+    assert traces.runs["mixed/rank0"]["paradigm"] == "ddp" and traces.runs["mixed/rank1"] is None
+    assert not any("describes none" in n for n in traces.notes)
+    (run / "run.json").write_text(json.dumps({"run_id": "mine", "paradigm": "ddp", "world_size": 2}))
     # a third file of another world size does not make it ambiguous: run.json still fits one job
     (run / "rank1.json").unlink()
     write_trace(run / "rank5.json", rank=5, world=8, t0=1e15)
