@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shlex
 import stat
 from pathlib import Path
@@ -36,23 +38,44 @@ def find_runs(root: Path) -> list[dict]:
     return sorted(runs, key=lambda r: r["created_at"] if isinstance(r.get("created_at"), str) else "", reverse=True)
 
 
+_OWN_OUTPUT = re.compile(rb'\A\s*\{\s*"schema"\s*:\s*"ptprof\.')  # a report, projection or plan (ptprof writes "schema" first)
+
+
 def _foreign_runs(root: Path) -> list[dict]:
     """A row for each folder of traces without a run.json (torch's tensorboard_trace_handler
     output, a job's traces copied in): the viewer shows such a folder as a run, so a listing
-    that left it out would disagree with it. What is known is only the file count."""
+    that left it out would disagree with it. What is known is only the file count. ptprof's own
+    reports saved there are no traces (profiler.discover.own_output's test: runners import no profiler)."""
     rows = []
-    for folder in sorted(p for p in root.iterdir() if not p.name.startswith(".")):
+    try:
+        folders = sorted(p for p in root.iterdir() if not p.name.startswith("."))
+    except OSError:  # a root we may not list: no runs to show, as the glob above finds none
+        return rows
+    for folder in folders:
         try:
-            if not folder.is_dir() or (folder / "run.json").exists():
+            if not folder.is_dir() or os.path.lexists(folder / "run.json"):  # a dangling run.json is the glob's row
                 continue
-            traces = [f for f in folder.iterdir() if not f.name.startswith(".") and f.name.endswith((".json", ".json.gz"))]
+            traces = [f for f in folder.iterdir() if not f.name.startswith(".") and f.name.endswith((".json", ".json.gz"))
+                      and not _own_output(f)]
         except OSError:  # a folder we may not enter is no run of ours to list
             continue
         if traces:
-            rows.append({"run_id": folder.name, "_path": str(folder),
+            rows.append({"run_id": folder.name, "_path": str(folder), "_whole": True,
                          "error": f"{len(traces):,} trace file{'s' if len(traces) != 1 else ''}, no run.json "
-                                  f"(not made by `ptprof run`): `ptprof analyze {shlex.quote(_printable(str(folder), 80))}`"})
+                                  f"(not made by `ptprof run`): `ptprof analyze {shlex.quote(_printable(str(folder), 10**6))}`"})
     return rows
+
+
+def _own_output(f: Path) -> bool:
+    if not f.name.endswith(".json"):
+        return False
+    try:
+        if not stat.S_ISREG(f.stat().st_mode):
+            return False
+        with open(f, "rb") as fh:
+            return bool(_OWN_OUTPUT.match(fh.read(64)))
+    except OSError:
+        return False
 
 
 def _read_manifest(path: Path) -> tuple[dict | None, str | None]:
@@ -122,7 +145,7 @@ def cmd_list(ns: argparse.Namespace) -> int:
     for r in runs:
         name = _printable(Path(r["_path"]).name if "_path" in r else r["run_id"])
         if "error" in r:
-            print(f"{name:<36} {_printable(r['error'], 200)}")
+            print(f"{name:<36} {_printable(r['error'], 10**6 if r.get('_whole') else 200)}")  # a command is never cut
             continue
         losses = [x for x in r["losses"] if x is not None]
         final = f"{losses[-1]:.4f}" if losses else "-"

@@ -310,14 +310,20 @@ def test_list_shows_a_folder_of_traces_without_run_json(tmp_path):
     for name in ("host_1.pt.trace.json.gz", "host_2.pt.trace.json", "notes.txt", ".hidden.json"):
         (tb / name).write_text("{}")
     (tmp_path / "empty").mkdir()
+    (tmp_path / "reports").mkdir()  # ptprof's own report alone is no run: `ptprof analyze` of it would fail
+    (tmp_path / "reports" / "report.json").write_text('{\n "schema": "ptprof.report/1"}')
+    deep = tmp_path / ("long-name-" * 12)  # the suggested command is never cut ("..." made it unrunnable)
+    deep.mkdir()
+    (deep / "rank0.json").write_text("{}")
     (tmp_path / ".tmp-run").mkdir()
     (tmp_path / ".tmp-run" / "rank0.json.gz").write_text("{}")
     res = ptprof("list", "--traces", str(tmp_path))
     assert res.returncode == 0, res.stderr
     rows = res.stdout.splitlines()[1:]
-    assert [r.split()[0] for r in rows] == ["mine", "tb"]
-    assert rows[1].startswith("tb run ") and (f"2 trace files, no run.json (not made by `ptprof run`): "
-                                              f"`ptprof analyze '{tb}'`") in rows[1]
+    assert [r.split()[0][:10] for r in rows] == ["mine", "long-name-", "tb"]
+    assert rows[1].endswith(f"`ptprof analyze {deep}`")
+    assert rows[2].startswith("tb run ") and (f"2 trace files, no run.json (not made by `ptprof run`): "
+                                              f"`ptprof analyze '{tb}'`") in rows[2]
 
 
 def test_list_never_opens_a_run_json_that_is_no_regular_file(tmp_path):
