@@ -22,13 +22,22 @@ OUTLIERS_SHOWN = 4  # outlier ranks named in the evidence; the rest counted
 
 
 def outlier_rule(a: "Analysis") -> list[Row]:
-    """Per run, the rank furthest from its group's median (step time: % of the median; idle share:
-    points), with the run's other outliers in the evidence. Score: that distance, as a share of
-    the step (step time) or in points of the window (idle share)."""
+    """Per run, the rank furthest from its group's median, with the run's other outliers in the
+    evidence. Score: that distance as a share of time: for a step time, of the longer of the rank's
+    and the median step; for an idle share, points of the window."""
     steps, breakdown = getattr(a, "steps", None), getattr(a, "breakdown", None)
     if steps is None or steps.is_empty():
         return []
     metrics = rank_metrics(steps, breakdown if breakdown is not None else pl.DataFrame())
+    # Ranks whose numbers are artefacts of the trace, not of the rank: a trace cut short (its last
+    # step counts untraced time), a device that started late in its steps (its window is short),
+    # a rank without ProfilerStep spans (one window over the whole trace): a warning says each.
+    odd = [f.select(pl.col("run").cast(pl.String), pl.col("rank").cast(pl.Int32))
+           for f in (getattr(a, "cut_steps", None), getattr(a, "late_devices", None),
+                     steps.filter(~pl.col("has_profiler_steps")) if "has_profiler_steps" in steps.columns else None)
+           if f is not None and f.height]
+    if odd:
+        metrics = metrics.join(pl.concat(odd).unique(), on=["run", "rank"], how="anti")
     out = []
     for run in _runs(a):
         ranks = a.ranks.filter(pl.col("run").cast(pl.String) == run)["rank"].to_list()
@@ -38,10 +47,13 @@ def outlier_rule(a: "Analysis") -> list[Row]:
         o = outliers(metrics.filter(pl.col("run") == run), groups)
         if o.is_empty():
             continue
-        # How far each is: step time in % of its group's median, idle share in points.
+        # How far each is, as a share of time: a step time's distance from the median as a share of
+        # the longer of the two (a slower rank: the share of the job's step the others wait for it),
+        # an idle share's distance in points of the window.
+        gap = (pl.col("value") - pl.col("median")).abs()
         o = o.with_columns(off=pl.when(pl.col("metric") == "step time")
-                           .then(100 * (pl.col("value") - pl.col("median")).abs() / pl.col("median"))
-                           .otherwise((pl.col("value") - pl.col("median")).abs()))
+                           .then(100 * gap / pl.max_horizontal("value", "median")).otherwise(gap),
+                           pct_of_median=100 * gap / pl.col("median"))
         o = o.filter(pl.col("off").is_finite()).sort(["off", "rank"], descending=[True, False])
         if o.is_empty():
             continue
@@ -50,7 +62,7 @@ def outlier_rule(a: "Analysis") -> list[Row]:
         group = f"the run's {size:,} ranks" if top["group"] == "all ranks" else f"the {size:,} ranks of pipeline {top['group']}"
         if top["metric"] == "step time":
             what = (f"its mean step takes {ms(1e3 * top['value'])} against its group's median {ms(1e3 * top['median'])} "
-                    f"({'+' if top['value'] > top['median'] else '−'}{pct(top['off'])})")
+                    f"({'+' if top['value'] > top['median'] else '−'}{pct(top['pct_of_median'])})")
         else:
             what = (f"it is idle {pct(top['value'])} of its window against its group's median {pct(top['median'])} "
                     f"({'+' if top['value'] > top['median'] else '−'}{num(top['off'])} points)")

@@ -255,7 +255,8 @@ def cut_trace_warnings(tails: pl.DataFrame | None, ranks: pl.DataFrame) -> list[
     ranks and the largest tail, with its rank, step and share of the step."""
     if tails is None or tails.is_empty():
         return []
-    cut = (tails.filter(pl.col("tail_us") > CUT_TAIL_PCT / 100 * pl.col("dur_us"))
+    cut = (tails.join(cut_steps(tails).cast({"run": tails.schema["run"], "rank": tails.schema["rank"]}),
+                      on=["run", "rank", "step"], how="semi")
            .join(ranks.select("run", "rank", "has_gpu"), on=["run", "rank"], how="left"))
     out = []
     for (run,), f in cut.group_by("run", maintain_order=True):
@@ -296,7 +297,7 @@ def late_devices(breakdown: pl.DataFrame | None, steps: pl.DataFrame | None, tai
              .with_columns(cover_pct=100 * pl.col("window_us") / pl.col("span_us"))
              .join(ranks.select("run", "rank", "device_kind"), on=["run", "rank"], how="left"))
     if tails is not None and tails.height:
-        short = short.join(tails.filter(pl.col("tail_us") > CUT_TAIL_PCT / 100 * pl.col("dur_us")).select("run", "rank"),
+        short = short.join(cut_steps(tails).select("run", "rank").cast({"run": short.schema["run"], "rank": short.schema["rank"]}),
                            on=["run", "rank"], how="anti")
     return short.select(pl.col(c).cast(t) for c, t in LATE_DEVICE_COLUMNS.items())
 

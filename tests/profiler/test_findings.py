@@ -921,7 +921,14 @@ def test_outliers_are_judged_within_their_pipeline_stage():
     against its stage's median 20 ms (MAD 0, floor 1 % = 0.2 ms, threshold 0.6 ms) is, +30 %."""
     pp = {"world_size": 6, "pipeline": {"ranks": 2}}
     f = only(F.outlier_rule(outlier_case([10, 10, 10, 20, 20, 26], [50.0] * 6, pp)))
-    assert (f["rank"], f["score"]) == (5, pytest.approx(30.0))
+    # scored as a share of time: the 6 ms the others wait, of the job's 26 ms step
+    assert (f["rank"], f["score"]) == (5, pytest.approx(100 * 6 / 26))
     assert f["text"] == ("Rank 5 stands out among the 3 ranks of pipeline stage1: its mean step takes 26.0 ms against its "
                          "group's median 20.0 ms (+30.0 %).")
     assert F.outlier_rule(outlier_case([10, 10, 10, 20, 20, 20], [50.0] * 6, pp)) == []
+    # a rank whose trace was cut short, or whose GPU started late, is an artefact, said by a warning:
+    # not named here (review)
+    for attr in ("cut_steps", "late_devices"):
+        case = outlier_case([10, 10, 10, 20, 20, 26], [50.0] * 6, pp)
+        setattr(case, attr, frame([{"run": "A", "rank": 5}], {"run": pl.String, "rank": pl.Int32}))
+        assert F.outlier_rule(case) == [], attr
