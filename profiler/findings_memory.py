@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 # 3. Persistent memory and the next ZeRO stage
 
 
-SMALL_STATE_BYTES = 1 << 30  # below 1 GiB of persistent state a rank, no device is short of memory for it
+SMALL_STATE_BYTES = 1 << 30  # below 1 GiB a rank (persistent state and measured peak), no device is short of memory
 COMPONENTS = {"params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state"}
 SUBJECT = {"params_bytes": "Parameters are", "grads_bytes": "Gradients are", "optimizer_bytes": "Optimizer state is"}
 
@@ -76,7 +76,13 @@ def persistent_memory_rule(a: "Analysis") -> list[Row]:
                   else switch_change(best_layout, cur_layout))
         if nxt_saving >= MEMORY_SAVING_MIN_PCT and best_layout != nxt_layout:
             change += f"; for the most memory, {switch_change(best_layout, cur_layout)}"
-        if cur_total < SMALL_STATE_BYTES:  # a test-sized model: the shares hold at any size, the bytes matter nowhere
+        # A test-sized model: the shares hold at any size, the bytes matter nowhere. The measured
+        # peak too, where there is one: activations of a long sequence can fill a device that the
+        # state leaves empty.
+        peaks = _str_run(getattr(a, "memory_peaks", None))
+        peak = (peaks.filter(pl.col("run") == run)["peak_allocated_bytes"].max()
+                if peaks is not None and "peak_allocated_bytes" in peaks.columns else None)
+        if max(cur_total, peak or 0) < SMALL_STATE_BYTES:
             text += (f"; at {bytes_text(cur_total)} a rank, memory limits nothing here: the shares carry to a larger "
                      "model of this layout, where they decide what fits")
             change = "if memory limits the model or the batch: " + change

@@ -932,3 +932,14 @@ def test_outliers_are_judged_within_their_pipeline_stage():
         case = outlier_case([10, 10, 10, 20, 20, 26], [50.0] * 6, pp)
         setattr(case, attr, frame([{"run": "A", "rank": 5}], {"run": pl.String, "rank": pl.Int32}))
         assert F.outlier_rule(case) == [], attr
+
+
+def test_a_small_state_with_a_large_measured_peak_is_no_small_model():
+    """Persistent state of 16 MiB beside a measured peak of 40 GiB (long-sequence activations):
+    memory may well limit it, so no 'memory limits nothing here' (review)."""
+    case = memory_case()
+    case.memory_peaks = frame([{"run": "A", "rank": 0, "mem_device": "cuda:0", "peak_allocated_bytes": 40 << 30,
+                                "peak_step": 1}], {"run": pl.String, "rank": pl.Int32, "mem_device": pl.String,
+                                                   "peak_allocated_bytes": pl.Int64, "peak_step": pl.Int64})
+    f = only(F.persistent_memory_rule(case))
+    assert "limits nothing" not in f["text"] and f["change"].startswith("switch to zero1")
