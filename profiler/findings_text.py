@@ -130,8 +130,9 @@ def one_time_change(kind: str, phase: str | None, pipeline: bool = False) -> str
 # advice about bandwidth or overlap of large transfers fits it.
 SMALL_MESSAGE_BYTES = 64 << 10
 SMALL_MESSAGE_CHANGE = ("each call moves only {size} (median), so its time is latency and the wait for the slowest "
-                        "rank, not bytes: fuse these small tensors into fewer collectives (one flat buffer a step), "
-                        "and see Stragglers for the rank the others wait on")
+                        "rank, not bytes: {fuse}, and see Stragglers for the rank the others wait on")
+SMALL_FUSE_GRADIENTS = "fuse these small tensors into fewer collectives (one flat buffer a step)"
+SMALL_FUSE_VALUES = "make fewer such calls (several values in one tensor, or computed without a collective)"
 # An all-reduce of a tensor-parallel run (paradigm tp): the row/column-parallel layers' partial
 # sums (forward and backward), or with --sp the replicated LayerNorm weights' gradients.
 TP_ALL_REDUCE_CHANGE = ("tensor-parallel all-reduces sit on the critical path of every layer: sequence parallelism "
@@ -152,12 +153,7 @@ def collective_change(kind: str | None, phase: str | None, paradigm: str | None 
         return GENERIC_CHANGE
     if phase == "recompute":
         return RECOMPUTE_CHANGE
-    if size_bytes is not None and 0 < size_bytes < SMALL_MESSAGE_BYTES and kind != "send":
-        return SMALL_MESSAGE_CHANGE.format(size=bytes_text(size_bytes))
-    if kind == "all_reduce" and paradigm == "tp":
-        return TP_ALL_REDUCE_CHANGE
-    if kind == "all_reduce" and phase != "forward" and paradigm in SHARDED_GRADIENTS:
-        return GENERIC_CHANGE  # no DDP bucket here to tune
+    # The paradigm's own collectives first: what they carry decides what to try, whatever their size.
     if kind == "send" and pipeline and phase is None:
         return pipeline_p2p_change(schedule or paradigm)
     if kind == "all_to_all" and paradigm == "ep":
@@ -166,6 +162,15 @@ def collective_change(kind: str | None, phase: str | None, paradigm: str | None 
         return RING_P2P_CHANGE
     if kind == "all_to_all" and paradigm == "ulysses":
         return ULYSSES_ALL_TO_ALL_CHANGE
+    if size_bytes is not None and 0 < size_bytes < SMALL_MESSAGE_BYTES:
+        # Gradients (backward, the optimizer) can wait for one flat buffer; a forward's values are
+        # needed as soon as computed (a router's counts, a loss statistic): fewer calls, not one.
+        fuse = (SMALL_FUSE_GRADIENTS if phase in ("backward", "optimizer") else SMALL_FUSE_VALUES)
+        return SMALL_MESSAGE_CHANGE.format(size=bytes_text(size_bytes), fuse=fuse)
+    if kind == "all_reduce" and paradigm == "tp":
+        return TP_ALL_REDUCE_CHANGE
+    if kind == "all_reduce" and phase != "forward" and paradigm in SHARDED_GRADIENTS:
+        return GENERIC_CHANGE  # no DDP bucket here to tune
     return COLLECTIVE_CHANGES.get((kind, phase)) or COLLECTIVE_CHANGES.get((kind, None)) or GENERIC_CHANGE
 
 

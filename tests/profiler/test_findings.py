@@ -850,7 +850,13 @@ def test_exposed_comm_advice_fits_the_paradigm_and_the_message_size():
     assert "bucket_cap_mb" in ddp and ddp == collective_change("all_reduce", "optimizer", None, size_bytes=None)
     tiny = collective_change("all_reduce", "optimizer", "tp", size_bytes=256)
     assert tiny.startswith("each call moves only 256 B (median), so its time is latency and the wait for the slowest rank")
-    assert collective_change("all_reduce", "forward", "ep", size_bytes=24).startswith("each call moves only 24 B")
+    ep = collective_change("all_reduce", "forward", "ep", size_bytes=24)
+    assert ep.startswith("each call moves only 24 B") and "make fewer such calls" in ep and "flat buffer" not in ep
+    assert "flat buffer" in tiny  # gradients (optimizer phase) can wait for one buffer
+    # the paradigm's own collectives keep their advice whatever their size: ep's dispatch, ring's blocks
+    assert "capacity factor" in collective_change("all_to_all", "forward", "ep", size_bytes=512)
+    assert "K/V block" in collective_change("recv", "forward", "ring", size_bytes=512)
+    assert "each call moves only 512 B" in collective_change("send", "forward", None, size_bytes=512)  # no pipeline
     at_edge = collective_change("all_reduce", "backward", "ddp", size_bytes=SMALL_MESSAGE_BYTES)  # 64 KiB: bytes count
     assert "bucket_cap_mb" in at_edge
     tp = collective_change("all_reduce", "backward", "tp", size_bytes=4 << 20)
