@@ -177,8 +177,7 @@ class Layout:
         if self.recompute not in RECOMPUTE:
             raise LayoutError(f"recompute={self.recompute!r}: one of {', '.join(RECOMPUTE)}")
         if spec is not None and self.ep > 1 and not spec.moe:  # said before any divisibility of ep
-            raise LayoutError(f"ep={self.ep}: the model has no experts (expert parallelism spreads a mixture of experts' "
-                              f"experts over ranks; ep=1)")
+            raise LayoutError(no_experts(self.ep))
         if self.dp % self.ep:
             raise LayoutError(f"ep={self.ep} does not divide dp={self.dp} (experts are spread over data-parallel ranks)")
         if self.stages_per_rank > 1 and self.schedule != "interleaved-1f1b":
@@ -244,7 +243,11 @@ def _layout_items(text: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def parse_layout(text: str, base: Layout | None = None) -> tuple[Layout, set[str]]:
+def no_experts(ep: int) -> str:
+    return f"ep={ep}: the model has no experts (expert parallelism spreads a mixture of experts' experts over ranks; ep=1)"
+
+
+def parse_layout(text: str, base: Layout | None = None, spec: ModelSpec | None = None) -> tuple[Layout, set[str]]:
     """`dp=8,tp=8,pp=4[,zero=1,mb=1,m=64,schedule=1f1b,v=2,recompute=full,sp=1]` on top of `base`:
     (the layout, the fields given). Also reads back what Layout.short() and plan's table print
     (`dp=32 tp=2 pp=16 z1 mb=1x48 i1f1b v=6 rc=sel sp`). LayoutError naming the bad item."""
@@ -286,6 +289,8 @@ def parse_layout(text: str, base: Layout | None = None) -> tuple[Layout, set[str
         raise LayoutError(f"--layout {text!r}: empty; give KEY=VALUE items, e.g. dp=8,tp=8,pp=4")
     if out.schedule == "interleaved-1f1b" and out.stages_per_rank == 1:
         raise LayoutError("--layout schedule=interleaved-1f1b needs v >= 2 stages per rank (v=1 is 1f1b)")
+    if spec is not None and out.ep > 1 and not spec.moe:  # before what ep fails to divide: the first thing wrong
+        raise LayoutError(no_experts(out.ep))
     out.check()
     return out, given
 

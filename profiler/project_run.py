@@ -136,15 +136,7 @@ def run_layout(manifest: dict, spec: ModelSpec, where: str = "run.json") -> Layo
 def fill_layout(text: str, spec: ModelSpec, own: Layout) -> Layout:
     """--layout text on top of a fresh Layout, microbatch/microbatches filled to the global batch
     where not given; LayoutError naming what does not fit."""
-    try:
-        lay, given = parse_layout(text)
-    except LayoutError:
-        # ep on a model without experts: said as that, not as whichever count it fails to divide
-        ep = re.search(r"(?:^|,)\s*ep\s*=\s*(\d+)\s*(?:,|$)", text)
-        if ep and int(ep.group(1)) > 1 and not spec.moe:
-            lay = Layout(ep=int(ep.group(1)), dp=int(ep.group(1)))
-            lay.check(spec)
-        raise
+    lay, given = parse_layout(text, spec=spec)  # spec: ep on a model without experts is said as that
     if "microbatch" not in given or "microbatches" not in given:
         per = spec.global_batch // lay.dp if spec.global_batch % lay.dp == 0 else None
         if per is None:

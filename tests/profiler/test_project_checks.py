@@ -147,7 +147,7 @@ def test_empty_or_repeated_layout_is_refused(capsys, text, why):
     assert why in err
 
 
-@pytest.mark.parametrize("text", ["ep=2", "dp=2,ep=2"])
+@pytest.mark.parametrize("text", ["ep=2", "dp=2,ep=2", "ep=2 dp=3", "EP=2,dp=3"])
 def test_expert_parallel_on_a_model_without_experts_says_so(capsys, text):
     # it said "ep=2 does not divide dp=1", true of ep=2 alone and beside the point (trial)
     err = _error([SAMPLES / "sample-ddp-2r", "--cluster", "h100", "--layout", text], capsys)
