@@ -10,6 +10,7 @@ not UTF-8) and damaged run.json files end in one TraceError naming the path (doc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -66,11 +67,22 @@ def own_output(p: Path) -> bool:
     if not p.name.endswith(".json"):
         return False
     try:
-        if not stat.S_ISREG(p.stat().st_mode):  # a FIFO would block: not_a_regular_file says it
-            return False
-        with open(p, "rb") as f:
-            return bool(_OWN_OUTPUT.match(f.read(64)))
+        st = p.stat()
     except OSError:  # the load says what is wrong with it
+        return False
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block: not_a_regular_file says it
+        return False
+    return _starts_as_own_output(str(p), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _starts_as_own_output(path: str, size: int, mtime_ns: int) -> bool:
+    # Once per version of a file in a process: the early start, the load and the unread-files note
+    # each ask (a torch trace folder of plain .json files on a network filesystem pays per open).
+    try:
+        with open(path, "rb") as f:
+            return bool(_OWN_OUTPUT.match(f.read(64)))
+    except OSError:
         return False
 
 

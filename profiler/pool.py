@@ -202,8 +202,9 @@ def uncached_files(paths: list, *, cache: bool = True, most: int | None = None) 
     the cache): the files a load will parse, give or take a stale entry. Up to `most` of them,
     from the first PROBE_FILES files only (a set whose first files are cached is taken as warm:
     its workers, if any are needed, start with the map as they would anyway; `.more`: the set has
-    files past those). Cheap (a stat per file looked at) and never raises: none where the paths
-    are bad (the load itself says why)."""
+    files past those). Cheap (a stat per file looked at, after the folder's listing: plain .json
+    files are read 64 bytes each to leave out ptprof's own reports, discover.own_output, once per
+    process) and never raises: none where the paths are bad (the load itself says why)."""
     from profiler.cache import cache_dir, entry_key
     from profiler.discover import find_sources, not_a_regular_file
 
