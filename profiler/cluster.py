@@ -231,7 +231,12 @@ def cluster_from_dict(data: dict, *, source: str) -> Cluster:
     return _from_dict(data, label=f"cluster {source}", source=source, default_name=Path(source).stem or "cluster")
 
 
+CLUSTER_SCHEMA = "ptprof.cluster/1"  # the first key of a file --save-cluster writes (discover.own_output leaves it out of a run)
+
+
 def _from_dict(data: dict, *, label: str, source: str, default_name: str) -> Cluster:
+    if isinstance(data.get("schema"), str) and data["schema"].startswith("ptprof.cluster/"):
+        data = {k: v for k, v in data.items() if k != "schema"}  # --save-cluster's mark, no field
     values = _fields(data, CLUSTER_FIELDS, label=label, where="")
     values.setdefault("name", default_name)
     for key in ("intra", "inter"):

@@ -142,7 +142,7 @@ def what_json(raw: bytes) -> str:
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
         return "its traceEvents are not all event objects"
     if isinstance(doc, dict) and isinstance(doc.get("schema"), str) and doc["schema"].startswith("ptprof."):
-        return f"ptprof's own output ({doc['schema'][:40]}: a report, projection or plan), not a trace"
+        return f"ptprof's own output ({doc['schema'][:40]}: a report, projection, plan or saved cluster), not a trace"
     if isinstance(doc, dict):
         return "a JSON dict without a traceEvents list (keys: " + ", ".join(list(doc)[:6]) + ")"
     if isinstance(doc, list):

@@ -61,7 +61,7 @@ _OWN_OUTPUT = re.compile(rb'\A\s*\{\s*"schema"\s*:\s*"ptprof\.')  # jsonfile wri
 
 
 def own_output(p: Path) -> bool:
-    """Whether `p` is a JSON file ptprof wrote (a report, projection or plan: `"schema": "ptprof.…"`
+    """Whether `p` is a JSON file ptprof wrote (a report, projection, plan or saved cluster: `"schema": "ptprof.…"`
     first), which a folder's listing leaves out: saved in the run folder, it failed the next load
     as a trace that was not one. Only plain .json regular files are opened (64 bytes read)."""
     if not p.name.endswith(".json"):
@@ -162,7 +162,9 @@ def find_sources(paths: list[str | Path]) -> list[Source]:
         nested = [(d, _trace_files_in(d)) for d in subdirs]
         nested = [(d, fs) for d, fs in nested if fs]
         if not nested:
-            raise TraceError(p, "no trace files here (expected *.json or *.json.gz, or run folders holding them)")
+            own = [f.name for f in _list(p) if _trace_named(f) and own_output(f)]
+            mine = f"; {', '.join(path_text(n) for n in own[:UNREAD_SHOWN])}: ptprof's own output, no trace" if own else ""
+            raise TraceError(p, f"no trace files here (expected *.json or *.json.gz, or run folders holding them){mine}")
         for d, fs in nested:
             sources += [source(d, f) for f in fs]
     return sources
@@ -184,7 +186,7 @@ def unread_notes(sources: list[Source]) -> list[str]:
         except TraceError:  # listed once already; a folder gone since is the load's to say
             continue
         for what, names in (("not named like a trace (*.json, *.json.gz)", [p.name for p in listed if not _trace_named(p)]),
-                            ("ptprof's own output (a report, projection or plan)", [p.name for p in listed if own_output(p)])):
+                            ("ptprof's own output (a report, projection, plan or saved cluster)", [p.name for p in listed if own_output(p)])):
             if names:
                 shown = ", ".join(path_text(n) for n in names[:UNREAD_SHOWN])
                 more = f" and {len(names) - UNREAD_SHOWN:,} more" if len(names) > UNREAD_SHOWN else ""

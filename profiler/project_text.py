@@ -6,7 +6,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from profiler.cluster import Cluster, ClusterError, cluster_to_dict, load_cluster, preset_names
+from profiler.cluster import CLUSTER_SCHEMA, Cluster, ClusterError, cluster_to_dict, load_cluster, preset_names
 
 PROJECTION_SCHEMA = "ptprof.projection/1"
 WIDTH = 100
@@ -42,7 +42,8 @@ def save_cluster(cluster: Cluster, path: str) -> None:
     if not path.endswith(".json"):
         raise ClusterError(f"--save-cluster {path}: the file name must end in .json")
     try:
-        Path(path).write_text(json.dumps(cluster_to_dict(cluster), indent=2) + "\n")
+        # "schema" first: saved into a run folder it is no trace (discover.own_output), and says what it is
+        Path(path).write_text(json.dumps({"schema": CLUSTER_SCHEMA, **cluster_to_dict(cluster)}, indent=2) + "\n")
     except OSError as e:
         raise ClusterError(f"--save-cluster {path}: cannot write ({e.strerror})") from None
 

@@ -38,7 +38,7 @@ def find_runs(root: Path) -> list[dict]:
     return sorted(runs, key=lambda r: r["created_at"] if isinstance(r.get("created_at"), str) else "", reverse=True)
 
 
-_OWN_OUTPUT = re.compile(rb'\A\s*\{\s*"schema"\s*:\s*"ptprof\.')  # a report, projection or plan (ptprof writes "schema" first)
+_OWN_OUTPUT = re.compile(rb'\A\s*\{\s*"schema"\s*:\s*"ptprof\.')  # a report, projection, plan or saved cluster (ptprof writes "schema" first)
 
 
 def _foreign_runs(root: Path) -> list[dict]:

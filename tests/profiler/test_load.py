@@ -139,7 +139,7 @@ def _write(path, data: bytes):
     (gzip.compress(gzip.compress(b'{"traceEvents": []}', mtime=0), mtime=0), "the file is gzip'ed twice: gunzip it once"),
     (b'\xef\xbb\xbf{"traceEvents": []}', "it starts with a UTF-8 byte-order mark, which JSON does not allow"),
     (b"[[-1, 1, 37888, 7], [-1, 1, 512, 7]]", "a list of lists, as torch's export_memory_timeline writes (.raw.gz)?"),
-    (b'{\n "schema": "ptprof.report/1",\n "findings": []}', "ptprof's own output (ptprof.report/1: a report, projection or plan)"),
+    (b'{\n "schema": "ptprof.report/1",\n "findings": []}', "ptprof's own output (ptprof.report/1: a report, projection, plan or saved cluster)"),
 ])
 def test_bad_files(tmp_path, content, fragment):
     f = _write(tmp_path / "rank0.json", content)
@@ -351,7 +351,7 @@ def test_files_a_folder_holds_but_never_reads_are_said(tmp_path, monkeypatch):
     again = load_traces(run, progress=False)
     assert again.ranks["rank"].to_list() == [0, 1] and [str(p) for p in again.problems] == [
         f"{run / 'notmine.json'}: not a Kineto/Chrome trace: a JSON dict without a traceEvents list (keys: schema)"]
-    assert again.notes[1] == f"{run}: not read, ptprof's own output (a report, projection or plan): report.json"
+    assert again.notes[1] == f"{run}: not read, ptprof's own output (a report, projection, plan or saved cluster): report.json"
     (run / "notmine.json").unlink()
     (run / "report.json").unlink()
     # A folder of run folders: each run folder's own files are said, the parent's README is not.
@@ -380,3 +380,25 @@ def test_many_ranks_without_process_groups_before_a_run_with_them(tmp_path, monk
     t = load_traces([big, sample], progress=False)
     assert t.ranks.height == 102 and t.ranks["pg_config"].dtype == pl.String
     assert t.ranks["pg_config"].null_count() == 100 and "pg_size" in t.ranks["pg_config"][100]
+
+
+def test_a_saved_cluster_in_a_run_folder_is_no_trace_and_loads_back(tmp_path, monkeypatch):
+    """`project RUN --save-cluster RUN/c.json` wrote a JSON without ptprof's mark: the next analyze
+    read it as a trace and exited 2 (review). It carries "schema": "ptprof.cluster/1" now, is left
+    out with a note, and loads back as a cluster; a folder holding only such files says so."""
+    from profiler.cli_whatif import project_main
+    from profiler.cluster import load_cluster
+    from tests.conftest import REPO
+
+    monkeypatch.setenv("PTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "traces" / "sample-ddp-2r", run)
+    assert project_main([str(run), "--cluster", str(run), "--save-cluster", str(run / "c.json")]) == 0
+    t = load_traces(run, progress=False)
+    assert not t.problems and f"{run}: not read, ptprof's own output (a report, projection, plan or saved cluster): c.json" in t.notes
+    assert load_cluster(str(run / "c.json")).name == "measured:run"
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(run / "c.json", alone / "c.json")
+    with pytest.raises(TraceError, match=r"no trace files here .*; c\.json: ptprof's own output, no trace$"):
+        load_traces(alone, progress=False)
