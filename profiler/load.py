@@ -248,7 +248,7 @@ def load_traces(
                        and rank_from_filename(src.path) != rank_from_filename(first))
             problems.append(TraceError(src.path, f"duplicate rank {rank} in run {src.run!r} (kept: {path_text(first)}, read "
                                                  "first); pass the files of one run only"
-                                                 + (", or --rank-from-filename" if by_name else "")))
+                                                 + (RANK_FROM_FILENAME_HINT if by_name else "")))
             continue
         seen[(src.run, rank)] = src.path
         info = meta.get("distributed_info") or {}
@@ -291,6 +291,7 @@ def load_traces(
                   options=options, _scratch=scratch)
 
 
+RANK_FROM_FILENAME_HINT = ", or --rank-from-filename"  # a CLI flag: the viewer, which has none, leaves it out
 RANK_TYPES = {"backend": pl.String, "world_size": pl.Int64, "device_name": pl.String, "pg_config": pl.String,
               "unknown_categories": pl.String}
 

@@ -31,6 +31,7 @@ from profiler import TraceError, Traces, analyze, load_traces, memory_timeline
 from profiler.discover import MAX_MANIFEST_BYTES, RUN_MANIFEST, find_sources, is_trace_file, manifest_field, manifest_problem
 from profiler.pipeline import positive_int
 from profiler.rankmap import MapOptions
+from profiler.load import RANK_FROM_FILENAME_HINT
 from profiler.report import Analysis
 
 from viewer import aggregate, scale
@@ -121,7 +122,7 @@ class RunData:
         if not self.ok:
             return []
         # The load's advice of a CLI flag the viewer has not (a duplicate rank's --rank-from-filename) left out.
-        return self._once("skipped", lambda: [relative_paths(p, self.folder).replace(", or --rank-from-filename", "")
+        return self._once("skipped", lambda: [relative_paths(p, self.folder).replace(RANK_FROM_FILENAME_HINT, "")
                                               for p in self.analysis.problems])
 
     def relabel(self, frame: pl.DataFrame | None) -> pl.DataFrame | None:
