@@ -75,13 +75,16 @@ def collapsed_problems(problems: list) -> list[str]:
     groups: dict[str, list] = {}
     for p in problems:
         text = getattr(p, "problem", None) or str(p)
-        groups.setdefault(re.sub(r"^rank \d+: ", "", text), []).append(p)
+        # The kind: the text with its numbers as '#' ("duplicate rank 7 ... (kept: old_rank7.json.gz"),
+        # so two copies of a 1,024-rank run make one kind, not 1,024.
+        groups.setdefault(re.sub(r"\d+", "#", re.sub(r"^rank \d+: ", "", text)), []).append(p)
     lines = []
-    for kind, members in groups.items():
+    for members in groups.values():
         lines += [str(p) for p in members[:SKIPPED_SHOWN]]
         if len(members) > SKIPPED_SHOWN:
             rest = len(members) - SKIPPED_SHOWN
+            kind = re.sub(r"^rank \d+: ", "", getattr(members[-1], "problem", None) or str(members[-1]))
             short = kind if len(kind) <= 100 else kind[:100].rsplit(" ", 1)[0] + " …"
-            lines.append(f"{rest:,} more file{'s' if rest > 1 else ''} with the same problem ({short}); every one "
-                         f"in --json's problems")
+            lines.append(f"{rest:,} more file{'s' if rest > 1 else ''} with a problem of the same kind (the last: {short}); "
+                         f"every one in --json's problems")
     return lines

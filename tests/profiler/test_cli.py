@@ -278,7 +278,8 @@ def test_many_files_with_one_problem_are_counted_not_listed(tmp_path):
     assert res.returncode == 2
     skipped = [line for line in res.stderr.splitlines() if line.startswith("ptprof analyze: skipped")]
     assert [line.split(": ")[1].split("/")[-1] for line in skipped[:3]] == ["copy1.json.gz", "copy2.json.gz", "copy3.json.gz"]
-    assert skipped[3].startswith("ptprof analyze: skipped 6 more files with the same problem (duplicate rank 0 in run ")
+    assert skipped[3].startswith("ptprof analyze: skipped 6 more files with a problem of the same kind (the last: "
+                                 "duplicate rank 0 in run ")
     assert skipped[3].endswith("); every one in --json's problems") and len(skipped) == 5  # and the empty file, its own kind
     assert "empty.json: empty file" in skipped[4]
     assert sum("skipped:" in line for line in res.stdout.splitlines()) == 5
@@ -301,3 +302,18 @@ def test_json_to_a_fifo_is_written_once_to_its_reader(tmp_path):
     reader.join(30)
     assert res.returncode == 0, res.stderr
     assert got and json.loads(got[0])["schema"] == "ptprof.report/1"
+
+
+def test_problems_that_differ_only_in_numbers_are_one_kind():
+    """Two copies of a 16-rank run: 'duplicate rank 0', 'duplicate rank 1', ... each its own text,
+    were 16 lines (trial); at 1,024 ranks 1,024. Their numbers aside they are one kind."""
+    from profiler.errors import TraceError, collapsed_problems
+
+    problems = [TraceError(f"two/rank{r}.json.gz", f"duplicate rank {r} in run 'two' (kept: two/old_rank{r}.json.gz, "
+                                                    "read first); pass the files of one run only") for r in range(16)]
+    problems.append(TraceError("two/x.json", "empty file"))
+    lines = collapsed_problems(problems)
+    assert lines[:3] == [str(p) for p in problems[:3]] and len(lines) == 5
+    assert lines[3] == ("13 more files with a problem of the same kind (the last: duplicate rank 15 in run 'two' (kept: "
+                        "two/old_rank15.json.gz, read first); pass the files of one …); every one in --json's problems")
+    assert lines[4] == "two/x.json: empty file"
