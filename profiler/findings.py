@@ -417,8 +417,10 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
         if latency:
             text += (f": the per-call latency α = {ms(f['alpha_us'])} is {pct(f['alpha_pct'])} of the time α + n/β predicts "
                      f"for them (median message {bytes_text(f['median_bytes'])}); {f['calls']:,} calls × α are {pct(score)} of each rank's step, on average")
-            change = ("send fewer, larger messages: bigger buckets (DDP bucket_cap_mb), larger FSDP units, "
-                      "coalesced collectives; each call pays α once")
+            change = ("send fewer, larger messages: " + (
+                "bigger buckets (DDP bucket_cap_mb), larger FSDP units, coalesced collectives"
+                if f["collective"] in ("all_reduce", "reduce_scatter", "all_gather")
+                else "batch several calls into one (a layer's or microbatches' exchanges together)") + "; each call pays α once")
         else:
             text += (f", while α + n/β predicts {ms(f['predicted_us'])} for them and they take {ms(f['dur_us'])} "
                      f"({num(f['dur_us'] / f['predicted_us'])}×); α is only {pct(f['alpha_pct'])} of the prediction, so the gap "

@@ -137,6 +137,11 @@ SMALL_FUSE_VALUES = "make fewer such calls (several values in one tensor, or com
 # sums (forward and backward), or with --sp the replicated LayerNorm weights' gradients.
 TP_ALL_REDUCE_CHANGE = ("tensor-parallel all-reduces sit on the critical path of every layer: sequence parallelism "
                         "(all-gather + reduce-scatter), async TP, or keep the TP group on the fastest link (within a node)")
+# ptprof's ep runner all-reduces the shared (non-expert) parameters' gradients in one flat call
+# after backward (runners/expert_parallel.py): no DDP, so no bucket to tune; DDP would overlap it.
+EP_GRAD_ALL_REDUCE_CHANGE = ("the shared (non-expert) parameters' gradients are all-reduced in one call after backward: "
+                            "wrap them in DDP (bucketed all-reduces that start during backward) or FSDP so that the "
+                            "all-reduce overlaps the backward of earlier layers")
 # run.json paradigms that sync gradients by reduce-scatter, not by DDP's all-reduce: an all-reduce
 # there is no gradient bucket to tune (ddp, zero1, ep, ulysses, ring, hybrid's dp do all-reduce
 # their gradients; foreign traces are most often DDP too).
@@ -169,6 +174,8 @@ def collective_change(kind: str | None, phase: str | None, paradigm: str | None 
         return SMALL_MESSAGE_CHANGE.format(size=bytes_text(size_bytes), fuse=fuse)
     if kind == "all_reduce" and paradigm == "tp":
         return TP_ALL_REDUCE_CHANGE
+    if kind == "all_reduce" and paradigm == "ep" and phase in ("backward", "optimizer"):
+        return EP_GRAD_ALL_REDUCE_CHANGE
     if kind == "all_reduce" and phase != "forward" and paradigm in SHARDED_GRADIENTS:
         return GENERIC_CHANGE  # no DDP bucket here to tune
     return COLLECTIVE_CHANGES.get((kind, phase)) or COLLECTIVE_CHANGES.get((kind, None)) or GENERIC_CHANGE

@@ -422,7 +422,13 @@ def test_latency_bound_collectives():
     assert f["text"] == ("all_reduce on 2 ranks reaches 0.00990 GB/s over its 10 calls (all ranks), 0.990 % of its fitted β 1.00 GB/s: the "
                          "per-call latency α = 100 µs is 99.0 % of the time α + n/β predicts for them (median message 1000 B); "
                          "10 calls × α are 10.0 % of each rank's step, on average.")
-    assert "fewer, larger messages" in f["change"]
+    assert "fewer, larger messages" in f["change"] and "bucket_cap_mb" in f["change"]  # an all-reduce
+    # an all-to-all has no DDP bucket nor FSDP unit to grow (trial)
+    case = bandwidth_case()
+    case.alpha_beta = case.alpha_beta.with_columns(collective=pl.lit("all_to_all"))
+    case.alpha_beta_calls = case.alpha_beta_calls.with_columns(collective=pl.lit("all_to_all"))
+    change = only(F.bandwidth_rule(case))["change"]
+    assert "batch several calls into one" in change and "bucket" not in change and "FSDP" not in change
 
 
 def test_slow_collectives_with_a_small_alpha_are_waiting_not_latency():
@@ -864,6 +870,9 @@ def test_exposed_comm_advice_fits_the_paradigm_and_the_message_size():
     assert "bucket" not in collective_change("all_reduce", "backward", "fsdp", size_bytes=4 << 20)
     # a pipeline's small sends keep their own advice (a receive waits for the neighbouring stage)
     assert "neighbouring stage" in collective_change("recv", None, "1f1b", pipeline=True, size_bytes=512)
+    # ptprof's ep runner all-reduces the shared gradients in one call after backward, without DDP (trial)
+    ep_grads = collective_change("all_reduce", "backward", "ep", size_bytes=4 << 20)
+    assert "wrap them in DDP" in ep_grads and "bucket_cap_mb" not in ep_grads
 
 
 def test_bandwidth_of_a_group_the_trace_does_not_size_says_so():
