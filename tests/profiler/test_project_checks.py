@@ -229,3 +229,20 @@ def test_per_rank_line_only_for_the_runs_own_layout(tmp_path, capsys):
     assert project_main([str(run), "--cluster", "h100", "--layout", "dp=2,zero=1", "--json", str(js)]) == 0
     assert "per rank: projected" not in capsys.readouterr().out
     assert json.loads(js.read_text())["per_rank"] is None
+
+
+def test_ep_without_dp_on_a_moe_run_says_dp_defaults_to_one():
+    """`--layout ep=2` on an ep run (its own layout dp=2, ep=2) said only "ep=2 does not divide dp=1",
+    a dp the user never typed (trial): it now says where the 1 comes from, with a layout that works."""
+    from profiler.layout import Layout, LayoutError, ModelSpec
+    from profiler.project_run import fill_layout
+
+    spec = ModelSpec(layers=2, hidden=64, heads=4, ffn=256, vocab=256, seq=32, global_batch=8, experts=4, top_k=2)
+    own = Layout(dp=2, ep=2, microbatch=4)
+    with pytest.raises(LayoutError, match=r"^ep=2 does not divide dp=1 .*; dp is 1 unless --layout gives it "
+                                          r"\(e\.g\. dp=2,ep=2\)$"):
+        fill_layout("ep=2", spec, own)
+    assert fill_layout("dp=2,ep=2", spec, own).ep == 2
+    with pytest.raises(LayoutError) as err:  # dp given: the plain message
+        fill_layout("dp=3,ep=2", spec, own)
+    assert "unless --layout gives it" not in str(err.value)
