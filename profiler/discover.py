@@ -181,12 +181,16 @@ def unread_notes(sources: list[Source]) -> list[str]:
     notes = []
     for folder in dict.fromkeys(s.run_dir for s in sources if s.listed and s.run_dir is not None):
         try:
-            # Regular files only: a FIFO named like a trace is already a problem (not_a_regular_file).
-            listed = [p for p in _list(folder) if not p.name.startswith(".") and p.name != RUN_MANIFEST and p.is_file()]
+            entries = [p for p in _list(folder) if not p.name.startswith(".") and p.name != RUN_MANIFEST]
         except TraceError:  # listed once already; a folder gone since is the load's to say
             continue
-        for what, names in (("not named like a trace (*.json, *.json.gz)", [p.name for p in listed if not _trace_named(p)]),
-                            ("ptprof's own output (a report, projection, plan or saved cluster)", [p.name for p in listed if own_output(p)])):
+        # No stat of the traces themselves (1,024 of them in a big run's folder): only the other
+        # names are asked whether they are regular files (a FIFO named like a trace is already a
+        # problem: not_a_regular_file), and only plain .json ones whether they are ptprof's own.
+        others = [p.name for p in entries if not _trace_named(p) and p.is_file()]
+        own = [p.name for p in entries if _trace_named(p) and own_output(p)]
+        for what, names in (("not named like a trace (*.json, *.json.gz)", others),
+                            ("ptprof's own output (a report, projection, plan or saved cluster)", own)):
             if names:
                 shown = ", ".join(path_text(n) for n in names[:UNREAD_SHOWN])
                 more = f" and {len(names) - UNREAD_SHOWN:,} more" if len(names) > UNREAD_SHOWN else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 # C0/C1 control characters (newlines, ANSI escapes) and the bidirectional overrides that make
@@ -70,8 +71,6 @@ def collapsed_problems(problems: list) -> list[str]:
     names its first SKIPPED_SHOWN files whole, then one line counts the rest. 63 copies of one rank
     made 63 skipped lines (189 of a 305-line report); at 1,024 ranks thousands. The JSON report's
     `problems` keeps every one."""
-    import re
-
     groups: dict[str, list] = {}
     for p in problems:
         text = getattr(p, "problem", None) or str(p)

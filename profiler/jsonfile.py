@@ -31,6 +31,7 @@ def unwritable(path: str, example: str = "report.json") -> str | None:
     /proc, no permission); None where it can. A file made by the check is removed again, so a run
     that fails later leaves none behind; an existing file is left as it was (opened to append)."""
     import os
+    import stat
     from pathlib import Path
 
     out = Path(path)
@@ -38,8 +39,6 @@ def unwritable(path: str, example: str = "report.json") -> str | None:
         return "its folder does not exist"
     if out.is_dir():
         return f"this is a folder; name the report file (e.g. {example})"
-    import stat
-
     try:
         mode = out.lstat().st_mode
     except FileNotFoundError:
