@@ -243,8 +243,13 @@ def cut_steps(tails: pl.DataFrame | None) -> pl.DataFrame:
     than CUT_TAIL_PCT of the step: the steps cut_trace_warnings names."""
     if tails is None or tails.is_empty():
         return pl.DataFrame(schema=CUT_STEP_COLUMNS)
-    return (tails.filter(pl.col("tail_us") > CUT_TAIL_PCT / 100 * pl.col("dur_us"))
-            .select("run", "rank", "step").cast(CUT_STEP_COLUMNS))
+    return tails.filter(_cut()).select("run", "rank", "step").cast(CUT_STEP_COLUMNS)
+
+
+def _cut() -> pl.Expr:
+    """Whether a step_tails row is a step cut short: its tail past CUT_TAIL_PCT of the step (one test
+    for cut_steps, the cut-trace warning and the late devices)."""
+    return pl.col("tail_us") > CUT_TAIL_PCT / 100 * pl.col("dur_us")
 
 
 def cut_trace_warnings(tails: pl.DataFrame | None, ranks: pl.DataFrame) -> list[str]:
@@ -255,8 +260,7 @@ def cut_trace_warnings(tails: pl.DataFrame | None, ranks: pl.DataFrame) -> list[
     ranks and the largest tail, with its rank, step and share of the step."""
     if tails is None or tails.is_empty():
         return []
-    cut = (tails.join(cut_steps(tails).cast({"run": tails.schema["run"], "rank": tails.schema["rank"]}),
-                      on=["run", "rank", "step"], how="semi")
+    cut = (tails.filter(_cut())
            .join(ranks.select("run", "rank", "has_gpu"), on=["run", "rank"], how="left"))
     out = []
     for (run,), f in cut.group_by("run", maintain_order=True):
@@ -297,8 +301,7 @@ def late_devices(breakdown: pl.DataFrame | None, steps: pl.DataFrame | None, tai
              .with_columns(cover_pct=100 * pl.col("window_us") / pl.col("span_us"))
              .join(ranks.select("run", "rank", "device_kind"), on=["run", "rank"], how="left"))
     if tails is not None and tails.height:
-        short = short.join(cut_steps(tails).select("run", "rank").cast({"run": short.schema["run"], "rank": short.schema["rank"]}),
-                           on=["run", "rank"], how="anti")
+        short = short.join(tails.filter(_cut()).select("run", "rank"), on=["run", "rank"], how="anti")
     return short.select(pl.col(c).cast(t) for c, t in LATE_DEVICE_COLUMNS.items())
 
 

@@ -35,7 +35,7 @@ def _query_runs(runs) -> list[str]:
     from urllib.parse import unquote
 
     text = ",".join(map(str, runs)) if isinstance(runs, list) else runs if isinstance(runs, str) else ""
-    return list(dict.fromkeys(unquote(r).strip() for r in text.split(",") if r.strip() and unquote(r).strip()))
+    return list(dict.fromkeys(r for r in (unquote(part).strip() for part in text.split(",")) if r))
 
 
 def _card(title: str, hint: str, *children):
