@@ -291,6 +291,9 @@ def parse_layout(text: str, base: Layout | None = None, spec: ModelSpec | None =
         raise LayoutError("--layout schedule=interleaved-1f1b needs v >= 2 stages per rank (v=1 is 1f1b)")
     if spec is not None and out.ep > 1 and not spec.moe:  # before what ep fails to divide: the first thing wrong
         raise LayoutError(no_experts(out.ep))
+    if "ep" in given and "dp" not in given and out.dp % out.ep:  # `ep=2` alone: a dp of 1 the user never typed
+        raise LayoutError(f"ep={out.ep} does not divide dp={out.dp} (experts are spread over data-parallel ranks); dp is "
+                          f"{out.dp} unless --layout gives it (e.g. dp={out.ep},ep={out.ep})")
     out.check()
     return out, given
 

@@ -133,22 +133,10 @@ def run_layout(manifest: dict, spec: ModelSpec, where: str = "run.json") -> Layo
     return lay
 
 
-def lay_ep(message: str) -> str:
-    """The ep of a "ep=N does not divide dp=1" message (the hint's example)."""
-    m = re.search(r"ep=(\d+)", message)
-    return m.group(1) if m else "N"
-
-
 def fill_layout(text: str, spec: ModelSpec, own: Layout) -> Layout:
     """--layout text on top of a fresh Layout, microbatch/microbatches filled to the global batch
     where not given; LayoutError naming what does not fit."""
-    try:
-        lay, given = parse_layout(text, spec=spec)  # spec: ep on a model without experts is said as that
-    except LayoutError as e:
-        # `--layout ep=2` on an ep run: dp is 1 unless given, which the message alone hides
-        if "does not divide dp=1" in str(e) and not re.search(r"(?i)\bdp\s*=", text):
-            raise LayoutError(f"{e}; dp is 1 unless --layout gives it (e.g. dp={lay_ep(str(e))},ep={lay_ep(str(e))})") from None
-        raise
+    lay, given = parse_layout(text, spec=spec)  # spec: ep on a model without experts is said as that
     if "microbatch" not in given or "microbatches" not in given:
         per = spec.global_batch // lay.dp if spec.global_batch % lay.dp == 0 else None
         if per is None:
