@@ -273,3 +273,30 @@ def test_a_bad_byte_at_any_offset_is_the_same_refusal(tmp_path, bad):
         f = _write(tmp_path, b'{"traceEvents": [{"ph": "X", "name": "' + name + b'", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]}')
         assert not _c_parses(f)
         assert _outcome(f, fast=True) == _outcome(f, fast=False) and "not" in _outcome(f, fast=True)
+
+
+@needs_c
+def test_columns_are_handed_over_without_a_copy_and_pickle_as_bytes():
+    """The C parser's columns are its own buffers (no bytes copy), read in place by numpy, alive as
+    long as an array over them, equal to and pickled as the bytes they hold (prescan.py pickles them)."""
+    import gc
+    import pickle
+
+    import numpy as np
+
+    events = [{"ph": "X", "name": f"op{i}", "pid": 1000 + i, "tid": 2, "ts": 7, "dur": 3} for i in range(5)]
+    out = parse._kineto.parse(msgspec.json.encode({"traceEvents": events}))
+    ts = out["ints"]["pid"][0]
+    assert type(ts).__name__ == "Column" and len(ts) == 5 * 8
+    want = np.arange(1000, 1005, dtype=np.int64).tobytes()
+    assert ts == want and ts != want[:-1] and not ts != want
+    arr = np.frombuffer(ts, np.int64)
+    assert not arr.flags.writeable  # read-only, as bytes was
+    assert memoryview(ts).readonly  # nor any other view
+    back = pickle.loads(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+    assert type(back["ints"]["pid"][0]) is bytes and back["ints"]["pid"][0] == want
+    del out, ts, back
+    gc.collect()
+    assert arr.tolist() == list(range(1000, 1005))  # the array keeps its memory alive
+    with pytest.raises(TypeError):
+        hash(arr.base)
