@@ -137,6 +137,13 @@ SMALL_FUSE_VALUES = "make fewer such calls (several values in one tensor, or com
 # sums (forward and backward), or with --sp the replicated LayerNorm weights' gradients.
 TP_ALL_REDUCE_CHANGE = ("tensor-parallel all-reduces sit on the critical path of every layer: sequence parallelism "
                         "(all-gather + reduce-scatter), async TP, or keep the TP group on the fastest link (within a node)")
+# A tp run's all-reduces in the optimizer phase (theory.py's tp rows): with --sp the LayerNorm
+# weights' gradients stay Partial DTensors, and AdamW (foreach=False, runners/harness.py) all-reduces
+# each on each of its 3 uses; Megatron all-reduces them once per step, together.
+TP_SP_OPTIMIZER_ALL_REDUCE_CHANGE = ("these are the sequence-parallel LayerNorm gradients, left Partial after backward: AdamW "
+                                     "(foreach=False) all-reduces each one on each of its 3 uses in the step (docs/theory.md); "
+                                     "make them Replicate once after backward, one all-reduce of them all per step as in "
+                                     "Megatron, and these calls become one a step")
 # ptprof's ep runner all-reduces the shared (non-expert) parameters' gradients in one flat call
 # after backward (runners/expert_parallel.py): no DDP, so no bucket to tune; DDP would overlap it.
 EP_GRAD_ALL_REDUCE_CHANGE = ("the shared (non-expert) parameters' gradients are all-reduced in one call after backward: "
@@ -167,6 +174,8 @@ def collective_change(kind: str | None, phase: str | None, paradigm: str | None 
         return RING_P2P_CHANGE
     if kind == "all_to_all" and paradigm == "ulysses":
         return ULYSSES_ALL_TO_ALL_CHANGE
+    if kind == "all_reduce" and paradigm == "tp" and phase == "optimizer":
+        return TP_SP_OPTIMIZER_ALL_REDUCE_CHANGE
     if size_bytes is not None and 0 < size_bytes < SMALL_MESSAGE_BYTES:
         # Gradients (backward, the optimizer) can wait for one flat buffer; a forward's values are
         # needed as soon as computed (a router's counts, a loss statistic): fewer calls, not one.

@@ -854,8 +854,11 @@ def test_exposed_comm_advice_fits_the_paradigm_and_the_message_size():
 
     ddp = collective_change("all_reduce", "backward", "ddp", size_bytes=25 << 20)
     assert "bucket_cap_mb" in ddp and ddp == collective_change("all_reduce", "optimizer", None, size_bytes=None)
-    tiny = collective_change("all_reduce", "optimizer", "tp", size_bytes=256)
+    tiny = collective_change("all_reduce", "optimizer", "ddp", size_bytes=256)
     assert tiny.startswith("each call moves only 256 B (median), so its time is latency and the wait for the slowest rank")
+    # a tp+sp run's optimizer all-reduces: the cause the theory table gives, AdamW on Partial gradients (trial)
+    sp = collective_change("all_reduce", "optimizer", "tp", size_bytes=256)
+    assert "AdamW (foreach=False) all-reduces each one on each of its 3 uses" in sp and "Replicate once" in sp
     ep = collective_change("all_reduce", "forward", "ep", size_bytes=24)
     assert ep.startswith("each call moves only 24 B") and "make fewer such calls" in ep and "flat buffer" not in ep
     assert "flat buffer" in tiny  # gradients (optimizer phase) can wait for one buffer
