@@ -148,7 +148,7 @@ def _run(args: argparse.Namespace) -> int:
                 engine.start_early(uncached_files(args.paths, cache=not args.no_cache))
             # The reduce's modules too, now: the early workers are still importing theirs (they are
             # ready ~50 ms after this process), so these cost nothing here and nothing after the map.
-            with collector_paused():  # profiler.startup: ~20 ms
+            with collector_paused(freeze=True):  # profiler.startup: ~20 ms, and the walks of them after it
                 import polars as pl
 
                 from profiler import jsonfile
