@@ -237,6 +237,7 @@ class JobFacts:
     world_size: int | None
     start_us: float | None
     end_us: float | None
+    rank: int | None = None  # distributedInfo's: tells a job split by its hosts' clocks (_skewed_hint)
 
 
 def split_jobs(sources: list[Source], facts: list[JobFacts | None]) -> tuple[list[Source], list[str]]:
@@ -278,8 +279,39 @@ def split_jobs(sources: list[Source], facts: list[JobFacts | None]) -> tuple[lis
         notes.append(f"{sources[idx[0]].run_dir or run}: files of {len(jobs)} different jobs (world size or backend differ, "
                      f"or their clocks never overlap); analysed as separate runs: {', '.join(labels)}"
                      + (f"; its run.json fits {len(fits)} of them (its world size and backend, where it states them), "
-                        f"so it describes none: no paradigm, model or memory facts from it" if ambiguous else ""))
+                        f"so it describes none: no paradigm, model or memory facts from it" if ambiguous else "")
+                     + _skewed_hint(jobs, labels, facts))
     return out, notes
+
+
+def _skewed_hint(jobs: list[list[int]], labels: list[str], facts: list[JobFacts]) -> str:
+    """A clause for jobs of one backend and world size whose ranks complement each other (none
+    twice, all below the world size): one job whose hosts' clocks are apart by more than the trace
+    lasts splits so. Merging them would compare times across those clocks (skew, stragglers), so
+    they stay apart; the clause says why and what to do."""
+    by_kind: dict[tuple, list[int]] = {}
+    for j, job in enumerate(jobs):
+        by_kind.setdefault((facts[job[0]].backend, facts[job[0]].world_size), []).append(j)
+    for (_, world), js in by_kind.items():
+        ranks = [facts[i].rank for j in js for i in jobs[j]]
+        if (len(js) < 2 or world is None or any(r is None or not 0 <= r < world for r in ranks)
+                or len(set(ranks)) < len(ranks)):
+            continue
+        starts = [min(facts[i].start_us for i in jobs[j] if facts[i].start_us is not None) for j in js
+                  if any(facts[i].start_us is not None for i in jobs[j])]
+        apart = f" by {_span_text((max(starts) - min(starts)) / 1e6)}" if len(starts) > 1 else ""
+        shown = ", ".join(labels[j] for j in js)
+        return (f"; {shown} hold different ranks of one world size ({world}): if they are one job, its hosts' clocks are "
+                f"apart{apart}, more than the trace lasts, and no time can be compared across them (skew, stragglers): "
+                f"sync the hosts' clocks (chrony or NTP) and profile again")
+    return ""
+
+
+def _span_text(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"
 
 
 def _jobs(idx: list[int], facts: list[JobFacts | None]) -> list[list[int]]:

@@ -401,4 +401,4 @@ def _job_facts(parsed: RankSummary) -> JobFacts:
     info = meta.get("distributed_info") or {}
     backend = info.get("backend")
     return JobFacts(backend if isinstance(backend, str) else None, _as_int(info.get("world_size")),
-                    meta["first_ts_us"], meta["last_end_us"])
+                    meta["first_ts_us"], meta["last_end_us"], _as_int(info.get("rank")))

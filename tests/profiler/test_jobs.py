@@ -69,6 +69,27 @@ def test_backends_and_clocks_that_never_overlap_split_too(tmp_path):
     assert a.skew.filter(pl.col("spread_us") > 1000).is_empty()
 
 
+def test_a_job_split_by_its_hosts_clocks_is_said_to_be_possibly_one(tmp_path):
+    """Ranks 0-1 and 2-3 of a 4-rank job whose second host's clock runs 90 s ahead (a trial): split
+    by their clocks, as two jobs would be. They stay apart (their times cannot be compared), and the
+    note says they may be one job, by how much the clocks are apart, and what to do."""
+    for r in range(4):
+        write_trace(tmp_path / f"rank{r}.json", rank=r, world=4, t0=1e15 + (90e6 if r >= 2 else 0) + r)
+    traces = load_traces(tmp_path, progress=False)
+    name = tmp_path.name
+    assert runs_of(traces) == {f"{name}/rank0..rank1": [0, 1], f"{name}/rank2..rank3": [2, 3]}
+    (note,) = traces.notes
+    assert note.endswith(f"; {name}/rank0..rank1, {name}/rank2..rank3 hold different ranks of one world size (4): if they "
+                         "are one job, its hosts' clocks are apart by 1.5 min, more than the trace lasts, and no time can "
+                         "be compared across them (skew, stragglers): sync the hosts' clocks (chrony or NTP) and profile "
+                         "again"), note
+    # two whole jobs of one world size (each has ranks 0-1): two jobs, no such clause
+    for r in range(4):
+        write_trace(tmp_path / f"rank{r}.json", rank=r % 2, world=2, t0=1e15 + (90e6 if r >= 2 else 0) + r)
+    (note,) = load_traces(tmp_path, progress=False).notes
+    assert "2 different jobs" in note and "clocks are apart" not in note
+
+
 def test_two_folders_of_one_name_are_two_runs(tmp_path):
     for parent, t0 in (("x", 1e15), ("y", 1e15)):
         (tmp_path / parent / "job").mkdir(parents=True)
@@ -113,9 +134,9 @@ def test_run_json_that_fits_two_jobs_describes_neither(tmp_path):
     assert runs_of(traces) == {"mixed/rank0": [0], "mixed/rank1": [1]}
     assert traces.runs["mixed/rank0"] is None and traces.runs["mixed/rank1"] is None
     (note,) = [n for n in traces.notes if "different jobs" in n]
-    assert note.endswith("analysed as separate runs: mixed/rank0, mixed/rank1; its run.json fits 2 of them (its world "
-                         "size and backend, where it states them), so it describes none: no paradigm, model or memory "
-                         "facts from it"), note
+    assert ("analysed as separate runs: mixed/rank0, mixed/rank1; its run.json fits 2 of them (its world "
+            "size and backend, where it states them), so it describes none: no paradigm, model or memory "
+            "facts from it; ") in note, note
     # run.json's backend tells a gloo job from an nccl one of the same world size: it keeps to its own
     write_trace(run / "rank1.json", rank=1, world=2, t0=2e15, backend="nccl")
     (run / "run.json").write_text(json.dumps({"run_id": "mine", "paradigm": "ddp", "world_size": 2, "backend": "gloo"}))
