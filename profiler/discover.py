@@ -300,7 +300,7 @@ def _skewed_hint(jobs: list[list[int]], labels: list[str], facts: list[JobFacts]
         starts = [min(facts[i].start_us for i in jobs[j] if facts[i].start_us is not None) for j in js
                   if any(facts[i].start_us is not None for i in jobs[j])]
         apart = f" by {_span_text((max(starts) - min(starts)) / 1e6)}" if len(starts) > 1 else ""
-        shown = ", ".join(labels[j] for j in js)
+        shown = "they" if len(js) == len(jobs) else ", ".join(labels[j] for j in js)
         return (f"; {shown} hold different ranks of one world size ({world}): if they are one job, its hosts' clocks are "
                 f"apart{apart}, more than the trace lasts, and no time can be compared across them (skew, stragglers): "
                 f"sync the hosts' clocks (chrony or NTP) and profile again")

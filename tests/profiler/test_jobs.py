@@ -79,7 +79,8 @@ def test_a_job_split_by_its_hosts_clocks_is_said_to_be_possibly_one(tmp_path):
     name = tmp_path.name
     assert runs_of(traces) == {f"{name}/rank0..rank1": [0, 1], f"{name}/rank2..rank3": [2, 3]}
     (note,) = traces.notes
-    assert note.endswith(f"; {name}/rank0..rank1, {name}/rank2..rank3 hold different ranks of one world size (4): if they "
+    assert note.endswith("analysed as separate runs: "
+                         f"{name}/rank0..rank1, {name}/rank2..rank3; they hold different ranks of one world size (4): if they "
                          "are one job, its hosts' clocks are apart by 1.5 min, more than the trace lasts, and no time can "
                          "be compared across them (skew, stragglers): sync the hosts' clocks (chrony or NTP) and profile "
                          "again"), note
@@ -88,6 +89,12 @@ def test_a_job_split_by_its_hosts_clocks_is_said_to_be_possibly_one(tmp_path):
         write_trace(tmp_path / f"rank{r}.json", rank=r % 2, world=2, t0=1e15 + (90e6 if r >= 2 else 0) + r)
     (note,) = load_traces(tmp_path, progress=False).notes
     assert "2 different jobs" in note and "clocks are apart" not in note
+    # beside a third job of another world size, the two parts are named
+    write_trace(tmp_path / "other_rank0.json", rank=0, world=8, t0=1e15)
+    for r in range(4):
+        write_trace(tmp_path / f"rank{r}.json", rank=r, world=4, t0=1e15 + (90e6 if r >= 2 else 0) + r)
+    (note,) = load_traces(tmp_path, progress=False).notes
+    assert f"; {name}/rank0..rank1, {name}/rank2..rank3 hold different ranks of one world size (4)" in note
 
 
 def test_two_folders_of_one_name_are_two_runs(tmp_path):
