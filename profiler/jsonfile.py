@@ -36,7 +36,8 @@ def unwritable(path: str, example: str = "report.json") -> str | None:
 
     out = Path(path)
     if not out.resolve().parent.is_dir():
-        return "its folder does not exist"
+        # A link whose target's folder is missing: that folder is the one to name, not the link's.
+        return f"it links to {out.resolve().parent}/, which does not exist" if out.is_symlink() else "its folder does not exist"
     if out.is_dir():
         return f"this is a folder; name the report file (e.g. {example})"
     try:

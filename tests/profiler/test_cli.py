@@ -317,3 +317,15 @@ def test_problems_that_differ_only_in_numbers_are_one_kind():
     assert lines[3] == ("13 more files with a problem of the same kind (the last: duplicate rank 15 in run 'two' (kept: "
                         "two/old_rank15.json.gz, read first); pass the files of one …); every one in --json's problems")
     assert lines[4] == "two/x.json: empty file"
+
+
+def test_json_through_a_link_to_a_missing_folder_names_that_folder(tmp_path):
+    """A dangling `--json` link was refused as "its folder does not exist" while its own folder
+    exists (trial): the folder it links to is named."""
+    from profiler.jsonfile import unwritable
+
+    link = tmp_path / "report.json"
+    link.symlink_to(tmp_path / "gone" / "r.json")
+    assert unwritable(str(link)) == f"it links to {tmp_path / 'gone'}/, which does not exist"
+    assert unwritable(str(tmp_path / "gone" / "r.json")) == "its folder does not exist"
+    assert not (tmp_path / "gone").exists() and link.is_symlink()
