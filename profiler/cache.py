@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 # polars and the parser are imported on first use: `ptprof analyze` looks at the cache (which files
 # are missing, so how many workers to start early) before its own imports (cli.py).
 
-LOADER_VERSION = 11  # bump when the frame's schema, parsing or the entry format changes: invalidates every entry
+LOADER_VERSION = 12  # bump when the frame's schema, parsing or the entry format changes: invalidates every entry
 CACHE_ENV = "PTPROF_CACHE_DIR"
 
 

@@ -107,7 +107,9 @@ def measure_run(run_dir: str | Path, *, workers: int | None = None) -> RunWork:
     if not steps:
         raise TraceError(run_dir, "no ProfilerStep spans: project needs the profiled steps")
     ops = pl.concat(ops)
-    steps = _waits_to_comm(pl.concat(steps), ops)
+    # The functional collectives' waits are communication in the breakdown already (classify.py):
+    # not compute, and the communication under them exposed. Out of the counted ops here too.
+    steps = pl.concat(steps)
     ops = ops.filter(pl.col("klass") != "wait")
     acts = [a for a in actions if a.height]
     if traces.ranks["has_gpu"].any() and acts:
@@ -141,20 +143,6 @@ def _clipped(actions: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
                           end_us=pl.min_horizontal("end_us", pl.col("_e").fill_null(pl.col("end_us"))))
             .with_columns(dur_us=(pl.col("end_us") - pl.col("start_us")).clip(0))
             .drop("_s", "_e"))
-
-
-def _waits_to_comm(steps: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
-    """steps with the functional-collective waits (workload's class "wait": operators to
-    profiler.breakdown, so compute there) moved to communication: compute_us − wait, and the
-    communication that ran under them counted exposed, not overlapped. The window is unchanged."""
-    waits = (ops.filter(pl.col("klass") == "wait").group_by("rank", "step").agg(wait_us=pl.col("dur_us").sum())
-             .with_columns(pl.col("rank").cast(pl.Int32)))
-    w = pl.col("wait_us").fill_null(0.0)
-    moved = pl.min_horizontal(w, pl.col("overlap_us"))
-    return (steps.join(waits, on=["rank", "step"], how="left")
-            .with_columns(compute_us=(pl.col("compute_us") - w).clip(0), overlap_us=pl.col("overlap_us") - moved,
-                          exposed_comm_us=pl.col("exposed_comm_us") + moved)
-            .drop("wait_us"))
 
 
 def with_kernel_times(ops: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:

@@ -33,6 +33,22 @@ CPU_RANK = [
 ]
 
 
+def test_a_functional_collectives_wait_is_communication_not_compute():
+    """A tp+sp gloo rank waits for its collectives in `_c10d_functional::wait_tensor` on the main
+    thread: counted as compute, its 180 ms hid the communication under it (73 % "hidden", trial).
+    Step [0, 100): mm [0, 30), the wait [30, 90) while gloo's span runs [30, 90) on its thread:
+    compute 30, comm 60, all of it exposed."""
+    from profiler.classify import classify
+
+    row = temporal_breakdown(classify(make_events([  # kinds as the loader gives them, by classify's rules
+        step(1, 0, 100),
+        dict(name="aten::mm", kind=None, ts_us=0, dur_us=30),
+        dict(name="_c10d_functional::wait_tensor", kind=None, ts_us=30, dur_us=60),
+        dict(name="gloo:all_reduce", kind=None, cat="user_annotation", tid=2, ts_us=30, dur_us=60),
+    ]))).row(0, named=True)
+    assert (row["compute_us"], row["comm_us"], row["overlap_us"], row["exposed_comm_us"]) == (30, 60, 0, 60)
+
+
 def test_gpu_breakdown_by_hand():
     row = temporal_breakdown(make_events(GPU_RANK)).row(0, named=True)
     assert row["window_us"] == 70

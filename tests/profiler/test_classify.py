@@ -30,6 +30,10 @@ CASES = [
     ("cpu_op", "gloo:all_reduce", "X", "cpu", "comm"),
     ("cpu_op", "c10d::allreduce_", "X", "cpu", "enqueue"),
     ("cpu_op", "record_param_comms", "X", "cpu", "enqueue"),
+    # the functional collectives' blocking wait is the collective's, not compute (a tp+sp trial)
+    ("cpu_op", "_c10d_functional::wait_tensor", "X", "cpu", "enqueue"),
+    ("cpu_op", "c10d_functional::wait_tensor", "X", "cpu", "enqueue"),  # torch < 2.3
+    ("cpu_op", "_c10d_functional::all_reduce", "X", "cpu", "op"),  # the call's own work (its enqueue is inside)
     ("cpu_op", "[memory]", "i", "cpu", "memory_event"),
     ("cpu_instant_event", "marker", "i", "cpu", "instant"),
     ("user_annotation", "ptprof/forward", "X", "cpu", "annotation"),

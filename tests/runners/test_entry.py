@@ -96,7 +96,7 @@ import contextlib, gc, os, signal, sys, time, weakref
 import profiler.cli as cli
 
 @contextlib.contextmanager
-def imports():
+def imports(freeze=False):
     class Lock:
         pass
     def callback(_):  # as importlib's module-lock callback: the Ctrl-C lands in here
