@@ -473,6 +473,20 @@ def collective_skew(colls: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def unpaired_group_runs(ranks: pl.DataFrame | None) -> list[str]:
+    """Runs whose collectives of no known group cannot be paired across ranks: a rank there is in
+    two or more process groups of different ranks (distributedInfo's pg_config: a hybrid run's tp
+    and pp groups, or a sub-group beside the world), so the k-th call of two ranks may be two
+    groups' collectives (a trial: rank 0's "mean wait" of 79 ms × 87 calls in a 0.7 s window). gloo
+    records no group on its spans; NCCL's carry it, and are paired by it."""
+    pgs = _process_groups(ranks)
+    if pgs.is_empty():
+        return []
+    multi = pgs.filter((pl.col("pg_size") > 1) & pl.col("pg_ranks").is_not_null())
+    many = multi.group_by("run", "rank").agg(sets=pl.col("pg_ranks").n_unique()).filter(pl.col("sets") > 1)
+    return sorted(set(many["run"].cast(pl.String).to_list()))
+
+
 def stragglers(skew: pl.DataFrame) -> pl.DataFrame:
     """Per (run, group): how often each rank was the last to start a collective, most often first."""
     return (

@@ -10,7 +10,7 @@ import re
 import polars as pl
 
 from profiler.activity import ACTIVITY_COLUMNS
-from profiler.collectives import GLOO_P2P_NOTE, collective_skew, collective_stats, stragglers
+from profiler.collectives import GLOO_P2P_NOTE, collective_skew, collective_stats, stragglers, unpaired_group_runs
 from profiler.discover import manifest_field, model_of
 from profiler.errors import collapsed_problems
 from profiler.load import Traces
@@ -108,8 +108,13 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     steps = out["steps"]
     colls, actions = out["collectives"], out["actions"]
     pipeline = pipeline_summary(actions, traces.runs, steps=steps)
-    skew = collective_skew(colls)
+    unpaired = unpaired_group_runs(ranks)
+    skew = collective_skew(colls.filter(~(pl.col("group").is_null() & pl.col("run").cast(pl.String).is_in(unpaired))))
     warnings = list(traces.notes)  # the load's own (cache unusable, a folder split into its jobs, rank 0 assumed)
+    warnings += [f"run {run}: its collectives name no process group (gloo records none) while its ranks are in "
+                 "several of different ranks (distributedInfo.pg_config), so the k-th call of two ranks may be two "
+                 "groups' collectives: no skew or stragglers for them" for run in unpaired
+                 if colls.filter((pl.col("run").cast(pl.String) == run) & pl.col("group").is_null()).height]
     if rank is not None:  # a run without rank R drops out of every table: said, as a missing step is
         lacking = [r for r in traces.ranks["run"].cast(pl.String).unique(maintain_order=True).to_list()
                    if r not in set(ranks["run"].cast(pl.String))]

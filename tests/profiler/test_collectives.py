@@ -316,3 +316,41 @@ def test_a_collective_inside_a_recompute_span_is_recompute_the_innermost_span_wi
                       *nccl_call("all_reduce", 80, 4, 100, "float", tid=2), kernel(SENDRECV, "comm", 130, 5, 4),
                       *nccl_call("all_reduce", 95, 5, 100, "float", tid=2), kernel(SENDRECV, "comm", 140, 5, 5)])
     assert collectives(ev).sort("start_us")["phase"].to_list() == ["recompute", "backward", "recompute", "backward", None]
+
+
+def test_calls_of_no_known_group_are_not_paired_where_ranks_are_in_several_groups(tmp_path):
+    """A hybrid gloo run (tp groups {0,1} and {2,3}, pp {0,2} and {1,3}): gloo names no group, and
+    pairing the k-th all-reduce of rank 0 with rank 2's (another tp group's, 50 ms later) made
+    stragglers whose mean wait × calls exceeded the window (trial). Where a rank is in two or more
+    groups of different ranks, such calls get no skew or stragglers, and a warning says why; a
+    world-only run (ddp) still pairs them."""
+    import json
+
+    from profiler import analyze
+    from profiler.collectives import unpaired_group_runs
+
+    def write(folder, groups_of, world=4):
+        folder.mkdir()
+        for r in range(world):
+            t0 = 1e15 + (50_000 if r >= 2 else 0)
+            events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1e15,
+                       "dur": 100_000}]
+            for k in range(3):
+                events += [{"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": t0 + 1000 * k, "dur": 2},
+                           {"ph": "X", "cat": "cpu_op", "name": "gloo:all_reduce", "pid": 1, "tid": 2, "ts": t0 + 1000 * k + 1, "dur": 100}]
+            pg = [{"pg_name": str(i), "pg_size": len(g), "ranks": g} for i, g in enumerate(groups_of(r))]
+            (folder / f"rank{r}.json").write_text(json.dumps({"traceEvents": events, "distributedInfo": {
+                "backend": "gloo", "rank": r, "world_size": world, "pg_config": pg}}))
+
+    tp = lambda r: [[0, 1], [2, 3]][r // 2]  # noqa: E731
+    write(tmp_path / "hyb", lambda r: [[0, 1, 2, 3], tp(r), [r % 2, r % 2 + 2]])
+    traces = load_traces(tmp_path / "hyb", progress=False)
+    assert unpaired_group_runs(traces.ranks) == ["hyb"]
+    a = analyze(traces)
+    assert a.skew.is_empty() and a.stragglers.is_empty()
+    assert any(w.startswith("run hyb: its collectives name no process group (gloo records none)") for w in a.warnings)
+    # one group of every rank: the k-th call is the same collective on every rank, paired
+    write(tmp_path / "world", lambda r: [[0, 1, 2, 3]])
+    a = analyze(load_traces(tmp_path / "world", progress=False))
+    assert a.skew.height == 3 and a.skew["spread_us"].to_list() == [50_000] * 3
+    assert not any("name no process group" in w for w in a.warnings)
