@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from profiler.breakdown import pipeline_actions_spans
+from profiler.breakdown import THREAD, blocking_waits, gloo_worker_threads, pipeline_actions_spans
 from profiler.intervals import subtract, union
 from profiler.steps import GLOO_P2P_RE, PROFILER_STEP_RE, names_matching
 
@@ -75,6 +75,7 @@ def lane_spans(events: pl.DataFrame, *, names: bool = True) -> pl.DataFrame:
     # completes it while the rank runs its pipeline actions. As in the breakdown (cpu_comm), the
     # part inside an action span is no communication: drawn whole, an open send painted a zbv
     # rank's whole step as communication.
+    out = _waits_drawn(events, out)
     p2p = out.filter(c("_p2p"))
     actions = pipeline_actions_spans(events) if p2p.height else None
     if actions is None or actions.is_empty():
@@ -82,6 +83,29 @@ def lane_spans(events: pl.DataFrame, *, names: bool = True) -> pl.DataFrame:
     cut = subtract(p2p.rename({"ts_us": "start_us"}), actions.select("run", "rank", start_us="ts_us", end_us="end_us"),
                    ["run", "rank"]).rename({"start_us": "ts_us"})
     return pl.concat([out.filter(~c("_p2p")), cut]).drop("_p2p")
+
+
+def _waits_drawn(events: pl.DataFrame, out: pl.DataFrame) -> pl.DataFrame:
+    """The lanes with a CPU rank's blocking waits (breakdown.blocking_waits: an operator around a
+    synchronous collective runs on through its wait) cut out of the main lane's compute and drawn
+    there as communication, as the breakdown counts them."""
+    c = pl.col
+    cpu = events.filter(c("device") == "cpu")
+    comm = cpu.filter((c("kind") == "comm") & ~c("name").is_in(names_matching(cpu.filter(c("kind") == "comm"), GLOO_P2P_RE)))
+    if comm.is_empty():
+        return out
+    ops = (cpu.lazy().filter((c("ph") == "X") & c("kind").is_in(["op", "enqueue"])).select(*THREAD, "name", "kind", "ts_us", "end_us")
+           .collect().join(gloo_worker_threads(events), on=THREAD, how="anti"))
+    waits = blocking_waits(ops, comm)
+    if waits.is_empty():
+        return out
+    main = (c("lane") == "main") & (c("category") == "compute")
+    cut = subtract(out.filter(main).rename({"ts_us": "start_us"}), waits, ["run", "rank"]).rename({"start_us": "ts_us"})
+    drawn = waits.cast({"run": out.schema["run"], "rank": out.schema["rank"]}).select(
+        "run", "rank", lane=pl.lit("main"), lane_key=pl.lit(LANE_ORDER["main"], pl.Int64), category=pl.lit("comm"),
+        **({"name": pl.lit("(waiting for a collective)")} if "name" in out.columns else {}),
+        ts_us="start_us", end_us="end_us", _p2p=pl.lit(False))
+    return pl.concat([out.filter(~main), cut.select(out.columns), drawn.select(out.columns)])
 
 
 def activity(events: pl.DataFrame, n_bins: int = N_BINS) -> pl.DataFrame:

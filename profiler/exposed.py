@@ -26,10 +26,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from profiler.breakdown import THREAD, gloo_worker_threads, multi_gpu_ranks, pipeline_actions_spans
+from profiler.breakdown import THREAD, blocking_waits, gloo_worker_threads, multi_gpu_ranks, pipeline_actions_spans
 from profiler.collectives import POINT_TO_POINT
 from profiler.intervals import last_at_instant, over, sweep, varying
-from profiler.steps import KEYS
+from profiler.steps import GLOO_P2P_RE, KEYS
 
 EXPOSED_COLUMNS = {
     "run": pl.Categorical, "rank": pl.Int32, "step": pl.Int64, "collective": pl.String, "phase": pl.String,
@@ -200,10 +200,13 @@ def _cpu_compute(events: pl.DataFrame, calls: pl.DataFrame, gloo_threads: pl.Dat
     ev = events.join(cpu, on=KEYS, how="semi")
     ops = (
         ev.lazy().filter((pl.col("ph") == "X") & pl.col("kind").is_in(["op", "enqueue"]))
-        .select(*THREAD, "kind", "ts_us", "end_us").collect()
+        .select(*THREAD, "name", "kind", "ts_us", "end_us").collect()
         # (a rank's gloo threads are found from its own events: those of every rank serve as well)
         .join(gloo_worker_threads(ev) if gloo_threads is None else gloo_threads, on=THREAD, how="anti")
     )
-    # op minus enqueue, as the breakdown counts it: the segments an op covers and no enqueue does.
-    segs = sweep(ops.select(*KEYS, label="kind", start_us="ts_us", end_us="end_us"), KEYS, ["op", "enqueue"])
-    return segs.filter(pl.col("op") & ~pl.col("enqueue")).select(*KEYS, "start_us", "end_us")
+    comm = ev.filter((pl.col("kind") == "comm") & ~pl.col("name").cast(pl.String).str.contains(GLOO_P2P_RE))
+    # op minus enqueue and the blocking waits, as the breakdown counts it: the segments an op covers and neither does.
+    labelled = pl.concat([ops.select(*KEYS, label=pl.col("kind").cast(pl.String), start_us="ts_us", end_us="end_us"),
+                          blocking_waits(ops, comm).select(*KEYS, "start_us", "end_us", label=pl.lit("wait")).select(*KEYS, "label", "start_us", "end_us")])
+    segs = sweep(labelled, KEYS, ["op", "enqueue", "wait"])
+    return segs.filter(pl.col("op") & ~pl.col("enqueue") & ~pl.col("wait")).select(*KEYS, "start_us", "end_us")

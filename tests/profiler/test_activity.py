@@ -130,3 +130,23 @@ def _joined(rows: list[tuple]) -> list[tuple]:
         else:
             out.append(r)
     return out
+
+
+def test_a_blocking_wait_inside_an_operator_is_drawn_as_communication():
+    """As the breakdown counts it (breakdown.blocking_waits): `_AllToAll` [0, 80) enqueues at [10, 15)
+    and waits for gloo's span [16, 70) starting nothing; the main lane draws [15, 70) as
+    communication, not compute (bins of 10 µs over [0, 100))."""
+    ev = make_events([
+        step(1, 0, 100),
+        dict(name="_AllToAll", kind="op", ts_us=0, dur_us=80),
+        dict(name="c10d::alltoall_base_", kind="enqueue", ts_us=10, dur_us=5),
+        dict(name="gloo:all_to_all", kind="comm", cat="user_annotation", tid=2, ts_us=16, dur_us=54),
+        dict(name="aten::add", kind="op", ts_us=72, dur_us=6),
+        dict(name="tail", kind="op", ts_us=95, dur_us=5),
+    ])
+    a = activity(ev, n_bins=10)
+    got = {(lane, cat): dict(zip(g["bin"], g["busy"])) for (lane, cat), g in
+           ((k, v.to_dict(as_series=False)) for k, v in a.group_by("lane", "category", maintain_order=True))}
+    assert got[("main", "compute")] == pytest.approx({0: 1.0, 1: 0.5, 7: 1.0, 9: 0.5})
+    # the enqueue [10, 15) is drawn as communication too (activity.KIND_CATEGORY)
+    assert got[("main", "comm")] == pytest.approx({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 1.0})
