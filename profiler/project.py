@@ -79,10 +79,13 @@ def comm_rows(work: RunWork, layout: Layout) -> pl.DataFrame:
     schema = {"rank": pl.Int32, "dim": pl.String, "phase": pl.String, "collective": pl.String, "group_size": pl.Int64,
               "calls": pl.Int64, "bytes": pl.Int64, "step": pl.Int64}
     frame = pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row")
+    # theory's "sp" rows: Megatron's sequence parallelism rides on the tp group; Ulysses' sequence
+    # group is the layout's cp (project_run.py), where they were placed and named as tp (a trial).
+    frame = frame.with_columns(dim=pl.col("dim").replace({"sp": "cp" if layout.cp > 1 and not layout.sp else "tp"}))
     strides = {}
     for dim in frame["dim"].unique().to_list():
         try:
-            strides[dim] = group_stride(layout, {"sp": "tp"}.get(dim, dim))
+            strides[dim] = group_stride(layout, dim)
         except LayoutError:
             strides[dim] = 1
     why = facts.get("why") or (None if frame.height else "profiler.theory.predict_run gives no rows")
@@ -164,9 +167,8 @@ def own_layout_step(work: RunWork, cluster: Cluster, source: Cluster, layout: La
 
 def _by_dim(exposed_s: float, rows_t: pl.DataFrame) -> dict[str, float]:
     """The exposed communication as `comm_exposed:<dim>` keys (as profiler.costmodel's), split in
-    proportion to each dim's predicted communication time (sp's rows are the tp group's)."""
+    proportion to each dim's predicted communication time (sp's rows are named by comm_rows)."""
     per = (rows_t.filter(pl.col("target_s").is_not_null() & pl.col("step").is_null())  # every step's rows
-           .with_columns(dim=pl.col("dim").replace({"sp": "tp"}))
            .group_by("dim").agg(pl.col("target_s").sum()).filter(pl.col("target_s") > 0))
     total = per["target_s"].sum() if per.height else 0.0
     if not exposed_s or total <= 0:

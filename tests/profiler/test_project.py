@@ -300,3 +300,20 @@ def test_a_copied_run_is_calibrated_under_its_folders_name(tmp_path):
     work = measure_run(tmp_path / "before")
     assert work.run_id == "before" and json.loads((tmp_path / "before" / "run.json").read_text())["run_id"] == "sample-ddp-2r"
     assert calibrate(work).name == "measured:before"
+
+
+def test_ulysses_all_to_alls_are_the_cp_groups_communication():
+    """Theory names Ulysses' rows "sp"; project took them for Megatron's sequence parallelism, on
+    the tp group: a Ulysses run's all-to-alls read `comm_exposed:tp` beside `layout cp=2`, and were
+    placed by tp's stride (trial)."""
+    from types import SimpleNamespace
+
+    from profiler.project import comm_rows, run_layout, run_spec
+
+    m = json.loads((SAMPLES / "sample-ring-2r" / "run.json").read_text())
+    m["paradigm"] = "ulysses"
+    lay = run_layout(m, run_spec(m))
+    assert lay.cp == 2 and not lay.sp
+    rows, why = comm_rows(SimpleNamespace(manifest=m), lay)
+    assert why is None and set(rows["dim"]) == {"cp"}
+    assert rows.filter(pl.col("collective") == "all_to_all").height > 0
