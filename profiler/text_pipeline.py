@@ -55,7 +55,7 @@ def pipeline_sections(a, runs: list[str], full: bool) -> list[str]:
                                       "rrrrrl", shrink=None)
             return lines
         mean = part.group_by("run", "rank").agg(pl.col(list(labels) + split).mean())  # over the steps
-        named = labels | ({"theory_pct": "textbook (no flush)"} if r0["schedule"] == "pipedream" else {})
+        named = labels | {"theory_pct": _textbook_label(r0["schedule"])}
         if r0["schedule"] == "pipedream":  # a stream: each rank's window is its own step
             # What the flush would have cost: the same P and M under synchronous 1F1B.
             flushed = theory_bubble_pct(r0["pp_ranks"], r0["microbatches"])
@@ -81,6 +81,13 @@ def pipeline_sections(a, runs: list[str], full: bool) -> list[str]:
         grid = strings(a.pipeline_grid).sort("run", "rank", "step")
         out += per_run(runs, grid, lambda g: _orders(g, full))
     return out
+
+
+def _textbook_label(schedule: str | None) -> str:
+    """The textbook row's label: the formula profiler.pipeline.schedule_theory_pct used for it (an
+    interleaved 1F1B run's 11.1 % was labelled (p-1)/(m+p-1), which gives 20 %: trial)."""
+    return {"pipedream": "textbook (no flush)", "interleaved-1f1b": "textbook (p-1)/(v·m+p-1)",
+            "zero-bubble": "textbook ZB-H1 (p-1)(F+I-W)"}.get(schedule or "", "textbook (p-1)/(m+p-1)")
 
 
 def _slowest(r: dict) -> str:

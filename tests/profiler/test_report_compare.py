@@ -196,3 +196,16 @@ def test_rank_r_says_which_runs_lack_it():
     assert "--rank 1: run single has no rank 1; left out" in a.warnings
     both = analyze(load_traces([REPO / "traces" / "sample-ddp-2r", REPO / "traces" / "sample-fsdp-2r"], progress=False), rank=1)
     assert not [w for w in both.warnings if w.startswith("--rank")]
+
+
+def test_the_textbook_rows_label_is_the_formula_its_value_came_from():
+    """An interleaved 1F1B run's textbook bubble 11.1 % = (p-1)/(v·m+p-1) at p=2, m=4, v=2 was
+    labelled (p-1)/(m+p-1), which gives 20 % (trial)."""
+    from profiler.pipeline import schedule_theory_pct
+    from profiler.text_pipeline import _textbook_label
+
+    assert _textbook_label("interleaved-1f1b") == "textbook (p-1)/(v·m+p-1)"
+    assert schedule_theory_pct("interleaved-1f1b", 2, 4, 2, {}) == pytest.approx(100 * 1 / 9)
+    assert _textbook_label("1f1b") == _textbook_label("gpipe") == "textbook (p-1)/(m+p-1)"
+    assert schedule_theory_pct("1f1b", 2, 4, 1, {}) == pytest.approx(20.0)
+    assert _textbook_label("pipedream") == "textbook (no flush)" and "ZB-H1" in _textbook_label("zero-bubble")
