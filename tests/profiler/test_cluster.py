@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -54,6 +55,7 @@ peak_tflops = 100.0
 hbm_gib = 24
 hbm_gbps = 900.0
 gpus_per_node = 4
+sms = 100
 gemm_efficiency = 0.7
 hbm_efficiency = 0.9
 link_efficiency = 0.6
@@ -132,7 +134,7 @@ def test_user_toml_file_loads(tmp_path):
     c = load_cluster(str(p))
     assert c == Cluster(name="my-cluster", peak_tflops=100.0, hbm_gib=24.0, hbm_gbps=900.0, gpus_per_node=4,
                         intra=Link("PCIe 4", 25.0, 5.0), inter=Link("100 GbE", 12.5, 20.0),
-                        gemm_efficiency=0.7, hbm_efficiency=0.9, link_efficiency=0.6, notes=("lab machines",))
+                        gemm_efficiency=0.7, hbm_efficiency=0.9, link_efficiency=0.6, notes=("lab machines",), sms=100)
     assert c.source == str(p)
     assert isinstance(c.gpus_per_node, int) and isinstance(c.hbm_gib, float)
     assert load_cluster(p) == c  # a Path works too
@@ -374,7 +376,7 @@ def test_cpu_like_numbers_and_the_presets_raise_no_warning():
     link = Link("gloo", 3.0, 2000.0)
     cpu = Cluster("cpu", peak_tflops=0.2, hbm_gib=64, hbm_gbps=4.0, gpus_per_node=2, intra=link, inter=link)
     assert cluster_warnings(cpu) == []
-    assert cluster_warnings(Cluster("zero latency", 100, 24, 900, 4, Link("a", 25, 0.0), Link("b", 12.5, 0.0))) == []
+    assert cluster_warnings(Cluster("zero latency", 100, 24, 900, 4, Link("a", 25, 0.0), Link("b", 12.5, 0.0), sms=100)) == []
     for name in preset_names():
         assert cluster_warnings(load_cluster(name)) == [], name
 
@@ -407,3 +409,17 @@ def test_a_different_gpu_is_not_offered_a_preset(spec):
 def test_a_typo_of_a_preset_keeps_the_suggestion(spec, stem):
     with pytest.raises(ClusterError, match=rf"no such preset \(did you mean {stem}\?\)"):
         load_cluster(spec)
+
+
+def test_a_gpu_without_an_sm_count_is_warned_of(tmp_path):
+    """An L40S file without `sms` (the README's example had none) timed GEMMs with no wave
+    quantization: a small model's compute projected 3x faster than on the H100 preset (trial)."""
+    p = tmp_path / "c.toml"
+    p.write_text(FULL_TOML.replace("sms = 100\n", ""))
+    (w,) = cluster_warnings(load_cluster(str(p)))
+    assert w.startswith("no sms (SMs per GPU) and not a preset's GPU: GEMMs are timed without wave quantization")
+    assert cluster_warnings(replace(load_cluster(str(p)), name="my H100 box")) == []  # the name says its SMs
+    # the README's and docs/whatif.md's example files give it
+    for doc in ("README.md", "docs/whatif.md"):
+        block = (REPO / doc).read_text().split('name = "lab L40S"', 1)[1].split("```", 1)[0]
+        assert "sms = 142" in block, doc
