@@ -302,6 +302,14 @@ def straggler_rule(a: "Analysis") -> list[Row]:
             text += f"; rank {rank} is the last to start in {pct(share_last)} of them ({times:,} of {n:,})"
             change = (f"look at what rank {rank} does before its collectives that the others do not (data loading, "
                       "logging or checkpointing on that rank, a slower device or a busy host); give it less work")
+            if manifest_field((getattr(a, "runs", None) or {}).get(run), "paradigm") == "ep":
+                # Expert parallelism: a rank's expert work is the tokens routed to it, which the
+                # all-to-all's sizes show (theory's "routing of step N: pairs sent, received"; a trial's
+                # straggler received 294 pairs against 250 sent and was told to look at data loading).
+                change = (f"in expert parallelism the last rank is often the one whose experts got the most tokens: "
+                          f"see the Theory table's routing (pairs sent and received per step) for rank {rank}; balance "
+                          "the routing (an auxiliary load-balancing loss, a capacity factor that drops the overflow), "
+                          "and failing that, " + change)
         else:
             rank = None
             top = strag.filter((pl.col("run") == run) & (pl.col("group") == group)).sort("share_pct", descending=True)

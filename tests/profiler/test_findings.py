@@ -345,6 +345,21 @@ def test_straggler_named_with_its_share():
     assert "all_reduce #4, 200 µs, last rank 2" in f["evidence"]
 
 
+def test_an_expert_parallel_straggler_is_pointed_at_its_routing():
+    """An ep run's last-in rank received the most routed tokens (the theory table said 294 pairs
+    against 250 sent) and was told to look at data loading (trial): its change names the routing."""
+    case = straggler_case()
+    case.runs = {"A": {"paradigm": "ep"}}
+    f = only(F.straggler_rule(case))
+    assert f["change"].startswith("in expert parallelism the last rank is often the one whose experts got the most "
+                                  "tokens: see the Theory table's routing (pairs sent and received per step) for rank 3")
+    assert f["change"].endswith("and failing that, look at what rank 3 does before its collectives that the others do not "
+                                "(data loading, logging or checkpointing on that rank, a slower device or a busy host); "
+                                "give it less work")
+    case.runs = {"A": {"paradigm": "ddp"}}
+    assert only(F.straggler_rule(case))["change"].startswith("look at what rank 3 does")
+
+
 def test_skew_without_a_straggler():
     f = only(F.straggler_rule(straggler_case(share_3=60.0, times_3=3)))
     assert f["rank"] is None and "no one rank is last consistently" in f["text"]
