@@ -142,7 +142,8 @@ def _median_size(a: "Analysis", run: str, rank: int, kind: str, phase: str | Non
     sel = (pl.col("run") == run) & (pl.col("rank") == rank) & (pl.col("collective") == kind)
     sel &= pl.col("phase").is_null() if phase is None else pl.col("phase") == phase
     sizes = c.filter(sel)["size_bytes"].drop_nulls()
-    return float(sizes.median()) if sizes.len() else None
+    # "lower": a size some call sent (the interpolated median of 16 and 32 B calls, 24 B, is none: trial)
+    return float(sizes.quantile(0.5, interpolation="lower")) if sizes.len() else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,6 +379,12 @@ def comm_volume_rule(a: "Analysis") -> list[Row]:
 # 6. Achieved bandwidth against the fitted β
 
 
+def _count(x: float) -> str:
+    """A mean count to 3 significant digits, whole ones with thousands separators: 4, 1,200, 2.67."""
+    v = float(f"{x:.3g}")
+    return f"{v:,.0f}" if v == int(v) else f"{v:g}"
+
+
 def bandwidth_rule(a: "Analysis") -> list[Row]:
     """Collectives far below their fitted β: latency-bound where α is most of the fitted time, else waiting."""
     fits = _str_run(a.alpha_beta)
@@ -394,7 +401,7 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
                          & (pl.col("predicted_us") > 0) & pl.col("predicted_us").is_finite() & pl.col("size_bytes").is_not_null())
     by = (calls.join(fits.select(*keys, "alpha_us", "beta_gbps", "r2", "n_calls", "n_sizes"), on=keys, how="inner", nulls_equal=True)
           .group_by(keys).agg(pl.len().alias("calls"), pl.col("dur_us", "predicted_us", "size_bytes").sum(),
-                              pl.col("size_bytes").median().alias("median_bytes"),
+                              pl.col("size_bytes").quantile(0.5, interpolation="lower").alias("median_bytes"),
                               excess_us=(pl.col("dur_us") - pl.col("predicted_us")).clip(lower_bound=0).sum(),
                               *(pl.col(c).first() for c in ("alpha_us", "beta_gbps", "r2", "n_calls", "n_sizes")))
           .with_columns(achieved_gbps=pl.col("size_bytes") / pl.col("dur_us") / 1e3,
@@ -424,7 +431,8 @@ def bandwidth_rule(a: "Analysis") -> list[Row]:
                 f"{pct(100 * f['achieved_gbps'] / f['beta_gbps'])} of its fitted β {num(f['beta_gbps'])} GB/s")
         if latency:
             text += (f": the per-call latency α = {ms(f['alpha_us'])} is {pct(f['alpha_pct'])} of the time α + n/β predicts "
-                     f"for them (median message {bytes_text(f['median_bytes'])}); {f['calls']:,} calls × α are {pct(score)} of each rank's step, on average")
+                     f"for them (median message {bytes_text(f['median_bytes'])}); {_count(f['calls'] / n_steps)} calls a step on "
+                     f"each rank, on average, × α are {ms(f['calls'] * f['alpha_us'] / n_steps)}, {pct(score)} of its step")
             change = ("send fewer, larger messages: " + (
                 "bigger buckets (DDP bucket_cap_mb), larger FSDP units, coalesced collectives"
                 if f["collective"] in ("all_reduce", "reduce_scatter", "all_gather")

@@ -436,7 +436,7 @@ def test_latency_bound_collectives():
     assert (f["rule"], f["score"]) == ("bandwidth", pytest.approx(10.0))
     assert f["text"] == ("all_reduce on 2 ranks reaches 0.00990 GB/s over its 10 calls (all ranks), 0.990 % of its fitted β 1.00 GB/s: the "
                          "per-call latency α = 100 µs is 99.0 % of the time α + n/β predicts for them (median message 1000 B); "
-                         "10 calls × α are 10.0 % of each rank's step, on average.")
+                         "10 calls a step on each rank, on average, × α are 1.00 ms, 10.0 % of its step.")
     assert "fewer, larger messages" in f["change"] and "bucket_cap_mb" in f["change"]  # an all-reduce
     # an all-to-all has no DDP bucket nor FSDP unit to grow (trial)
     case = bandwidth_case()
@@ -477,7 +477,7 @@ def test_bandwidth_counts_calls_with_thousands_separators():
     # bandwidth_case's latency case with 1200 calls, the window 120x: still 1200 x 100 µs = 10 % of the step
     f = only(F.bandwidth_rule(bandwidth_case(window=1_200_000.0, n=1200)))
     assert f["text"].startswith("all_reduce on 2 ranks reaches 0.00990 GB/s over its 1,200 calls (all ranks),")
-    assert "1,200 calls × α are 10.0 % of each rank's step, on average" in f["text"]
+    assert "1,200 calls a step on each rank, on average, × α are 120 ms, 10.0 % of its step" in f["text"]
     assert "1,200 calls in the profiled steps" in f["evidence"] and "over 1,200 calls of 3 sizes" in f["evidence"]
 
 
@@ -976,3 +976,16 @@ def test_a_small_state_with_a_large_measured_peak_is_no_small_model():
                                                    "peak_allocated_bytes": pl.Int64, "peak_step": pl.Int64})
     f = only(F.persistent_memory_rule(case))
     assert "limits nothing" not in f["text"] and f["change"].startswith("switch to zero1")
+
+
+def test_latency_share_counts_calls_per_rank_and_step():
+    """An ep run's 24 calls (2 ranks x 3 steps) read "24 calls × α are 6.68 % of each rank's step",
+    where 24 × α is 41 % of a step (trial): the sentence gives the calls of one rank's step.
+    Here 8 calls over 2 ranks x 2 steps of 1 ms: 2 a step on each rank, × 100 µs = 200 µs, 20 %."""
+    case = bandwidth_case(window=1_000.0, n=8)
+    case.breakdown_steps = frame([{"run": "A", "rank": r, "step": s, "window_us": 1_000.0} for r in (0, 1) for s in (1, 2)],
+                                 BREAKDOWN | {"step": pl.Int64})
+    f = only(F.bandwidth_rule(case))
+    assert f["score"] == pytest.approx(20.0)
+    assert "over its 8 calls (all ranks)" in f["text"]
+    assert f["text"].endswith("2 calls a step on each rank, on average, × α are 200 µs, 20.0 % of its step.")
