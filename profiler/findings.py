@@ -31,6 +31,7 @@ FINDING_COLUMNS = {
 }
 
 # Thresholds and helpers: profiler/findings_base.py; the memory rules: profiler/findings_memory.py.
+from profiler.findings_base import incomplete_runs
 from profiler.findings_base import (  # noqa: F401  (thresholds re-exported: docs/findings.md names them here)
     ACTIVATION_MIN_PCT, ALPHA_MIN_SHARE_PCT, BUBBLE_MIN_PCT, BUBBLE_PART_MIN_PCT, COMPARE_MIN_PCT, EXPOSED_COMM_MIN_PCT, IDLE_MIN_PCT,
     FIT_MIN_R2, LATENCY_MAX_BW_FRACTION, LATENCY_MIN_PCT, MAX_COMPARISON_FINDINGS, MAX_FINDINGS, MEMORY_SAVING_MIN_PCT,
@@ -156,10 +157,11 @@ def pipeline_bubble_rule(a: "Analysis") -> list[Row]:
     if p is None or p.is_empty():
         return []
     have_split = {"schedule_bubble_pct", "imbalance_pct", "comm_wait_pct"} <= set(p.columns)
+    partial = incomplete_runs(getattr(a, "ranks", None))
     out = []
     for run in p["run"].unique(maintain_order=True).to_list():
         rp = p.filter((pl.col("run") == run) & pl.col("bubble_pct").is_finite())
-        if rp.is_empty():
+        if rp.is_empty() or run in partial:  # stages missing: no bubble, split or slowest stage of the pipeline
             continue
         mean = lambda c: rp[c].mean() if c in rp.columns and rp[c].null_count() == 0 else None  # noqa: E731
         # The pipeline module's own split (% of the pipeline's rank-time) where it has one; else the

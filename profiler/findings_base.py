@@ -67,3 +67,13 @@ def _step_us(a: "Analysis") -> dict[str, float]:
         return {}
     means = b.filter(pl.col("window_us") > 0).group_by("run").agg(pl.col("window_us").mean())
     return {r: w for r, w in means.iter_rows() if _finite(w) and w > 0}
+
+
+def incomplete_runs(ranks: pl.DataFrame | None) -> dict[str, tuple[int, int]]:
+    """{run: (ranks loaded, world size)} of the runs with fewer ranks loaded than their traces'
+    world size (distributedInfo): a pipeline of 2 read from one rank's file is no pipeline of one
+    stage (a trial's partial gpipe run: "p=1, the slowest stage is stage 0, 1.00x")."""
+    if ranks is None or ranks.is_empty() or "world_size" not in ranks.columns:
+        return {}
+    per = ranks.group_by("run").agg(have=pl.col("rank").n_unique(), world=pl.col("world_size").max())
+    return {str(run): (have, world) for run, have, world in per.iter_rows() if world is not None and have < world}

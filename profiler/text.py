@@ -17,7 +17,7 @@ import polars as pl
 from profiler.collectives import GLOO_P2P_NOTE
 from profiler.discover import paradigm_label
 from profiler.errors import printable
-from profiler.findings_base import STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES
+from profiler.findings_base import STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, incomplete_runs
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
     NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_r2, fmt_range, fmt_since,
     fmt_time, fmt_unit, min_median_max, model_label, more, per_run, plural, sig3, sparkline, strings, table, title, truncate,
@@ -93,8 +93,9 @@ def _common_folder(files: list[str]) -> str:
 def _findings(a, runs: list[str], full: bool) -> list[str]:
     if a.findings is None or a.findings.is_empty():
         # Said, not left out: a user must not wonder whether the rules ran (docs/findings.md).
-        return [title("Findings", "none: no rule's threshold was reached (docs/findings.md lists them)")]
+        return [title("Findings", "none: no rule's threshold was reached (docs/findings.md lists them)"), *_incomplete_note(a)]
     out = [title("Findings", "what the numbers say and what to try, most important first")]
+    out += _incomplete_note(a)
     for i, f in enumerate(a.findings.to_dicts(), 1):
         text = f["text"] or ""
         if len(runs) > 1 and f.get("run"):
@@ -105,6 +106,18 @@ def _findings(a, runs: list[str], full: bool) -> list[str]:
         if f.get("change"):
             out += wrap(f"try: {f['change']}", "    ", "      ")
     return out
+
+
+def _incomplete_note(a) -> list[str]:
+    """Before the findings, not only among the warnings at the end: a run with ranks missing."""
+    partial = incomplete_runs(getattr(a, "ranks", None))
+    if not partial:
+        return []
+    piped = set(a.pipeline["run"].cast(pl.String)) if a.pipeline is not None and not a.pipeline.is_empty() else set()
+    parts = [f"run {run}: {have:,} of {world:,} ranks loaded" + (", no pipeline finding" if run in piped else "")
+             for run, (have, world) in sorted(partial.items())]
+    return wrap("(" + "; ".join(parts) + ": cross-rank findings cover the loaded ranks only; the warnings at the end name "
+                "the missing ranks)", "  ", "   ")
 
 
 def _theory_check(a, runs: list[str], full: bool) -> list[str]:

@@ -989,3 +989,21 @@ def test_latency_share_counts_calls_per_rank_and_step():
     assert f["score"] == pytest.approx(20.0)
     assert "over its 8 calls (all ranks)" in f["text"]
     assert f["text"].endswith("2 calls a step on each rank, on average, × α are 200 µs, 20.0 % of its step.")
+
+
+def test_a_pipeline_with_ranks_missing_gets_no_bubble_finding_and_the_findings_say_so():
+    """One rank's file of a 2-rank gpipe run: "0 % is the schedule's own bubble (p=1, m=4) ... the
+    slowest stage is stage 0, 1.00×", the missing rank said 120 lines later (trial)."""
+    from profiler.text import _findings
+
+    case = pipeline_case()
+    assert only(F.pipeline_bubble_rule(case))  # both ranks: the finding
+    case.ranks = case.ranks.filter(pl.col("rank") == 0).with_columns(world_size=pl.lit(2, pl.Int64))
+    case.pipeline = case.pipeline.filter(pl.col("rank") == 0)
+    assert F.pipeline_bubble_rule(case) == []
+    case.findings = pl.DataFrame({"rule": ["x"], "text": ["something"]})
+    lines = _findings(case, ["A"], full=False)
+    assert " ".join(x.strip() for x in lines[1:3]) == ("(run A: 1 of 2 ranks loaded, no pipeline finding: cross-rank findings "
+                                                       "cover the loaded ranks only; the warnings at the end name the missing ranks)")
+    case.ranks = case.ranks.with_columns(world_size=pl.lit(1, pl.Int64))  # the whole world: no note
+    assert "ranks loaded" not in "\n".join(_findings(case, ["A"], full=False))
