@@ -1,6 +1,6 @@
 """`ptprof project RUN --cluster C [--nodes N] [--layout ...]`: the step a profiled run would take
 on a target cluster, in its own layout or another: compute from the run's measured per-op work
-(FLOPs from recorded shapes, profiler.workload), communication from issue 8's volumes under the
+(FLOPs from recorded shapes, profiler.workload), communication from the theory's volumes under the
 target's α–β, overlap as the run scheduled it, pipelines by replaying the schedule
 (profiler.pipeline.simulate_order). docs/whatif.md, "Project".
 
@@ -73,7 +73,7 @@ def calibrate_cluster(run_dir: str) -> Cluster:
 
 
 def comm_rows(work: RunWork, layout: Layout) -> pl.DataFrame:
-    """issue 8's rows (profiler.theory.predict_run) of the run: rank, dim, phase, collective,
+    """The theory's rows (profiler.theory.predict_run) of the run: rank, dim, phase, collective,
     group_size, calls, bytes, step, with the stride of the dim's groups in the rank order."""
     rows, facts = predict_run(work.manifest)
     schema = {"rank": pl.Int32, "dim": pl.String, "phase": pl.String, "collective": pl.String, "group_size": pl.Int64,
@@ -295,7 +295,7 @@ def project_details(run_dir: str, cluster: Cluster, *, nodes: int | None = None,
         f"memory-bound ops at hbm_efficiency {cluster.hbm_efficiency:g}); "
         f"{cov['known_pct'] or 0:.0f} % of the measured compute time has its work known from shapes, the rest is "
         f"scaled by the same ratio (target/measured = {proj['rho']:.3g})",
-        "communication: issue 8's volumes per rank (profiler.theory) under the target's α–β, groups placed on "
+        "communication: the theory's per-step volumes per rank (profiler.theory, docs/theory.md) under the target's α–β, groups placed on "
         "the intra- or inter-node link by rank layout (tp innermost, then cp, dp, pp)",
         "overlap: the communication the run hid under compute stays hidden up to the re-timed compute that hid it",
         "other: host time with neither compute nor communication (Python, dispatch gaps, waits) carried over as "

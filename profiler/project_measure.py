@@ -258,7 +258,7 @@ def fit_link(colls: pl.DataFrame, *, bw_prior_gbps: float | None = None) -> tupl
 
 def _scaled_to_run(work: RunWork, link: Link, how: str) -> tuple[Link, str]:
     """The fitted link with α and 1/bw scaled by f = the run's measured communication time (the
-    union of its calls per rank and step, profiler.breakdown's comm_us) / issue 8's volumes of the
+    union of its calls per rank and step, profiler.breakdown's comm_us) / the theory's volumes of the
     run under the fitted link: on gloo, calls in flight together (ZeRO-1's broadcasts) and waits
     for late peers make the per-call fit miss what the steps paid. Not for pipelines, whose
     blocking receives also wait out the peer's compute (the schedule replay models that)."""
@@ -278,7 +278,7 @@ def _scaled_to_run(work: RunWork, link: Link, how: str) -> tuple[Link, str]:
         return link, how
     f = measured_s / model_s
     return (Link(link.name, link.bw_gbps / f, link.latency_us * f),
-            f"{how}; α and 1/bw then x {f:.3g} so that issue 8's volumes of the run take its measured "
+            f"{how}; α and 1/bw then x {f:.3g} so that the theory's volumes of the run take its measured "
             f"communication time ({measured_s * 1e3:.1f} ms over its ranks and steps)")
 
 

@@ -143,12 +143,22 @@ def _theory_check(a, runs: list[str], full: bool) -> list[str]:
             same = g.select(pl.col("predicted", "measured").n_unique()).row(0) == (1, 1)
             rank = NONE if worst["rank"] is None else f"rank {worst['rank']}"
             rows.append(cells + ["every rank" if n > 1 and same else rank])
-        return table(header, rows, "lrrrll", shrink=0)
+        return table(header, rows, "lrrrll", shrink=0) + _volume_note(part)
 
     out = [title("Theory vs measured", "the textbook formula's prediction beside the traces, per step")]
     if not full:
         out.append("  (per quantity, the rank furthest from its prediction; --full: every rank)")
     return out + per_run(runs, check, render)
+
+
+def _volume_note(part: pl.DataFrame) -> list[str]:
+    """What Φ and the volume are (the check's own note: "Φ = N B; all-reduce counted twice ..."),
+    said under the table: the JSON alone had it (trial)."""
+    if "note" not in part.columns:
+        return []
+    notes = part.filter(pl.col("quantity") == "volume/step")["note"].drop_nulls().unique(maintain_order=True).to_list()
+    return wrap(f"(volume/step: the bytes a rank's collectives move per step in units of Φ, the model's parameters' bytes; "
+                f"{notes[0]})", "  ", "   ") if notes else []
 
 
 def _check_cells(r: dict) -> list[str]:

@@ -713,3 +713,11 @@ def test_a_torch18_trace_has_no_steps_among_its_operators_and_says_why_memory_is
     assert a.top_operators.height > 0
     text = format_tables(a)
     assert "(—: [memory] events with each allocation's Bytes but no Total Allocated, as older torch (1.8)" in text
+
+
+def test_the_theory_table_says_what_phi_and_the_volume_are(ddp):
+    """`volume/step 2.00 Φ` with Φ defined only in the JSON (trial). The sample's model has 133,760
+    fp32 parameters: Φ = 535,040 B (run.json's params × 4, counted here by hand)."""
+    lines = section(format_tables(ddp), "Theory vs measured")
+    note = " ".join(x.strip() for x in lines if "Φ =" in x or "volume/step: the bytes" in x or "all-reduce counted" in x)
+    assert "in units of Φ, the model's parameters' bytes; Φ = 535,040 B; all-reduce counted twice" in note
