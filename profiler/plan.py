@@ -352,6 +352,12 @@ def plan(spec: ModelSpec, gpus: int, cluster: Cluster, *, estimate_fn: EstimateF
         "the GPUs per node sits in one node",
         "not searched: context parallelism (cp = 1), HSDP (ZeRO-3 shards over all dp ranks), "
         "tp not dividing the heads",
+        # The memory column's bytes (a trial: nothing said what they assume).
+        f"memory: mixed precision as ZeRO counts it, {spec.param_bytes} B parameters + {spec.grad_bytes} B gradients "
+        f"+ {spec.optimizer_bytes_per_param} B of Adam state (fp32 master weights, m, v) = "
+        f"{spec.param_bytes + spec.grad_bytes + spec.optimizer_bytes_per_param} B per parameter before sharding "
+        f"(ZeRO-1 shards the optimizer's {spec.optimizer_bytes_per_param} B, ZeRO-2 the gradients too, ZeRO-3 all), "
+        f"activations in {spec.param_bytes}-byte elements",
     ]
     if ranked:  # the cost model's own, but its "compute efficiency assumed" line said above
         assumptions += [a for a in ranked[0].assumptions

@@ -197,6 +197,9 @@ def test_real_plan_respects_memory():
     result = plan(GPT3_XL, 8, _real_cluster(hbm_gib=16.0))
     assert result.ranked and result.refused[R_HBM] > 0
     assert all(e.memory_bytes["total"] <= hbm and e.fits for e in result.ranked)
+    # the 16 B a parameter above is said among the plan's assumptions (a trial: nothing said it)
+    assert any(a.startswith("memory: mixed precision as ZeRO counts it, 2 B parameters + 2 B gradients + 12 B of Adam "
+                            "state (fp32 master weights, m, v) = 16 B per parameter before sharding") for a in result.assumptions)
     shapes = {(e.layout.tp, e.layout.pp, e.layout.zero) for e in result.ranked}
     assert (1, 1, 0) not in shapes  # DDP refused for memory
     assert (1, 1, 1) in shapes  # ZeRO-1 over 8 fits (with recomputation where the activations need it)
