@@ -297,7 +297,7 @@ def straggler_rule(a: "Analysis") -> list[Row]:
         step_list = steps["step"].unique().to_list() if steps is not None else []
         text = (f"Ranks of group {group} start their collectives {ms(spread / n)} apart on average: "
                 f"over {steps_text(step_list)}, for {ms(wait)} in all at least one rank is waiting for a later one "
-                f"(not always the same rank), {pct(share)} of that time")
+                f"(not always the same rank), {pct(share)} of the profiled window")
         evidence = (f"run {run}, group {group}, {n:,} collectives; the widest: {worst['collective']} #{worst['seq']}, "
                     f"{ms(worst['spread_us'])}, last rank {worst['last_rank']}")
         if named.height:

@@ -237,9 +237,12 @@ def _collectives(a, runs: list[str], full: bool) -> list[str]:
         notes += wrap(f"{mark}, so no busbw (the world size is never assumed: sub-groups are common; docs/profiler.md, "
                       "\"Group size\")", "  note: ", "    ")
     if (stats["note"] == GLOO_P2P_NOTE).any():
+        # the pipeline clause only where a run has pipeline actions (a ring run's was told of them: trial)
+        piped = a.pipeline_actions is not None and not a.pipeline_actions.is_empty()
         notes += wrap("send and recv on gloo: a span runs from the post (isend / irecv) to the wait that completes it, so "
-                      "their time is what the rank had in flight, not the transfer: no busbw (inside a pipeline action the "
-                      "breakdown counts none of it as communication)", "  note: ", "    ")
+                      "their time is what the rank had in flight, not the transfer: no busbw"
+                      + (" (inside a pipeline action the breakdown counts none of it as communication)" if piped else ""),
+                      "  note: ", "    ")
     if full:
         header = ["rank", "collective", "group", "dtype", "size", "calls", "total", "per call", "algbw", "busbw"]
         render = lambda p: table(header, [  # noqa: E731

@@ -340,8 +340,8 @@ def test_straggler_named_with_its_share():
     assert (f["rule"], f["rank"], f["score"]) == ("straggler", 3, 15.0)
     # the 600 µs is a total over the two profiled steps (4000 µs of window)
     assert f["text"] == ("Ranks of group [0, 1, 2, 3] start their collectives 120 µs apart on average: over steps 1, 2, for 600 µs "
-                         "in all at least one rank is waiting for a later one (not always the same rank), 15.0 % of that "
-                         "time; rank 3 is the last to start in 80.0 % of them (4 of 5).")
+                         "in all at least one rank is waiting for a later one (not always the same rank), 15.0 % of the "
+                         "profiled window; rank 3 is the last to start in 80.0 % of them (4 of 5).")
     assert "all_reduce #4, 200 µs, last rank 2" in f["evidence"]
 
 

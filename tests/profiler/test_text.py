@@ -721,3 +721,12 @@ def test_the_theory_table_says_what_phi_and_the_volume_are(ddp):
     lines = section(format_tables(ddp), "Theory vs measured")
     note = " ".join(x.strip() for x in lines if "Φ =" in x or "volume/step: the bytes" in x or "all-reduce counted" in x)
     assert "in units of Φ, the model's parameters' bytes; Φ = 535,040 B; all-reduce counted twice" in note
+
+
+def test_the_gloo_send_recv_note_names_pipeline_actions_only_in_a_pipeline():
+    """A ring-attention run (sends and receives, no pipeline) was told what the breakdown does
+    "inside a pipeline action" (trial); a pipeline run keeps the clause."""
+    ring = section(format_tables(analyze(load_traces([REPO / "traces" / "sample-ring-2r"]))), "Collectives")
+    pipe = section(format_tables(analyze(load_traces([REPO / "traces" / "sample-1f1b-2r"]))), "Collectives")
+    assert any("note: send and recv on gloo" in x for x in ring) and "pipeline action" not in " ".join(ring)
+    assert "inside a pipeline action the breakdown counts none" in " ".join(x.strip() for x in pipe)
