@@ -71,7 +71,7 @@ def pipeline_p2p_rows(manifest: dict, rank: int) -> list[dict]:
             "dim": "pp", "phase": phase, "collective": collective, "group_size": p, "calls": calls,
             "bytes": calls * msg_bytes, "traffic_bytes": float(calls * msg_bytes) if collective == "send" else 0.0,
             "phi": None,
-            "formula": f"m·b·s·h·dtype per boundary = {m}·{dims} = {m * msg_bytes} B x {len(boundaries)}",
+            "formula": f"{dims} = {m * msg_bytes} B x {len(boundaries)}",
             "note": f"one {what} per microbatch, stage boundaries {', '.join(boundaries)}",
         })
     return rows
@@ -88,6 +88,7 @@ def _pipeline_shape(manifest: dict, rank: int) -> tuple[int, int, int, list[int]
     stage_to_rank = pipe.get("stage_to_rank")
     m, b = _count(pipe.get("microbatches")), _count(pipe.get("microbatch_size"))
     s, h = _count(model.get("seq_len")), _count(model.get("d_model"))
+    seq = "s"
     # Activations are in the parameters' dtype in our runners (no autocast): the dtype rule every
     # theory module shares (profiler.theory_params.run_dtypes); none where it gives no dtype.
     dt, _note, why = run_dtypes(manifest)
@@ -107,12 +108,13 @@ def _pipeline_shape(manifest: dict, rank: int) -> tuple[int, int, int, list[int]
             if s % tp:
                 return None
             s = s // tp
+            seq = "(s/T)"  # the formula says what it plugs in (it read s beside s/T's value: trial)
     else:
         p = _count(pipe.get("ranks")) or len(set(stage_to_rank))
         coord = rank
     if not 0 <= coord < p or max(stage_to_rank) >= p:
         return None
-    return coord, p, m, stage_to_rank, b * s * h * width, f"{b}·{s}·{h}·{width}"
+    return coord, p, m, stage_to_rank, b * s * h * width, f"m·b·{seq}·h·dtype per boundary = {m}·{b}·{s}·{h}·{width}"
 
 
 def _hybrid_coordinate(hybrid: dict, rank: int) -> tuple[int, int, int, bool] | None:

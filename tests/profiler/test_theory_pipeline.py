@@ -72,6 +72,10 @@ def test_hybrid_pp_coordinate_and_sequence_shard():
     assert by_kind(pipeline_p2p_rows(m, 5))[("forward", "send")] == (4, 4 * msg, 4 * msg)
     assert pipeline_p2p_rows(m, 6)[0]["group_size"] == 2
     assert pipeline_p2p_rows({**m, "hybrid": {**hybrid, "sp": False}}, 6)[0]["bytes"] == 4 * 2 * msg
+    # the formula names what it plugs in: s/T under sp (it read m·b·s·h beside s/T's 16: trial)
+    assert pipeline_p2p_rows(m, 6)[0]["formula"].startswith("m·b·(s/T)·h·dtype per boundary = 4·1·16·64·4 = ")
+    assert pipeline_p2p_rows({**m, "hybrid": {**hybrid, "sp": False}}, 6)[0]["formula"].startswith(
+        "m·b·s·h·dtype per boundary = 4·1·32·64·4 = ")
 
 
 def test_dtype_and_refusals():
