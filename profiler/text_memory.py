@@ -9,7 +9,7 @@ from profiler.errors import printable
 from profiler.theory_memory import state_on_host
 from profiler.textfmt import (
     MMM, NONE, WIDTH, collapse, collapsed_table, fmt_bytes, fmt_pct, fmt_since, min_median_max, more, per_run,
-    sparkline, strings, table, title, truncate, _number,
+    sparkline, strings, table, title, truncate, wrap, _number,
 )
 
 SPARK_RANKS = 16  # sparkline lines per run unless full
@@ -92,6 +92,12 @@ def memory_sections(a, runs: list[str], full: bool) -> list[str]:
             [r["layout"] or NONE, str(r["dp"]), fmt_bytes(r["params_bytes"]), fmt_bytes(r["grads_bytes"]),
              fmt_bytes(r["optimizer_bytes"]), fmt_bytes(r["total_bytes"]), _saved(r)]
             for r in p.to_dicts()], "lrrrrrl", shrink=(6, 0)))
+        if (whatif["layout"] == "zero2").any():
+            # zero2 beside zero1 held more parameters and saved only on gradients, unexplained (trial)
+            out += wrap("(zero2 is torch's: fully_shard(reshard_after_forward=False) keeps the gathered parameters (Φ) "
+                        "beside their shards (Φ/N) from forward to backward, so it holds more parameters than zero1 and "
+                        "saves on gradients only; DeepSpeed's stage 2 keeps the parameters once, the textbook's 2 + 14/N "
+                        "bytes a parameter in mixed precision)", "  ", "   ")
     return out + _activation(a, runs, full)
 
 

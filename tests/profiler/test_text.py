@@ -730,3 +730,15 @@ def test_the_gloo_send_recv_note_names_pipeline_actions_only_in_a_pipeline():
     pipe = section(format_tables(analyze(load_traces([REPO / "traces" / "sample-1f1b-2r"]))), "Collectives")
     assert any("note: send and recv on gloo" in x for x in ring) and "pipeline action" not in " ".join(ring)
     assert "inside a pipeline action the breakdown counts none" in " ".join(x.strip() for x in pipe)
+
+
+def test_the_zero_ladder_says_why_torchs_zero2_holds_more_parameters():
+    """zero1 802 KiB beside zero2 795 KiB, zero2's parameters 1.5x zero1's, unexplained (trial):
+    torch's ZeRO-2 keeps the gathered parameters beside their shards. The fsdp sample's ladder:
+    Φ = 535,040 B over N = 2, so zero2's parameters are Φ + Φ/2 = 802,560 B."""
+    a = analyze(load_traces([REPO / "traces" / "sample-fsdp-2r"]))
+    z2 = a.memory_whatif.filter(pl.col("layout") == "zero2").row(0, named=True)
+    assert z2["params_bytes"] == 535_040 + 535_040 // 2
+    lines = section(format_tables(a), "Memory by layout")
+    assert "keeps the gathered parameters (Φ) beside their shards (Φ/N) from forward to backward" in " ".join(
+        x.strip() for x in lines)
