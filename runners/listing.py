@@ -140,17 +140,19 @@ def cmd_list(ns: argparse.Namespace) -> int:
         print(f"no runs under {_printable(str(root), 200)}/ (make one with `ptprof run ddp --gpus 2`)")
         return 0
     # "steps run": every step trained, as in run.json's losses; the traces hold only the profiled ones.
-    header = f"{'run':<36} {'paradigm':<14} {'ranks':>5} {'backend':<7} {'steps run':>9} {'final loss':>10}  created"
-    print(header)
-    for r in runs:
-        name = _printable(Path(r["_path"]).name if "_path" in r else r["run_id"])
+    names = [_printable(Path(r["_path"]).name if "_path" in r else r["run_id"]) for r in runs]
+    labels = [_printable(paradigm_label(r), 24) if "error" not in r else "" for r in runs]
+    # Columns as wide as their longest entry ("interleaved-1f1b" pushed its row out of line: trial).
+    nw, pw = max(36, *map(len, names)), max(14, *map(len, labels))
+    print(f"{'run':<{nw}} {'paradigm':<{pw}} {'ranks':>5} {'backend':<7} {'steps run':>9} {'final loss':>10}  created")
+    for r, name, label in zip(runs, names, labels):
         if "error" in r:
-            print(f"{name:<36} {_printable(r['error'], 10**6 if r.get('_whole') else 200)}")  # a command is never cut
+            print(f"{name:<{nw}} {_printable(r['error'], 10**6 if r.get('_whole') else 200)}")  # a command is never cut
             continue
         losses = [x for x in r["losses"] if x is not None]
         final = f"{losses[-1]:.4f}" if losses else "-"
         print(
-            f"{name:<36} {_printable(paradigm_label(r), 24):<14} {r['world_size']:>5} {_printable(r['backend'], 10):<7} "
+            f"{name:<{nw}} {label:<{pw}} {r['world_size']:>5} {_printable(r['backend'], 10):<7} "
             f"{len(r['losses']):>9} {final:>10}  {_printable(r.get('created_at', ''), 40)}"
         )
     return 0

@@ -394,3 +394,19 @@ def test_summary_and_plan_of_dp_name_one_process_and_its_gpus(tmp_path, capsys):
     assert "(1 rank, 1 B)\n" in out
     assert "Running 1 process per node driving 2 GPUs (dp).\n" in out
     assert "the smallest preset that fits dp on 2 GPUs (--model to choose)" in out
+
+
+def test_list_columns_are_as_wide_as_their_longest_entry(tmp_path):
+    """`interleaved-1f1b` (16 characters) pushed its row's numbers out of the columns (trial)."""
+    import json
+
+    for name, paradigm in (("a", "ddp"), ("a-run-name-longer-than-thirty-six-characters", "interleaved-1f1b")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({
+            "run_id": name, "paradigm": paradigm, "world_size": 2, "backend": "gloo", "losses": [5.0]}))
+    res = ptprof("list", "--traces", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    # every row's "ranks" column ends where the header's does
+    end = lines[0].index("ranks") + len("ranks")
+    assert all(line[end - 1] == "2" and line[end] == " " for line in lines[1:]), lines
