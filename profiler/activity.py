@@ -90,12 +90,15 @@ def _waits_drawn(events: pl.DataFrame, out: pl.DataFrame) -> pl.DataFrame:
     synchronous collective runs on through its wait) cut out of the main lane's compute and drawn
     there as communication, as the breakdown counts them."""
     c = pl.col
-    cpu = events.filter(c("device") == "cpu")
-    comm = cpu.filter((c("kind") == "comm") & ~c("name").is_in(names_matching(cpu.filter(c("kind") == "comm"), GLOO_P2P_RE)))
+    # Lazy, the few columns: a GPU rank (no gloo span) pays one filter, not a copy of its CPU events.
+    comm = (events.lazy().filter((c("device") == "cpu") & (c("kind") == "comm") & (c("ph") == "X"))
+            .select(*THREAD, "name", "ts_us", "end_us").collect())
+    comm = comm.filter(~c("name").is_in(names_matching(comm, GLOO_P2P_RE)))
     if comm.is_empty():
         return out
-    ops = (cpu.lazy().filter((c("ph") == "X") & c("kind").is_in(["op", "enqueue"])).select(*THREAD, "name", "kind", "ts_us", "end_us")
-           .collect().join(gloo_worker_threads(events), on=THREAD, how="anti"))
+    ops = (events.lazy().filter((c("device") == "cpu") & (c("ph") == "X") & c("kind").is_in(["op", "enqueue"]))
+           .select(*THREAD, "name", "kind", "ts_us", "end_us").collect()
+           .join(gloo_worker_threads(events), on=THREAD, how="anti"))
     waits = blocking_waits(ops, comm)
     if waits.is_empty():
         return out

@@ -198,7 +198,7 @@ def blocking_waits(ops: pl.DataFrame, comm: pl.DataFrame) -> pl.DataFrame:
     """(run, rank, start_us, end_us): where a CPU rank's thread waits for a collective it called
     synchronously, inside an operator that is not compute (a custom autograd Function around
     `dist.all_to_all_single`, Ulysses' `_AllToAll`: its span ran on through the wait, and a trial's
-    Ulysses rank read 78 % of its all-to-alls "hidden by compute"). gloo records the wait itself
+    Ulysses run read 63 % of its all-to-alls "hidden by compute", 78 % on rank 0). gloo records the wait itself
     as no op: after the collective's enqueue (`c10d::<op>_`) the thread starts nothing until the
     collective ends. So: from an enqueue's end to the end of the gloo span of the first collective
     starting after the enqueue began, where the thread's next operator starts only after that end.
@@ -209,13 +209,17 @@ def blocking_waits(ops: pl.DataFrame, comm: pl.DataFrame) -> pl.DataFrame:
     next operator before it, by a median of 0.3-1.5 ms.)
 
     ops: the ranks' own threads' X spans (THREAD, name, kind, ts_us, end_us); comm: their
-    collectives' gloo spans (point-to-point left out)."""
+    collectives' gloo spans (point-to-point left out). A wait is the rank's, not its thread's: it
+    takes compute from any thread of the rank during it (a gloo rank trains on one thread; autograd's
+    CPU work runs on it too)."""
     schema = {"run": ops.schema["run"], "rank": ops.schema["rank"], "start_us": pl.Float64, "end_us": pl.Float64}
     name = pl.col("name").cast(pl.String)
     enq = ops.filter((pl.col("kind") == "enqueue") & name.str.contains(C10D_COLLECTIVE_RE) & ~name.str.contains(C10D_P2P_RE))
     if enq.is_empty() or comm.is_empty():
         return pl.DataFrame(schema=schema)
-    starts = ops.select(*THREAD, next_us="ts_us").sort("next_us")
+    # operators only (every caller passes other spans too or not: the breakdown's are all X spans),
+    # so the breakdown, exposed and the viewer's lanes find the same waits
+    starts = ops.filter(pl.col("kind").is_in(["op", "enqueue"])).select(*THREAD, next_us="ts_us").sort("next_us")
     colls = comm.select(*KEYS, c_start="ts_us", c_end="end_us").sort("c_start")
     waits = (
         enq.select(*THREAD, e_start="ts_us", e_end="end_us").sort("e_end")

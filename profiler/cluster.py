@@ -343,7 +343,8 @@ def cluster_warnings(cluster: Cluster) -> list[str]:
                    f"{MIN_GPU_HBM_GBPS:g} GB/s (TB/s written for GB/s? 0.864 TB/s is 864 GB/s)")
     from profiler.costmodel_ops import sm_count  # (costmodel_ops imports this module)
 
-    if cluster.peak_tflops > GPU_LIKE_TFLOPS and sm_count(cluster) is None:
+    # (not a cluster calibrated from a run, `measured:<run>`: its peak already has the waves in it)
+    if cluster.peak_tflops > GPU_LIKE_TFLOPS and sm_count(cluster) is None and not cluster.name.startswith("measured:"):
         # A trial's L40S file projected a small model's compute 3x faster than the H100 preset's.
         out.append("no sms (SMs per GPU) and not a preset's GPU: GEMMs are timed without wave quantization, "
                    "so small ones project faster than any GPU runs them; add sms = <SMs per GPU> (an L40S has 142)")

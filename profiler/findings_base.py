@@ -70,10 +70,30 @@ def _step_us(a: "Analysis") -> dict[str, float]:
 
 
 def incomplete_runs(ranks: pl.DataFrame | None) -> dict[str, tuple[int, int]]:
-    """{run: (ranks loaded, world size)} of the runs with fewer ranks loaded than their traces'
-    world size (distributedInfo): a pipeline of 2 read from one rank's file is no pipeline of one
-    stage (a trial's partial gpipe run: "p=1, the slowest stage is stage 0, 1.00x")."""
+    """{run: (ranks loaded below the world size, world size)} of the runs that miss some rank below
+    their traces' world size (distributedInfo): a pipeline of 2 read from one rank's file is no
+    pipeline of one stage (a trial's partial gpipe run: "p=1, the slowest stage is stage 0, 1.00x").
+    `Analysis.missing_ranks` (none under --rank, which selects ranks); report.missing_rank_warnings
+    words the same runs."""
     if ranks is None or ranks.is_empty() or "world_size" not in ranks.columns:
         return {}
-    per = ranks.group_by("run").agg(have=pl.col("rank").n_unique(), world=pl.col("world_size").max())
-    return {str(run): (have, world) for run, have, world in per.iter_rows() if world is not None and have < world}
+    out = {}
+    for run, have, world in ranks.group_by("run", maintain_order=True).agg(
+            have=pl.col("rank").unique(), world=pl.col("world_size").max()).iter_rows():
+        inside = {r for r in have if r is not None and 0 <= r < world} if world is not None else set()
+        if world is not None and len(inside) < world:
+            out[str(run)] = (len(inside), world)
+    return out
+
+
+def routed_received(a: "Analysis", run: str, steps: list[int]) -> dict[int, float]:
+    """{rank: mean pairs (token, expert) its experts received a step} over `steps`, from the ep
+    theory's routing notes ("routing of step N: S pairs sent, R received"); {} where there are none."""
+    t = getattr(a, "theory_comm", None)
+    if t is None or t.is_empty() or "note" not in t.columns:
+        return {}
+    got = (t.filter((pl.col("run").cast(pl.String) == run) & pl.col("step").is_in(steps))
+           .select("rank", "step", r=pl.col("note").cast(pl.String).str.extract(r"routing of step \d+: \d+ pairs sent, (\d+) received")
+                   .cast(pl.Int64))
+           .drop_nulls("r").unique(["rank", "step"]).group_by("rank").agg(pl.col("r").mean()))
+    return {int(r): float(v) for r, v in got.iter_rows()}

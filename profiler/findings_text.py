@@ -156,10 +156,11 @@ SHARDED_GRADIENTS = frozenset({"fsdp", "zero2"})
 
 
 def collective_change(kind: str | None, phase: str | None, paradigm: str | None = None, pipeline: bool = False,
-                      schedule: str | None = None, size_bytes: float | None = None) -> str:
+                      schedule: str | None = None, size_bytes: float | None = None, sp: bool = False) -> str:
     """The change to try for exposed communication of this collective kind in this phase (of a run
     of this run.json paradigm, None for foreign traces; `pipeline`: a run with pipeline actions,
-    `schedule` the one they ran, where known; `size_bytes`: the calls' median message size)."""
+    `schedule` the one they ran, where known; `size_bytes`: the calls' median message size; `sp`:
+    run.json's options say --sp)."""
     kind = "send" if kind in ("recv", "send_recv") else kind
     if kind is None:
         return GENERIC_CHANGE
@@ -174,7 +175,7 @@ def collective_change(kind: str | None, phase: str | None, paradigm: str | None 
         return RING_P2P_CHANGE
     if kind == "all_to_all" and paradigm == "ulysses":
         return ULYSSES_ALL_TO_ALL_CHANGE
-    if kind == "all_reduce" and paradigm == "tp" and phase == "optimizer":
+    if kind == "all_reduce" and paradigm == "tp" and sp and phase == "optimizer":
         return TP_SP_OPTIMIZER_ALL_REDUCE_CHANGE
     if size_bytes is not None and 0 < size_bytes < SMALL_MESSAGE_BYTES:
         # Gradients (backward, the optimizer) can wait for one flat buffer; a forward's values are

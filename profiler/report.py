@@ -23,6 +23,7 @@ from profiler.steps import CUT_TAIL_PCT, NO_STEP, step_time_stats
 from profiler.recompute import RECOMPUTE_COLUMNS, with_compute, with_prediction
 from profiler.alphabeta import alpha_beta_predict, fit_alpha_beta
 from profiler.findings import FINDING_COLUMNS, findings
+from profiler.findings_base import incomplete_runs
 from profiler.theory import predict_comm
 from profiler.theory_check import theory_check
 from profiler.textfmt import device_word, fmt_pct, fmt_time
@@ -73,6 +74,8 @@ class Analysis:
     activity: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=ACTIVITY_COLUMNS))
     # GPU ranks active in under 3/4 of their steps (late_devices): the idle finding counts the rest as the host's
     late_devices: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=LATE_DEVICE_COLUMNS))
+    # {run: (ranks loaded, world size)} of runs missing a rank (findings_base.incomplete_runs); {} under --rank
+    missing_ranks: dict = dataclasses.field(default_factory=dict)
     # (run, rank, step) of each rank's last step cut short (cut_steps): its later events are missing,
     # so a collective absent from it is not "in some steps only"
     cut_steps: pl.DataFrame = dataclasses.field(default_factory=lambda: pl.DataFrame(schema=CUT_STEP_COLUMNS))
@@ -112,7 +115,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     skew = collective_skew(colls.filter(~(pl.col("group").is_null() & pl.col("run").cast(pl.String).is_in(unpaired))))
     warnings = list(traces.notes)  # the load's own (cache unusable, a folder split into its jobs, rank 0 assumed)
     warnings += [f"run {run}: its collectives name no process group (gloo records none) while its ranks are in "
-                 "several of different ranks (distributedInfo.pg_config), so the k-th call of two ranks may be two "
+                 "several process groups of different ranks (distributedInfo.pg_config), so the k-th call of two ranks may be two "
                  "groups' collectives: no skew or stragglers for them" for run in unpaired
                  if colls.filter((pl.col("run").cast(pl.String) == run) & pl.col("group").is_null()).height]
     if rank is not None:  # a run without rank R drops out of every table: said, as a missing step is
@@ -153,6 +156,7 @@ def analyze(traces: Traces, *, rank: int | None = None, step: int | None = None,
     warnings += colls.filter(pl.col("note").is_not_null() & (pl.col("note") != GLOO_P2P_NOTE))["note"].unique(maintain_order=True).to_list()
     analysis = Analysis(
         ranks=ranks,
+        missing_ranks={} if rank is not None else incomplete_runs(ranks),
         runs=traces.runs,
         steps=steps,
         step_stats=step_time_stats(steps),
@@ -211,7 +215,7 @@ def missing_rank_warnings(ranks: pl.DataFrame) -> list[str]:
     fewer (at scale an incomplete folder is the usual case, and skew, stragglers and groups then
     cover only the ranks that are there), or ranks at or past it (ranks taken from file names,
     --rank-from-filename, over copies or files of several jobs: then no single job is described)."""
-    out = []
+    out, incomplete = [], incomplete_runs(ranks)
     for run, have, world in ranks.group_by("run", maintain_order=True).agg(
             have=pl.col("rank").unique().sort(), world=pl.col("world_size").max()).iter_rows():
         if world is None:
@@ -220,9 +224,9 @@ def missing_rank_warnings(ranks: pl.DataFrame) -> list[str]:
             out.append(f"run {run}: {len(beyond):,} of the {len(have):,} ranks loaded ({_spans(beyond)}) are at or past "
                        f"its traces' world size, {world:,}: ranks from file names over copies or several jobs' files? "
                        "cross-rank numbers treat them as one job")
-        missing = sorted(set(range(world)) - set(have))
-        if not missing:  # (a world of 4 with ranks 0, 1, 2, 7 still misses rank 3)
+        if str(run) not in incomplete:  # (a world of 4 with ranks 0, 1, 2, 7 still misses rank 3)
             continue
+        missing = sorted(set(range(world)) - set(have))
         out.append(f"run {run}: {len(have) - len(beyond):,} of {world:,} ranks loaded (its traces' world size); missing "
                    f"{_spans(missing)}: cross-rank numbers (skew, stragglers, groups) cover the loaded ranks only")
     return out

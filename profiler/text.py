@@ -17,7 +17,7 @@ import polars as pl
 from profiler.collectives import GLOO_P2P_NOTE
 from profiler.discover import paradigm_label
 from profiler.errors import printable
-from profiler.findings_base import STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES, incomplete_runs
+from profiler.findings_base import STRAGGLER_MIN_SHARE_PCT, STRAGGLER_MIN_TIMES
 from profiler.textfmt import (  # noqa: F401 (the formatting helpers are part of this module's interface)
     NONE, WIDTH, collapse, collapsed_table, fmt_bw, fmt_bytes, fmt_count, fmt_pct, fmt_r2, fmt_range, fmt_since,
     fmt_time, fmt_unit, min_median_max, model_label, more, per_run, plural, sig3, sparkline, strings, table, title, truncate,
@@ -110,7 +110,7 @@ def _findings(a, runs: list[str], full: bool) -> list[str]:
 
 def _incomplete_note(a) -> list[str]:
     """Before the findings, not only among the warnings at the end: a run with ranks missing."""
-    partial = incomplete_runs(getattr(a, "ranks", None))
+    partial = getattr(a, "missing_ranks", None) or {}
     if not partial:
         return []
     piped = set(a.pipeline["run"].cast(pl.String)) if a.pipeline is not None and not a.pipeline.is_empty() else set()

@@ -55,7 +55,8 @@ def pipeline_sections(a, runs: list[str], full: bool) -> list[str]:
                                       "rrrrrl", shrink=None)
             return lines
         mean = part.group_by("run", "rank").agg(pl.col(list(labels) + split).mean())  # over the steps
-        named = labels | {"theory_pct": _textbook_label(r0["schedule"])}
+        # a formula only beside a value it gave (zbv, an unknown schedule: none)
+        named = labels | {"theory_pct": _textbook_label(r0["schedule"]) if part["theory_pct"].is_not_null().any() else "textbook"}
         if r0["schedule"] == "pipedream":  # a stream: each rank's window is its own step
             # What the flush would have cost: the same P and M under synchronous 1F1B.
             flushed = theory_bubble_pct(r0["pp_ranks"], r0["microbatches"])

@@ -419,6 +419,8 @@ def test_a_gpu_without_an_sm_count_is_warned_of(tmp_path):
     (w,) = cluster_warnings(load_cluster(str(p)))
     assert w.startswith("no sms (SMs per GPU) and not a preset's GPU: GEMMs are timed without wave quantization")
     assert cluster_warnings(replace(load_cluster(str(p)), name="my H100 box")) == []  # the name says its SMs
+    # a cluster calibrated from a run (saved, then given back): its measured peak has the waves in it (review)
+    assert cluster_warnings(replace(load_cluster(str(p)), name="measured:run1")) == []
     # the README's and docs/whatif.md's example files give it
     for doc in ("README.md", "docs/whatif.md"):
         block = (REPO / doc).read_text().split('name = "lab L40S"', 1)[1].split("```", 1)[0]

@@ -200,7 +200,7 @@ def test_exposed_sums_to_the_breakdown_on_the_shipped_gloo_p2p_runs(sample):
 
 def test_an_operator_around_a_synchronous_collective_waits_it_does_not_compute():
     """Ulysses' `_AllToAll` (a custom autograd Function) runs on through its blocking all-to-all:
-    counted as compute, a trial's Ulysses rank read 78 % of its all-to-alls hidden. Step [0, 100):
+    counted as compute, a trial's Ulysses run read 63 % of its all-to-alls hidden (rank 0: 78 %). Step [0, 100):
     `_AllToAll` [0, 80) enqueues at [10, 15), gloo's span runs [16, 70) and the thread starts
     nothing until [72, 78): the wait [15, 70) is not compute, so compute = 10 + 10 = 20, comm 54,
     all of it exposed, alike in the breakdown and per collective. (The async case, an operator that
@@ -216,3 +216,19 @@ def test_an_operator_around_a_synchronous_collective_waits_it_does_not_compute()
     assert (row["compute_us"], row["comm_us"], row["overlap_us"], row["exposed_comm_us"]) == (20, 54, 0, 54)
     out = exposed_comm(ev, collectives(ev))
     assert out.select("collective", "comm_us", "exposed_us").row(0) == ("all_to_all", 54.0, 54.0)
+
+
+def test_the_breakdown_and_exposed_find_the_same_waits_beside_an_annotation():
+    """The breakdown gave blocking_waits every span (an annotation among them), exposed only the
+    operators: an annotation starting inside the wait cut it in one and not the other (review)."""
+    ev = make_events([
+        step(1, 0, 100),
+        dict(name="_AllToAll", kind="op", ts_us=0, dur_us=80),
+        dict(name="c10d::alltoall_base_", kind="enqueue", ts_us=10, dur_us=5, arg_nelems=[16, 16], arg_types=["float", "float"]),
+        dict(name="gloo:all_to_all", kind="comm", cat="user_annotation", tid=2, ts_us=16, dur_us=54),
+        dict(name="ptprof/forward", kind="annotation", cat="user_annotation", ts_us=20, dur_us=5),
+        dict(name="aten::add", kind="op", ts_us=72, dur_us=6),
+    ])
+    row = temporal_breakdown(ev).row(0, named=True)
+    out = exposed_comm(ev, collectives(ev))
+    assert (row["compute_us"], row["exposed_comm_us"]) == (20, 54) and out["exposed_us"].sum() == 54.0

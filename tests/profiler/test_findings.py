@@ -352,7 +352,16 @@ def test_an_expert_parallel_straggler_is_pointed_at_its_routing():
     case.runs = {"A": {"paradigm": "ep"}}
     f = only(F.straggler_rule(case))
     assert f["change"].startswith("in expert parallelism the last rank is often the one whose experts got the most "
-                                  "tokens: see the Theory table's routing (pairs sent and received per step) for rank 3")
+                                  "tokens; balance the routing")
+    # with the theory's routing notes, the rank's received pairs beside the others' (means over steps 1, 2, by hand)
+    notes = [(r, st, f"routing of step {st}: 250 pairs sent, {recv} received")
+             for r, st, recv in [(3, 1, 300), (3, 2, 290), (0, 1, 200), (0, 2, 210), (1, 1, 240), (1, 2, 250), (3, 9, 999)]]
+    case.theory_comm = pl.DataFrame({"run": ["A"] * len(notes), "rank": [n[0] for n in notes], "step": [n[1] for n in notes],
+                                     "note": [n[2] for n in notes]})
+    assert only(F.straggler_rule(case))["change"].startswith(
+        "in expert parallelism the last rank is often the one whose experts got the most tokens (rank 3's experts "
+        "received 295 routed pairs a step, the others' 225: Predicted communication")
+    del case.theory_comm
     assert f["change"].endswith("and failing that, look at what rank 3 does before its collectives that the others do not "
                                 "(data loading, logging or checkpointing on that rank, a slower device or a busy host); "
                                 "give it less work")
@@ -872,8 +881,10 @@ def test_exposed_comm_advice_fits_the_paradigm_and_the_message_size():
     tiny = collective_change("all_reduce", "optimizer", "ddp", size_bytes=256)
     assert tiny.startswith("each call moves only 256 B (median), so its time is latency and the wait for the slowest rank")
     # a tp+sp run's optimizer all-reduces: the cause the theory table gives, AdamW on Partial gradients (trial)
-    sp = collective_change("all_reduce", "optimizer", "tp", size_bytes=256)
+    sp = collective_change("all_reduce", "optimizer", "tp", size_bytes=256, sp=True)
     assert "AdamW (foreach=False) all-reduces each one on each of its 3 uses" in sp and "Replicate once" in sp
+    # without --sp nothing is Partial there: no such cause named (review)
+    assert "AdamW" not in collective_change("all_reduce", "optimizer", "tp", size_bytes=256)
     ep = collective_change("all_reduce", "forward", "ep", size_bytes=24)
     assert ep.startswith("each call moves only 24 B") and "make fewer such calls" in ep and "flat buffer" not in ep
     assert "flat buffer" in tiny  # gradients (optimizer phase) can wait for one buffer
@@ -998,12 +1009,29 @@ def test_a_pipeline_with_ranks_missing_gets_no_bubble_finding_and_the_findings_s
 
     case = pipeline_case()
     assert only(F.pipeline_bubble_rule(case))  # both ranks: the finding
-    case.ranks = case.ranks.filter(pl.col("rank") == 0).with_columns(world_size=pl.lit(2, pl.Int64))
+    from profiler.findings_base import incomplete_runs
+
+    one = case.ranks.filter(pl.col("rank") == 0).with_columns(world_size=pl.lit(2, pl.Int64))
+    case.missing_ranks = incomplete_runs(one)
+    assert case.missing_ranks == {"A": (1, 2)}
+    # ranks 0, 1, 2, 7 of a world of 4 still miss rank 3 (as report.missing_rank_warnings says)
+    four = pl.DataFrame({"run": ["B"] * 4, "rank": [0, 1, 2, 7], "world_size": [4] * 4})
+    assert incomplete_runs(four) == {"B": (3, 4)}
     case.pipeline = case.pipeline.filter(pl.col("rank") == 0)
     assert F.pipeline_bubble_rule(case) == []
     case.findings = pl.DataFrame({"rule": ["x"], "text": ["something"]})
     lines = _findings(case, ["A"], full=False)
     assert " ".join(x.strip() for x in lines[1:3]) == ("(run A: 1 of 2 ranks loaded, no pipeline finding: cross-rank findings "
                                                        "cover the loaded ranks only; the warnings at the end name the missing ranks)")
-    case.ranks = case.ranks.with_columns(world_size=pl.lit(1, pl.Int64))  # the whole world: no note
+    case.missing_ranks = {}  # the whole world, or --rank R (which selects ranks): no note
     assert "ranks loaded" not in "\n".join(_findings(case, ["A"], full=False))
+
+
+def test_a_selected_rank_is_no_missing_rank():
+    """`--rank 0` on a whole 2-rank pipeline read "1 of 2 ranks loaded, no pipeline finding" (review)."""
+    from profiler import analyze, load_traces
+    from tests.conftest import REPO
+
+    traces = load_traces([REPO / "traces" / "sample-1f1b-2r"], progress=False)
+    assert analyze(traces, rank=0).missing_ranks == {}
+    assert analyze(traces).missing_ranks == {}
